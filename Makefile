@@ -1,0 +1,142 @@
+# egress-proxies-operator: every target works on a machine with Go and
+# Debian's packages only. Tools are built from source into bin/, keyed by
+# version, so a second run is instant and nothing prebuilt is downloaded.
+
+IMG ?= egress-proxies-operator:dev
+NAMESPACE ?= egress-proxies-operator-system
+
+# Go tools, pinned.
+CONTROLLER_TOOLS_VERSION ?= v0.21.0
+GOLANGCI_LINT_VERSION ?= v2.15.0
+
+# The control plane for envtest: versions come from the tools module that
+# builds it, so there is one place to bump them.
+CONTROLPLANE_MOD := hack/controlplane/go.mod
+K8S_VERSION := $(shell awk '$$1 == "k8s.io/kubernetes" && $$2 ~ /^v/ {print $$2; exit}' $(CONTROLPLANE_MOD))
+ETCD_VERSION := $(shell awk '$$1 == "go.etcd.io/etcd/server/v3" && $$2 ~ /^v/ {print $$2; exit}' $(CONTROLPLANE_MOD))
+ifeq ($(filter v%,$(K8S_VERSION)),)
+$(error could not read the k8s.io/kubernetes version from $(CONTROLPLANE_MOD))
+endif
+ifeq ($(filter v%,$(ETCD_VERSION)),)
+$(error could not read the go.etcd.io/etcd/server/v3 version from $(CONTROLPLANE_MOD))
+endif
+K8S_MINOR := $(word 2,$(subst ., ,$(K8S_VERSION)))
+GOOS := $(shell go env GOOS)
+GOARCH := $(shell go env GOARCH)
+
+BIN := $(CURDIR)/bin
+CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_TOOLS_VERSION)
+GOLANGCI_LINT := $(BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
+ENVTEST_ASSETS := $(BIN)/k8s/$(K8S_VERSION)-etcd-$(ETCD_VERSION)-$(GOOS)-$(GOARCH)
+KUBECTL := $(ENVTEST_ASSETS)/kubectl
+
+# kube-apiserver and kubectl report the release they were built from, as the
+# official builds do, instead of v0.0.0-master.
+VERSION_LDFLAGS := $(foreach pkg,k8s.io/component-base/version k8s.io/client-go/pkg/version,\
+	-X $(pkg).gitVersion=$(K8S_VERSION) -X $(pkg).gitMajor=1 -X $(pkg).gitMinor=$(K8S_MINOR) -X $(pkg).gitTreeState=clean)
+
+GO_TEST_FLAGS ?= -race -count=1
+
+.DEFAULT_GOAL := help
+
+##@ General
+
+.PHONY: help
+help: ## Show the targets.
+	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make <target>\n"} /^[a-zA-Z_0-9-]+:.*?##/ { printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2 } /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
+
+##@ Development
+
+.PHONY: generate
+generate: $(CONTROLLER_GEN) ## Generate deepcopy code for the API types.
+	$(CONTROLLER_GEN) object paths=./api/...
+
+.PHONY: manifests
+manifests: $(CONTROLLER_GEN) ## Generate the CRD (config/crd/bases) and RBAC (config/rbac) from markers.
+	$(CONTROLLER_GEN) crd rbac:roleName=manager-role paths=./... \
+		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
+
+.PHONY: verify-generated
+verify-generated: $(CONTROLLER_GEN) ## Fail when committed generated files differ from a fresh generation.
+	@hack/verify-generated.sh "$(CONTROLLER_GEN)"
+
+.PHONY: fmt
+fmt: ## Run gofmt on the tree.
+	gofmt -l -w $$(git ls-files '*.go')
+
+.PHONY: lint
+lint: $(GOLANGCI_LINT) ## Run go vet and golangci-lint.
+	go vet ./...
+	$(GOLANGCI_LINT) run ./...
+
+.PHONY: test
+test: verify-generated envtest ## Run unit and envtest suites with -race (builds the control plane first).
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test $(GO_TEST_FLAGS) ./...
+
+.PHONY: bench
+bench: envtest ## Run the benchmarks.
+	@echo "No benchmarks yet: they arrive with the health engine and the discovery API."
+
+##@ Build
+
+.PHONY: build
+build: ## Build the operator binary into bin/.
+	CGO_ENABLED=0 go build -o $(BIN)/egress-proxies-operator .
+
+.PHONY: run-dev
+run-dev: ## Run the operator against the current kubeconfig context.
+	go run . --metrics-bind-address=0 --health-probe-bind-address=:8081 \
+		--providers-config=config/manager/providers_config.yaml $(ARGS)
+
+.PHONY: docker-build
+docker-build: ## Build the container image (needs a Docker engine).
+	docker build -t $(IMG) .
+
+##@ Deployment
+
+.PHONY: install
+install: manifests $(KUBECTL) ## Install the CRD into the current kubeconfig's cluster.
+	$(KUBECTL) apply --server-side -k config/crd
+
+.PHONY: uninstall
+uninstall: $(KUBECTL) ## Remove the CRD (and with it every Proxy).
+	$(KUBECTL) delete --ignore-not-found -k config/crd
+
+.PHONY: deploy
+deploy: manifests $(KUBECTL) ## Deploy the operator with image IMG to the current cluster.
+	@hack/deploy-overlay.sh "$(IMG)" > /dev/null
+	$(KUBECTL) apply --server-side -k $(BIN)/deploy
+
+.PHONY: undeploy
+undeploy: $(KUBECTL) ## Remove the operator from the current cluster.
+	@hack/deploy-overlay.sh "$(IMG)" > /dev/null
+	$(KUBECTL) delete --ignore-not-found -k $(BIN)/deploy
+
+##@ Tools
+
+.PHONY: envtest
+envtest: $(ENVTEST_ASSETS)/kube-apiserver $(ENVTEST_ASSETS)/etcd $(KUBECTL) ## Build kube-apiserver, etcd and kubectl from source into bin/k8s.
+	@echo "KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS)"
+
+$(ENVTEST_ASSETS)/kube-apiserver: | $(ENVTEST_ASSETS)
+	cd hack/controlplane && CGO_ENABLED=0 go build -ldflags "-s -w $(VERSION_LDFLAGS)" -o $@.tmp k8s.io/kubernetes/cmd/kube-apiserver
+	mv $@.tmp $@
+
+$(KUBECTL): | $(ENVTEST_ASSETS)
+	cd hack/controlplane && CGO_ENABLED=0 go build -ldflags "-s -w $(VERSION_LDFLAGS)" -o $@.tmp k8s.io/kubernetes/cmd/kubectl
+	mv $@.tmp $@
+
+$(ENVTEST_ASSETS)/etcd: | $(ENVTEST_ASSETS)
+	cd hack/controlplane && CGO_ENABLED=0 go build -ldflags "-s -w" -o $@.tmp go.etcd.io/etcd/server/v3
+	mv $@.tmp $@
+
+$(ENVTEST_ASSETS):
+	mkdir -p $@
+
+$(CONTROLLER_GEN):
+	GOBIN=$(BIN)/tmp-controller-gen go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION)
+	mv $(BIN)/tmp-controller-gen/controller-gen $@ && rmdir $(BIN)/tmp-controller-gen
+
+$(GOLANGCI_LINT):
+	GOBIN=$(BIN)/tmp-golangci-lint go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+	mv $(BIN)/tmp-golangci-lint/golangci-lint $@ && rmdir $(BIN)/tmp-golangci-lint

@@ -1,0 +1,313 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// ProxyMode says who owns a proxy's lifecycle.
+// +kubebuilder:validation:Enum=Managed;External
+type ProxyMode string
+
+const (
+	// ModeManaged proxies are created, replaced and deleted by the operator
+	// through a provider instance.
+	ModeManaged ProxyMode = "Managed"
+	// ModeExternal proxies run elsewhere; the operator only tracks and
+	// health-checks them.
+	ModeExternal ProxyMode = "External"
+)
+
+// ProxyPhase is a one-word summary of where a proxy is in its lifecycle. The
+// conditions carry the detail; the phase is for humans and printer columns.
+// +kubebuilder:validation:Enum=Pending;Provisioning;Ready;Replacing;Deleting;Failed
+type ProxyPhase string
+
+const (
+	// PhasePending means accepted, nothing requested from a provider yet.
+	PhasePending ProxyPhase = "Pending"
+	// PhaseProvisioning means the instance is being created and is not running yet.
+	PhaseProvisioning ProxyPhase = "Provisioning"
+	// PhaseReady means the instance runs and matches the spec (External: the spec
+	// is valid). Health is reported separately by the Healthy condition.
+	PhaseReady ProxyPhase = "Ready"
+	// PhaseReplacing means the spec changed in a way that forces a new instance;
+	// the old one is being deleted.
+	PhaseReplacing ProxyPhase = "Replacing"
+	// PhaseDeleting means the Proxy is being deleted and waits for its instance
+	// to be gone.
+	PhaseDeleting ProxyPhase = "Deleting"
+	// PhaseFailed means the operator cannot make progress without a change to the
+	// spec or the providers config; status.message says why.
+	PhaseFailed ProxyPhase = "Failed"
+)
+
+// ProxySpec is the desired proxy. For Managed proxies, a change to placement,
+// cloudInit (or its Secret's content), port or provider replaces the instance:
+// same name, new IP.
+//
+// +kubebuilder:validation:XValidation:rule="self.mode != 'Managed' || has(self.provider)",message="spec.provider is required when spec.mode is Managed: name a provider instance from the operator's providers config"
+// +kubebuilder:validation:XValidation:rule="self.mode != 'External' || !has(self.provider)",message="spec.provider is forbidden when spec.mode is External: External proxies are not provisioned"
+// +kubebuilder:validation:XValidation:rule="self.mode != 'External' || has(self.external)",message="spec.external is required when spec.mode is External: set spec.external.address"
+// +kubebuilder:validation:XValidation:rule="self.mode != 'Managed' || !has(self.external)",message="spec.external is forbidden when spec.mode is Managed: the provider assigns the address"
+// +kubebuilder:validation:XValidation:rule="self.mode != 'External' || !has(self.placement)",message="spec.placement is forbidden when spec.mode is External: only Managed proxies are placed"
+// +kubebuilder:validation:XValidation:rule="self.mode != 'External' || !has(self.cloudInit)",message="spec.cloudInit is forbidden when spec.mode is External: only Managed proxies are provisioned"
+type ProxySpec struct {
+	// mode is Managed (the operator provisions the proxy through spec.provider)
+	// or External (the proxy runs elsewhere at spec.external; the operator only
+	// tracks and health-checks it). Immutable once set.
+	// +required
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.mode is immutable: delete the Proxy and create a new one to change it"
+	Mode ProxyMode `json:"mode"`
+
+	// provider is the name of a provider instance in the operator's providers
+	// config (for example gcp-eu or kind-local). Required when mode is Managed,
+	// forbidden when mode is External.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Provider string `json:"provider,omitempty"`
+
+	// port is the TCP port the proxy listens on, 1-65535. Managed proxies are
+	// configured to listen on it; External proxies are reached on it unless
+	// spec.external.port is set.
+	// +optional
+	// +kubebuilder:default=3128
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	Port int32 `json:"port,omitempty"`
+
+	// attributes are free-form labels that crawler clients select proxies by
+	// through the discovery API, for example geo: eu or tier: residential.
+	// The keys healthy, provider, mode, zone and region are reserved: the
+	// operator derives them.
+	// +optional
+	// +kubebuilder:validation:MaxProperties=32
+	// +kubebuilder:validation:XValidation:rule="self.all(k, size(k) <= 63 && k.matches('^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$'))",message="spec.attributes keys must be 1-63 characters of letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
+	// +kubebuilder:validation:XValidation:rule="self.all(k, size(self[k]) <= 253)",message="spec.attributes values must be at most 253 characters"
+	// +kubebuilder:validation:XValidation:rule="!self.exists(k, k in ['healthy', 'provider', 'mode', 'zone', 'region'])",message="spec.attributes must not set the reserved keys healthy, provider, mode, zone or region: the operator derives them"
+	Attributes map[string]string `json:"attributes,omitempty"`
+
+	// placement says where a Managed proxy runs. Which fields are required
+	// depends on the provider (gcp needs zone, machineType and image unless
+	// its config supplies defaults). Forbidden when mode is External.
+	// +optional
+	Placement *Placement `json:"placement,omitempty"`
+
+	// cloudInit is the user-data a Managed proxy's instance boots with,
+	// either inline or from a Secret. Rotating the Secret's content replaces
+	// the instance. Forbidden when mode is External.
+	// +optional
+	CloudInit *CloudInit `json:"cloudInit,omitempty"`
+
+	// external is where an External proxy is reached. Required when mode is
+	// External, forbidden when mode is Managed.
+	// +optional
+	External *ExternalEndpoint `json:"external,omitempty"`
+
+	// healthCheck overrides the operator's probe defaults for this proxy.
+	// +optional
+	HealthCheck *HealthCheck `json:"healthCheck,omitempty"`
+}
+
+// Placement says where a provider should run a Managed proxy.
+type Placement struct {
+	// zone, for example europe-west1-b.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	Zone string `json:"zone,omitempty"`
+
+	// region, for example europe-west1. Informational for zonal providers;
+	// discovery exposes it as the derived attribute region.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	Region string `json:"region,omitempty"`
+
+	// machineType, for example e2-small.
+	// +optional
+	// +kubebuilder:validation:MaxLength=128
+	MachineType string `json:"machineType,omitempty"`
+
+	// image is the boot image (gcp: for example
+	// projects/debian-cloud/global/images/family/debian-12).
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	Image string `json:"image,omitempty"`
+
+	// parameters are provider-specific settings that have no field of their
+	// own; each provider documents the keys it reads and rejects unknown ones.
+	// +optional
+	// +kubebuilder:validation:MaxProperties=32
+	Parameters map[string]string `json:"parameters,omitempty"`
+}
+
+// CloudInit is the user-data for a Managed proxy's instance: exactly one of
+// inline or secretRef.
+// +kubebuilder:validation:XValidation:rule="has(self.inline) != has(self.secretRef)",message="spec.cloudInit must set exactly one of inline or secretRef"
+type CloudInit struct {
+	// inline is the cloud-init document itself.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=262144
+	Inline string `json:"inline,omitempty"`
+
+	// secretRef names a key of a Secret in the Proxy's namespace that holds
+	// the cloud-init document. The Secret must carry the label
+	// crawl.example.com/cloud-init: "true", or the operator cannot see it.
+	// +optional
+	SecretRef *SecretKeyReference `json:"secretRef,omitempty"`
+}
+
+// SecretKeyReference points at one key of a Secret in the Proxy's namespace.
+type SecretKeyReference struct {
+	// name of the Secret.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+
+	// key within the Secret's data.
+	// +optional
+	// +kubebuilder:default=user-data
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Key string `json:"key,omitempty"`
+}
+
+// ExternalEndpoint is the address of a proxy the operator does not run.
+type ExternalEndpoint struct {
+	// address is the proxy's hostname or IP address.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="isIP(self) || self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')",message="spec.external.address must be a lowercase DNS hostname or an IP address"
+	Address string `json:"address"`
+
+	// port the proxy listens on, 1-65535; defaults to spec.port.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	Port int32 `json:"port,omitempty"`
+}
+
+// HealthCheck overrides how the operator probes one proxy. Unset fields take
+// the operator's defaults (flags).
+// +kubebuilder:validation:XValidation:rule="!has(self.timeout) || !has(self.interval) || duration(self.timeout) <= duration(self.interval)",message="spec.healthCheck.timeout must not exceed spec.healthCheck.interval"
+type HealthCheck struct {
+	// url is fetched through the proxy (CONNECT, then TLS to the target) to
+	// prove the proxy can egress. Must be an https URL.
+	// +optional
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:XValidation:rule="isURL(self) && url(self).getScheme() == 'https' && url(self).getHost() != ''",message="spec.healthCheck.url must be an absolute https URL"
+	URL string `json:"url,omitempty"`
+
+	// interval between probes, between 1s and 1h (for example 30s).
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s') && duration(self) <= duration('1h')",message="spec.healthCheck.interval must be a duration between 1s and 1h"
+	Interval *metav1.Duration `json:"interval,omitempty"`
+
+	// timeout of one probe, between 100ms and 5m, and not above interval.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('100ms') && duration(self) <= duration('5m')",message="spec.healthCheck.timeout must be a duration between 100ms and 5m"
+	Timeout *metav1.Duration `json:"timeout,omitempty"`
+
+	// failureThreshold is how many consecutive failed probes make a healthy
+	// proxy Unhealthy, 1-100.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	FailureThreshold *int32 `json:"failureThreshold,omitempty"`
+
+	// successThreshold is how many consecutive successful probes make an
+	// unhealthy proxy Healthy, 1-100.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	SuccessThreshold *int32 `json:"successThreshold,omitempty"`
+}
+
+// ProxyStatus is what the operator observed and did.
+type ProxyStatus struct {
+	// phase summarises the lifecycle; see the conditions for detail.
+	// +optional
+	Phase ProxyPhase `json:"phase,omitempty"`
+
+	// ip clients connect to: the instance's external IP for Managed proxies,
+	// spec.external.address (an IP or hostname) for External ones.
+	// +optional
+	IP string `json:"ip,omitempty"`
+
+	// port clients connect to.
+	// +optional
+	Port int32 `json:"port,omitempty"`
+
+	// instanceName is the provider's name for the instance; deterministic
+	// from the Proxy, so it survives replacement.
+	// +optional
+	InstanceName string `json:"instanceName,omitempty"`
+
+	// specHash is the hash of the spec fields whose change forces a
+	// replacement, as of the instance now recorded.
+	// +optional
+	SpecHash string `json:"specHash,omitempty"`
+
+	// lastHealthCheckTime is the time of the last probe that changed the
+	// health verdict (status is written on transitions only). Probe recency
+	// is in the proxy_operator_healthcheck_last_timestamp_seconds metric.
+	// +optional
+	LastHealthCheckTime *metav1.Time `json:"lastHealthCheckTime,omitempty"`
+
+	// observedGeneration is the spec generation this status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// conditions: Provisioned, Healthy and Ready.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +patchStrategy=merge
+	// +patchMergeKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+
+	// message is a short human-readable account of the current phase.
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
+// Proxy is one HTTP egress proxy that crawlers lease through the discovery
+// API: provisioned by the operator (Managed) or merely tracked (External).
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Namespaced,shortName=px,categories=crawl
+// +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.spec.mode`
+// +kubebuilder:printcolumn:name="Provider",type=string,JSONPath=`.spec.provider`
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="IP",type=string,JSONPath=`.status.ip`
+// +kubebuilder:printcolumn:name="Healthy",type=string,JSONPath=`.status.conditions[?(@.type=="Healthy")].status`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type Proxy struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is the desired proxy.
+	// +required
+	Spec ProxySpec `json:"spec"`
+
+	// status is what the operator observed.
+	// +optional
+	Status ProxyStatus `json:"status,omitempty"`
+}
+
+// ProxyList is a list of Proxies.
+//
+// +kubebuilder:object:root=true
+type ProxyList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Proxy `json:"items"`
+}

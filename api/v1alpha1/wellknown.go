@@ -1,0 +1,47 @@
+package v1alpha1
+
+// Labels the operator writes on every provider instance it creates. They make
+// an instance findable from its owner (Get by deterministic name is the fast
+// path; these serve List for orphan GC) and tell a stale instance from a
+// current one without reading anything else.
+const (
+	// LabelClusterID names the cluster whose operator created the instance,
+	// so two clusters sharing a cloud project never collect each other's VMs.
+	LabelClusterID = "crawl.example.com/cluster-id"
+	// LabelOwnerNamespace is the namespace of the owning Proxy.
+	LabelOwnerNamespace = "crawl.example.com/owner-namespace"
+	// LabelOwnerName is the name of the owning Proxy.
+	LabelOwnerName = "crawl.example.com/owner-name"
+	// LabelOwnerUID is the UID of the owning Proxy; a Proxy deleted and
+	// recreated under the same name does not adopt its predecessor's instance.
+	LabelOwnerUID = "crawl.example.com/owner-uid"
+	// LabelSpecHash is the hash of the spec fields whose change forces a
+	// replacement; an instance whose hash differs from the Proxy's is deleted.
+	LabelSpecHash = "crawl.example.com/spec-hash"
+
+	// LabelCloudInit marks a Secret the operator may read for cloud-init.
+	// The manager's cache holds only Secrets with this label set to "true", so
+	// an unlabelled Secret is invisible to the operator by design.
+	LabelCloudInit = "crawl.example.com/cloud-init"
+)
+
+// Finalizer keeps a Managed Proxy in the API until its provider instance is
+// confirmed gone, so deleting a Proxy never leaks a VM or pod.
+const Finalizer = "crawl.example.com/instance-cleanup"
+
+// Condition types reported in status.conditions.
+const (
+	// ConditionProvisioned is True when the provider instance exists, runs
+	// and matches the current spec.
+	ConditionProvisioned = "Provisioned"
+	// ConditionHealthy is True when probes through the proxy succeed, False
+	// when they fail past the threshold, Unknown before the first verdict.
+	ConditionHealthy = "Healthy"
+	// ConditionReady is True when the proxy is provisioned and healthy, i.e.
+	// when discovery may hand it out.
+	ConditionReady = "Ready"
+)
+
+// DefaultPort is the port a Proxy listens on when spec.port is not set:
+// Squid's conventional port.
+const DefaultPort int32 = 3128

@@ -1,0 +1,233 @@
+// Command egress-proxies-operator runs the operator: one controller-runtime
+// manager that hosts the Proxy reconciler, the health engine, the discovery
+// API and orphan GC. main only wires; every decision lives in a package.
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"regexp"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/providers"
+)
+
+// RBAC the manager itself needs; each component declares its own next to
+// its code.
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
+
+// errUsage marks errors in the command line itself; main exits 2 for them,
+// as the flag package does.
+var errUsage = errors.New("usage")
+
+func main() {
+	err := run(ctrl.SetupSignalHandler(), os.Args[1:], os.Stderr)
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return
+	case errors.Is(err, errUsage):
+		fmt.Fprintf(os.Stderr, "egress-proxies-operator: %v\n", err)
+		os.Exit(2)
+	default:
+		fmt.Fprintf(os.Stderr, "egress-proxies-operator: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+// options are the operator's command-line settings.
+type options struct {
+	metricsAddr     string
+	metricsSecure   bool
+	enableHTTP2     bool
+	probeAddr       string
+	leaderElect     bool
+	providersConfig string
+	discoveryAddr   string
+	clusterID       string
+	zap             zap.Options
+}
+
+// parseFlags turns the command line into options, rejecting anything the
+// operator could not run with. Errors name the flag at fault.
+func parseFlags(args []string, output io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("egress-proxies-operator", flag.ContinueOnError)
+	fs.SetOutput(output)
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8443",
+		"Address the metrics endpoint binds to; \"0\" disables it.")
+	fs.BoolVar(&o.metricsSecure, "metrics-secure", true,
+		"Serve metrics over HTTPS behind Kubernetes authentication and authorization.")
+	fs.BoolVar(&o.enableHTTP2, "enable-http2", false,
+		"Allow HTTP/2 on the metrics server (off by default: HTTP/2 Rapid Reset and Stream Cancellation).")
+	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081",
+		"Address the /healthz and /readyz endpoints bind to; \"0\" disables them.")
+	fs.BoolVar(&o.leaderElect, "leader-elect", false,
+		"Elect a leader among replicas; the reconciler, health engine and GC run only on the leader.")
+	fs.StringVar(&o.providersConfig, "providers-config", "",
+		"Path of the YAML file naming the provider instances (for example gcp-eu). Empty: no providers, so only External proxies work.")
+	fs.StringVar(&o.discoveryAddr, "discovery-bind-address", ":8090",
+		"Address the discovery API binds to; \"0\" disables it.")
+	fs.StringVar(&o.clusterID, "cluster-id", "",
+		"Identifier labelled on every instance this operator creates, so orphan GC never touches another cluster's. Default: the UID of the kube-system namespace.")
+	// controller-runtime registers --kubeconfig on the global FlagSet; share
+	// its value so ctrl.GetConfig still sees it.
+	if kubeconfig := flag.CommandLine.Lookup("kubeconfig"); kubeconfig != nil {
+		fs.Var(kubeconfig.Value, kubeconfig.Name, kubeconfig.Usage)
+	}
+	o.zap.BindFlags(fs)
+
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return o, err
+		}
+		return o, fmt.Errorf("%w: %w", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("%w: unexpected arguments %q: all settings are flags", errUsage, fs.Args())
+	}
+	var errs []error
+	for _, a := range []struct{ flag, value string }{
+		{"metrics-bind-address", o.metricsAddr},
+		{"health-probe-bind-address", o.probeAddr},
+		{"discovery-bind-address", o.discoveryAddr},
+	} {
+		if err := validateBindAddress(a.value); err != nil {
+			errs = append(errs, fmt.Errorf("%w: --%s: %w", errUsage, a.flag, err))
+		}
+	}
+	if o.clusterID != "" && !clusterIDPattern.MatchString(o.clusterID) {
+		errs = append(errs, fmt.Errorf("%w: --cluster-id %q must be 1-63 lowercase letters, digits, '-' or '_': it is a label value on every instance, in Kubernetes and in GCE", errUsage, o.clusterID))
+	}
+	return o, errors.Join(errs...)
+}
+
+// clusterIDPattern accepts what is a valid label value both in Kubernetes and
+// in GCE, where the cluster id is written.
+var clusterIDPattern = regexp.MustCompile(`^[a-z0-9]([-_a-z0-9]{0,61}[a-z0-9])?$`)
+
+// validateBindAddress accepts "0" (disabled) or host:port with a numeric port.
+func validateBindAddress(addr string) error {
+	if addr == "0" {
+		return nil
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port or \"0\": %w", addr, err)
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Errorf("%q has port %q, want a number 0-65535", addr, port)
+	}
+	return nil
+}
+
+// run starts the operator and blocks until ctx ends. Every check that needs
+// no cluster (flags, the providers file) runs before connecting, so a bad
+// command line fails fast and offline.
+func run(ctx context.Context, args []string, output io.Writer) error {
+	opts, err := parseFlags(args, output)
+	if err != nil {
+		return err
+	}
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts.zap)))
+	log := ctrl.Log.WithName("setup")
+
+	var providersConfig providers.Config
+	if opts.providersConfig != "" {
+		if providersConfig, err = providers.LoadConfig(opts.providersConfig); err != nil {
+			return fmt.Errorf("--providers-config: %w", err)
+		}
+	}
+	restConfig, err := ctrl.GetConfig()
+	if err != nil {
+		return fmt.Errorf("loading kubeconfig: %w", err)
+	}
+	mgr, err := newManager(restConfig, opts)
+	if err != nil {
+		return err
+	}
+	clusterID := opts.clusterID
+	if clusterID == "" {
+		if clusterID, err = defaultClusterID(ctx, mgr.GetAPIReader()); err != nil {
+			return err
+		}
+	}
+	log.Info("starting manager", "clusterID", clusterID, "providers", providersConfig.Names())
+	if err := mgr.Start(ctx); err != nil {
+		return fmt.Errorf("running manager: %w", err)
+	}
+	return nil
+}
+
+// newScheme registers every API type the operator reads or writes.
+func newScheme() *runtime.Scheme {
+	scheme := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	utilruntime.Must(crawlv1alpha1.AddToScheme(scheme))
+	return scheme
+}
+
+// newManager builds the controller-runtime manager with secure metrics
+// (kubebuilder v4's authn/authz filter), health probes and leader election.
+func newManager(restConfig *rest.Config, opts options) (manager.Manager, error) {
+	metricsOpts := metricsserver.Options{
+		BindAddress:   opts.metricsAddr,
+		SecureServing: opts.metricsSecure,
+	}
+	if opts.metricsSecure {
+		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
+	if !opts.enableHTTP2 {
+		metricsOpts.TLSOpts = []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }}
+	}
+	mgr, err := ctrl.NewManager(restConfig, ctrl.Options{
+		Scheme:                 newScheme(),
+		Metrics:                metricsOpts,
+		HealthProbeBindAddress: opts.probeAddr,
+		LeaderElection:         opts.leaderElect,
+		LeaderElectionID:       "egress-proxies-operator.crawl.example.com",
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating manager: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return nil, fmt.Errorf("adding healthz check: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		return nil, fmt.Errorf("adding readyz check: %w", err)
+	}
+	return mgr, nil
+}
+
+// defaultClusterID is the UID of the kube-system namespace: stable for the
+// cluster's life and distinct between clusters, which is what the cluster-id
+// label needs.
+func defaultClusterID(ctx context.Context, reader client.Reader) (string, error) {
+	var ns corev1.Namespace
+	if err := reader.Get(ctx, client.ObjectKey{Name: metav1.NamespaceSystem}, &ns); err != nil {
+		return "", fmt.Errorf("reading the kube-system namespace for the default --cluster-id (set --cluster-id to skip): %w", err)
+	}
+	return string(ns.UID), nil
+}

@@ -1,0 +1,118 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestParseFlags(t *testing.T) {
+	t.Run("defaults", func(t *testing.T) {
+		o, err := parseFlags(nil, &bytes.Buffer{})
+		require.NoError(t, err)
+		assert.Equal(t, ":8090", o.discoveryAddr)
+		assert.Equal(t, ":8443", o.metricsAddr)
+		assert.Equal(t, ":8081", o.probeAddr)
+		assert.True(t, o.metricsSecure)
+		assert.Empty(t, o.clusterID, "empty means: use the kube-system namespace's UID")
+	})
+
+	t.Run("every flag is accepted", func(t *testing.T) {
+		o, err := parseFlags([]string{
+			"--metrics-bind-address=0", "--health-probe-bind-address=127.0.0.1:9081",
+			"--discovery-bind-address=127.0.0.1:18090", "--leader-elect",
+			"--providers-config=/etc/providers.yaml", "--cluster-id=prod-eu_1",
+			"--zap-log-level=debug", "--kubeconfig=/tmp/kubeconfig",
+		}, &bytes.Buffer{})
+		require.NoError(t, err)
+		assert.Equal(t, "prod-eu_1", o.clusterID)
+		assert.Equal(t, "/etc/providers.yaml", o.providersConfig)
+		assert.True(t, o.leaderElect)
+	})
+
+	bad := []struct {
+		name     string
+		args     []string
+		wantText string
+	}{
+		{"unknown flag", []string{"--no-such-flag"}, "no-such-flag"},
+		{"stray argument", []string{"serve"}, `unexpected arguments ["serve"]`},
+		{"discovery address without port", []string{"--discovery-bind-address=localhost"}, "--discovery-bind-address"},
+		{"metrics port not a number", []string{"--metrics-bind-address=:https"}, "--metrics-bind-address"},
+		{"probe port out of range", []string{"--health-probe-bind-address=:70000"}, "--health-probe-bind-address"},
+		{"cluster id with capitals", []string{"--cluster-id=Prod"}, "--cluster-id"},
+		{"cluster id too long", []string{"--cluster-id=" + string(bytes.Repeat([]byte("a"), 64))}, "--cluster-id"},
+		{"bad log level", []string{"--zap-log-level=loud"}, "zap-log-level"},
+	}
+	for _, tc := range bad {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			_, err := parseFlags(tc.args, &out)
+			require.Error(t, err)
+			assert.True(t, errors.Is(err, errUsage), "a command-line error exits 2: %v", err)
+			assert.Contains(t, err.Error()+out.String(), tc.wantText)
+		})
+	}
+}
+
+func TestRunRejectsABadProvidersConfigBeforeConnecting(t *testing.T) {
+	// No kubeconfig exists for this test: run must fail on the file first.
+	t.Setenv("KUBECONFIG", filepath.Join(t.TempDir(), "absent"))
+	missing := filepath.Join(t.TempDir(), "providers.yaml")
+
+	err := run(context.Background(), []string{"--providers-config=" + missing}, &bytes.Buffer{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--providers-config")
+	assert.Contains(t, err.Error(), missing, "the message names the file")
+
+	malformed := filepath.Join(t.TempDir(), "providers.yaml")
+	require.NoError(t, os.WriteFile(malformed, []byte("providers:\n- name: gcp-eu\n  type: gcp\n  zone: x\n"), 0o600))
+	err = run(context.Background(), []string{"--providers-config=" + malformed}, &bytes.Buffer{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), malformed)
+	assert.Contains(t, err.Error(), `providers[0] "gcp-eu": json: unknown field "zone"`)
+}
+
+// TestBinaryExitCodes builds the real binary and checks what a user or a
+// kubelet sees: a non-zero exit and a message naming the flag or the file.
+func TestBinaryExitCodes(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "egress-proxies-operator")
+	build := exec.CommandContext(t.Context(), "go", "build", "-o", bin, ".")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+
+	cases := []struct {
+		name     string
+		args     []string
+		wantCode int
+		wantText string
+	}{
+		{"unknown flag", []string{"--bogus"}, 2, "flag provided but not defined: -bogus"},
+		{"bad bind address", []string{"--discovery-bind-address=nope"}, 2, "--discovery-bind-address"},
+		{"unreadable providers config", []string{"--providers-config=/nonexistent/providers.yaml"}, 1, `reading providers config "/nonexistent/providers.yaml"`},
+		{"help", []string{"--help"}, 0, "-providers-config"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.CommandContext(t.Context(), bin, tc.args...)
+			cmd.Env = append(os.Environ(), "KUBECONFIG="+filepath.Join(t.TempDir(), "absent"))
+			out, err := cmd.CombinedOutput()
+			code := 0
+			var exitErr *exec.ExitError
+			if errors.As(err, &exitErr) {
+				code = exitErr.ExitCode()
+			} else {
+				require.NoError(t, err)
+			}
+			assert.Equal(t, tc.wantCode, code, "output: %s", out)
+			assert.Contains(t, string(out), tc.wantText)
+		})
+	}
+}

@@ -10,10 +10,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"regexp"
 	"strconv"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -21,7 +23,10 @@ import (
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -30,7 +35,9 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/controllers"
 	"github.com/example/egress-proxies-operator/providers"
+	"github.com/example/egress-proxies-operator/providers/kubernetes"
 )
 
 // RBAC the manager itself needs; each component declares its own next to
@@ -67,6 +74,10 @@ type options struct {
 	providersConfig string
 	discoveryAddr   string
 	clusterID       string
+	gcInterval      time.Duration
+	gcGracePeriod   time.Duration
+	gcDryRun        bool
+	kubeconfig      string
 	zap             zap.Options
 }
 
@@ -92,11 +103,14 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 		"Address the discovery API binds to; \"0\" disables it.")
 	fs.StringVar(&o.clusterID, "cluster-id", "",
 		"Identifier labelled on every instance this operator creates, so orphan GC never touches another cluster's. Default: the UID of the kube-system namespace.")
-	// controller-runtime registers --kubeconfig on the global FlagSet; share
-	// its value so ctrl.GetConfig still sees it.
-	if kubeconfig := flag.CommandLine.Lookup("kubeconfig"); kubeconfig != nil {
-		fs.Var(kubeconfig.Value, kubeconfig.Name, kubeconfig.Usage)
-	}
+	fs.DurationVar(&o.gcInterval, "gc-interval", controllers.DefaultGCInterval,
+		"How often orphan GC lists every provider's instances.")
+	fs.DurationVar(&o.gcGracePeriod, "gc-grace-period", controllers.DefaultGCGracePeriod,
+		"Orphan GC spares instances younger than this (a Proxy may not have recorded its new instance yet).")
+	fs.BoolVar(&o.gcDryRun, "gc-dry-run", false,
+		"Orphan GC logs what it would delete and deletes nothing.")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "",
+		"Path of a kubeconfig. Default: $KUBECONFIG, the in-cluster config, then ~/.kube/config.")
 	o.zap.BindFlags(fs)
 
 	if err := fs.Parse(args); err != nil {
@@ -117,6 +131,12 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 		if err := validateBindAddress(a.value); err != nil {
 			errs = append(errs, fmt.Errorf("%w: --%s: %w", errUsage, a.flag, err))
 		}
+	}
+	if o.gcInterval <= 0 {
+		errs = append(errs, fmt.Errorf("%w: --gc-interval must be positive, got %s", errUsage, o.gcInterval))
+	}
+	if o.gcGracePeriod < 0 {
+		errs = append(errs, fmt.Errorf("%w: --gc-grace-period must not be negative, got %s", errUsage, o.gcGracePeriod))
 	}
 	if o.clusterID != "" && !clusterIDPattern.MatchString(o.clusterID) {
 		errs = append(errs, fmt.Errorf("%w: --cluster-id %q must be 1-63 lowercase letters, digits, '-' or '_': it is a label value on every instance, in Kubernetes and in GCE", errUsage, o.clusterID))
@@ -160,13 +180,17 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 			return fmt.Errorf("--providers-config: %w", err)
 		}
 	}
-	restConfig, err := ctrl.GetConfig()
+	restConfig, err := loadRESTConfig(opts.kubeconfig)
 	if err != nil {
-		return fmt.Errorf("loading kubeconfig: %w", err)
+		return err
 	}
 	mgr, err := newManager(restConfig, opts)
 	if err != nil {
 		return err
+	}
+	providerSet, err := providerRegistry.Build(providersConfig, providers.Dependencies{Client: mgr.GetClient()})
+	if err != nil {
+		return fmt.Errorf("--providers-config %s: %w", opts.providersConfig, err)
 	}
 	clusterID := opts.clusterID
 	if clusterID == "" {
@@ -174,11 +198,53 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 			return err
 		}
 	}
-	log.Info("starting manager", "clusterID", clusterID, "providers", providersConfig.Names())
+	if err := (&controllers.ProxyReconciler{
+		Client:    mgr.GetClient(),
+		Providers: providerSet,
+		ClusterID: clusterID,
+		Recorder:  mgr.GetEventRecorder("egress-proxies-operator"),
+	}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the Proxy controller: %w", err)
+	}
+	if err := mgr.Add(&controllers.OrphanCollector{
+		Client:      mgr.GetClient(),
+		Providers:   providerSet,
+		ClusterID:   clusterID,
+		Interval:    opts.gcInterval,
+		GracePeriod: opts.gcGracePeriod,
+		DryRun:      opts.gcDryRun,
+		Clock:       clock.RealClock{},
+	}); err != nil {
+		return fmt.Errorf("adding orphan GC: %w", err)
+	}
+	log.Info("starting manager", "clusterID", clusterID, "providers", providerSet.Names())
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("running manager: %w", err)
 	}
 	return nil
+}
+
+// providerRegistry is every provider type this build knows: the one place a
+// concrete provider is named.
+var providerRegistry = providers.Registry{
+	kubernetes.Type: kubernetes.New,
+}
+
+// loadRESTConfig reads the kubeconfig named by --kubeconfig, or finds one the
+// way kubectl does.
+func loadRESTConfig(path string) (*rest.Config, error) {
+	if path != "" {
+		cfg, err := clientcmd.BuildConfigFromFlags("", path)
+		if err != nil {
+			return nil, fmt.Errorf("--kubeconfig %s: %w", path, err)
+		}
+		return cfg, nil
+	}
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return nil, fmt.Errorf("loading kubeconfig: %w", err)
+	}
+	return cfg, nil
 }
 
 // newScheme registers every API type the operator reads or writes.
@@ -204,6 +270,7 @@ func newManager(restConfig *rest.Config, opts options) (manager.Manager, error) 
 	}
 	mgr, err := ctrl.NewManager(restConfig, ctrl.Options{
 		Scheme:                 newScheme(),
+		Cache:                  cacheOptions(),
 		Metrics:                metricsOpts,
 		HealthProbeBindAddress: opts.probeAddr,
 		LeaderElection:         opts.leaderElect,
@@ -219,6 +286,15 @@ func newManager(restConfig *rest.Config, opts options) (manager.Manager, error) 
 		return nil, fmt.Errorf("adding readyz check: %w", err)
 	}
 	return mgr, nil
+}
+
+// cacheOptions keeps the operator's memory to what it owns: Secrets only
+// when labelled for cloud-init, and instance objects only when labelled with
+// a cluster id.
+func cacheOptions() cache.Options {
+	byObject := controllers.CacheByObject()
+	maps.Copy(byObject, kubernetes.CacheByObject())
+	return cache.Options{ByObject: byObject}
 }
 
 // defaultClusterID is the UID of the kube-system namespace: stable for the

@@ -11,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/example/egress-proxies-operator/test/testenv"
 )
 
 func TestParseFlags(t *testing.T) {
@@ -35,6 +37,7 @@ func TestParseFlags(t *testing.T) {
 		assert.Equal(t, "prod-eu_1", o.clusterID)
 		assert.Equal(t, "/etc/providers.yaml", o.providersConfig)
 		assert.True(t, o.leaderElect)
+		assert.Equal(t, "/tmp/kubeconfig", o.kubeconfig)
 	})
 
 	bad := []struct {
@@ -78,6 +81,28 @@ func TestRunRejectsABadProvidersConfigBeforeConnecting(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), malformed)
 	assert.Contains(t, err.Error(), `providers[0] "gcp-eu": json: unknown field "zone"`)
+}
+
+// TestRunRejectsUnknownProviderTypesAndSettings points the operator at a real
+// API server with a providers file that parses but names an unknown type and
+// a bad setting: it must refuse to start, reporting both.
+func TestRunRejectsUnknownProviderTypesAndSettings(t *testing.T) {
+	env := testenv.Start(t)
+	t.Setenv("KUBECONFIG", env.Kubeconfig(t))
+
+	path := filepath.Join(t.TempDir(), "providers.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(`providers:
+- name: kind-local
+  type: kubernetes
+  settings: {allowedSourceRanges: [10.0.0.0/33]}
+- name: gcp-eu
+  type: gce
+`), 0o600))
+	err := run(context.Background(), []string{"--providers-config=" + path, "--metrics-bind-address=0", "--health-probe-bind-address=0"}, &bytes.Buffer{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), path)
+	assert.Contains(t, err.Error(), `providers[0] "kind-local" (type kubernetes): settings.allowedSourceRanges[0]: "10.0.0.0/33" is not a CIDR`)
+	assert.Contains(t, err.Error(), `providers[1] "gcp-eu": unknown type "gce" (known: [kubernetes])`)
 }
 
 // TestBinaryExitCodes builds the real binary and checks what a user or a

@@ -250,6 +250,12 @@ type ProxyStatus struct {
 	// +optional
 	InstanceName string `json:"instanceName,omitempty"`
 
+	// provider is the provider instance holding instanceName. It differs
+	// from spec.provider only while a proxy moves between providers, until
+	// the old instance is deleted.
+	// +optional
+	Provider string `json:"provider,omitempty"`
+
 	// specHash is the hash of the spec fields whose change forces a
 	// replacement, as of the instance now recorded.
 	// +optional
@@ -283,6 +289,7 @@ type ProxyStatus struct {
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
+// +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 63",message="metadata.name must be at most 63 characters: it is written as a label value on the proxy's instance"
 // +kubebuilder:resource:scope=Namespaced,shortName=px,categories=crawl
 // +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.spec.mode`
 // +kubebuilder:printcolumn:name="Provider",type=string,JSONPath=`.spec.provider`

@@ -147,6 +147,14 @@ healthCheck: {url: 'https://www.example.com/', interval: 30s, timeout: 10s, fail
 		}
 	})
 
+	t.Run("names longer than a label value are rejected", func(t *testing.T) {
+		u := proxyFromSpec(t, "mode: Managed\nprovider: kind-local")
+		u.SetName(strings.Repeat("a", 64))
+		err := env.Client.Create(ctx, u)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "metadata.name must be at most 63 characters")
+	})
+
 	t.Run("mode is immutable after creation", func(t *testing.T) {
 		u := proxyFromSpec(t, "mode: Managed\nprovider: kind-local")
 		require.NoError(t, env.Client.Create(ctx, u))

@@ -5,13 +5,17 @@
 package testenv
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
+	"sync"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -106,4 +110,61 @@ func checkAssets(dir string) error {
 		}
 	}
 	return nil
+}
+
+var shared struct {
+	once sync.Once
+	env  *Env
+	err  error
+}
+
+// Shared returns one control plane for the whole test binary, started on
+// first use. The package's TestMain must call StopShared after m.Run.
+func Shared(t testing.TB) *Env {
+	t.Helper()
+	shared.once.Do(func() { shared.env, shared.err = New() })
+	if shared.err != nil {
+		t.Fatal(shared.err)
+	}
+	return shared.env
+}
+
+// StopShared stops the control plane Shared started, if it did.
+func StopShared() {
+	if shared.env != nil {
+		if err := shared.env.Stop(); err != nil {
+			fmt.Fprintf(os.Stderr, "stopping the control plane: %v\n", err)
+		}
+	}
+}
+
+// Namespace creates a namespace with a unique name for one test, so tests
+// sharing a control plane do not see each other's objects.
+func (e *Env) Namespace(t testing.TB) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "test-"}}
+	if err := e.Client.Create(context.Background(), ns); err != nil {
+		t.Fatalf("creating a namespace: %v", err)
+	}
+	return ns.Name
+}
+
+// Kubeconfig writes a kubeconfig for an administrator of this control plane
+// and returns its path, for processes (the operator binary, kubectl) that
+// read one.
+func (e *Env) Kubeconfig(t testing.TB) string {
+	t.Helper()
+	user, err := e.env.ControlPlane.AddUser(envtest.User{Name: "admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		t.Fatalf("adding an admin user: %v", err)
+	}
+	data, err := user.KubeConfig()
+	if err != nil {
+		t.Fatalf("rendering a kubeconfig: %v", err)
+	}
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatalf("writing the kubeconfig: %v", err)
+	}
+	return path
 }

@@ -1,0 +1,145 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/providers"
+)
+
+var (
+	orphansFound = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "proxy_operator_orphans_found_total",
+		Help: "Provider instances labelled with this operator's cluster id whose owning Proxy is gone, by provider.",
+	}, []string{"provider"})
+	orphansDeleted = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "proxy_operator_orphans_deleted_total",
+		Help: "Orphaned provider instances deleted (not counted in dry-run), by provider.",
+	}, []string{"provider"})
+)
+
+func init() {
+	ctrlmetrics.Registry.MustRegister(orphansFound, orphansDeleted)
+}
+
+// Defaults for the orphan collector's flags.
+const (
+	DefaultGCInterval    = 10 * time.Minute
+	DefaultGCGracePeriod = 3 * time.Minute
+)
+
+// OrphanCollector is the safety net behind the finalizer: every interval it
+// lists each provider's instances carrying this operator's cluster id and
+// deletes those whose owning Proxy no longer exists (or exists with another
+// UID, or no longer points at that provider). It never touches another
+// cluster's instances, spares instances younger than the grace period (the
+// window in which a Proxy may not yet have recorded its instance) and ones
+// already being deleted, and keeps going past per-instance errors.
+type OrphanCollector struct {
+	// Client reads Proxies (through the manager's cache).
+	Client client.Reader
+	// Providers are swept one after another.
+	Providers providers.Set
+	// ClusterID selects this operator's instances.
+	ClusterID string
+	// Interval between sweeps.
+	Interval time.Duration
+	// GracePeriod spares instances younger than this.
+	GracePeriod time.Duration
+	// DryRun logs what would be deleted and deletes nothing.
+	DryRun bool
+	// Clock tells instance ages; tests inject a fake one.
+	Clock clock.PassiveClock
+}
+
+// NeedLeaderElection makes the collector run on the leader only.
+func (c *OrphanCollector) NeedLeaderElection() bool { return true }
+
+// Start sweeps every Interval until ctx ends. A failed sweep is logged and
+// retried at the next interval.
+func (c *OrphanCollector) Start(ctx context.Context) error {
+	log := logf.FromContext(ctx).WithName("orphan-gc")
+	wait.JitterUntilWithContext(ctx, func(ctx context.Context) {
+		if err := c.Sweep(ctx); err != nil {
+			log.Error(err, "orphan sweep incomplete")
+		}
+	}, c.Interval, 0.1, true)
+	return nil
+}
+
+// Sweep runs one pass over every provider and returns the joined errors of
+// whatever it could not list or delete.
+func (c *OrphanCollector) Sweep(ctx context.Context) error {
+	log := logf.FromContext(ctx).WithName("orphan-gc")
+	now := c.Clock.Now()
+	var errs []error
+	for _, name := range c.Providers.Names() {
+		prov := c.Providers[name]
+		instances, err := prov.List(ctx, c.ClusterID)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("listing instances of provider %s: %w", name, err))
+			continue
+		}
+		for i := range instances {
+			inst := &instances[i]
+			if inst.Labels[crawlv1alpha1.LabelClusterID] != c.ClusterID ||
+				inst.State == providers.StateStopping ||
+				now.Sub(inst.CreatedAt) < c.GracePeriod {
+				continue
+			}
+			why, err := c.orphaned(ctx, name, inst)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if why == "" {
+				continue
+			}
+			orphansFound.WithLabelValues(name).Inc()
+			log.Info("orphaned instance", "provider", name, "instance", inst.Name, "location", inst.Location,
+				"reason", why, "age", now.Sub(inst.CreatedAt).Round(time.Second), "dryRun", c.DryRun)
+			if c.DryRun {
+				continue
+			}
+			if err := prov.Delete(ctx, inst); err != nil {
+				errs = append(errs, fmt.Errorf("deleting orphaned instance %s of provider %s: %w", inst.Name, name, err))
+				continue
+			}
+			orphansDeleted.WithLabelValues(name).Inc()
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// orphaned says why inst has no owner, or "" when it has one.
+func (c *OrphanCollector) orphaned(ctx context.Context, provider string, inst *providers.Instance) (string, error) {
+	ns, name := inst.Labels[crawlv1alpha1.LabelOwnerNamespace], inst.Labels[crawlv1alpha1.LabelOwnerName]
+	if ns == "" || name == "" {
+		return "the instance has no owner labels", nil
+	}
+	var owner crawlv1alpha1.Proxy
+	err := c.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &owner)
+	switch {
+	case apierrors.IsNotFound(err):
+		return fmt.Sprintf("Proxy %s/%s does not exist", ns, name), nil
+	case err != nil:
+		return "", fmt.Errorf("reading Proxy %s/%s, owner of instance %s: %w", ns, name, inst.Name, err)
+	case string(owner.UID) != inst.OwnerUID():
+		return fmt.Sprintf("Proxy %s/%s has uid %s, the instance was made for %s", ns, name, owner.UID, inst.OwnerUID()), nil
+	case owner.Spec.Mode != crawlv1alpha1.ModeManaged ||
+		owner.Spec.Provider != provider && owner.Status.Provider != provider:
+		return fmt.Sprintf("Proxy %s/%s no longer uses provider %s", ns, name, provider), nil
+	}
+	return "", nil
+}

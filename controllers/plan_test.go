@@ -1,0 +1,219 @@
+package controllers
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/providers"
+)
+
+const (
+	testUID  = "uid-1"
+	testHash = "hash-now"
+)
+
+// proxyFixture is a Managed Proxy; options adjust it per row.
+func proxyFixture(opts ...func(*crawlv1alpha1.Proxy)) *crawlv1alpha1.Proxy {
+	p := &crawlv1alpha1.Proxy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "crawl", Name: "eu-1", UID: testUID, Generation: 1,
+			Finalizers: []string{crawlv1alpha1.Finalizer}},
+		Spec: crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeManaged, Provider: "kind-local", Port: 3128},
+	}
+	for _, o := range opts {
+		o(p)
+	}
+	return p
+}
+
+func withoutFinalizer(p *crawlv1alpha1.Proxy) { p.Finalizers = nil }
+func deleting(p *crawlv1alpha1.Proxy) {
+	now := metav1.Now()
+	p.DeletionTimestamp = &now
+}
+func recorded(name string) func(*crawlv1alpha1.Proxy) {
+	return func(p *crawlv1alpha1.Proxy) { p.Status.InstanceName = name }
+}
+func external(p *crawlv1alpha1.Proxy) {
+	p.Spec.Mode, p.Spec.Provider, p.Finalizers = crawlv1alpha1.ModeExternal, "", nil
+	p.Spec.External = &crawlv1alpha1.ExternalEndpoint{Address: "127.0.0.1"}
+}
+
+func instance(state providers.State, hash, uid string) *providers.Instance {
+	return &providers.Instance{
+		Name: "px-crawl-eu-1-0123456789", State: state, IP: "127.0.0.10", Port: 3128,
+		Labels: map[string]string{crawlv1alpha1.LabelSpecHash: hash, crawlv1alpha1.LabelOwnerUID: uid},
+	}
+}
+
+func TestPlan(t *testing.T) {
+	transient := providers.Transient(errors.New("503 backend unavailable"))
+	terminal := providers.Terminal("quota CPUS exceeded in europe-west1")
+	cases := []struct {
+		name       string
+		proxy      *crawlv1alpha1.Proxy
+		instance   *providers.Instance
+		getErr     error
+		specErr    *specError
+		wantType   ActionType
+		wantPhase  crawlv1alpha1.ProxyPhase
+		wantReason string
+		wantErr    bool
+	}{
+		// Life of a Managed proxy.
+		{name: "finalizer absent: add it first", proxy: proxyFixture(withoutFinalizer),
+			wantType: ActionAddFinalizer, wantPhase: crawlv1alpha1.PhasePending},
+		{name: "finalizer absent even with a bad spec: finalizer first", proxy: proxyFixture(withoutFinalizer),
+			specErr: &specError{ReasonCloudInitError, "x"}, wantType: ActionAddFinalizer},
+		{name: "no instance: create", proxy: proxyFixture(),
+			wantType: ActionCreate, wantPhase: crawlv1alpha1.PhaseProvisioning, wantReason: ReasonCreating},
+		{name: "instance pending: wait", proxy: proxyFixture(), instance: instance(providers.StatePending, testHash, testUID),
+			wantType: ActionWait, wantPhase: crawlv1alpha1.PhaseProvisioning, wantReason: ReasonProvisioning},
+		{name: "instance running with current hash: mark ready", proxy: proxyFixture(), instance: instance(providers.StateRunning, testHash, testUID),
+			wantType: ActionMarkReady, wantPhase: crawlv1alpha1.PhaseReady, wantReason: ReasonInstanceRunning},
+		{name: "instance with a stale hash: delete to replace", proxy: proxyFixture(), instance: instance(providers.StateRunning, "hash-old", testUID),
+			wantType: ActionDelete, wantPhase: crawlv1alpha1.PhaseReplacing, wantReason: ReasonSpecChanged},
+		{name: "pending instance with a stale hash: delete to replace", proxy: proxyFixture(), instance: instance(providers.StatePending, "hash-old", testUID),
+			wantType: ActionDelete, wantPhase: crawlv1alpha1.PhaseReplacing, wantReason: ReasonSpecChanged},
+		{name: "old instance stopping: wait before creating the replacement", proxy: proxyFixture(), instance: instance(providers.StateStopping, "hash-old", testUID),
+			wantType: ActionWait, wantPhase: crawlv1alpha1.PhaseReplacing, wantReason: ReasonInstanceStopping},
+		{name: "instance failed (terminated VM): replace", proxy: proxyFixture(), instance: instance(providers.StateFailed, testHash, testUID),
+			wantType: ActionDelete, wantPhase: crawlv1alpha1.PhaseReplacing, wantReason: ReasonInstanceFailed},
+		{name: "instance of an earlier Proxy with the same name: delete it", proxy: proxyFixture(), instance: instance(providers.StateRunning, testHash, "uid-0"),
+			wantType: ActionDelete, wantPhase: crawlv1alpha1.PhaseReplacing, wantReason: ReasonStaleInstance},
+		{name: "instance missing while status says Ready: recreate", proxy: proxyFixture(recorded("px-crawl-eu-1-0123456789"), func(p *crawlv1alpha1.Proxy) {
+			p.Status.Phase, p.Status.IP = crawlv1alpha1.PhaseReady, "127.0.0.10"
+		}), wantType: ActionCreate, wantPhase: crawlv1alpha1.PhaseProvisioning},
+
+		// The spec cannot be realised.
+		{name: "unknown provider: fail", proxy: proxyFixture(), specErr: &specError{ReasonProviderNotFound, "provider \"x\" is not configured"},
+			wantType: ActionFail, wantPhase: crawlv1alpha1.PhaseFailed, wantReason: ReasonProviderNotFound},
+		{name: "cloud-init Secret missing: fail, leave the running instance alone", proxy: proxyFixture(), instance: instance(providers.StateRunning, "hash-old", testUID),
+			specErr: &specError{ReasonCloudInitError, "Secret not found"}, wantType: ActionFail, wantReason: ReasonCloudInitError},
+		{name: "invalid placement: fail before any create", proxy: proxyFixture(),
+			specErr: &specError{ReasonInvalidPlacement, "placement.machineType is required"}, wantType: ActionFail, wantReason: ReasonInvalidPlacement},
+
+		// Provider errors.
+		{name: "transient Get error: wait and back off", proxy: proxyFixture(), getErr: transient,
+			wantType: ActionWait, wantReason: ReasonProviderTransient, wantErr: true},
+		{name: "terminal Get error: fail", proxy: proxyFixture(), getErr: terminal,
+			wantType: ActionFail, wantPhase: crawlv1alpha1.PhaseFailed, wantReason: ReasonProviderError},
+		{name: "unclassified Get error: retried, not failed", proxy: proxyFixture(), getErr: errors.New("connection reset"),
+			wantType: ActionWait, wantReason: ReasonProviderError, wantErr: true},
+
+		// Deletion.
+		{name: "deleting while the instance is creating: delete it", proxy: proxyFixture(deleting), instance: instance(providers.StatePending, testHash, testUID),
+			wantType: ActionDelete, wantPhase: crawlv1alpha1.PhaseDeleting, wantReason: ReasonDeleting},
+		{name: "deleting with the instance running: delete it", proxy: proxyFixture(deleting), instance: instance(providers.StateRunning, testHash, testUID),
+			wantType: ActionDelete, wantPhase: crawlv1alpha1.PhaseDeleting},
+		{name: "deleting, instance stopping: keep the finalizer and wait", proxy: proxyFixture(deleting), instance: instance(providers.StateStopping, testHash, testUID),
+			wantType: ActionWait, wantPhase: crawlv1alpha1.PhaseDeleting},
+		{name: "deleting, instance gone: remove the finalizer", proxy: proxyFixture(deleting, recorded("px-crawl-eu-1-0123456789")),
+			wantType: ActionRemoveFinalizer},
+		{name: "deleting, transient Get error: keep the finalizer and retry", proxy: proxyFixture(deleting), getErr: transient,
+			wantType: ActionWait, wantPhase: crawlv1alpha1.PhaseDeleting, wantErr: true},
+		{name: "deleting, terminal Get error: fail, keep the finalizer", proxy: proxyFixture(deleting), getErr: terminal,
+			wantType: ActionFail},
+		{name: "deleting, provider gone, an instance was recorded: fail, keep the finalizer", proxy: proxyFixture(deleting, recorded("px-1")),
+			specErr: &specError{ReasonProviderNotFound, "provider gone"}, wantType: ActionFail, wantReason: ReasonProviderNotFound},
+		{name: "deleting, provider gone, nothing ever recorded: remove the finalizer", proxy: proxyFixture(deleting),
+			specErr: &specError{ReasonProviderNotFound, "provider gone"}, wantType: ActionRemoveFinalizer},
+		{name: "deleting without our finalizer: nothing", proxy: proxyFixture(deleting, withoutFinalizer),
+			wantType: ActionNothing},
+
+		// External proxies never touch a provider.
+		{name: "External: ready from spec", proxy: proxyFixture(external),
+			wantType: ActionMarkReady, wantPhase: crawlv1alpha1.PhaseReady, wantReason: ReasonExternal},
+		{name: "External deleting: nothing", proxy: proxyFixture(external, deleting), wantType: ActionNothing},
+		{name: "External deleting with a finalizer: remove it", proxy: proxyFixture(external, deleting, func(p *crawlv1alpha1.Proxy) {
+			p.Finalizers = []string{crawlv1alpha1.Finalizer}
+		}), wantType: ActionRemoveFinalizer},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := plan(observation{
+				proxy: tc.proxy, instanceName: "px-crawl-eu-1-0123456789", desiredHash: testHash,
+				instance: tc.instance, getErr: tc.getErr, specErr: tc.specErr,
+			})
+			assert.Equal(t, tc.wantType, got.Type, "message: %s", got.Message)
+			if tc.wantPhase != "" {
+				assert.Equal(t, tc.wantPhase, got.Phase)
+			}
+			if tc.wantReason != "" {
+				assert.Equal(t, tc.wantReason, got.Reason)
+			}
+			assert.Equal(t, tc.wantErr, got.Err != nil, "a retried wait carries its error, nothing else does")
+			if got.Type != ActionNothing {
+				assert.NotEmpty(t, got.Message, "every action explains itself")
+			}
+		})
+	}
+}
+
+func TestNextStatus(t *testing.T) {
+	t.Run("mark ready records the instance and awaits a health verdict", func(t *testing.T) {
+		p := proxyFixture()
+		inst := instance(providers.StateRunning, testHash, testUID)
+		o := observation{proxy: p, instance: inst, desiredHash: testHash}
+		s := nextStatus(p, o, plan(o))
+		assert.Equal(t, crawlv1alpha1.PhaseReady, s.Phase)
+		assert.Equal(t, "127.0.0.10", s.IP)
+		assert.Equal(t, int32(3128), s.Port)
+		assert.Equal(t, inst.Name, s.InstanceName)
+		assert.Equal(t, "kind-local", s.Provider)
+		assert.Equal(t, testHash, s.SpecHash)
+		assert.Equal(t, int64(1), s.ObservedGeneration)
+		assertCondition(t, s, crawlv1alpha1.ConditionProvisioned, metav1.ConditionTrue, ReasonInstanceRunning)
+		assertCondition(t, s, crawlv1alpha1.ConditionHealthy, metav1.ConditionUnknown, crawlv1alpha1.ReasonAwaitingProbe)
+		assertCondition(t, s, crawlv1alpha1.ConditionReady, metav1.ConditionFalse, crawlv1alpha1.ReasonAwaitingProbe)
+
+		// Applying the same observation again changes nothing: no write.
+		p.Status = s
+		assert.Equal(t, s, nextStatus(p, o, plan(o)))
+	})
+
+	t.Run("a healthy verdict survives mark ready, and Ready follows it", func(t *testing.T) {
+		p := proxyFixture()
+		p.Status.Conditions = []metav1.Condition{{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: "ProbeSucceeded"}}
+		o := observation{proxy: p, instance: instance(providers.StateRunning, testHash, testUID), desiredHash: testHash}
+		s := nextStatus(p, o, plan(o))
+		assertCondition(t, s, crawlv1alpha1.ConditionReady, metav1.ConditionTrue, crawlv1alpha1.ReasonProxyReady)
+	})
+
+	t.Run("replacement clears the address and the health verdict", func(t *testing.T) {
+		p := proxyFixture(func(p *crawlv1alpha1.Proxy) {
+			p.Status.IP, p.Status.Port, p.Status.Phase = "127.0.0.10", 3128, crawlv1alpha1.PhaseReady
+			p.Status.Conditions = []metav1.Condition{{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: "ProbeSucceeded"}}
+		})
+		o := observation{proxy: p, instance: instance(providers.StateRunning, "hash-old", testUID), desiredHash: testHash}
+		s := nextStatus(p, o, plan(o))
+		assert.Equal(t, crawlv1alpha1.PhaseReplacing, s.Phase)
+		assert.Empty(t, s.IP, "the old address must not be handed out")
+		assertCondition(t, s, crawlv1alpha1.ConditionHealthy, metav1.ConditionUnknown, crawlv1alpha1.ReasonAwaitingProbe)
+		assertCondition(t, s, crawlv1alpha1.ConditionReady, metav1.ConditionFalse, crawlv1alpha1.ReasonNotProvisioned)
+	})
+
+	t.Run("External takes its address from the spec", func(t *testing.T) {
+		p := proxyFixture(external, func(p *crawlv1alpha1.Proxy) { p.Spec.External.Port = 8080 })
+		o := observation{proxy: p}
+		s := nextStatus(p, o, plan(o))
+		assert.Equal(t, "127.0.0.1", s.IP)
+		assert.Equal(t, int32(8080), s.Port)
+		assert.Empty(t, s.InstanceName)
+	})
+}
+
+func assertCondition(t *testing.T, s crawlv1alpha1.ProxyStatus, condType string, status metav1.ConditionStatus, reason string) {
+	t.Helper()
+	for _, c := range s.Conditions {
+		if c.Type == condType {
+			assert.Equal(t, status, c.Status, "%s status", condType)
+			assert.Equal(t, reason, c.Reason, "%s reason", condType)
+			return
+		}
+	}
+	t.Errorf("no %s condition in %+v", condType, s.Conditions)
+}

@@ -1,0 +1,293 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/providers"
+)
+
+// +kubebuilder:rbac:groups=crawl.example.com,resources=proxies,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=crawl.example.com,resources=proxies/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=crawl.example.com,resources=proxies/finalizers,verbs=update
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// DefaultPollInterval is how soon a pass that waits on an instance looks
+// again when no watch event arrives first (GCE operations have none).
+const DefaultPollInterval = 5 * time.Second
+
+// secretRefIndex indexes Proxies by the cloud-init Secret they reference, so
+// a Secret change enqueues exactly the Proxies that use it.
+const secretRefIndex = "spec.cloudInit.secretRef.name"
+
+// ProxyReconciler drives each Proxy towards its spec. Every pass observes
+// (the Proxy, its cloud-init, the provider's Get), lets plan pick one
+// action, performs it and records it. Being stateless between passes is
+// what makes it crash-safe: the next pass starts from what the provider
+// reports, not from memory.
+type ProxyReconciler struct {
+	// Client reads through the manager's cache and writes to the API server.
+	Client client.Client
+	// Providers are the configured provider instances by name.
+	Providers providers.Set
+	// ClusterID labels every instance this operator creates.
+	ClusterID string
+	// Recorder emits the Events `kubectl describe px` shows.
+	Recorder events.EventRecorder
+	// PollInterval is how soon a waiting pass looks again; zero means
+	// DefaultPollInterval.
+	PollInterval time.Duration
+}
+
+// Reconcile performs one step for one Proxy.
+func (r *ProxyReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	log := logf.FromContext(ctx)
+	var proxy crawlv1alpha1.Proxy
+	if err := r.Client.Get(ctx, req.NamespacedName, &proxy); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	obs, provider := r.observe(ctx, &proxy)
+	action := plan(obs)
+	log.V(1).Info("planned", "action", action.Type, "reason", action.Reason, "message", action.Message)
+	return r.execute(ctx, &proxy, obs, provider, action)
+}
+
+// observe gathers plan's inputs. It returns the provider holding the
+// instance (nil if none could be reached), which execute needs for Create
+// and Delete.
+func (r *ProxyReconciler) observe(ctx context.Context, p *crawlv1alpha1.Proxy) (observation, providers.Provider) {
+	o := observation{proxy: p}
+	if p.Spec.Mode == crawlv1alpha1.ModeExternal {
+		return o, nil
+	}
+	o.instanceName = providers.InstanceName(r.ClusterID, p.Namespace, p.Name)
+
+	// A Proxy being deleted needs only its instance found; anything else
+	// needs a provider that accepts the spec and a cloud-init to hash.
+	if p.DeletionTimestamp.IsZero() {
+		desired, ok := r.Providers[p.Spec.Provider]
+		if !ok {
+			o.specErr = r.providerNotFound(p.Spec.Provider)
+			return o, nil
+		}
+		if err := desired.Validate(p); err != nil {
+			o.specErr = &specError{ReasonInvalidPlacement, providers.TerminalMessage(err)}
+			return o, nil
+		}
+		if o.cloudInit, o.specErr = resolveCloudInit(ctx, r.Client, p); o.specErr != nil {
+			return o, nil
+		}
+		o.desiredHash = specHash(&p.Spec, o.cloudInit)
+	}
+
+	// Look where the instance was recorded first: after a change of
+	// spec.provider the old instance lives in the old provider until deleted.
+	candidates := []string{p.Spec.Provider}
+	if recorded := p.Status.Provider; recorded != "" && recorded != p.Spec.Provider {
+		candidates = []string{recorded, p.Spec.Provider}
+	}
+	var last providers.Provider
+	for _, name := range candidates {
+		prov, ok := r.Providers[name]
+		if !ok {
+			o.specErr = r.providerNotFound(name)
+			return o, nil
+		}
+		inst, err := prov.Get(ctx, o.instanceName, p)
+		switch {
+		case errors.Is(err, providers.ErrNotFound):
+			last = prov
+			continue
+		case err != nil:
+			o.getErr = fmt.Errorf("getting instance %s from provider %s: %w", o.instanceName, name, err)
+			return o, prov
+		}
+		o.instance = inst
+		return o, prov
+	}
+	return o, last
+}
+
+func (r *ProxyReconciler) providerNotFound(name string) *specError {
+	return &specError{ReasonProviderNotFound, fmt.Sprintf("provider %q is not in the operator's providers config; configured: %s",
+		name, strings.Join(r.Providers.Names(), ", "))}
+}
+
+// execute performs action, records it in status (only when that changed)
+// and says when to look again.
+func (r *ProxyReconciler) execute(ctx context.Context, p *crawlv1alpha1.Proxy, o observation, prov providers.Provider, a Action) (reconcile.Result, error) {
+	log := logf.FromContext(ctx)
+	poll := r.PollInterval
+	if poll == 0 {
+		poll = DefaultPollInterval
+	}
+	result := reconcile.Result{}
+
+	switch a.Type {
+	case ActionNothing:
+		return result, nil
+	case ActionAddFinalizer:
+		controllerutil.AddFinalizer(p, crawlv1alpha1.Finalizer)
+		if err := r.Client.Update(ctx, p); err != nil {
+			return result, fmt.Errorf("adding finalizer: %w", err)
+		}
+		// Metadata-only changes do not pass the Proxy predicate: look again now.
+		result.RequeueAfter = time.Millisecond
+	case ActionRemoveFinalizer:
+		controllerutil.RemoveFinalizer(p, crawlv1alpha1.Finalizer)
+		if err := r.Client.Update(ctx, p); err != nil {
+			return result, fmt.Errorf("removing finalizer: %w", err)
+		}
+		r.Recorder.Eventf(p, nil, corev1.EventTypeNormal, a.Reason, string(a.Type), a.Message)
+		log.Info("finalizer removed", "reason", a.Reason)
+		return result, nil
+	case ActionCreate:
+		req := providers.CreateRequest{
+			Proxy: p, Name: o.instanceName, CloudInit: o.cloudInit, SpecHash: o.desiredHash,
+			Labels: instanceLabels(r.ClusterID, p, o.desiredHash),
+		}
+		if err := prov.Create(ctx, req); err != nil {
+			a = providerFailure(fmt.Errorf("creating instance %s: %w", o.instanceName, err), crawlv1alpha1.PhaseProvisioning)
+		} else {
+			result.RequeueAfter = poll
+		}
+	case ActionDelete:
+		if err := prov.Delete(ctx, o.instance); err != nil {
+			a = providerFailure(fmt.Errorf("deleting instance %s: %w", o.instance.Name, err), a.Phase)
+		} else {
+			result.RequeueAfter = poll
+		}
+	case ActionWait:
+		result.RequeueAfter = poll
+	}
+
+	next := nextStatus(p, o, a)
+	if !equality.Semantic.DeepEqual(p.Status, next) {
+		p.Status = next
+		if err := r.Client.Status().Update(ctx, p); err != nil {
+			return reconcile.Result{}, fmt.Errorf("recording %s in status: %w", a.Type, err)
+		}
+		r.Recorder.Eventf(p, nil, eventType(a), a.Reason, string(a.Type), "%s", a.Message)
+		log.Info("status recorded", "action", a.Type, "phase", next.Phase, "reason", a.Reason)
+	}
+	if a.Err != nil {
+		// Transient: the workqueue's rate limiter backs off exponentially.
+		return reconcile.Result{}, a.Err
+	}
+	return result, nil
+}
+
+func eventType(a Action) string {
+	switch a.Type {
+	case ActionFail:
+		return corev1.EventTypeWarning
+	case ActionDelete, ActionWait:
+		if a.Reason == ReasonInstanceFailed || a.Err != nil {
+			return corev1.EventTypeWarning
+		}
+	}
+	return corev1.EventTypeNormal
+}
+
+// SetupWithManager registers the reconciler: Proxies (spec changes and
+// deletion), the cloud-init Secrets they reference, and, for providers whose
+// instances are Kubernetes objects, those objects.
+func (r *ProxyReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &crawlv1alpha1.Proxy{}, secretRefIndex, func(obj client.Object) []string {
+		p := obj.(*crawlv1alpha1.Proxy)
+		if p.Spec.CloudInit == nil || p.Spec.CloudInit.SecretRef == nil {
+			return nil
+		}
+		return []string{p.Spec.CloudInit.SecretRef.Name}
+	}); err != nil {
+		return fmt.Errorf("indexing Proxies by cloud-init Secret: %w", err)
+	}
+	b := ctrl.NewControllerManagedBy(mgr).
+		Named("proxy").
+		For(&crawlv1alpha1.Proxy{}, builder.WithPredicates(ProxyChangePredicate())).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.proxiesUsingSecret))
+	watched := map[reflect.Type]bool{}
+	for _, prov := range r.Providers {
+		backed, ok := prov.(providers.ObjectBacked)
+		if !ok {
+			continue
+		}
+		obj := backed.InstanceObject()
+		if t := reflect.TypeOf(obj); !watched[t] {
+			watched[t] = true
+			b = b.Watches(obj, handler.EnqueueRequestsFromMapFunc(ownerFromLabels))
+		}
+	}
+	return b.Complete(r)
+}
+
+// CacheByObject scopes the manager's cache for what the reconciler reads
+// beyond Proxies: Secrets, and only those labelled for cloud-init.
+func CacheByObject() map[client.Object]cache.ByObject {
+	return map[client.Object]cache.ByObject{
+		&corev1.Secret{}: {Label: labels.SelectorFromSet(labels.Set{crawlv1alpha1.LabelCloudInit: "true"})},
+	}
+}
+
+// ProxyChangePredicate lets through what needs a reconcile: creation, a spec
+// change (generation) and the start of deletion. Status writes, including
+// the health engine's, do not trigger a pass.
+func ProxyChangePredicate() predicate.Predicate {
+	return predicate.Or(predicate.GenerationChangedPredicate{}, predicate.Funcs{
+		CreateFunc:  func(event.CreateEvent) bool { return false },
+		DeleteFunc:  func(event.DeleteEvent) bool { return false },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			return e.ObjectOld != nil && e.ObjectNew != nil &&
+				e.ObjectOld.GetDeletionTimestamp().IsZero() && !e.ObjectNew.GetDeletionTimestamp().IsZero()
+		},
+	})
+}
+
+// proxiesUsingSecret maps a cloud-init Secret to the Proxies referencing it.
+func (r *ProxyReconciler) proxiesUsingSecret(ctx context.Context, secret client.Object) []reconcile.Request {
+	var list crawlv1alpha1.ProxyList
+	if err := r.Client.List(ctx, &list, client.InNamespace(secret.GetNamespace()),
+		client.MatchingFields{secretRefIndex: secret.GetName()}); err != nil {
+		logf.FromContext(ctx).Error(err, "listing Proxies for Secret", "secret", client.ObjectKeyFromObject(secret))
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for i := range list.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+	}
+	return reqs
+}
+
+// ownerFromLabels maps an instance object to the Proxy named by its owner
+// labels.
+func ownerFromLabels(_ context.Context, obj client.Object) []reconcile.Request {
+	labels := obj.GetLabels()
+	ns, name := labels[crawlv1alpha1.LabelOwnerNamespace], labels[crawlv1alpha1.LabelOwnerName]
+	if ns == "" || name == "" {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: ns, Name: name}}}
+}

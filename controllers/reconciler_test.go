@@ -1,0 +1,267 @@
+package controllers
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/providers"
+	"github.com/example/egress-proxies-operator/test/testenv"
+)
+
+const (
+	waitFor = 20 * time.Second
+	tick    = 25 * time.Millisecond
+)
+
+// TestReconciler runs the real controller against a real API server with the
+// kubernetes provider; a fake kubelet marks the Squid pods running.
+func TestReconciler(t *testing.T) {
+	env := testenv.Shared(t)
+	mgr := newManager(t, env)
+	require.NoError(t, (&ProxyReconciler{
+		Client:       mgr.GetClient(),
+		Providers:    kubernetesProviders(t, mgr.GetClient()),
+		ClusterID:    testClusterID,
+		Recorder:     mgr.GetEventRecorder("egress-proxies-operator"),
+		PollInterval: 100 * time.Millisecond,
+	}).SetupWithManager(mgr))
+	startManager(t, mgr)
+	(&fakeKubelet{client: env.Client}).run(t)
+	ctx := context.Background()
+	c := env.Client
+
+	t.Run("create -> Ready with the pod IP, then delete -> pod gone, finalizer gone", func(t *testing.T) {
+		ns := env.Namespace(t)
+		proxy := managedProxy(ns, "eu-1")
+		require.NoError(t, c.Create(ctx, proxy))
+
+		ready := waitReady(t, c, proxy)
+		pod := onlyPod(t, c, ns)
+		assert.Equal(t, pod.Status.PodIP, ready.Status.IP, "status IP is the pod's")
+		assert.Equal(t, int32(3128), ready.Status.Port)
+		assert.Equal(t, providers.InstanceName(testClusterID, ns, "eu-1"), pod.Name)
+		assert.Equal(t, ready.Status.InstanceName, pod.Name)
+		assert.Equal(t, ready.Status.SpecHash, pod.Labels[crawlv1alpha1.LabelSpecHash])
+		assert.Equal(t, string(ready.UID), pod.Labels[crawlv1alpha1.LabelOwnerUID])
+		assert.Equal(t, testClusterID, pod.Labels[crawlv1alpha1.LabelClusterID])
+		assert.Contains(t, ready.Finalizers, crawlv1alpha1.Finalizer)
+		assertReadyCondition(t, ready)
+		assertPodIsRestricted(t, pod)
+		var cm corev1.ConfigMap
+		require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(&pod), &cm))
+		assert.Contains(t, cm.Data["squid.conf"], "http_port 3128\n")
+		waitEvent(t, c, ns, "eu-1", ReasonCreating)
+		waitEvent(t, c, ns, "eu-1", ReasonInstanceRunning)
+
+		require.NoError(t, c.Delete(ctx, ready))
+		require.Eventually(t, func() bool {
+			err := c.Get(ctx, client.ObjectKeyFromObject(proxy), &crawlv1alpha1.Proxy{})
+			return apierrors.IsNotFound(err)
+		}, waitFor, tick, "the finalizer was never removed")
+		assert.Empty(t, pods(t, c, ns), "the pod outlived its Proxy")
+		assert.True(t, apierrors.IsNotFound(c.Get(ctx, client.ObjectKeyFromObject(&cm), &corev1.ConfigMap{})), "the ConfigMap outlived its Proxy")
+	})
+
+	t.Run("port change -> same name, new pod, new IP", func(t *testing.T) {
+		ns := env.Namespace(t)
+		proxy := managedProxy(ns, "eu-2")
+		require.NoError(t, c.Create(ctx, proxy))
+		before := waitReady(t, c, proxy)
+		oldPod := onlyPod(t, c, ns)
+
+		before.Spec.Port = 8080
+		require.NoError(t, c.Update(ctx, before))
+		after := waitFor2(t, c, proxy, func(p *crawlv1alpha1.Proxy) bool {
+			return p.Status.Phase == crawlv1alpha1.PhaseReady && p.Status.Port == 8080
+		})
+		newPod := onlyPod(t, c, ns)
+		assert.Equal(t, oldPod.Name, newPod.Name, "a replacement keeps the name")
+		assert.NotEqual(t, oldPod.UID, newPod.UID, "a replacement is a new pod")
+		assert.NotEqual(t, before.Status.IP, after.Status.IP, "a replacement gets a new IP")
+		assert.Equal(t, newPod.Status.PodIP, after.Status.IP)
+		assert.Equal(t, int32(8080), newPod.Spec.Containers[0].Ports[0].ContainerPort)
+		assert.NotEqual(t, before.Status.SpecHash, after.Status.SpecHash)
+		waitEvent(t, c, ns, "eu-2", ReasonSpecChanged)
+	})
+
+	t.Run("cloud-init Secret rotation -> replacement", func(t *testing.T) {
+		ns := env.Namespace(t)
+		secret := &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "squid-init", Labels: map[string]string{crawlv1alpha1.LabelCloudInit: "true"}},
+			Data:       map[string][]byte{"user-data": []byte("#cloud-config\npackages: [squid]\n")},
+		}
+		require.NoError(t, c.Create(ctx, secret))
+		proxy := managedProxy(ns, "eu-3")
+		proxy.Spec.CloudInit = &crawlv1alpha1.CloudInit{SecretRef: &crawlv1alpha1.SecretKeyReference{Name: "squid-init"}}
+		require.NoError(t, c.Create(ctx, proxy))
+		before := waitReady(t, c, proxy)
+		oldPod := onlyPod(t, c, ns)
+
+		secret.Data["user-data"] = []byte("#cloud-config\npackages: [squid, curl]\n")
+		require.NoError(t, c.Update(ctx, secret))
+		waitFor2(t, c, proxy, func(p *crawlv1alpha1.Proxy) bool {
+			return p.Status.Phase == crawlv1alpha1.PhaseReady && p.Status.SpecHash != before.Status.SpecHash
+		})
+		newPod := onlyPod(t, c, ns)
+		assert.NotEqual(t, oldPod.UID, newPod.UID, "rotating the Secret replaces the pod")
+		var cm corev1.ConfigMap
+		require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(&newPod), &cm))
+		assert.Contains(t, cm.Data["user-data"], "curl")
+	})
+
+	t.Run("an unlabelled cloud-init Secret fails the Proxy with a message naming the label", func(t *testing.T) {
+		ns := env.Namespace(t)
+		require.NoError(t, c.Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "unlabelled"},
+			Data:       map[string][]byte{"user-data": []byte("#cloud-config\n")},
+		}))
+		proxy := managedProxy(ns, "eu-4")
+		proxy.Spec.CloudInit = &crawlv1alpha1.CloudInit{SecretRef: &crawlv1alpha1.SecretKeyReference{Name: "unlabelled"}}
+		require.NoError(t, c.Create(ctx, proxy))
+		failed := waitFor2(t, c, proxy, func(p *crawlv1alpha1.Proxy) bool { return p.Status.Phase == crawlv1alpha1.PhaseFailed })
+		cond := meta.FindStatusCondition(failed.Status.Conditions, crawlv1alpha1.ConditionProvisioned)
+		require.NotNil(t, cond)
+		assert.Equal(t, ReasonCloudInitError, cond.Reason)
+		assert.Contains(t, cond.Message, `crawl.example.com/cloud-init: "true"`)
+		assert.Empty(t, pods(t, c, ns), "nothing is created for a Proxy that failed")
+		waitEvent(t, c, ns, "eu-4", ReasonCloudInitError)
+	})
+
+	t.Run("an unknown provider fails the Proxy, listing the configured ones", func(t *testing.T) {
+		ns := env.Namespace(t)
+		proxy := managedProxy(ns, "eu-5")
+		proxy.Spec.Provider = "gcp-eu"
+		require.NoError(t, c.Create(ctx, proxy))
+		failed := waitFor2(t, c, proxy, func(p *crawlv1alpha1.Proxy) bool { return p.Status.Phase == crawlv1alpha1.PhaseFailed })
+		assert.Contains(t, failed.Status.Message, `provider "gcp-eu" is not in the operator's providers config; configured: kind-local`)
+
+		// Deleting it needs no provider: nothing was ever created.
+		require.NoError(t, c.Delete(ctx, failed))
+		require.Eventually(t, func() bool {
+			return apierrors.IsNotFound(c.Get(ctx, client.ObjectKeyFromObject(proxy), &crawlv1alpha1.Proxy{}))
+		}, waitFor, tick)
+	})
+
+	t.Run("External -> Ready from the spec, no pod, no finalizer", func(t *testing.T) {
+		ns := env.Namespace(t)
+		proxy := &crawlv1alpha1.Proxy{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ext-1"},
+			Spec: crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeExternal, Port: 3128,
+				External: &crawlv1alpha1.ExternalEndpoint{Address: "127.0.0.1", Port: 13128}},
+		}
+		require.NoError(t, c.Create(ctx, proxy))
+		ready := waitFor2(t, c, proxy, func(p *crawlv1alpha1.Proxy) bool { return p.Status.Phase == crawlv1alpha1.PhaseReady })
+		assert.Equal(t, "127.0.0.1", ready.Status.IP)
+		assert.Equal(t, int32(13128), ready.Status.Port)
+		assert.Empty(t, ready.Finalizers)
+		assert.Empty(t, pods(t, c, ns))
+	})
+}
+
+func managedProxy(ns, name string) *crawlv1alpha1.Proxy {
+	return &crawlv1alpha1.Proxy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: crawlv1alpha1.ProxySpec{
+			Mode: crawlv1alpha1.ModeManaged, Provider: "kind-local", Port: 3128,
+			Attributes: map[string]string{"geo": "local"},
+		},
+	}
+}
+
+// waitFor2 polls the Proxy until cond holds and returns it.
+func waitFor2(t *testing.T, c client.Client, proxy *crawlv1alpha1.Proxy, cond func(*crawlv1alpha1.Proxy) bool) *crawlv1alpha1.Proxy {
+	t.Helper()
+	var got crawlv1alpha1.Proxy
+	require.Eventually(t, func() bool {
+		if err := c.Get(context.Background(), client.ObjectKeyFromObject(proxy), &got); err != nil {
+			return false
+		}
+		return cond(&got)
+	}, waitFor, tick, "Proxy %s/%s never reached the expected state; last status: %+v", proxy.Namespace, proxy.Name, &got.Status)
+	return &got
+}
+
+func waitReady(t *testing.T, c client.Client, proxy *crawlv1alpha1.Proxy) *crawlv1alpha1.Proxy {
+	t.Helper()
+	return waitFor2(t, c, proxy, func(p *crawlv1alpha1.Proxy) bool {
+		return p.Status.Phase == crawlv1alpha1.PhaseReady && p.Status.IP != ""
+	})
+}
+
+func pods(t *testing.T, c client.Client, ns string) []corev1.Pod {
+	t.Helper()
+	var list corev1.PodList
+	require.NoError(t, c.List(context.Background(), &list, client.InNamespace(ns)))
+	return list.Items
+}
+
+func onlyPod(t *testing.T, c client.Client, ns string) corev1.Pod {
+	t.Helper()
+	var got []corev1.Pod
+	require.Eventually(t, func() bool {
+		got = pods(t, c, ns)
+		return len(got) == 1 && got[0].Status.PodIP != ""
+	}, waitFor, tick, "want exactly one running pod in %s", ns)
+	return got[0]
+}
+
+func assertReadyCondition(t *testing.T, p *crawlv1alpha1.Proxy) {
+	t.Helper()
+	provisioned := meta.FindStatusCondition(p.Status.Conditions, crawlv1alpha1.ConditionProvisioned)
+	require.NotNil(t, provisioned)
+	assert.Equal(t, metav1.ConditionTrue, provisioned.Status)
+	assert.Equal(t, p.Generation, provisioned.ObservedGeneration)
+	healthy := meta.FindStatusCondition(p.Status.Conditions, crawlv1alpha1.ConditionHealthy)
+	require.NotNil(t, healthy)
+	assert.Equal(t, metav1.ConditionUnknown, healthy.Status, "no verdict before the health engine probes")
+	ready := meta.FindStatusCondition(p.Status.Conditions, crawlv1alpha1.ConditionReady)
+	require.NotNil(t, ready)
+	assert.Equal(t, metav1.ConditionFalse, ready.Status, "not Ready until Healthy")
+}
+
+// assertPodIsRestricted checks the Pod Security "restricted" essentials.
+func assertPodIsRestricted(t *testing.T, pod corev1.Pod) {
+	t.Helper()
+	psc := pod.Spec.SecurityContext
+	require.NotNil(t, psc)
+	assert.True(t, *psc.RunAsNonRoot)
+	assert.Equal(t, corev1.SeccompProfileTypeRuntimeDefault, psc.SeccompProfile.Type)
+	for _, ctr := range pod.Spec.Containers {
+		sc := ctr.SecurityContext
+		require.NotNil(t, sc, ctr.Name)
+		assert.False(t, *sc.AllowPrivilegeEscalation, ctr.Name)
+		assert.Equal(t, []corev1.Capability{"ALL"}, sc.Capabilities.Drop, ctr.Name)
+		assert.True(t, *sc.ReadOnlyRootFilesystem, ctr.Name)
+		assert.NotNil(t, ctr.ReadinessProbe.TCPSocket, "a TCP readiness probe on the proxy port")
+		assert.False(t, ctr.Resources.Requests.Cpu().IsZero(), "CPU request")
+	}
+}
+
+// waitEvent waits for an Event with reason about the Proxy: what `kubectl
+// describe px` shows.
+func waitEvent(t *testing.T, c client.Client, ns, name, reason string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var list eventsv1.EventList
+		if err := c.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+			return false
+		}
+		for _, e := range list.Items {
+			if e.Regarding.Name == name && e.Regarding.Kind == "Proxy" && e.Reason == reason && e.Note != "" {
+				return true
+			}
+		}
+		return false
+	}, waitFor, tick, "no %s Event for Proxy %s/%s", reason, ns, name)
+}

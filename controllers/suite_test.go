@@ -1,0 +1,135 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/providers"
+	"github.com/example/egress-proxies-operator/providers/kubernetes"
+	"github.com/example/egress-proxies-operator/test/testenv"
+)
+
+const testClusterID = "test-cluster"
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testenv.StopShared()
+	os.Exit(code)
+}
+
+// newManager builds a manager as main does (same cache scoping), without
+// metrics or probe listeners.
+func newManager(t *testing.T, env *testenv.Env) manager.Manager {
+	t.Helper()
+	byObject := CacheByObject()
+	maps.Copy(byObject, kubernetes.CacheByObject())
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+		Scheme:                 env.Scheme,
+		Cache:                  cache.Options{ByObject: byObject},
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		// Several managers run in one test binary, one after another.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	require.NoError(t, err)
+	return mgr
+}
+
+// kubernetesProviders is the provider set the tests run: one kubernetes
+// provider instance, kind-local.
+func kubernetesProviders(t *testing.T, c client.Client) providers.Set {
+	t.Helper()
+	set, err := providers.Registry{kubernetes.Type: kubernetes.New}.Build(providers.Config{Providers: []providers.InstanceConfig{
+		{Name: "kind-local", Type: kubernetes.Type},
+	}}, providers.Dependencies{Client: c})
+	require.NoError(t, err)
+	return set
+}
+
+// startManager runs mgr until the test ends (or stop is called) and waits
+// for its cache.
+func startManager(t *testing.T, mgr manager.Manager) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	require.True(t, mgr.GetCache().WaitForCacheSync(ctx), "cache did not sync")
+	var stopped atomic.Bool
+	stop = func() {
+		if stopped.Swap(true) {
+			return
+		}
+		cancel()
+		require.NoError(t, <-done)
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// fakeKubelet stands in for the kubelet envtest does not have: it marks proxy
+// pods Running and Ready with a fresh loopback IP each, as a node would give
+// each new pod a new address.
+type fakeKubelet struct {
+	client client.Client
+	ips    atomic.Int32
+}
+
+// tick marks every pending proxy pod running.
+func (k *fakeKubelet) tick(ctx context.Context) error {
+	var pods corev1.PodList
+	if err := k.client.List(ctx, &pods, client.HasLabels{crawlv1alpha1.LabelClusterID}); err != nil {
+		return err
+	}
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		if pod.Status.Phase == corev1.PodRunning || pod.DeletionTimestamp != nil {
+			continue
+		}
+		n := k.ips.Add(1)
+		pod.Status = corev1.PodStatus{
+			Phase: corev1.PodRunning,
+			PodIP: fmt.Sprintf("127.0.%d.%d", 1+n/250, 1+n%250),
+			Conditions: []corev1.PodCondition{
+				{Type: corev1.PodReady, Status: corev1.ConditionTrue},
+			},
+		}
+		if err := k.client.Status().Update(ctx, pod); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return err
+		}
+	}
+	return nil
+}
+
+// run ticks until the test ends.
+func (k *fakeKubelet) run(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			if err := k.tick(ctx); err != nil && ctx.Err() == nil {
+				t.Errorf("fake kubelet: %v", err)
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+}

@@ -1,0 +1,401 @@
+// Package kubernetes is the provider that runs each Managed proxy as a Squid
+// pod in the Proxy's own namespace: no cloud account needed, for local
+// development, CI and in-cluster egress. It knows Pods and ConfigMaps and
+// nothing of the reconciler; it must never import the controllers.
+package kubernetes
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/providers"
+)
+
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create;update;delete
+
+// Type is this provider's type name in the providers config.
+const Type = "kubernetes"
+
+// Paths inside the Squid container. The root filesystem is read-only, so
+// everything Squid writes goes to emptyDirs mounted here.
+const (
+	configDir    = "/etc/squid-operator"
+	cloudInitDir = "/etc/cloud-init"
+	runDir       = "/run/squid"
+	spoolDir     = "/var/spool/squid"
+	logDir       = "/var/log/squid"
+	squidConfKey = "squid.conf"
+	userDataKey  = "user-data"
+	// squidUID is the proxy user of Debian and Ubuntu images.
+	squidUID int64 = 13
+)
+
+// Settings are a kubernetes provider instance's settings in the providers
+// config.
+type Settings struct {
+	// Image is the Squid image. Default: ubuntu/squid.
+	Image string `json:"image,omitempty"`
+	// AllowedSourceRanges are the CIDRs that may use the proxies: the
+	// cluster's pod and service ranges. Default: the private ranges
+	// 10.0.0.0/8, 172.16.0.0/12 and 192.168.0.0/16.
+	AllowedSourceRanges []string `json:"allowedSourceRanges,omitempty"`
+	// DeniedDestinationRanges are never reachable through the proxies.
+	// Default: loopback and link-local (cloud metadata servers). An explicit
+	// empty list denies nothing.
+	DeniedDestinationRanges *[]string `json:"deniedDestinationRanges,omitempty"`
+}
+
+// resolved are Settings with the defaults applied.
+type resolved struct {
+	Image                   string
+	AllowedSourceRanges     []string
+	DeniedDestinationRanges []string
+}
+
+// resolve applies the defaults and checks every CIDR, naming the field.
+func (s Settings) resolve() (resolved, error) {
+	r := resolved{
+		Image:                   s.Image,
+		AllowedSourceRanges:     s.AllowedSourceRanges,
+		DeniedDestinationRanges: []string{"127.0.0.0/8", "169.254.0.0/16", "::1/128", "fe80::/10"},
+	}
+	if r.Image == "" {
+		r.Image = "ubuntu/squid"
+	}
+	if len(r.AllowedSourceRanges) == 0 {
+		r.AllowedSourceRanges = []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"}
+	}
+	if s.DeniedDestinationRanges != nil {
+		r.DeniedDestinationRanges = *s.DeniedDestinationRanges
+	}
+	var errs []error
+	for _, f := range []struct {
+		field string
+		cidrs []string
+	}{{"allowedSourceRanges", r.AllowedSourceRanges}, {"deniedDestinationRanges", r.DeniedDestinationRanges}} {
+		for i, cidr := range f.cidrs {
+			if _, _, err := net.ParseCIDR(cidr); err != nil {
+				errs = append(errs, fmt.Errorf("settings.%s[%d]: %q is not a CIDR", f.field, i, cidr))
+			}
+		}
+	}
+	return r, errors.Join(errs...)
+}
+
+// Provider runs proxies as Squid pods.
+type Provider struct {
+	name     string
+	settings resolved
+	client   client.Client
+}
+
+var (
+	_ providers.Provider     = (*Provider)(nil)
+	_ providers.ObjectBacked = (*Provider)(nil)
+)
+
+// New builds a kubernetes provider instance from its settings.
+func New(name string, raw map[string]any, deps providers.Dependencies) (providers.Provider, error) {
+	var s Settings
+	if err := providers.DecodeSettings(raw, &s); err != nil {
+		return nil, err
+	}
+	settings, err := s.resolve()
+	if err != nil {
+		return nil, err
+	}
+	if deps.Client == nil {
+		return nil, errors.New("no Kubernetes client")
+	}
+	return &Provider{name: name, settings: settings, client: deps.Client}, nil
+}
+
+// InstanceObject makes the reconciler watch Pods.
+func (p *Provider) InstanceObject() client.Object { return &corev1.Pod{} }
+
+// Validate rejects placement fields a pod cannot honour. Zone and region are
+// accepted as attributes for discovery; nothing else means anything here.
+func (p *Provider) Validate(proxy *crawlv1alpha1.Proxy) error {
+	pl := proxy.Spec.Placement
+	if pl == nil {
+		return nil
+	}
+	for field, value := range map[string]bool{
+		"machineType": pl.MachineType != "",
+		"image":       pl.Image != "",
+		"parameters":  len(pl.Parameters) > 0,
+	} {
+		if value {
+			return providers.Terminal("spec.placement.%s is not supported by kubernetes provider %s (it runs the image from the providers config); remove it", field, p.name)
+		}
+	}
+	return nil
+}
+
+// Get reads the proxy's pod from the manager's cache.
+func (p *Provider) Get(ctx context.Context, name string, proxy *crawlv1alpha1.Proxy) (*providers.Instance, error) {
+	var pod corev1.Pod
+	if err := p.client.Get(ctx, client.ObjectKey{Namespace: proxy.Namespace, Name: name}, &pod); err != nil {
+		return nil, classify(fmt.Errorf("getting pod %s/%s: %w", proxy.Namespace, name, err))
+	}
+	inst := instanceOf(&pod)
+	return &inst, nil
+}
+
+// Create creates the proxy's ConfigMap (or updates it, as a replacement
+// reuses the name) and its pod. An existing pod is left alone: Create after
+// a lost reply is a no-op.
+func (p *Provider) Create(ctx context.Context, req providers.CreateRequest) error {
+	owner := req.Proxy
+	squidConf, err := renderSquidConfig(owner.Namespace+"/"+owner.Name, owner.Spec.Port, p.settings)
+	if err != nil {
+		return providers.Terminal("%v", err)
+	}
+	cm := &corev1.ConfigMap{
+		ObjectMeta: p.objectMeta(req),
+		Data:       map[string]string{squidConfKey: squidConf, userDataKey: req.CloudInit},
+	}
+	if err := p.upsertConfigMap(ctx, cm); err != nil {
+		return err
+	}
+	pod := p.pod(req)
+	if err := p.client.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
+		return classify(fmt.Errorf("creating pod %s/%s: %w", pod.Namespace, pod.Name, err))
+	}
+	return nil
+}
+
+func (p *Provider) upsertConfigMap(ctx context.Context, cm *corev1.ConfigMap) error {
+	err := p.client.Create(ctx, cm)
+	if !apierrors.IsAlreadyExists(err) {
+		return classify(wrapIf(err, "creating configmap %s/%s", cm.Namespace, cm.Name))
+	}
+	var existing corev1.ConfigMap
+	if err := p.client.Get(ctx, client.ObjectKeyFromObject(cm), &existing); err != nil {
+		return classify(fmt.Errorf("reading configmap %s/%s: %w", cm.Namespace, cm.Name, err))
+	}
+	existing.Labels, existing.Data = cm.Labels, cm.Data
+	return classify(wrapIf(p.client.Update(ctx, &existing), "updating configmap %s/%s", cm.Namespace, cm.Name))
+}
+
+// Delete deletes the pod and its ConfigMap; either already gone is fine.
+func (p *Provider) Delete(ctx context.Context, inst *providers.Instance) error {
+	meta := metav1.ObjectMeta{Namespace: inst.Location, Name: inst.Name}
+	var errs []error
+	for _, obj := range []client.Object{&corev1.Pod{ObjectMeta: meta}, &corev1.ConfigMap{ObjectMeta: meta}} {
+		if err := p.client.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, classify(fmt.Errorf("deleting %T %s/%s: %w", obj, inst.Location, inst.Name, err)))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// List returns every proxy pod labelled with clusterID, in any namespace.
+func (p *Provider) List(ctx context.Context, clusterID string) ([]providers.Instance, error) {
+	var pods corev1.PodList
+	if err := p.client.List(ctx, &pods, client.MatchingLabels{crawlv1alpha1.LabelClusterID: clusterID}); err != nil {
+		return nil, classify(fmt.Errorf("listing pods: %w", err))
+	}
+	out := make([]providers.Instance, 0, len(pods.Items))
+	for i := range pods.Items {
+		out = append(out, instanceOf(&pods.Items[i]))
+	}
+	return out, nil
+}
+
+// instanceOf maps a pod to the provider-neutral instance view.
+func instanceOf(pod *corev1.Pod) providers.Instance {
+	inst := providers.Instance{
+		Name:      pod.Name,
+		Location:  pod.Namespace,
+		Labels:    pod.Labels,
+		CreatedAt: pod.CreationTimestamp.Time,
+		IP:        pod.Status.PodIP,
+	}
+	if len(pod.Spec.Containers) > 0 && len(pod.Spec.Containers[0].Ports) > 0 {
+		inst.Port = pod.Spec.Containers[0].Ports[0].ContainerPort
+	}
+	switch {
+	case pod.DeletionTimestamp != nil:
+		inst.State = providers.StateStopping
+	case pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded:
+		inst.State = providers.StateFailed
+		inst.Message = fmt.Sprintf("pod %s: %s %s", pod.Status.Phase, pod.Status.Reason, pod.Status.Message)
+	case pod.Status.Phase == corev1.PodRunning && podReady(pod) && pod.Status.PodIP != "":
+		inst.State = providers.StateRunning
+	default:
+		inst.State = providers.StatePending
+		inst.Message = pendingReason(pod)
+	}
+	return inst
+}
+
+func podReady(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func pendingReason(pod *corev1.Pod) string {
+	for _, cs := range pod.Status.ContainerStatuses {
+		if w := cs.State.Waiting; w != nil && w.Reason != "" {
+			return fmt.Sprintf("container %s: %s %s", cs.Name, w.Reason, w.Message)
+		}
+	}
+	return fmt.Sprintf("pod %s, not ready", orPending(pod.Status.Phase))
+}
+
+func orPending(phase corev1.PodPhase) corev1.PodPhase {
+	if phase == "" {
+		return corev1.PodPending
+	}
+	return phase
+}
+
+// objectMeta is shared by the pod and its ConfigMap: the instance labels
+// plus the recommended app labels, owned by the Proxy so that Kubernetes'
+// own garbage collector is a second safety net behind the finalizer.
+func (p *Provider) objectMeta(req providers.CreateRequest) metav1.ObjectMeta {
+	labels := map[string]string{
+		"app.kubernetes.io/name":       "egress-proxy",
+		"app.kubernetes.io/instance":   req.Name,
+		"app.kubernetes.io/component":  "squid",
+		"app.kubernetes.io/managed-by": "egress-proxies-operator",
+	}
+	for k, v := range req.Labels {
+		labels[k] = v
+	}
+	return metav1.ObjectMeta{
+		Name:      req.Name,
+		Namespace: req.Proxy.Namespace,
+		Labels:    labels,
+		OwnerReferences: []metav1.OwnerReference{{
+			APIVersion:         crawlv1alpha1.GroupVersion.String(),
+			Kind:               "Proxy",
+			Name:               req.Proxy.Name,
+			UID:                req.Proxy.UID,
+			Controller:         ptr.To(true),
+			BlockOwnerDeletion: ptr.To(true),
+		}},
+	}
+}
+
+// pod is the Squid pod for req: restricted Pod Security (non-root, no
+// privilege escalation, all capabilities dropped, RuntimeDefault seccomp,
+// read-only root filesystem), a TCP readiness probe on the proxy port, and
+// resource requests so it schedules predictably.
+func (p *Provider) pod(req providers.CreateRequest) *corev1.Pod {
+	port := req.Proxy.Spec.Port
+	emptyDir := func(name string) corev1.Volume {
+		return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}
+	}
+	return &corev1.Pod{
+		ObjectMeta: p.objectMeta(req),
+		Spec: corev1.PodSpec{
+			AutomountServiceAccountToken:  ptr.To(false),
+			EnableServiceLinks:            ptr.To(false),
+			TerminationGracePeriodSeconds: ptr.To[int64](10),
+			SecurityContext: &corev1.PodSecurityContext{
+				RunAsNonRoot:   ptr.To(true),
+				RunAsUser:      ptr.To(squidUID),
+				RunAsGroup:     ptr.To(squidUID),
+				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			},
+			Containers: []corev1.Container{{
+				Name:    "squid",
+				Image:   p.settings.Image,
+				Command: []string{"squid", "-N", "-d", "1", "-f", configDir + "/" + squidConfKey},
+				Ports:   []corev1.ContainerPort{{Name: "proxy", ContainerPort: port, Protocol: corev1.ProtocolTCP}},
+				ReadinessProbe: &corev1.Probe{
+					ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(port)}},
+					PeriodSeconds: 5,
+				},
+				Resources: corev1.ResourceRequirements{
+					Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("50m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
+					Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
+				},
+				SecurityContext: &corev1.SecurityContext{
+					AllowPrivilegeEscalation: ptr.To(false),
+					ReadOnlyRootFilesystem:   ptr.To(true),
+					RunAsNonRoot:             ptr.To(true),
+					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+				},
+				VolumeMounts: []corev1.VolumeMount{
+					{Name: "config", MountPath: configDir, ReadOnly: true},
+					{Name: "cloud-init", MountPath: cloudInitDir, ReadOnly: true},
+					{Name: "run", MountPath: runDir},
+					{Name: "spool", MountPath: spoolDir},
+					{Name: "log", MountPath: logDir},
+				},
+			}},
+			Volumes: []corev1.Volume{
+				{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
+					LocalObjectReference: corev1.LocalObjectReference{Name: req.Name},
+					Items:                []corev1.KeyToPath{{Key: squidConfKey, Path: squidConfKey}},
+				}}},
+				// A pod runs no cloud-init; the document is mounted so what
+				// the proxy was built from is inspectable, and changing it
+				// replaces the pod exactly as it replaces a VM.
+				{Name: "cloud-init", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
+					LocalObjectReference: corev1.LocalObjectReference{Name: req.Name},
+					Items:                []corev1.KeyToPath{{Key: userDataKey, Path: userDataKey}},
+				}}},
+				emptyDir("run"), emptyDir("spool"), emptyDir("log"),
+			},
+		},
+	}
+}
+
+// classify maps an API error to the provider error kinds: not found, terminal
+// (the request itself is wrong or forbidden) or transient (anything else).
+func classify(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case apierrors.IsNotFound(err):
+		return fmt.Errorf("%w: %w", providers.ErrNotFound, err)
+	case apierrors.IsForbidden(err), apierrors.IsInvalid(err), apierrors.IsBadRequest(err):
+		return fmt.Errorf("%w: %w", providers.ErrTerminal, err)
+	default:
+		return providers.Transient(err)
+	}
+}
+
+func wrapIf(err error, format string, args ...any) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf(format+": %w", append(args, err)...)
+}
+
+// CacheByObject scopes the manager's cache to this provider's objects: Pods
+// and ConfigMaps carrying a cluster-id label, never every pod in the cluster.
+func CacheByObject() map[client.Object]cache.ByObject {
+	hasClusterID, err := labels.NewRequirement(crawlv1alpha1.LabelClusterID, selection.Exists, nil)
+	if err != nil {
+		panic(err) // a constant, valid label key
+	}
+	instances := labels.NewSelector().Add(*hasClusterID)
+	return map[client.Object]cache.ByObject{
+		&corev1.Pod{}:       {Label: instances},
+		&corev1.ConfigMap{}: {Label: instances},
+	}
+}

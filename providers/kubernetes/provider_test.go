@@ -1,0 +1,110 @@
+package kubernetes
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/providers"
+)
+
+func newTestProvider(t *testing.T, settings map[string]any) *Provider {
+	t.Helper()
+	p, err := New("kind-local", settings, providers.Dependencies{Client: fake.NewClientBuilder().Build()})
+	require.NoError(t, err)
+	return p.(*Provider)
+}
+
+func TestNewRejectsBadSettings(t *testing.T) {
+	deps := providers.Dependencies{Client: fake.NewClientBuilder().Build()}
+	_, err := New("kind-local", map[string]any{"imag": "squid"}, deps)
+	assert.ErrorContains(t, err, `unknown field "imag"`)
+
+	_, err = New("kind-local", map[string]any{"allowedSourceRanges": []any{"10.0.0.0/8", "10.0.0.0/33"}}, deps)
+	assert.ErrorContains(t, err, `settings.allowedSourceRanges[1]: "10.0.0.0/33" is not a CIDR`)
+
+	_, err = New("kind-local", nil, providers.Dependencies{})
+	assert.ErrorContains(t, err, "no Kubernetes client")
+}
+
+func TestValidate(t *testing.T) {
+	p := newTestProvider(t, nil)
+	proxy := &crawlv1alpha1.Proxy{Spec: crawlv1alpha1.ProxySpec{Placement: &crawlv1alpha1.Placement{Zone: "local", Region: "local"}}}
+	assert.NoError(t, p.Validate(proxy), "zone and region are attributes for discovery")
+
+	proxy.Spec.Placement.MachineType = "e2-small"
+	err := p.Validate(proxy)
+	assert.ErrorIs(t, err, providers.ErrTerminal)
+	assert.ErrorContains(t, err, "spec.placement.machineType is not supported by kubernetes provider kind-local")
+}
+
+func TestSquidConfig(t *testing.T) {
+	t.Run("defaults: private sources only, no loopback or metadata destinations, CONNECT to 443 only", func(t *testing.T) {
+		conf, err := renderSquidConfig("crawl/eu-1", 8080, newTestProvider(t, nil).settings)
+		require.NoError(t, err)
+		for _, want := range []string{
+			"http_port 8080\n",
+			"acl clients src 10.0.0.0/8 172.16.0.0/12 192.168.0.0/16\n",
+			"acl denied_destinations dst 127.0.0.0/8 169.254.0.0/16 ::1/128 fe80::/10\n",
+			"http_access deny !clients\n",
+			"http_access deny denied_destinations\n",
+			"http_access deny CONNECT !SSL_ports\n",
+			"http_access deny all\n",
+		} {
+			assert.Contains(t, conf, want)
+		}
+		assert.NotContains(t, conf, "http_access allow all", "never an open proxy")
+	})
+
+	t.Run("an explicit empty deny list denies no destination", func(t *testing.T) {
+		p := newTestProvider(t, map[string]any{"allowedSourceRanges": []any{"127.0.0.0/8"}, "deniedDestinationRanges": []any{}})
+		conf, err := renderSquidConfig("crawl/eu-1", 3128, p.settings)
+		require.NoError(t, err)
+		assert.Contains(t, conf, "acl clients src 127.0.0.0/8\n")
+		assert.NotContains(t, conf, "denied_destinations")
+	})
+}
+
+func TestInstanceOf(t *testing.T) {
+	pod := func(mutate func(*corev1.Pod)) *corev1.Pod {
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "px-1", Namespace: "crawl"},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "squid", Ports: []corev1.ContainerPort{{ContainerPort: 3128}}}}},
+		}
+		mutate(p)
+		return p
+	}
+	running := func(p *corev1.Pod) {
+		p.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "127.0.0.10",
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
+	}
+	cases := []struct {
+		name string
+		pod  *corev1.Pod
+		want providers.State
+	}{
+		{"new pod", pod(func(*corev1.Pod) {}), providers.StatePending},
+		{"running, not ready", pod(func(p *corev1.Pod) { p.Status.Phase, p.Status.PodIP = corev1.PodRunning, "127.0.0.10" }), providers.StatePending},
+		{"running and ready", pod(running), providers.StateRunning},
+		{"failed", pod(func(p *corev1.Pod) { p.Status.Phase = corev1.PodFailed }), providers.StateFailed},
+		{"completed", pod(func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }), providers.StateFailed},
+		{"being deleted", pod(func(p *corev1.Pod) {
+			running(p)
+			now := metav1.Now()
+			p.DeletionTimestamp = &now
+		}), providers.StateStopping},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			inst := instanceOf(tc.pod)
+			assert.Equal(t, tc.want, inst.State)
+			assert.Equal(t, "crawl", inst.Location)
+			assert.Equal(t, int32(3128), inst.Port)
+		})
+	}
+}

@@ -1,0 +1,169 @@
+package providers
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+)
+
+// Provider runs the instances that back Managed proxies. Implementations
+// start work and return: Create and Delete never wait for an instance to run
+// or to go away, the reconciler reads progress with Get on its next pass.
+type Provider interface {
+	// Validate checks that a Proxy carries what this provider needs (for
+	// example a zone), without I/O. Its error is terminal and names the
+	// missing field.
+	Validate(proxy *crawlv1alpha1.Proxy) error
+	// Get returns the instance called name that backs proxy, wherever it is
+	// (a placement change may have left it in another zone), or an error
+	// matching ErrNotFound.
+	Get(ctx context.Context, name string, proxy *crawlv1alpha1.Proxy) (*Instance, error)
+	// Create starts creating the instance described by req. Creating an
+	// instance that already exists under req.Name is not an error: a retry
+	// after a lost reply must be a no-op.
+	Create(ctx context.Context, req CreateRequest) error
+	// Delete starts deleting inst, as returned by Get or List. An instance
+	// already gone is not an error.
+	Delete(ctx context.Context, inst *Instance) error
+	// List returns every instance labelled with clusterID, for orphan GC.
+	List(ctx context.Context, clusterID string) ([]Instance, error)
+}
+
+// ObjectBacked is implemented by providers whose instances are Kubernetes
+// objects (the kubernetes provider's Pods). The reconciler watches that kind,
+// mapping each object to its Proxy through the owner labels, so a pod turning
+// Ready triggers a pass at once instead of at the next poll.
+type ObjectBacked interface {
+	// InstanceObject is an empty object of the watched kind.
+	InstanceObject() client.Object
+}
+
+// State is where an instance is in its life, as the reconciler needs to know
+// it: whatever the provider calls it.
+type State string
+
+const (
+	// StatePending means the instance is being created and cannot serve yet.
+	StatePending State = "Pending"
+	// StateRunning means the instance serves and has an address.
+	StateRunning State = "Running"
+	// StateStopping means the instance is being deleted.
+	StateStopping State = "Stopping"
+	// StateFailed means the instance stopped for good (a terminated VM, a
+	// failed pod) and must be replaced.
+	StateFailed State = "Failed"
+)
+
+// Instance is a provider's view of one proxy instance.
+type Instance struct {
+	// Name is the provider's name for it (see InstanceName).
+	Name string
+	// Location is where the provider keeps it (a zone, a namespace); opaque
+	// to everyone but the provider that returned it.
+	Location string
+	// State is its lifecycle state.
+	State State
+	// IP clients reach it at; set once Running.
+	IP string
+	// Port it listens on.
+	Port int32
+	// Labels are the ones the operator set at creation (cluster id, owner,
+	// spec hash).
+	Labels map[string]string
+	// CreatedAt is when the provider created it; orphan GC spares young ones.
+	CreatedAt time.Time
+	// Message is the provider's account of a Failed or Pending state.
+	Message string
+}
+
+// SpecHash is the hash of the spec the instance was created from.
+func (i *Instance) SpecHash() string { return i.Labels[crawlv1alpha1.LabelSpecHash] }
+
+// OwnerUID is the UID of the Proxy the instance was created for.
+func (i *Instance) OwnerUID() string { return i.Labels[crawlv1alpha1.LabelOwnerUID] }
+
+// CreateRequest is everything a provider needs to create one instance.
+type CreateRequest struct {
+	// Proxy is the owner; providers read spec.port and spec.placement.
+	Proxy *crawlv1alpha1.Proxy
+	// Name is the instance name (InstanceName of the Proxy).
+	Name string
+	// CloudInit is the resolved user-data (inline, or the Secret's content).
+	CloudInit string
+	// Labels go on the instance verbatim: cluster id, owner, spec hash.
+	Labels map[string]string
+	// SpecHash is the hash of the replacement-forcing spec fields; GCE's
+	// requestId is derived from it and the Proxy's UID.
+	SpecHash string
+}
+
+// Errors a provider returns, so the reconciler can tell "gone" from "try
+// again" from "stop and tell the user". Wrap them with context; match them
+// with errors.Is.
+var (
+	// ErrNotFound means the instance does not exist.
+	ErrNotFound = errors.New("instance not found")
+	// ErrTransient means the call may succeed if retried (rate limits,
+	// unavailable endpoints): back off and retry.
+	ErrTransient = errors.New("transient provider error")
+	// ErrTerminal means retrying cannot help until the spec or the provider
+	// config changes (bad placement, permission denied, quota).
+	ErrTerminal = errors.New("terminal provider error")
+)
+
+// Terminal wraps a message as a terminal error; the message reaches the
+// Proxy's status, so it should tell the user what to change.
+func Terminal(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrTerminal, fmt.Sprintf(format, args...))
+}
+
+// Transient wraps err as a transient error.
+func Transient(err error) error {
+	return fmt.Errorf("%w: %w", ErrTransient, err)
+}
+
+// TerminalMessage is err's message without the ErrTerminal prefix, for
+// conditions.
+func TerminalMessage(err error) string {
+	return strings.TrimPrefix(err.Error(), ErrTerminal.Error()+": ")
+}
+
+// maxInstanceName is the shortest name limit among providers: GCE's 63.
+const maxInstanceName = 63
+
+// InstanceName is the deterministic name of the instance backing a Proxy.
+// Deterministic so a crash between "create" and "record" finds the instance
+// instead of creating a second one; the same under replacement, so a
+// replaced proxy keeps its name. It is a valid GCE instance name and Pod
+// name: lowercase letters, digits and '-', starting with a letter, at most 63
+// characters. The hash suffix covers cluster id, namespace and name, so no
+// two Proxies (in one cluster or two sharing a cloud project) share a name,
+// however their names were shortened.
+func InstanceName(clusterID, namespace, name string) string {
+	sum := sha256.Sum256([]byte(clusterID + "/" + namespace + "/" + name))
+	suffix := "-" + hex.EncodeToString(sum[:])[:10]
+	readable := sanitize("px-" + namespace + "-" + name)
+	if room := maxInstanceName - len(suffix); len(readable) > room {
+		readable = strings.TrimRight(readable[:room], "-")
+	}
+	return readable + suffix
+}
+
+// sanitize maps a Kubernetes name to GCE's alphabet: '.' and anything else
+// outside [a-z0-9-] become '-'.
+func sanitize(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' {
+			return r
+		}
+		return '-'
+	}, strings.ToLower(s))
+}

@@ -37,6 +37,7 @@ import (
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/controllers"
 	"github.com/example/egress-proxies-operator/providers"
+	"github.com/example/egress-proxies-operator/providers/gcp"
 	"github.com/example/egress-proxies-operator/providers/kubernetes"
 )
 
@@ -228,6 +229,7 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 // concrete provider is named.
 var providerRegistry = providers.Registry{
 	kubernetes.Type: kubernetes.New,
+	gcp.Type:        gcp.New,
 }
 
 // loadRESTConfig reads the kubeconfig named by --kubeconfig, or finds one the

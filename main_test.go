@@ -12,6 +12,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/example/egress-proxies-operator/providers"
+	"github.com/example/egress-proxies-operator/providers/gcp"
+	"github.com/example/egress-proxies-operator/providers/kubernetes"
 	"github.com/example/egress-proxies-operator/test/testenv"
 )
 
@@ -102,7 +105,7 @@ func TestRunRejectsUnknownProviderTypesAndSettings(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), path)
 	assert.Contains(t, err.Error(), `providers[0] "kind-local" (type kubernetes): settings.allowedSourceRanges[0]: "10.0.0.0/33" is not a CIDR`)
-	assert.Contains(t, err.Error(), `providers[1] "gcp-eu": unknown type "gce" (known: [kubernetes])`)
+	assert.Contains(t, err.Error(), `providers[1] "gcp-eu": unknown type "gce" (known: [gcp kubernetes])`)
 }
 
 // TestBinaryExitCodes builds the real binary and checks what a user or a
@@ -140,4 +143,29 @@ func TestBinaryExitCodes(t *testing.T) {
 			assert.Contains(t, string(out), tc.wantText)
 		})
 	}
+}
+
+// TestShippedProvidersConfigs decodes the shipped providers files strictly,
+// each instance's settings into its type's struct, so a typo in a sample
+// fails here rather than at a user's startup.
+func TestShippedProvidersConfigs(t *testing.T) {
+	settingsOf := map[string]func() any{
+		kubernetes.Type: func() any { return &kubernetes.Settings{} },
+		gcp.Type:        func() any { return &gcp.Settings{} },
+	}
+	for _, path := range []string{"config/manager/providers_config.yaml", "config/samples/providers-config.yaml"} {
+		t.Run(path, func(t *testing.T) {
+			cfg, err := providers.LoadConfig(path)
+			require.NoError(t, err)
+			require.NotEmpty(t, cfg.Providers)
+			for _, inst := range cfg.Providers {
+				newSettings, ok := settingsOf[inst.Type]
+				require.True(t, ok, "instance %s has type %s, which main does not register", inst.Name, inst.Type)
+				assert.NoError(t, providers.DecodeSettings(inst.Settings, newSettings()), inst.Name)
+			}
+		})
+	}
+	cfg, err := providers.LoadConfig("config/samples/providers-config.yaml")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"kind-local", "gcp-eu", "gcp-us"}, cfg.Names())
 }

@@ -3,6 +3,8 @@ package v1alpha1_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -163,6 +165,22 @@ healthCheck: {url: 'https://www.example.com/', interval: 30s, timeout: 10s, fail
 		err := env.Client.Update(ctx, u)
 		require.Error(t, err, "the API server allowed changing spec.mode")
 		assert.Contains(t, err.Error(), "spec.mode is immutable")
+	})
+
+	t.Run("the shipped samples are accepted", func(t *testing.T) {
+		paths, err := filepath.Glob(filepath.Join(testenv.RepoRoot(), "config", "samples", "proxy_*.yaml"))
+		require.NoError(t, err)
+		require.Len(t, paths, 3)
+		for _, path := range paths {
+			data, err := os.ReadFile(path)
+			require.NoError(t, err)
+			for _, doc := range strings.Split(string(data), "\n---\n") {
+				u := &unstructured.Unstructured{}
+				require.NoError(t, yaml.Unmarshal([]byte(doc), &u.Object), path)
+				u.SetNamespace("default")
+				assert.NoError(t, env.Client.Create(ctx, u, client.DryRunAll), "%s: %s %s", path, u.GetKind(), u.GetName())
+			}
+		}
 	})
 
 	t.Run("the CRD carries short name, category and printer columns", func(t *testing.T) {

@@ -1,0 +1,214 @@
+package controllers
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"cloud.google.com/go/compute/apiv1/computepb"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/api/option"
+	"google.golang.org/protobuf/proto"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/providers"
+	"github.com/example/egress-proxies-operator/providers/gcp"
+	"github.com/example/egress-proxies-operator/providers/gcp/fakecompute"
+	"github.com/example/egress-proxies-operator/test/testenv"
+)
+
+// gcpProviders is a provider set with one gcp instance, gcp-eu, whose real
+// Compute client talks to fake.
+func gcpProviders(t *testing.T, fake *fakecompute.Server) providers.Set {
+	t.Helper()
+	p, err := gcp.NewWithClientOptions("gcp-eu", gcp.Settings{
+		Project: "crawl-prod", Zone: "europe-west1-b", Image: "projects/debian-cloud/global/images/family/debian-12",
+		RequestTimeout: "2s",
+	}, option.WithEndpoint(fake.URL), option.WithoutAuthentication())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	return providers.Set{"gcp-eu": p}
+}
+
+func gcpManagedProxy(ns, name string) *crawlv1alpha1.Proxy {
+	return &crawlv1alpha1.Proxy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: crawlv1alpha1.ProxySpec{
+			Mode: crawlv1alpha1.ModeManaged, Provider: "gcp-eu", Port: 3128,
+			Attributes: map[string]string{"geo": "eu"},
+			Placement:  &crawlv1alpha1.Placement{Zone: "europe-west1-b", MachineType: "e2-small"},
+		},
+	}
+}
+
+// vmsOf lists the fake's VMs made for the Proxy (by owner label).
+func vmsOf(fake *fakecompute.Server, p *crawlv1alpha1.Proxy) []*computepb.Instance {
+	var out []*computepb.Instance
+	for _, vm := range fake.Instances() {
+		if vm.GetLabels()["crawl-owner-name"] == p.Name && vm.GetLabels()["crawl-owner-namespace"] == p.Namespace {
+			out = append(out, vm)
+		}
+	}
+	return out
+}
+
+// TestReconcilerGCP runs the real controller with the gcp provider, whose
+// real client talks to the fake Compute API on a real clock with short
+// timings.
+func TestReconcilerGCP(t *testing.T) {
+	env := testenv.Shared(t)
+	fake := fakecompute.New(clock.RealClock{}, fakecompute.Timings{
+		Provisioning: 150 * time.Millisecond, Staging: 150 * time.Millisecond, Stopping: 150 * time.Millisecond,
+	})
+	t.Cleanup(fake.Close)
+	mgr := newManager(t, env)
+	require.NoError(t, (&ProxyReconciler{
+		Client: mgr.GetClient(), Providers: gcpProviders(t, fake), ClusterID: testClusterID,
+		Recorder: mgr.GetEventRecorder("egress-proxies-operator"), PollInterval: 100 * time.Millisecond,
+	}).SetupWithManager(mgr))
+	startManager(t, mgr)
+	ctx := context.Background()
+	c := env.Client
+
+	t.Run("create -> Ready with the VM's external IP; placement change -> same name, new IP; delete", func(t *testing.T) {
+		ns := env.Namespace(t)
+		proxy := gcpManagedProxy(ns, "eu-1")
+		require.NoError(t, c.Create(ctx, proxy))
+		ready := waitReady(t, c, proxy)
+		vms := vmsOf(fake, proxy)
+		require.Len(t, vms, 1)
+		assert.Equal(t, vms[0].GetNetworkInterfaces()[0].GetAccessConfigs()[0].GetNatIP(), ready.Status.IP)
+		assert.Equal(t, providers.InstanceName(testClusterID, ns, "eu-1"), vms[0].GetName())
+		assert.Equal(t, "gcp-eu", ready.Status.Provider)
+
+		ready.Spec.Placement.MachineType = "e2-medium"
+		require.NoError(t, c.Update(ctx, ready))
+		replaced := waitFor2(t, c, proxy, func(p *crawlv1alpha1.Proxy) bool {
+			return p.Status.Phase == crawlv1alpha1.PhaseReady && p.Status.SpecHash != ready.Status.SpecHash
+		})
+		vms = vmsOf(fake, proxy)
+		require.Len(t, vms, 1)
+		assert.Equal(t, ready.Status.InstanceName, vms[0].GetName(), "same name")
+		assert.Contains(t, vms[0].GetMachineType(), "e2-medium")
+		assert.NotEqual(t, ready.Status.IP, replaced.Status.IP, "new IP")
+		waitEvent(t, c, ns, "eu-1", ReasonSpecChanged)
+
+		require.NoError(t, c.Delete(ctx, replaced))
+		require.Eventually(t, func() bool {
+			return apierrors.IsNotFound(c.Get(ctx, client.ObjectKeyFromObject(proxy), &crawlv1alpha1.Proxy{}))
+		}, waitFor, tick, "the finalizer was never removed")
+		assert.Empty(t, vmsOf(fake, proxy), "the VM outlived its Proxy")
+	})
+
+	t.Run("cloud-init Secret rotation -> replaced", func(t *testing.T) {
+		ns := env.Namespace(t)
+		secret := &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "squid-init", Labels: map[string]string{crawlv1alpha1.LabelCloudInit: "true"}},
+			Data:       map[string][]byte{"user-data": []byte("#cloud-config\npackages: [squid]\n")},
+		}
+		require.NoError(t, c.Create(ctx, secret))
+		proxy := gcpManagedProxy(ns, "eu-2")
+		proxy.Spec.CloudInit = &crawlv1alpha1.CloudInit{SecretRef: &crawlv1alpha1.SecretKeyReference{Name: "squid-init"}}
+		require.NoError(t, c.Create(ctx, proxy))
+		before := waitReady(t, c, proxy)
+
+		secret.Data["user-data"] = []byte("#cloud-config\npackages: [squid, curl]\n")
+		require.NoError(t, c.Update(ctx, secret))
+		waitFor2(t, c, proxy, func(p *crawlv1alpha1.Proxy) bool {
+			return p.Status.Phase == crawlv1alpha1.PhaseReady && p.Status.SpecHash != before.Status.SpecHash
+		})
+		vms := vmsOf(fake, proxy)
+		require.Len(t, vms, 1)
+		assert.Contains(t, vms[0].GetMetadata().GetItems()[0].GetValue(), "curl", "the new VM boots the new cloud-init")
+	})
+
+	t.Run("missing machineType -> Failed naming the field, and no VM", func(t *testing.T) {
+		ns := env.Namespace(t)
+		inserts := fake.Requests("insert")
+		proxy := gcpManagedProxy(ns, "eu-3")
+		proxy.Spec.Placement.MachineType = ""
+		require.NoError(t, c.Create(ctx, proxy))
+		failed := waitFor2(t, c, proxy, func(p *crawlv1alpha1.Proxy) bool { return p.Status.Phase == crawlv1alpha1.PhaseFailed })
+		cond := meta.FindStatusCondition(failed.Status.Conditions, crawlv1alpha1.ConditionProvisioned)
+		require.NotNil(t, cond)
+		assert.Equal(t, ReasonInvalidPlacement, cond.Reason)
+		assert.Contains(t, cond.Message, "placement.machineType is required for gcp provider gcp-eu")
+		assert.Empty(t, vmsOf(fake, proxy))
+		assert.Equal(t, inserts, fake.Requests("insert"), "no insert was attempted")
+	})
+
+	t.Run("quota exhausted -> Failed with the quota named", func(t *testing.T) {
+		ns := env.Namespace(t)
+		fake.Inject(fakecompute.Fault{Method: "insert", Status: http.StatusForbidden, Reason: "quotaExceeded",
+			Message: "Quota 'CPUS' exceeded. Limit: 8.0 in region europe-west1."})
+		proxy := gcpManagedProxy(ns, "eu-4")
+		require.NoError(t, c.Create(ctx, proxy))
+		failed := waitFor2(t, c, proxy, func(p *crawlv1alpha1.Proxy) bool { return p.Status.Phase == crawlv1alpha1.PhaseFailed })
+		assert.Contains(t, failed.Status.Message, "quota exceeded: Quota 'CPUS' exceeded")
+	})
+}
+
+func TestOrphanCollectorGCP(t *testing.T) {
+	env := testenv.Shared(t)
+	clk := clocktesting.NewFakeClock(time.Now())
+	fake := fakecompute.New(clk, fakecompute.Timings{})
+	t.Cleanup(fake.Close)
+	ns := env.Namespace(t)
+	labels := func(cluster, name string) map[string]string {
+		return map[string]string{"crawl-cluster-id": cluster, "crawl-owner-namespace": ns, "crawl-owner-name": name, "crawl-owner-uid": "uid-gone"}
+	}
+	iface := []*computepb.NetworkInterface{{AccessConfigs: []*computepb.AccessConfig{{Type: proto.String("ONE_TO_ONE_NAT")}}}}
+	fake.PutInstance("europe-west1-b", &computepb.Instance{Name: proto.String("px-orphan"), Labels: labels(testClusterID, "gone"), NetworkInterfaces: iface}, clk.Now())
+	fake.PutInstance("europe-west4-a", &computepb.Instance{Name: proto.String("px-foreign"), Labels: labels("other-cluster", "gone"), NetworkInterfaces: iface}, clk.Now())
+
+	mgr := newManager(t, env)
+	startManager(t, mgr)
+	gc := &OrphanCollector{Client: mgr.GetClient(), Providers: gcpProviders(t, fake), ClusterID: testClusterID,
+		GracePeriod: 3 * time.Minute, Clock: clk}
+	clk.Step(4 * time.Minute)
+	require.NoError(t, gc.Sweep(context.Background()))
+	clk.Step(time.Second) // let the fake finish the deletion
+	var names []string
+	for _, vm := range fake.Instances() {
+		names = append(names, vm.GetName())
+	}
+	assert.Equal(t, []string{"px-foreign"}, names, "this cluster's orphan is collected, the other cluster's VM is not")
+}
+
+// TestCrashSafetyGCP runs the crash-safety scenario against the fake Compute
+// API with faults: the first insert's reply is lost, Gets and deletes meet
+// 503s. Never two VMs for one Proxy, none left after delete.
+func TestCrashSafetyGCP(t *testing.T) {
+	runCrashScenario(t, func(t *testing.T, ns string) crashScenario {
+		clk := clocktesting.NewFakeClock(time.Now())
+		fake := fakecompute.New(clk, fakecompute.Timings{Provisioning: time.Second, Staging: time.Second, Stopping: time.Second})
+		t.Cleanup(fake.Close)
+		fake.Inject(fakecompute.Fault{Method: "insert", LoseReply: true})
+		fake.Inject(fakecompute.Fault{Method: "insert", Status: http.StatusServiceUnavailable})
+		fake.Inject(fakecompute.Fault{Method: "get", Status: http.StatusServiceUnavailable, Times: 3})
+		fake.Inject(fakecompute.Fault{Method: "delete", Status: http.StatusServiceUnavailable})
+		fake.Inject(fakecompute.Fault{Method: "delete", LoseReply: true})
+		set := gcpProviders(t, fake)
+		proxy := gcpManagedProxy(ns, "crashy")
+		return crashScenario{
+			proxy:     proxy,
+			providers: func(*testing.T, client.Client) providers.Set { return set },
+			between:   func(*testing.T) { clk.Step(time.Second) },
+			instances: func(*testing.T) int { return len(vmsOf(fake, proxy)) },
+			change:    func(p *crawlv1alpha1.Proxy) { p.Spec.Placement.MachineType = "e2-medium" },
+			verify: func(t *testing.T) {
+				assert.Zero(t, fake.PendingFaults(), "every injected fault was met")
+				assert.Equal(t, 2, fake.Created(), "one VM per spec: the lost reply's retry created nothing")
+			},
+		}
+	})
+}

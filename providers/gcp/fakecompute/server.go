@@ -1,0 +1,537 @@
+// Package fakecompute is an in-process fake of the Compute Engine REST API
+// subset the gcp provider uses (instances insert/get/delete/list/
+// aggregatedList, zone operations get/wait). The real client library talks to
+// it over HTTP, so tests exercise the real wire protocol: JSON bodies,
+// requestId de-duplication, error payloads, lost replies. VMs move
+// PROVISIONING -> STAGING -> RUNNING on a clock the test controls. It is
+// test support only; production code must never import it.
+package fakecompute
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"cloud.google.com/go/compute/apiv1/computepb"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"k8s.io/utils/clock"
+)
+
+// Timings of a VM's life on the fake clock.
+type Timings struct {
+	// Provisioning and Staging are how long a new VM spends in each state
+	// before RUNNING.
+	Provisioning, Staging time.Duration
+	// Stopping is how long a deleted VM stays STOPPING before it is gone.
+	Stopping time.Duration
+}
+
+// Fault is an injected failure for the next matching requests.
+type Fault struct {
+	// Method is one of insert, get, delete, list, aggregatedList; empty
+	// matches any.
+	Method string
+	// Status, when set, is returned instead of serving the request, with
+	// Reason and Message in the error body.
+	Status  int
+	Reason  string
+	Message string
+	// LoseReply serves the request, then drops the connection before any
+	// reply: the insert happens, the client never hears of it.
+	LoseReply bool
+	// OperationError, on insert, accepts the request but fails its
+	// operation with this code (QUOTA_EXCEEDED, say): no VM is created.
+	OperationError string
+	// Times is how many requests it affects; 0 means 1.
+	Times int
+}
+
+// Server is a fake Compute Engine API.
+type Server struct {
+	// URL is the endpoint to give the client (option.WithEndpoint).
+	URL string
+
+	clock   clock.PassiveClock
+	timings Timings
+	srv     *httptest.Server
+
+	mu            sync.Mutex
+	vms           map[string]*vm // by zone/name
+	ops           map[string]*computepb.Operation
+	requestIDs    map[string]string // requestId -> operation name
+	faults        []Fault
+	nextID        uint64
+	created       int
+	stuckStopping bool
+	requests      map[string]int
+}
+
+type vm struct {
+	res           *computepb.Instance
+	createdAt     time.Time
+	deleteAt      time.Time // zero unless being deleted
+	statusPinned  bool      // SetStatus fixed it
+	pinnedStatus  string
+	natIP         string
+	deleteStarted bool
+}
+
+// New starts a fake on a loopback port; it stops when the test ends (call
+// Close).
+func New(clk clock.PassiveClock, timings Timings) *Server {
+	s := &Server{
+		clock: clk, timings: timings,
+		vms: map[string]*vm{}, ops: map[string]*computepb.Operation{}, requestIDs: map[string]string{},
+		requests: map[string]int{},
+	}
+	mux := http.NewServeMux()
+	const zone = "/compute/v1/projects/{project}/zones/{zone}"
+	mux.HandleFunc("POST "+zone+"/instances", s.insert)
+	mux.HandleFunc("GET "+zone+"/instances", s.list)
+	mux.HandleFunc("GET "+zone+"/instances/{name}", s.get)
+	mux.HandleFunc("DELETE "+zone+"/instances/{name}", s.delete)
+	mux.HandleFunc("GET /compute/v1/projects/{project}/aggregated/instances", s.aggregatedList)
+	mux.HandleFunc("GET "+zone+"/operations/{op}", s.getOperation)
+	mux.HandleFunc("POST "+zone+"/operations/{op}/wait", s.getOperation)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("fakecompute does not serve %s %s", r.Method, r.URL.Path))
+	})
+	s.srv = httptest.NewServer(mux)
+	s.URL = s.srv.URL
+	return s
+}
+
+// Close stops the server.
+func (s *Server) Close() { s.srv.Close() }
+
+// Inject queues a fault.
+func (s *Server) Inject(f Fault) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if f.Times == 0 {
+		f.Times = 1
+	}
+	s.faults = append(s.faults, f)
+}
+
+// StickInStopping makes deleted VMs stay STOPPING until called with false.
+func (s *Server) StickInStopping(stuck bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stuckStopping = stuck
+}
+
+// SetStatus pins a VM's status (TERMINATED, say), as if GCE changed it.
+func (s *Server) SetStatus(zone, name, status string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if v, ok := s.vms[zone+"/"+name]; ok {
+		v.statusPinned, v.pinnedStatus = true, status
+	}
+}
+
+// Created counts the VMs ever created (a de-duplicated insert creates none).
+func (s *Server) Created() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.created
+}
+
+// PendingFaults counts the injected faults not yet used up, so a test can
+// check its faults really happened.
+func (s *Server) PendingFaults() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, f := range s.faults {
+		n += f.Times
+	}
+	return n
+}
+
+// Requests counts the requests served per method.
+func (s *Server) Requests(method string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.requests[method]
+}
+
+// Instances returns copies of every VM that exists now, sorted by zone and
+// name.
+func (s *Server) Instances() []*computepb.Instance {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.advanceLocked()
+	keys := make([]string, 0, len(s.vms))
+	for k := range s.vms {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	out := make([]*computepb.Instance, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, proto.CloneOf(s.vms[k].res))
+	}
+	return out
+}
+
+// PutInstance adds a VM directly (an orphan left by a crash, another
+// cluster's VM), created at createdAt and RUNNING.
+func (s *Server) PutInstance(zone string, res *computepb.Instance, createdAt time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.addLocked("any", zone, proto.CloneOf(res), createdAt)
+}
+
+// --- handlers ---
+
+func (s *Server) insert(w http.ResponseWriter, r *http.Request) {
+	f, ok := s.begin(w, "insert")
+	if !ok {
+		return
+	}
+	project, zone := r.PathValue("project"), r.PathValue("zone")
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid", err.Error())
+		return
+	}
+	res := &computepb.Instance{}
+	if err := protojson.Unmarshal(body, res); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid", "Invalid JSON payload: "+err.Error())
+		return
+	}
+	s.mu.Lock()
+	op, status, reason, msg := s.insertLocked(project, zone, r.URL.Query().Get("requestId"), res, f)
+	s.mu.Unlock()
+	if status != 0 {
+		writeError(w, status, reason, msg)
+		return
+	}
+	if f != nil && f.LoseReply {
+		dropConnection(w)
+		return
+	}
+	writeProto(w, op)
+}
+
+func (s *Server) insertLocked(project, zone, requestID string, res *computepb.Instance, f *Fault) (*computepb.Operation, int, string, string) {
+	if requestID != "" {
+		if opName, seen := s.requestIDs[requestID]; seen {
+			return s.ops[opName], 0, "", ""
+		}
+	}
+	if err := validateInsert(res); err != "" {
+		return nil, http.StatusBadRequest, "invalid", err
+	}
+	if _, exists := s.vms[zone+"/"+res.GetName()]; exists {
+		return nil, http.StatusConflict, "alreadyExists",
+			fmt.Sprintf("The resource 'projects/%s/zones/%s/instances/%s' already exists", project, zone, res.GetName())
+	}
+	op := s.newOperationLocked(project, zone, "insert", res.GetName())
+	if f != nil && f.OperationError != "" {
+		op.Status = computepb.Operation_DONE.Enum()
+		op.Error = &computepb.Error{Errors: []*computepb.Errors{{
+			Code: proto.String(f.OperationError), Message: proto.String(orDefault(f.Message, "operation failed")),
+		}}}
+	} else {
+		s.addLocked(project, zone, res, s.clock.Now())
+	}
+	if requestID != "" {
+		s.requestIDs[requestID] = op.GetName()
+	}
+	return op, 0, "", ""
+}
+
+func (s *Server) get(w http.ResponseWriter, r *http.Request) {
+	if _, ok := s.begin(w, "get"); !ok {
+		return
+	}
+	s.mu.Lock()
+	s.advanceLocked()
+	v, ok := s.vms[r.PathValue("zone")+"/"+r.PathValue("name")]
+	var res *computepb.Instance
+	if ok {
+		res = proto.CloneOf(v.res)
+	}
+	s.mu.Unlock()
+	if !ok {
+		writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("The resource 'projects/%s/zones/%s/instances/%s' was not found",
+			r.PathValue("project"), r.PathValue("zone"), r.PathValue("name")))
+		return
+	}
+	writeProto(w, res)
+}
+
+func (s *Server) delete(w http.ResponseWriter, r *http.Request) {
+	f, ok := s.begin(w, "delete")
+	if !ok {
+		return
+	}
+	project, zone, name := r.PathValue("project"), r.PathValue("zone"), r.PathValue("name")
+	s.mu.Lock()
+	s.advanceLocked()
+	v, exists := s.vms[zone+"/"+name]
+	var op *computepb.Operation
+	if exists {
+		if !v.deleteStarted {
+			v.deleteStarted, v.deleteAt = true, s.clock.Now().Add(s.timings.Stopping)
+		}
+		s.advanceLocked()
+		op = s.newOperationLocked(project, zone, "delete", name)
+	}
+	s.mu.Unlock()
+	if !exists {
+		writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("The resource 'projects/%s/zones/%s/instances/%s' was not found", project, zone, name))
+		return
+	}
+	if f != nil && f.LoseReply {
+		dropConnection(w)
+		return
+	}
+	writeProto(w, op)
+}
+
+func (s *Server) list(w http.ResponseWriter, r *http.Request) {
+	if _, ok := s.begin(w, "list"); !ok {
+		return
+	}
+	match, err := parseFilter(r.URL.Query().Get("filter"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid", err.Error())
+		return
+	}
+	out := &computepb.InstanceList{}
+	for _, res := range s.Instances() {
+		if lastSegment(res.GetZone()) == r.PathValue("zone") && match(res) {
+			out.Items = append(out.Items, res)
+		}
+	}
+	writeProto(w, out)
+}
+
+func (s *Server) aggregatedList(w http.ResponseWriter, r *http.Request) {
+	if _, ok := s.begin(w, "aggregatedList"); !ok {
+		return
+	}
+	match, err := parseFilter(r.URL.Query().Get("filter"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid", err.Error())
+		return
+	}
+	out := &computepb.InstanceAggregatedList{Items: map[string]*computepb.InstancesScopedList{}}
+	for _, res := range s.Instances() {
+		if !match(res) {
+			continue
+		}
+		scope := "zones/" + lastSegment(res.GetZone())
+		if out.Items[scope] == nil {
+			out.Items[scope] = &computepb.InstancesScopedList{}
+		}
+		out.Items[scope].Instances = append(out.Items[scope].Instances, res)
+	}
+	writeProto(w, out)
+}
+
+func (s *Server) getOperation(w http.ResponseWriter, r *http.Request) {
+	if _, ok := s.begin(w, "operation"); !ok {
+		return
+	}
+	s.mu.Lock()
+	op, ok := s.ops[r.PathValue("op")]
+	if ok {
+		op = proto.CloneOf(op)
+		op.Status = computepb.Operation_DONE.Enum()
+	}
+	s.mu.Unlock()
+	if !ok {
+		writeError(w, http.StatusNotFound, "notFound", "operation "+r.PathValue("op")+" not found")
+		return
+	}
+	writeProto(w, op)
+}
+
+// begin counts the request and applies the first matching fault: a status
+// fault answers here (ok false); a LoseReply or OperationError fault is
+// returned for the handler to apply.
+func (s *Server) begin(w http.ResponseWriter, method string) (*Fault, bool) {
+	s.mu.Lock()
+	s.requests[method]++
+	var hit *Fault
+	for i := range s.faults {
+		f := &s.faults[i]
+		if f.Times > 0 && (f.Method == "" || f.Method == method) {
+			f.Times--
+			copied := *f
+			hit = &copied
+			break
+		}
+	}
+	s.mu.Unlock()
+	if hit != nil && hit.Status != 0 {
+		writeError(w, hit.Status, orDefault(hit.Reason, http.StatusText(hit.Status)), orDefault(hit.Message, "injected fault"))
+		return nil, false
+	}
+	return hit, true
+}
+
+// --- state ---
+
+func (s *Server) addLocked(project, zone string, res *computepb.Instance, createdAt time.Time) {
+	s.nextID++
+	s.created++
+	zoneURL := fmt.Sprintf("https://www.googleapis.com/compute/v1/projects/%s/zones/%s", project, zone)
+	res.Id = proto.Uint64(s.nextID)
+	res.Zone = proto.String(zoneURL)
+	res.SelfLink = proto.String(zoneURL + "/instances/" + res.GetName())
+	res.CreationTimestamp = proto.String(createdAt.Format(time.RFC3339Nano))
+	// Distinct addresses, all in the loopback range: never a real host.
+	ip := fmt.Sprintf("127.2.%d.%d", 1+s.nextID/250, 1+s.nextID%250)
+	v := &vm{res: res, createdAt: createdAt, natIP: ip}
+	s.vms[zone+"/"+res.GetName()] = v
+	s.advanceLocked()
+}
+
+// advanceLocked brings every VM's status up to the clock's now, removing
+// VMs whose deletion finished.
+func (s *Server) advanceLocked() {
+	now := s.clock.Now()
+	for key, v := range s.vms {
+		status := "RUNNING"
+		age := now.Sub(v.createdAt)
+		switch {
+		case v.deleteStarted && !s.stuckStopping && !now.Before(v.deleteAt):
+			delete(s.vms, key)
+			continue
+		case v.deleteStarted:
+			status = "STOPPING"
+		case v.statusPinned:
+			status = v.pinnedStatus
+		case age < s.timings.Provisioning:
+			status = "PROVISIONING"
+		case age < s.timings.Provisioning+s.timings.Staging:
+			status = "STAGING"
+		}
+		v.res.Status = proto.String(status)
+		if status != "PROVISIONING" {
+			for _, iface := range v.res.GetNetworkInterfaces() {
+				for _, ac := range iface.GetAccessConfigs() {
+					ac.NatIP = proto.String(v.natIP)
+				}
+			}
+		}
+	}
+}
+
+func (s *Server) newOperationLocked(project, zone, opType, target string) *computepb.Operation {
+	s.nextID++
+	name := fmt.Sprintf("operation-%d", s.nextID)
+	zoneURL := fmt.Sprintf("https://www.googleapis.com/compute/v1/projects/%s/zones/%s", project, zone)
+	op := &computepb.Operation{
+		Name: proto.String(name), Id: proto.Uint64(s.nextID), Zone: proto.String(zoneURL),
+		OperationType: proto.String(opType), TargetLink: proto.String(zoneURL + "/instances/" + target),
+		Status: computepb.Operation_RUNNING.Enum(), SelfLink: proto.String(zoneURL + "/operations/" + name),
+	}
+	s.ops[name] = op
+	return op
+}
+
+var (
+	gceName       = regexp.MustCompile(`^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$`)
+	gceLabelKey   = regexp.MustCompile(`^[a-z][-_a-z0-9]{0,62}$`)
+	gceLabelValue = regexp.MustCompile(`^[-_a-z0-9]{0,63}$`)
+)
+
+// validateInsert applies the checks GCE makes that the provider could get
+// wrong; the message is what GCE would say.
+func validateInsert(res *computepb.Instance) string {
+	switch {
+	case !gceName.MatchString(res.GetName()):
+		return fmt.Sprintf("Invalid value for field 'resource.name': '%s'. Must be a match of regex '(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)'", res.GetName())
+	case res.GetMachineType() == "":
+		return "Invalid value for field 'resource.machineType': ''. Machine type is required."
+	case len(res.GetDisks()) == 0 || !res.GetDisks()[0].GetBoot() || res.GetDisks()[0].GetInitializeParams().GetSourceImage() == "":
+		return "Invalid value for field 'resource.disks': a boot disk with a source image is required."
+	case len(res.GetNetworkInterfaces()) == 0:
+		return "Invalid value for field 'resource.networkInterfaces': at least one is required."
+	}
+	for k, v := range res.GetLabels() {
+		if !gceLabelKey.MatchString(k) || !gceLabelValue.MatchString(v) {
+			return fmt.Sprintf("Invalid value for field 'resource.labels': '%s=%s'.", k, v)
+		}
+	}
+	return ""
+}
+
+// filterExpr matches the one-clause filters the provider sends:
+// `name = "x"` and `labels.key = "value"`.
+var filterExpr = regexp.MustCompile(`^\s*([a-zA-Z.\-_]+)\s*=\s*"([^"]*)"\s*$`)
+
+func parseFilter(filter string) (func(*computepb.Instance) bool, error) {
+	if filter == "" {
+		return func(*computepb.Instance) bool { return true }, nil
+	}
+	m := filterExpr.FindStringSubmatch(filter)
+	if m == nil {
+		return nil, fmt.Errorf("Invalid value for field 'filter': '%s'. fakecompute understands `field = \"value\"` only", filter) //nolint:staticcheck // GCE's wording
+	}
+	field, value := m[1], m[2]
+	switch {
+	case field == "name":
+		return func(res *computepb.Instance) bool { return res.GetName() == value }, nil
+	case strings.HasPrefix(field, "labels."):
+		key := strings.TrimPrefix(field, "labels.")
+		return func(res *computepb.Instance) bool { return res.GetLabels()[key] == value }, nil
+	}
+	return nil, fmt.Errorf("Invalid value for field 'filter': unsupported field %q", field) //nolint:staticcheck // GCE's wording
+}
+
+// --- wire helpers ---
+
+func writeProto(w http.ResponseWriter, m proto.Message) {
+	data, err := protojson.Marshal(m)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "internal", err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(data)
+}
+
+// writeError writes GCE's error envelope, which googleapi.CheckResponse
+// decodes into a *googleapi.Error.
+func writeError(w http.ResponseWriter, status int, reason, message string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{
+		"code": status, "message": message,
+		"errors": []map[string]string{{"domain": "global", "reason": reason, "message": message}},
+	}})
+}
+
+func dropConnection(w http.ResponseWriter) {
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		panic("fakecompute: the response writer cannot be hijacked")
+	}
+	conn, _, err := hj.Hijack()
+	if err == nil {
+		_ = conn.Close()
+	}
+}
+
+func lastSegment(url string) string { return url[strings.LastIndex(url, "/")+1:] }
+
+func orDefault(s, fallback string) string {
+	if s == "" {
+		return fallback
+	}
+	return s
+}

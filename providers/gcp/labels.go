@@ -1,0 +1,46 @@
+package gcp
+
+import (
+	"strings"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+)
+
+// GCE label keys and values allow only lowercase letters, digits, '-' and
+// '_' (keys start with a letter; both at most 63 characters), so the
+// operator's labels are written under keys of their own. Values that are
+// Kubernetes names may contain '.', which GCE forbids; '_' never appears in a
+// Kubernetes name, so mapping '.' to '_' is reversible.
+var gceLabelKeys = map[string]string{
+	crawlv1alpha1.LabelClusterID:      "crawl-cluster-id",
+	crawlv1alpha1.LabelOwnerNamespace: "crawl-owner-namespace",
+	crawlv1alpha1.LabelOwnerName:      "crawl-owner-name",
+	crawlv1alpha1.LabelOwnerUID:       "crawl-owner-uid",
+	crawlv1alpha1.LabelSpecHash:       "crawl-spec-hash",
+}
+
+// portLabel records the proxy port on the VM: GCE has no field for it.
+const portLabel = "crawl-port"
+
+// toGCELabels translates the operator's labels to GCE labels.
+func toGCELabels(labels map[string]string) map[string]string {
+	out := make(map[string]string, len(labels))
+	for k, v := range labels {
+		if gk, ok := gceLabelKeys[k]; ok {
+			out[gk] = strings.ReplaceAll(v, ".", "_")
+		}
+	}
+	return out
+}
+
+// fromGCELabels translates GCE labels back to the operator's labels, so the
+// reconciler and GC read the same keys from every provider.
+func fromGCELabels(labels map[string]string) map[string]string {
+	out := make(map[string]string, len(gceLabelKeys))
+	for k, gk := range gceLabelKeys {
+		if v, ok := labels[gk]; ok {
+			out[k] = strings.ReplaceAll(v, "_", ".")
+		}
+	}
+	return out
+}

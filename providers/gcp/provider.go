@@ -1,0 +1,464 @@
+// Package gcp is the provider that runs Managed proxies as Compute Engine
+// VMs with ephemeral external IPs, through the cloud.google.com/go/compute
+// REST client and Application Default Credentials. It starts operations and
+// never waits on them: the reconciler reads the VM's status on its next pass.
+// It must never import the controllers.
+package gcp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	compute "cloud.google.com/go/compute/apiv1"
+	"cloud.google.com/go/compute/apiv1/computepb"
+	"github.com/google/uuid"
+	"google.golang.org/api/googleapi"
+	"google.golang.org/api/iterator"
+	"google.golang.org/api/option"
+	"google.golang.org/protobuf/proto"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/providers"
+)
+
+// Type is this provider's type name in the providers config.
+const Type = "gcp"
+
+// DefaultRequestTimeout bounds each Compute API call. The client library
+// retries 503s for up to ten minutes by itself; a reconcile must not block
+// that long, so the provider gives up sooner and the reconciler backs off.
+const DefaultRequestTimeout = 30 * time.Second
+
+// Settings are a gcp provider instance's settings in the providers config.
+type Settings struct {
+	// Project is the GCP project the VMs live in. Required.
+	Project string `json:"project"`
+	// Zone, MachineType and Image are defaults for Proxies whose placement
+	// leaves them out.
+	Zone        string `json:"zone,omitempty"`
+	MachineType string `json:"machineType,omitempty"`
+	Image       string `json:"image,omitempty"`
+	// Network and Subnetwork the VM's one interface attaches to. Default: the
+	// project's default network.
+	Network    string `json:"network,omitempty"`
+	Subnetwork string `json:"subnetwork,omitempty"`
+	// ServiceAccount attached to the VMs, with Scopes (default: none
+	// attached). Attaching one needs roles/iam.serviceAccountUser.
+	ServiceAccount string   `json:"serviceAccount,omitempty"`
+	Scopes         []string `json:"scopes,omitempty"`
+	// NetworkTags select the firewall rules that open the proxy port.
+	NetworkTags []string `json:"networkTags,omitempty"`
+	// Labels are extra GCE labels on every VM (for billing, say).
+	Labels map[string]string `json:"labels,omitempty"`
+	// Endpoint overrides the Compute API endpoint (private endpoints, tests).
+	Endpoint string `json:"endpoint,omitempty"`
+	// WithoutAuthentication sends no credentials: for emulators and tests
+	// only, and only together with Endpoint.
+	WithoutAuthentication bool `json:"withoutAuthentication,omitempty"`
+	// RequestTimeout bounds each API call, as a Go duration. Default: 30s.
+	RequestTimeout string `json:"requestTimeout,omitempty"`
+}
+
+// Provider runs proxies as Compute Engine VMs.
+type Provider struct {
+	name      string
+	settings  Settings
+	timeout   time.Duration
+	instances *compute.InstancesClient
+}
+
+var _ providers.Provider = (*Provider)(nil)
+
+var gceLabelPattern = regexp.MustCompile(`^[a-z][-_a-z0-9]{0,62}$`)
+var gceLabelValuePattern = regexp.MustCompile(`^[-_a-z0-9]{0,63}$`)
+
+// New builds a gcp provider instance from its settings, with Application
+// Default Credentials.
+func New(name string, raw map[string]any, _ providers.Dependencies) (providers.Provider, error) {
+	var s Settings
+	if err := providers.DecodeSettings(raw, &s); err != nil {
+		return nil, err
+	}
+	var opts []option.ClientOption
+	if s.Endpoint != "" {
+		opts = append(opts, option.WithEndpoint(s.Endpoint))
+	}
+	if s.WithoutAuthentication {
+		opts = append(opts, option.WithoutAuthentication())
+	}
+	return NewWithClientOptions(name, s, opts...)
+}
+
+// NewWithClientOptions builds a provider with explicit client options, for
+// tests that point the real client at a fake Compute API.
+func NewWithClientOptions(name string, s Settings, opts ...option.ClientOption) (*Provider, error) {
+	var errs []error
+	if s.Project == "" {
+		errs = append(errs, errors.New("settings.project is required"))
+	}
+	if s.WithoutAuthentication && s.Endpoint == "" {
+		errs = append(errs, errors.New("settings.withoutAuthentication needs settings.endpoint: it is for emulators only"))
+	}
+	for k, v := range s.Labels {
+		if !gceLabelPattern.MatchString(k) || !gceLabelValuePattern.MatchString(v) || strings.HasPrefix(k, "crawl-") {
+			errs = append(errs, fmt.Errorf("settings.labels[%q]: GCE labels are lowercase letters, digits, '-' and '_' (keys start with a letter, at most 63 characters), and keys starting with crawl- are the operator's", k))
+		}
+	}
+	timeout := DefaultRequestTimeout
+	if s.RequestTimeout != "" {
+		d, err := time.ParseDuration(s.RequestTimeout)
+		if err != nil || d <= 0 {
+			errs = append(errs, fmt.Errorf("settings.requestTimeout: %q is not a positive duration", s.RequestTimeout))
+		}
+		timeout = d
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	client, err := compute.NewInstancesRESTClient(context.Background(), opts...)
+	if err != nil {
+		return nil, fmt.Errorf("creating the Compute Engine client (credentials are Application Default Credentials): %w", err)
+	}
+	return &Provider{name: name, settings: s, timeout: timeout, instances: client}, nil
+}
+
+// Close releases the client's connections.
+func (p *Provider) Close() error { return p.instances.Close() }
+
+// placement is a Proxy's placement with the instance defaults applied.
+type placement struct {
+	zone, machineType, image string
+	spot                     bool
+	diskSizeGB               int64
+}
+
+// Parameters a Proxy may set in spec.placement.parameters for this provider.
+const (
+	paramProvisioningModel = "provisioningModel" // STANDARD (default) or SPOT
+	paramDiskSizeGB        = "diskSizeGb"        // boot disk size; default: the image's
+)
+
+// resolvePlacement applies defaults and names the first missing field.
+func (p *Provider) resolvePlacement(proxy *crawlv1alpha1.Proxy) (placement, error) {
+	pl := placement{zone: p.settings.Zone, machineType: p.settings.MachineType, image: p.settings.Image}
+	params := map[string]string{}
+	if sp := proxy.Spec.Placement; sp != nil {
+		pl.zone = or(sp.Zone, pl.zone)
+		pl.machineType = or(sp.MachineType, pl.machineType)
+		pl.image = or(sp.Image, pl.image)
+		params = sp.Parameters
+	}
+	for _, f := range []struct{ field, value string }{{"zone", pl.zone}, {"machineType", pl.machineType}, {"image", pl.image}} {
+		if f.value == "" {
+			return pl, providers.Terminal("placement.%s is required for gcp provider %s: set spec.placement.%s or a default in the providers config", f.field, p.name, f.field)
+		}
+	}
+	for key, value := range params {
+		switch key {
+		case paramProvisioningModel:
+			switch value {
+			case "STANDARD":
+			case "SPOT":
+				pl.spot = true
+			default:
+				return pl, providers.Terminal("placement.parameters.%s must be STANDARD or SPOT, got %q", key, value)
+			}
+		case paramDiskSizeGB:
+			n, err := strconv.ParseInt(value, 10, 64)
+			if err != nil || n < 10 || n > 65536 {
+				return pl, providers.Terminal("placement.parameters.%s must be a whole number of GB from 10 to 65536, got %q", key, value)
+			}
+			pl.diskSizeGB = n
+		default:
+			return pl, providers.Terminal("placement.parameters.%s is not known to gcp provider %s (known: %s, %s)", key, p.name, paramProvisioningModel, paramDiskSizeGB)
+		}
+	}
+	return pl, nil
+}
+
+// Validate checks the placement without calling the API.
+func (p *Provider) Validate(proxy *crawlv1alpha1.Proxy) error {
+	_, err := p.resolvePlacement(proxy)
+	return err
+}
+
+// Get reads the VM in the Proxy's zone, and searches every zone when it is
+// not there: a placement change leaves the old VM in its old zone until it is
+// deleted.
+func (p *Provider) Get(ctx context.Context, name string, proxy *crawlv1alpha1.Proxy) (*providers.Instance, error) {
+	if pl, err := p.resolvePlacement(proxy); err == nil {
+		ctx, cancel := context.WithTimeout(ctx, p.timeout)
+		vm, err := p.instances.Get(ctx, &computepb.GetInstanceRequest{Project: p.settings.Project, Zone: pl.zone, Instance: name})
+		cancel()
+		switch {
+		case err == nil:
+			return instanceOf(vm)
+		case !isNotFound(err):
+			return nil, classify(fmt.Errorf("getting VM %s in %s: %w", name, pl.zone, err))
+		}
+	}
+	found, err := p.aggregatedList(ctx, fmt.Sprintf("name = %q", name))
+	if err != nil {
+		return nil, err
+	}
+	if len(found) == 0 {
+		return nil, fmt.Errorf("%w: VM %s in project %s", providers.ErrNotFound, name, p.settings.Project)
+	}
+	return &found[0], nil
+}
+
+// Create inserts the VM. The requestId is derived from the Proxy's UID and
+// spec hash, so an insert retried after a lost reply is a no-op on the
+// server; an operation that already failed is reported with its error.
+func (p *Provider) Create(ctx context.Context, req providers.CreateRequest) error {
+	pl, err := p.resolvePlacement(req.Proxy)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	op, err := p.instances.Insert(ctx, &computepb.InsertInstanceRequest{
+		Project:          p.settings.Project,
+		Zone:             pl.zone,
+		RequestId:        proto.String(RequestID(string(req.Proxy.UID), req.SpecHash)),
+		InstanceResource: p.vm(req, pl),
+	})
+	if err != nil {
+		if isAlreadyExists(err) {
+			return nil // the VM exists: the next Get reads it
+		}
+		return classify(fmt.Errorf("inserting VM %s in %s: %w", req.Name, pl.zone, err))
+	}
+	if opErr := op.Proto().GetError(); opErr != nil && len(opErr.GetErrors()) > 0 {
+		return operationError(req.Name, opErr)
+	}
+	return nil
+}
+
+// Delete starts deleting the VM; a VM already gone is fine.
+func (p *Provider) Delete(ctx context.Context, inst *providers.Instance) error {
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	_, err := p.instances.Delete(ctx, &computepb.DeleteInstanceRequest{Project: p.settings.Project, Zone: inst.Location, Instance: inst.Name})
+	if err != nil && !isNotFound(err) {
+		return classify(fmt.Errorf("deleting VM %s in %s: %w", inst.Name, inst.Location, err))
+	}
+	return nil
+}
+
+// List returns every VM in the project labelled with clusterID, in any zone.
+func (p *Provider) List(ctx context.Context, clusterID string) ([]providers.Instance, error) {
+	return p.aggregatedList(ctx, fmt.Sprintf("labels.%s = %q", gceLabelKeys[crawlv1alpha1.LabelClusterID], clusterID))
+}
+
+func (p *Provider) aggregatedList(ctx context.Context, filter string) ([]providers.Instance, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	it := p.instances.AggregatedList(ctx, &computepb.AggregatedListInstancesRequest{
+		Project: p.settings.Project, Filter: proto.String(filter), ReturnPartialSuccess: proto.Bool(true),
+	})
+	var out []providers.Instance
+	for {
+		pair, err := it.Next()
+		if errors.Is(err, iterator.Done) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, classify(fmt.Errorf("listing VMs (%s): %w", filter, err))
+		}
+		for _, vm := range pair.Value.GetInstances() {
+			inst, err := instanceOf(vm)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, *inst)
+		}
+	}
+}
+
+// vm is the instance resource for req: one interface with an ephemeral
+// external IP (ONE_TO_ONE_NAT, no fixed address), cloud-init as user-data,
+// the operator's labels, and the configured network tags and service account.
+func (p *Provider) vm(req providers.CreateRequest, pl placement) *computepb.Instance {
+	s := p.settings
+	labels := toGCELabels(req.Labels)
+	labels[portLabel] = strconv.Itoa(int(req.Proxy.Spec.Port))
+	for k, v := range s.Labels {
+		labels[k] = v
+	}
+	machineType := pl.machineType
+	if !strings.Contains(machineType, "/") {
+		machineType = fmt.Sprintf("zones/%s/machineTypes/%s", pl.zone, machineType)
+	}
+	iface := &computepb.NetworkInterface{
+		AccessConfigs: []*computepb.AccessConfig{{
+			Name: proto.String("External NAT"),
+			Type: proto.String(computepb.AccessConfig_ONE_TO_ONE_NAT.String()),
+		}},
+	}
+	if s.Network != "" {
+		iface.Network = proto.String(s.Network)
+	}
+	if s.Subnetwork != "" {
+		iface.Subnetwork = proto.String(s.Subnetwork)
+	}
+	disk := &computepb.AttachedDiskInitializeParams{SourceImage: proto.String(pl.image)}
+	if pl.diskSizeGB > 0 {
+		disk.DiskSizeGb = proto.Int64(pl.diskSizeGB)
+	}
+	vm := &computepb.Instance{
+		Name:        proto.String(req.Name),
+		MachineType: proto.String(machineType),
+		Labels:      labels,
+		Disks: []*computepb.AttachedDisk{{
+			Boot: proto.Bool(true), AutoDelete: proto.Bool(true), InitializeParams: disk,
+		}},
+		NetworkInterfaces: []*computepb.NetworkInterface{iface},
+		Metadata: &computepb.Metadata{Items: []*computepb.Items{
+			{Key: proto.String("user-data"), Value: proto.String(req.CloudInit)},
+		}},
+	}
+	if len(s.NetworkTags) > 0 {
+		vm.Tags = &computepb.Tags{Items: s.NetworkTags}
+	}
+	if s.ServiceAccount != "" {
+		vm.ServiceAccounts = []*computepb.ServiceAccount{{Email: proto.String(s.ServiceAccount), Scopes: s.Scopes}}
+	}
+	if pl.spot {
+		vm.Scheduling = &computepb.Scheduling{
+			ProvisioningModel:         proto.String(computepb.Scheduling_SPOT.String()),
+			InstanceTerminationAction: proto.String(computepb.Scheduling_DELETE.String()),
+		}
+	}
+	return vm
+}
+
+// RequestID is the insert requestId for a Proxy's spec: a name-based UUID
+// (never the zero UUID), the same for every retry of the same create.
+func RequestID(uid, specHash string) string {
+	return uuid.NewSHA1(requestIDNamespace, []byte(uid+"/"+specHash)).String()
+}
+
+var requestIDNamespace = uuid.MustParse("3b0f9a2e-6c1d-4d8e-9b7a-5f2c1e0d4a61")
+
+// instanceOf maps a VM to the provider-neutral instance view.
+func instanceOf(vm *computepb.Instance) (*providers.Instance, error) {
+	inst := &providers.Instance{
+		Name:     vm.GetName(),
+		Location: lastSegment(vm.GetZone()),
+		Labels:   fromGCELabels(vm.GetLabels()),
+		Message:  vm.GetStatusMessage(),
+	}
+	if port, err := strconv.Atoi(vm.GetLabels()[portLabel]); err == nil {
+		inst.Port = int32(port)
+	}
+	if ts := vm.GetCreationTimestamp(); ts != "" {
+		created, err := time.Parse(time.RFC3339, ts)
+		if err != nil {
+			return nil, fmt.Errorf("VM %s has creationTimestamp %q: %w", vm.GetName(), ts, err)
+		}
+		inst.CreatedAt = created
+	}
+	for _, iface := range vm.GetNetworkInterfaces() {
+		for _, ac := range iface.GetAccessConfigs() {
+			if ip := ac.GetNatIP(); ip != "" && inst.IP == "" {
+				inst.IP = ip
+			}
+		}
+	}
+	switch vm.GetStatus() {
+	case "PROVISIONING", "STAGING", "REPAIRING":
+		inst.State = providers.StatePending
+	case "RUNNING":
+		inst.State = providers.StateRunning
+		if inst.IP == "" {
+			inst.State, inst.Message = providers.StatePending, "running, waiting for an external IP"
+		}
+	case "STOPPING", "SUSPENDING":
+		inst.State = providers.StateStopping
+	default: // TERMINATED, SUSPENDED, and anything new: not serving, replace it
+		inst.State = providers.StateFailed
+		inst.Message = fmt.Sprintf("VM status %s %s", vm.GetStatus(), vm.GetStatusMessage())
+	}
+	return inst, nil
+}
+
+// classify maps an API error to the provider error kinds: 404 not found; 429,
+// 5xx, timeouts and transport errors transient; other 4xx terminal, with the
+// API's message, and quota errors named as such.
+func classify(err error) error {
+	var gerr *googleapi.Error
+	switch {
+	case errors.As(err, &gerr) && gerr.Code == http.StatusNotFound:
+		return fmt.Errorf("%w: %w", providers.ErrNotFound, err)
+	case errors.As(err, &gerr) && (gerr.Code == http.StatusTooManyRequests || gerr.Code >= 500 || isRateLimit(gerr)):
+		return providers.Transient(err)
+	case errors.As(err, &gerr) && isQuota(gerr):
+		return providers.Terminal("quota exceeded: %s", gerr.Message)
+	case errors.As(err, &gerr):
+		return providers.Terminal("%s (HTTP %d)", gerr.Message, gerr.Code)
+	default:
+		return providers.Transient(err)
+	}
+}
+
+func isNotFound(err error) bool {
+	var gerr *googleapi.Error
+	return errors.As(err, &gerr) && gerr.Code == http.StatusNotFound
+}
+
+func isAlreadyExists(err error) bool {
+	var gerr *googleapi.Error
+	return errors.As(err, &gerr) && gerr.Code == http.StatusConflict
+}
+
+func isQuota(gerr *googleapi.Error) bool {
+	for _, item := range gerr.Errors {
+		if strings.Contains(strings.ToLower(item.Reason), "quota") {
+			return true
+		}
+	}
+	return strings.Contains(strings.ToLower(gerr.Message), "quota")
+}
+
+func isRateLimit(gerr *googleapi.Error) bool {
+	for _, item := range gerr.Errors {
+		if item.Reason == "rateLimitExceeded" || item.Reason == "userRateLimitExceeded" {
+			return true
+		}
+	}
+	return false
+}
+
+// operationError reports a failed insert operation; GCE returns it again for
+// every retry with the same requestId, so it is terminal until the spec
+// changes.
+func operationError(name string, opErr *computepb.Error) error {
+	var msgs []string
+	quota := false
+	for _, e := range opErr.GetErrors() {
+		msgs = append(msgs, e.GetCode()+": "+e.GetMessage())
+		quota = quota || strings.Contains(e.GetCode(), "QUOTA")
+	}
+	if quota {
+		return providers.Terminal("quota exceeded creating VM %s: %s", name, strings.Join(msgs, "; "))
+	}
+	return providers.Terminal("creating VM %s failed: %s", name, strings.Join(msgs, "; "))
+}
+
+func lastSegment(url string) string {
+	return url[strings.LastIndex(url, "/")+1:]
+}
+
+func or(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}

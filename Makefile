@@ -73,9 +73,11 @@ lint: $(GOLANGCI_LINT) ## Run go vet and golangci-lint.
 test: verify-generated envtest ## Run unit and envtest suites with -race (builds the control plane first).
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test $(GO_TEST_FLAGS) ./...
 
+BENCH_FLAGS ?= -run '^$$' -bench . -benchtime 1x -count 1
+
 .PHONY: bench
-bench: envtest ## Run the benchmarks.
-	@echo "No benchmarks yet: they arrive with the health engine and the discovery API."
+bench: envtest ## Run the benchmarks (each figure beside its baseline from the same run).
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test $(BENCH_FLAGS) ./...
 
 ##@ Build
 

@@ -6,12 +6,14 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"maps"
 	"net"
+	"net/url"
 	"os"
 	"regexp"
 	"strconv"
@@ -31,11 +33,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/controllers"
+	"github.com/example/egress-proxies-operator/health"
 	"github.com/example/egress-proxies-operator/providers"
 	"github.com/example/egress-proxies-operator/providers/gcp"
 	"github.com/example/egress-proxies-operator/providers/kubernetes"
@@ -79,6 +83,9 @@ type options struct {
 	gcGracePeriod   time.Duration
 	gcDryRun        bool
 	kubeconfig      string
+	health          health.Settings
+	healthWorkers   int
+	healthCABundle  string
 	zap             zap.Options
 }
 
@@ -110,6 +117,17 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 		"Orphan GC spares instances younger than this (a Proxy may not have recorded its new instance yet).")
 	fs.BoolVar(&o.gcDryRun, "gc-dry-run", false,
 		"Orphan GC logs what it would delete and deletes nothing.")
+	fs.StringVar(&o.health.URL, "health-probe-url", health.DefaultURL,
+		"HTTPS URL fetched through every proxy to prove it can egress; a Proxy's spec.healthCheck.url overrides it.")
+	fs.DurationVar(&o.health.Interval, "health-interval", health.DefaultInterval, "Time between probes of one proxy.")
+	fs.DurationVar(&o.health.Timeout, "health-timeout", health.DefaultTimeout, "Time one probe may take.")
+	fs.IntVar(&o.health.FailureThreshold, "health-failure-threshold", health.DefaultFailureThreshold,
+		"Consecutive failed probes that make a proxy Unhealthy.")
+	fs.IntVar(&o.health.SuccessThreshold, "health-success-threshold", health.DefaultSuccessThreshold,
+		"Consecutive successful probes that make a proxy Healthy.")
+	fs.IntVar(&o.healthWorkers, "health-workers", health.DefaultWorkers, "Probes running at once.")
+	fs.StringVar(&o.healthCABundle, "health-ca-bundle", "",
+		"PEM file of CAs trusted for probe targets, added to the system roots (for private probe targets).")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "",
 		"Path of a kubeconfig. Default: $KUBECONFIG, the in-cluster config, then ~/.kube/config.")
 	o.zap.BindFlags(fs)
@@ -138,6 +156,25 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	}
 	if o.gcGracePeriod < 0 {
 		errs = append(errs, fmt.Errorf("%w: --gc-grace-period must not be negative, got %s", errUsage, o.gcGracePeriod))
+	}
+	if u, err := url.Parse(o.health.URL); err != nil || u.Scheme != "https" || u.Host == "" {
+		errs = append(errs, fmt.Errorf("%w: --health-probe-url %q must be an absolute https URL: the probe proves a TLS tunnel", errUsage, o.health.URL))
+	}
+	for _, d := range []struct {
+		flag  string
+		value time.Duration
+	}{{"health-interval", o.health.Interval}, {"health-timeout", o.health.Timeout}} {
+		if d.value <= 0 {
+			errs = append(errs, fmt.Errorf("%w: --%s must be positive, got %s", errUsage, d.flag, d.value))
+		}
+	}
+	for _, n := range []struct {
+		flag  string
+		value int
+	}{{"health-failure-threshold", o.health.FailureThreshold}, {"health-success-threshold", o.health.SuccessThreshold}, {"health-workers", o.healthWorkers}} {
+		if n.value < 1 {
+			errs = append(errs, fmt.Errorf("%w: --%s must be at least 1, got %d", errUsage, n.flag, n.value))
+		}
 	}
 	if o.clusterID != "" && !clusterIDPattern.MatchString(o.clusterID) {
 		errs = append(errs, fmt.Errorf("%w: --cluster-id %q must be 1-63 lowercase letters, digits, '-' or '_': it is a label value on every instance, in Kubernetes and in GCE", errUsage, o.clusterID))
@@ -181,6 +218,10 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 			return fmt.Errorf("--providers-config: %w", err)
 		}
 	}
+	roots, err := probeRoots(opts.healthCABundle)
+	if err != nil {
+		return err
+	}
 	restConfig, err := loadRESTConfig(opts.kubeconfig)
 	if err != nil {
 		return err
@@ -218,6 +259,22 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 	}); err != nil {
 		return fmt.Errorf("adding orphan GC: %w", err)
 	}
+	engine := health.NewEngine(health.Options{
+		Cache:    mgr.GetCache(),
+		Client:   mgr.GetClient(),
+		Reader:   mgr.GetAPIReader(),
+		Prober:   health.NewHTTPProber(roots),
+		Defaults: opts.health,
+		Workers:  opts.healthWorkers,
+		Clock:    clock.RealClock{},
+		Jitter:   health.DefaultJitter,
+	})
+	if err := mgr.Add(engine); err != nil {
+		return fmt.Errorf("adding the health engine: %w", err)
+	}
+	if err := ctrlmetrics.Registry.Register(health.ProxiesCollector{Reader: mgr.GetClient()}); err != nil {
+		return fmt.Errorf("registering the proxies metric: %w", err)
+	}
 	log.Info("starting manager", "clusterID", clusterID, "providers", providerSet.Names())
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("running manager: %w", err)
@@ -230,6 +287,25 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 var providerRegistry = providers.Registry{
 	kubernetes.Type: kubernetes.New,
 	gcp.Type:        gcp.New,
+}
+
+// probeRoots is the system roots plus --health-ca-bundle, if given.
+func probeRoots(bundle string) (*x509.CertPool, error) {
+	if bundle == "" {
+		return nil, nil // the system roots
+	}
+	pem, err := os.ReadFile(bundle)
+	if err != nil {
+		return nil, fmt.Errorf("--health-ca-bundle: %w", err)
+	}
+	roots, err := x509.SystemCertPool()
+	if err != nil {
+		roots = x509.NewCertPool()
+	}
+	if !roots.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("--health-ca-bundle %s: no PEM certificate in it", bundle)
+	}
+	return roots, nil
 }
 
 // loadRESTConfig reads the kubeconfig named by --kubeconfig, or finds one the

@@ -56,6 +56,9 @@ func TestParseFlags(t *testing.T) {
 		{"cluster id with capitals", []string{"--cluster-id=Prod"}, "--cluster-id"},
 		{"cluster id too long", []string{"--cluster-id=" + string(bytes.Repeat([]byte("a"), 64))}, "--cluster-id"},
 		{"bad log level", []string{"--zap-log-level=loud"}, "zap-log-level"},
+		{"plain-http probe URL", []string{"--health-probe-url=http://example.com/"}, "--health-probe-url"},
+		{"zero failure threshold", []string{"--health-failure-threshold=0"}, "--health-failure-threshold"},
+		{"negative interval", []string{"--health-interval=-1s"}, "--health-interval"},
 	}
 	for _, tc := range bad {
 		t.Run(tc.name, func(t *testing.T) {
@@ -126,6 +129,7 @@ func TestBinaryExitCodes(t *testing.T) {
 		{"bad bind address", []string{"--discovery-bind-address=nope"}, 2, "--discovery-bind-address"},
 		{"unreadable providers config", []string{"--providers-config=/nonexistent/providers.yaml"}, 1, `reading providers config "/nonexistent/providers.yaml"`},
 		{"help", []string{"--help"}, 0, "-providers-config"},
+		{"unreadable CA bundle", []string{"--health-ca-bundle=/nonexistent/ca.pem"}, 1, "--health-ca-bundle"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,0 +1,176 @@
+package health
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+)
+
+const (
+	benchProxies = 10_000
+	benchWorkers = 64
+	benchListens = 8 // in-process CONNECT proxies the 10,000 Proxies share
+)
+
+// connectProxy is a minimal in-process CONNECT proxy on loopback.
+func connectProxy(b *testing.B) string {
+	b.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodConnect {
+			http.Error(w, "CONNECT only", http.StatusMethodNotAllowed)
+			return
+		}
+		dst, err := net.DialTimeout("tcp", r.Host, 5*time.Second)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			_ = dst.Close()
+			return
+		}
+		_, _ = conn.Write([]byte("HTTP/1.1 200 Connection Established\r\n\r\n"))
+		go func() { _, _ = io.Copy(dst, conn); _ = dst.Close() }()
+		_, _ = io.Copy(conn, dst)
+		_ = conn.Close()
+	})}
+	go func() { _ = srv.Serve(l) }()
+	b.Cleanup(func() { _ = srv.Close() })
+	return l.Addr().String()
+}
+
+// cpuTime is this process's user+system CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// countingProber counts probes and failures of the real prober.
+type countingProber struct {
+	Prober
+	done, failed atomic.Int64
+}
+
+func (c *countingProber) Probe(ctx context.Context, addr, target string, timeout time.Duration) Result {
+	r := c.Prober.Probe(ctx, addr, target, timeout)
+	if !r.Success {
+		c.failed.Add(1)
+	}
+	c.done.Add(1)
+	return r
+}
+
+// BenchmarkProbes10k probes 10,000 proxies once each through the engine (its
+// queue, schedule, verdict tracking and metrics, real CONNECT+TLS probes),
+// and, in the same run, the same 10,000 CONNECT+TLS requests from a bare
+// loop of goroutines with plain http.Transports: the ratio is the engine's
+// overhead over the work itself.
+func BenchmarkProbes10k(b *testing.B) {
+	target := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+	b.Cleanup(target.Close)
+	roots := x509.NewCertPool()
+	roots.AddCert(target.Certificate())
+	proxies := make([]string, benchListens)
+	for i := range proxies {
+		proxies[i] = connectProxy(b)
+	}
+
+	var engineTime, bareTime, engineCPU, bareCPU time.Duration
+	for b.Loop() {
+		// The engine: 10,000 Ready, already Healthy proxies (no status
+		// writes: the verdict does not change), each probed once.
+		prober := &countingProber{Prober: NewHTTPProber(roots)}
+		e := NewEngine(Options{Prober: prober, Workers: benchWorkers, Clock: clock.RealClock{},
+			Defaults: Settings{URL: target.URL, Interval: time.Hour, Timeout: 10 * time.Second, FailureThreshold: 3, SuccessThreshold: 1}})
+		ctx, cancel := context.WithCancel(context.Background())
+		cpu0, t0 := cpuTime(), time.Now()
+		for i := range benchProxies {
+			e.track(benchProxy(i, proxies[i%benchListens]))
+		}
+		done := make(chan struct{})
+		go func() { e.runWorkers(ctx); close(done) }()
+		for prober.done.Load() < benchProxies {
+			time.Sleep(time.Millisecond)
+		}
+		engineTime += time.Since(t0)
+		engineCPU += cpuTime() - cpu0
+		cancel()
+		<-done
+		if n := prober.failed.Load(); n > 0 {
+			b.Fatalf("%d engine probes failed", n)
+		}
+
+		// The bare loop: the same requests, no engine.
+		transports := make([]*http.Transport, benchListens)
+		for i, p := range proxies {
+			transports[i] = &http.Transport{Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: p}), DisableKeepAlives: true,
+				TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}}
+		}
+		var next, failed atomic.Int64
+		var wg sync.WaitGroup
+		cpu0, t0 = cpuTime(), time.Now()
+		for range benchWorkers {
+			wg.Go(func() {
+				for i := next.Add(1) - 1; i < benchProxies; i = next.Add(1) - 1 {
+					req, _ := http.NewRequest(http.MethodGet, target.URL, nil)
+					res, err := transports[i%benchListens].RoundTrip(req)
+					if err != nil {
+						failed.Add(1)
+						continue
+					}
+					_, _ = io.Copy(io.Discard, res.Body)
+					_ = res.Body.Close()
+				}
+			})
+		}
+		wg.Wait()
+		bareTime += time.Since(t0)
+		bareCPU += cpuTime() - cpu0
+		if n := failed.Load(); n > 0 {
+			b.Fatalf("%d bare requests failed", n)
+		}
+	}
+	probes := float64(b.N * benchProxies)
+	engineRate, bareRate := probes/engineTime.Seconds(), probes/bareTime.Seconds()
+	b.ReportMetric(engineRate, "engine_probes/s")
+	b.ReportMetric(bareRate, "bare_probes/s")
+	b.ReportMetric(bareRate/engineRate, "bare/engine_time_ratio")
+	b.ReportMetric(float64(engineCPU.Microseconds())/probes, "engine_cpu_us/probe")
+	b.ReportMetric(float64(bareCPU.Microseconds())/probes, "bare_cpu_us/probe")
+	b.ReportMetric(0, "ns/op") // the per-probe figures above are the result
+}
+
+// benchProxy is a Ready, Healthy External Proxy at addr.
+func benchProxy(i int, addr string) *crawlv1alpha1.Proxy {
+	host, port, _ := net.SplitHostPort(addr)
+	var p crawlv1alpha1.Proxy
+	p.Namespace, p.Name = "bench", fmt.Sprintf("px-%05d", i)
+	n, _ := strconv.Atoi(port)
+	p.Status = crawlv1alpha1.ProxyStatus{Phase: crawlv1alpha1.PhaseReady, IP: host, Port: int32(n)}
+	meta.SetStatusCondition(&p.Status.Conditions, metav1.Condition{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: ReasonProbeSucceeded})
+	return &p
+}

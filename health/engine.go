@@ -1,0 +1,346 @@
+package health
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+)
+
+// Settings are how a proxy is probed; the engine's defaults come from flags,
+// and a Proxy's spec.healthCheck overrides them field by field.
+type Settings struct {
+	URL              string
+	Interval         time.Duration
+	Timeout          time.Duration
+	FailureThreshold int
+	SuccessThreshold int
+}
+
+// Defaults for the engine's flags.
+const (
+	DefaultURL              = "https://www.gstatic.com/generate_204"
+	DefaultInterval         = 30 * time.Second
+	DefaultTimeout          = 10 * time.Second
+	DefaultFailureThreshold = 3
+	DefaultSuccessThreshold = 1
+	DefaultWorkers          = 32
+	// DefaultJitter spreads probes over ±10% of the interval so thousands of
+	// proxies do not probe in lockstep.
+	DefaultJitter = 0.1
+)
+
+// Options configure an Engine.
+type Options struct {
+	// Cache supplies Proxy events (the manager's cache).
+	Cache cache.Informers
+	// Client writes status; Reader reads the current Proxy before a write.
+	Client client.Client
+	Reader client.Reader
+	// Prober performs probes.
+	Prober Prober
+	// Defaults apply where a Proxy sets no override.
+	Defaults Settings
+	// Workers bounds concurrent probes.
+	Workers int
+	// Clock schedules probes and stamps lastHealthCheckTime; tests inject a
+	// fake one.
+	Clock clock.WithTicker
+	// Jitter is the fraction of the interval probes are spread over.
+	Jitter float64
+}
+
+// Engine probes every Ready proxy through the proxy itself, one schedule per
+// proxy, with a bounded pool of workers. Verdicts live in memory (readable
+// without API calls through Verdict); a Proxy's status is written only when
+// its verdict changes, so steady state costs no API writes.
+type Engine struct {
+	opts  Options
+	queue workqueue.TypedDelayingInterface[types.NamespacedName]
+
+	mu      sync.RWMutex
+	targets map[types.NamespacedName]*target
+}
+
+// target is one probed proxy.
+type target struct {
+	// identity changes when the proxy is replaced: a replacement starts from
+	// a clean slate.
+	identity string
+	address  string
+	settings Settings
+	tracker  tracker
+	// written is the verdict last recorded in status.
+	written Verdict
+}
+
+// NewEngine builds an engine; Start runs it.
+func NewEngine(opts Options) *Engine {
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	if opts.Workers <= 0 {
+		opts.Workers = DefaultWorkers
+	}
+	return &Engine{
+		opts:    opts,
+		targets: map[types.NamespacedName]*target{},
+		queue: workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[types.NamespacedName]{
+			Name: "health", Clock: opts.Clock,
+		}),
+	}
+}
+
+// NeedLeaderElection makes the engine run on the leader only: one prober
+// per proxy, one writer of its Healthy condition.
+func (e *Engine) NeedLeaderElection() bool { return true }
+
+// Start follows Proxies through the cache and probes until ctx ends.
+func (e *Engine) Start(ctx context.Context) error {
+	informer, err := e.opts.Cache.GetInformer(ctx, &crawlv1alpha1.Proxy{})
+	if err != nil {
+		return fmt.Errorf("getting the Proxy informer: %w", err)
+	}
+	reg, err := informer.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { e.track(obj) },
+		UpdateFunc: func(_, obj any) { e.track(obj) },
+		DeleteFunc: func(obj any) {
+			if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+				obj = tomb.Obj
+			}
+			if p, ok := obj.(*crawlv1alpha1.Proxy); ok {
+				e.forget(client.ObjectKeyFromObject(p))
+			}
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("watching Proxies: %w", err)
+	}
+	defer func() { _ = informer.RemoveEventHandler(reg) }()
+	e.runWorkers(ctx)
+	return nil
+}
+
+// runWorkers probes with Workers goroutines until ctx ends.
+func (e *Engine) runWorkers(ctx context.Context) {
+	var wg sync.WaitGroup
+	for range e.opts.Workers {
+		wg.Go(func() {
+			for e.work(ctx) {
+			}
+		})
+	}
+	<-ctx.Done()
+	e.queue.ShutDown()
+	wg.Wait()
+}
+
+// Verdict is the current verdict for a proxy; ok is false for proxies the
+// engine does not probe (not Ready, or unknown).
+func (e *Engine) Verdict(key types.NamespacedName) (Verdict, bool) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	t, ok := e.targets[key]
+	if !ok {
+		return Unknown, false
+	}
+	return t.tracker.verdict, true
+}
+
+// track starts, updates or stops probing a Proxy as its status says.
+func (e *Engine) track(obj any) {
+	p, ok := obj.(*crawlv1alpha1.Proxy)
+	if !ok {
+		return
+	}
+	key := client.ObjectKeyFromObject(p)
+	if !probeable(p) {
+		e.forget(key)
+		return
+	}
+	settings := e.settingsFor(p)
+	identity := identityOf(p)
+	e.mu.Lock()
+	t, exists := e.targets[key]
+	replaced := exists && t.identity != identity
+	if !exists || replaced {
+		// A new or replaced proxy starts from what its status says: Unknown
+		// after a replacement, the recorded verdict after an operator restart
+		// (so a restart causes no status writes).
+		recorded := recordedVerdict(p)
+		t = &target{identity: identity, written: recorded, tracker: tracker{verdict: recorded}}
+		e.targets[key] = t
+	}
+	t.address = net.JoinHostPort(p.Status.IP, strconv.Itoa(int(p.Status.Port)))
+	t.settings = settings
+	e.mu.Unlock()
+	if !exists || replaced {
+		lastProbe.DeleteLabelValues(key.Namespace, key.Name)
+		e.queue.AddAfter(key, e.spread(settings.Interval))
+	}
+}
+
+// forget stops probing a proxy and drops its verdict.
+func (e *Engine) forget(key types.NamespacedName) {
+	e.mu.Lock()
+	delete(e.targets, key)
+	e.mu.Unlock()
+	lastProbe.DeleteLabelValues(key.Namespace, key.Name)
+}
+
+// work probes the next due proxy; it returns false once the queue shuts down.
+func (e *Engine) work(ctx context.Context) bool {
+	key, shutdown := e.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer e.queue.Done(key)
+
+	e.mu.RLock()
+	t, ok := e.targets[key]
+	var identity, address string
+	var settings Settings
+	if ok {
+		identity, address, settings = t.identity, t.address, t.settings
+	}
+	e.mu.RUnlock()
+	if !ok {
+		return true // forgotten while it waited
+	}
+
+	start := e.opts.Clock.Now()
+	result := e.opts.Prober.Probe(ctx, address, settings.URL, settings.Timeout)
+	observeProbe(key, result, e.opts.Clock.Since(start), e.opts.Clock.Now())
+
+	e.mu.Lock()
+	t, ok = e.targets[key]
+	if !ok || t.identity != identity {
+		e.mu.Unlock()
+		return true // deleted or replaced during the probe: the result is stale
+	}
+	t.tracker.observe(result, settings.FailureThreshold, settings.SuccessThreshold)
+	verdict, decided, written := t.tracker.verdict, t.tracker.decided, t.written
+	e.mu.Unlock()
+
+	if verdict != written && verdict != Unknown {
+		if err := e.record(ctx, key, identity, verdict, decided); err != nil {
+			if !errors.Is(err, errStale) {
+				logf.FromContext(ctx).Error(err, "recording health verdict", "proxy", key, "verdict", verdict)
+			}
+		} else {
+			e.mu.Lock()
+			if t, ok := e.targets[key]; ok && t.identity == identity {
+				t.written = verdict
+			}
+			e.mu.Unlock()
+		}
+	}
+	e.queue.AddAfter(key, settings.Interval+e.spread(settings.Interval))
+	return true
+}
+
+var errStale = errors.New("the proxy changed since it was probed")
+
+// record writes a verdict: the Healthy condition with the deciding result,
+// Ready derived from it, and lastHealthCheckTime. It re-reads the Proxy and
+// gives up if it was replaced meanwhile.
+func (e *Engine) record(ctx context.Context, key types.NamespacedName, identity string, v Verdict, decided Result) error {
+	now := metav1.NewTime(e.opts.Clock.Now())
+	return retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		var p crawlv1alpha1.Proxy
+		if err := e.opts.Reader.Get(ctx, key, &p); err != nil {
+			return fmt.Errorf("reading Proxy %s: %w", key, err)
+		}
+		if !probeable(&p) || identityOf(&p) != identity {
+			return errStale
+		}
+		cond := metav1.Condition{
+			Type: crawlv1alpha1.ConditionHealthy, ObservedGeneration: p.Generation, LastTransitionTime: now,
+			Status: metav1.ConditionTrue, Reason: ReasonProbeSucceeded, Message: decided.Message,
+		}
+		if v == Unhealthy {
+			cond.Status, cond.Reason = metav1.ConditionFalse, decided.Reason
+		}
+		meta.SetStatusCondition(&p.Status.Conditions, cond)
+		p.Status.SetReadyCondition(p.Generation)
+		p.Status.LastHealthCheckTime = &now
+		if err := e.opts.Client.Status().Update(ctx, &p); err != nil {
+			return err
+		}
+		statusWrites.Inc()
+		return nil
+	})
+}
+
+// probeable: the proxy has an address and its instance is running.
+func probeable(p *crawlv1alpha1.Proxy) bool {
+	return p.DeletionTimestamp.IsZero() && p.Status.Phase == crawlv1alpha1.PhaseReady && p.Status.IP != "" && p.Status.Port != 0
+}
+
+// identityOf names the instance behind a Proxy's status: it changes exactly
+// when the proxy is replaced or moved.
+func identityOf(p *crawlv1alpha1.Proxy) string {
+	return p.Status.InstanceName + "|" + p.Status.SpecHash + "|" + p.Status.IP + "|" + strconv.Itoa(int(p.Status.Port))
+}
+
+func recordedVerdict(p *crawlv1alpha1.Proxy) Verdict {
+	switch c := meta.FindStatusCondition(p.Status.Conditions, crawlv1alpha1.ConditionHealthy); {
+	case c == nil:
+		return Unknown
+	case c.Status == metav1.ConditionTrue:
+		return Healthy
+	case c.Status == metav1.ConditionFalse:
+		return Unhealthy
+	}
+	return Unknown
+}
+
+// settingsFor applies a Proxy's overrides to the defaults.
+func (e *Engine) settingsFor(p *crawlv1alpha1.Proxy) Settings {
+	s := e.opts.Defaults
+	hc := p.Spec.HealthCheck
+	if hc == nil {
+		return s
+	}
+	if hc.URL != "" {
+		s.URL = hc.URL
+	}
+	if hc.Interval != nil {
+		s.Interval = hc.Interval.Duration
+	}
+	if hc.Timeout != nil {
+		s.Timeout = hc.Timeout.Duration
+	}
+	if hc.FailureThreshold != nil {
+		s.FailureThreshold = int(*hc.FailureThreshold)
+	}
+	if hc.SuccessThreshold != nil {
+		s.SuccessThreshold = int(*hc.SuccessThreshold)
+	}
+	return s
+}
+
+// spread is a random delay up to Jitter of interval.
+func (e *Engine) spread(interval time.Duration) time.Duration {
+	if e.opts.Jitter <= 0 {
+		return 0
+	}
+	return time.Duration(rand.Float64() * e.opts.Jitter * float64(interval))
+}

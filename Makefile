@@ -79,6 +79,13 @@ BENCH_FLAGS ?= -run '^$$' -bench . -benchtime 1x -count 1
 bench: envtest ## Run the benchmarks (each figure beside its baseline from the same run).
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test $(BENCH_FLAGS) ./...
 
+FUZZ_TIME ?= 30s
+
+.PHONY: fuzz
+fuzz: ## Run each fuzz target for FUZZ_TIME (their seed corpora run in make test).
+	go test -run '^$$' -fuzz '^FuzzDecodeLeaseRequest$$' -fuzztime $(FUZZ_TIME) ./discovery/
+	go test -run '^$$' -fuzz '^FuzzParseListQuery$$' -fuzztime $(FUZZ_TIME) ./discovery/
+
 ##@ Build
 
 .PHONY: build

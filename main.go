@@ -17,11 +17,13 @@ import (
 	"os"
 	"regexp"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -39,6 +41,7 @@ import (
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/controllers"
+	"github.com/example/egress-proxies-operator/discovery"
 	"github.com/example/egress-proxies-operator/health"
 	"github.com/example/egress-proxies-operator/providers"
 	"github.com/example/egress-proxies-operator/providers/gcp"
@@ -86,6 +89,9 @@ type options struct {
 	health          health.Settings
 	healthWorkers   int
 	healthCABundle  string
+	leaseMaxTTL     time.Duration
+	cooldown        time.Duration
+	tokenSecret     string
 	zap             zap.Options
 }
 
@@ -128,6 +134,12 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	fs.IntVar(&o.healthWorkers, "health-workers", health.DefaultWorkers, "Probes running at once.")
 	fs.StringVar(&o.healthCABundle, "health-ca-bundle", "",
 		"PEM file of CAs trusted for probe targets, added to the system roots (for private probe targets).")
+	fs.DurationVar(&o.leaseMaxTTL, "lease-max-ttl", discovery.DefaultMaxTTL,
+		"Longest lease the discovery API grants; longer requests are capped.")
+	fs.DurationVar(&o.cooldown, "rate-limit-cooldown", discovery.DefaultCooldown,
+		"How long a proxy reported rate_limited for a target is not leased for it (a longer retryAfterSeconds wins).")
+	fs.StringVar(&o.tokenSecret, "discovery-token-secret", "",
+		"namespace/name of the Secret whose key \"token\" is the discovery API's bearer token. Default: discovery-token in the operator's namespace. No Secret: unauthenticated.")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "",
 		"Path of a kubeconfig. Default: $KUBECONFIG, the in-cluster config, then ~/.kube/config.")
 	o.zap.BindFlags(fs)
@@ -175,6 +187,15 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 		if n.value < 1 {
 			errs = append(errs, fmt.Errorf("%w: --%s must be at least 1, got %d", errUsage, n.flag, n.value))
 		}
+	}
+	if o.leaseMaxTTL < time.Second || o.cooldown < 0 {
+		errs = append(errs, fmt.Errorf("%w: --lease-max-ttl must be at least 1s and --rate-limit-cooldown not negative", errUsage))
+	}
+	if o.tokenSecret == "" {
+		o.tokenSecret = operatorNamespace() + "/discovery-token"
+	}
+	if ns, name, ok := strings.Cut(o.tokenSecret, "/"); !ok || ns == "" || name == "" {
+		errs = append(errs, fmt.Errorf("%w: --discovery-token-secret %q must be namespace/name", errUsage, o.tokenSecret))
 	}
 	if o.clusterID != "" && !clusterIDPattern.MatchString(o.clusterID) {
 		errs = append(errs, fmt.Errorf("%w: --cluster-id %q must be 1-63 lowercase letters, digits, '-' or '_': it is a label value on every instance, in Kubernetes and in GCE", errUsage, o.clusterID))
@@ -275,6 +296,11 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 	if err := ctrlmetrics.Registry.Register(health.ProxiesCollector{Reader: mgr.GetClient()}); err != nil {
 		return fmt.Errorf("registering the proxies metric: %w", err)
 	}
+	if opts.discoveryAddr != "0" {
+		if err := addDiscovery(ctx, mgr, restConfig, engine, opts); err != nil {
+			return err
+		}
+	}
 	log.Info("starting manager", "clusterID", clusterID, "providers", providerSet.Names())
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("running manager: %w", err)
@@ -287,6 +313,81 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 var providerRegistry = providers.Registry{
 	kubernetes.Type: kubernetes.New,
 	gcp.Type:        gcp.New,
+}
+
+// addDiscovery adds the discovery API: a view of Proxies fed by the
+// manager's informer, the health engine's verdicts, an in-memory lease
+// store, and a bearer token followed through a cache that holds only the
+// token Secret.
+func addDiscovery(ctx context.Context, mgr manager.Manager, restConfig *rest.Config, engine *health.Engine, opts options) error {
+	view := discovery.NewView(engineHealth{engine})
+	proxyInformer, err := mgr.GetCache().GetInformer(ctx, &crawlv1alpha1.Proxy{})
+	if err != nil {
+		return fmt.Errorf("getting the Proxy informer for discovery: %w", err)
+	}
+	reg, err := proxyInformer.AddEventHandler(view.Handler())
+	if err != nil {
+		return fmt.Errorf("feeding the discovery view: %w", err)
+	}
+
+	ns, name, _ := strings.Cut(opts.tokenSecret, "/")
+	token, tokenCache, err := discovery.WatchTokenSecret(ctx, restConfig, mgr.GetScheme(), ns, name)
+	if err != nil {
+		return err
+	}
+	if err := mgr.Add(tokenCache); err != nil {
+		return fmt.Errorf("adding the discovery token cache: %w", err)
+	}
+
+	store := discovery.NewMemoryStore()
+	server := discovery.NewServer(discovery.Options{
+		Addr:            opts.discoveryAddr,
+		DefaultTTL:      discovery.DefaultTTL,
+		MaxTTL:          opts.leaseMaxTTL,
+		DefaultCooldown: opts.cooldown,
+		Store:           store,
+		View:            view,
+		Tokens:          token,
+		Ready:           reg.HasSynced,
+		WaitForTokens:   tokenCache.WaitForCacheSync,
+		Clock:           clock.RealClock{},
+	})
+	for _, c := range discovery.Collectors(store, clock.RealClock{}) {
+		if err := ctrlmetrics.Registry.Register(c); err != nil {
+			return fmt.Errorf("registering discovery metrics: %w", err)
+		}
+	}
+	if err := mgr.Add(server); err != nil {
+		return fmt.Errorf("adding the discovery API: %w", err)
+	}
+	return nil
+}
+
+// engineHealth lets discovery read the health engine's verdicts. On a
+// replica that is not the leader the engine probes nothing, so nothing is
+// known and discovery falls back to the Healthy condition in status.
+type engineHealth struct{ engine *health.Engine }
+
+func (e engineHealth) Healthy(key types.NamespacedName) (healthy, known bool) {
+	v, ok := e.engine.Verdict(key)
+	return v == health.Healthy, ok
+}
+
+func (e engineHealth) Generation() uint64 { return e.engine.Generation() }
+
+// operatorNamespace is the namespace the operator runs in: $POD_NAMESPACE,
+// the service account's namespace in-cluster, or the default deploy
+// namespace.
+func operatorNamespace() string {
+	if ns := os.Getenv("POD_NAMESPACE"); ns != "" {
+		return ns
+	}
+	if data, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace"); err == nil {
+		if ns := strings.TrimSpace(string(data)); ns != "" {
+			return ns
+		}
+	}
+	return "egress-proxies-operator-system"
 }
 
 // probeRoots is the system roots plus --health-ca-bundle, if given.

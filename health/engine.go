@@ -8,6 +8,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -77,6 +78,8 @@ type Engine struct {
 
 	mu      sync.RWMutex
 	targets map[types.NamespacedName]*target
+	// generation counts verdict changes, so discovery can cache on it.
+	generation atomic.Uint64
 }
 
 // target is one probed proxy.
@@ -164,6 +167,10 @@ func (e *Engine) Verdict(key types.NamespacedName) (Verdict, bool) {
 	return t.tracker.verdict, true
 }
 
+// Generation changes whenever any verdict changes (or a proxy starts or
+// stops being probed).
+func (e *Engine) Generation() uint64 { return e.generation.Load() }
+
 // track starts, updates or stops probing a Proxy as its status says.
 func (e *Engine) track(obj any) {
 	p, ok := obj.(*crawlv1alpha1.Proxy)
@@ -187,6 +194,7 @@ func (e *Engine) track(obj any) {
 		recorded := recordedVerdict(p)
 		t = &target{identity: identity, written: recorded, tracker: tracker{verdict: recorded}}
 		e.targets[key] = t
+		e.generation.Add(1)
 	}
 	t.address = net.JoinHostPort(p.Status.IP, strconv.Itoa(int(p.Status.Port)))
 	t.settings = settings
@@ -200,7 +208,10 @@ func (e *Engine) track(obj any) {
 // forget stops probing a proxy and drops its verdict.
 func (e *Engine) forget(key types.NamespacedName) {
 	e.mu.Lock()
-	delete(e.targets, key)
+	if _, ok := e.targets[key]; ok {
+		delete(e.targets, key)
+		e.generation.Add(1)
+	}
 	e.mu.Unlock()
 	lastProbe.DeleteLabelValues(key.Namespace, key.Name)
 }
@@ -235,7 +246,9 @@ func (e *Engine) work(ctx context.Context) bool {
 		e.mu.Unlock()
 		return true // deleted or replaced during the probe: the result is stale
 	}
-	t.tracker.observe(result, settings.FailureThreshold, settings.SuccessThreshold)
+	if t.tracker.observe(result, settings.FailureThreshold, settings.SuccessThreshold) {
+		e.generation.Add(1)
+	}
 	verdict, decided, written := t.tracker.verdict, t.tracker.decided, t.written
 	e.mu.Unlock()
 

@@ -1,0 +1,553 @@
+package discovery
+
+import (
+	"bytes"
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/julienschmidt/httprouter"
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/utils/clock"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+)
+
+// Defaults for the discovery flags.
+const (
+	DefaultTTL      = 300 * time.Second
+	DefaultMaxTTL   = time.Hour
+	DefaultCooldown = 15 * time.Minute
+	// MaxReportRetryAfter bounds a client's retryAfterSeconds.
+	MaxReportRetryAfter = 24 * time.Hour
+	// MaxBodyBytes bounds request bodies: the largest valid one is a few
+	// hundred bytes.
+	MaxBodyBytes = 16 << 10
+)
+
+// Error codes, stable for clients to switch on.
+const (
+	CodeInvalidJSON       = "invalid_json"
+	CodeInvalidRequest    = "invalid_request"
+	CodeBodyTooLarge      = "body_too_large"
+	CodeUnauthorized      = "unauthorized"
+	CodeLeaseNotFound     = "lease_not_found"
+	CodeNotFound          = "not_found"
+	CodeMethodNotAllowed  = "method_not_allowed"
+	CodeNoProxyAvailable  = "no_proxy_available"
+	CodeNotReady          = "not_ready"
+	CodeUnsupportedMedia  = "unsupported_media_type"
+	retryAfterNoProxyBase = 5 * time.Second
+)
+
+// TokenSource supplies the bearer token; ok is false when none is set, and
+// the API then serves unauthenticated.
+type TokenSource interface {
+	Token() (token string, ok bool)
+}
+
+// Options configure a Server.
+type Options struct {
+	// Addr is the listen address; "0" disables the server.
+	Addr string
+	// DefaultTTL, MaxTTL bound lease lifetimes; DefaultCooldown is the
+	// rate_limited cooldown when the client asks for less.
+	DefaultTTL, MaxTTL, DefaultCooldown time.Duration
+	// Store keeps leases; View lists proxies; Tokens authenticates.
+	Store  Store
+	View   *View
+	Tokens TokenSource
+	// Ready says whether the view is fed (the cache synced).
+	Ready func() bool
+	// WaitForTokens blocks until the token source knows whether a token
+	// exists; until then the API does not listen, so it never serves
+	// unauthenticated by mistake at startup. Nil: nothing to wait for.
+	WaitForTokens func(ctx context.Context) bool
+	// Clock stamps leases; tests inject a fake one.
+	Clock clock.WithTicker
+}
+
+// Server is the discovery HTTP API.
+type Server struct {
+	opts   Options
+	router *httprouter.Router
+	// authWasEnabled remembers the last auth state, to log its changes.
+	authWasEnabled atomic.Int32
+}
+
+// NewServer builds the API.
+func NewServer(opts Options) *Server {
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	if opts.Ready == nil {
+		opts.Ready = func() bool { return true }
+	}
+	s := &Server{opts: opts, router: httprouter.New()}
+	s.authWasEnabled.Store(-1)
+	r := s.router
+	r.GET("/healthz", s.plain("/healthz", func(w http.ResponseWriter, _ *http.Request, _ httprouter.Params) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	}))
+	r.GET("/readyz", s.plain("/readyz", s.readyz))
+	r.GET("/v1/proxies", s.authed("/v1/proxies", s.listProxies))
+	r.POST("/v1/leases", s.authed("/v1/leases", s.createLease))
+	r.GET("/v1/leases/:id", s.authed("/v1/leases/:id", s.getLease))
+	r.DELETE("/v1/leases/:id", s.authed("/v1/leases/:id", s.releaseLease))
+	r.POST("/v1/leases/:id/renew", s.authed("/v1/leases/:id/renew", s.renewLease))
+	r.POST("/v1/leases/:id/report", s.authed("/v1/leases/:id/report", s.report))
+	r.HandleMethodNotAllowed = true
+	r.MethodNotAllowed = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		// httprouter has set the Allow header.
+		s.count("method_not_allowed", writeError(w, http.StatusMethodNotAllowed, CodeMethodNotAllowed,
+			fmt.Sprintf("%s is not allowed on %s; allowed: %s", req.Method, req.URL.Path, w.Header().Get("Allow"))), 0)
+	})
+	r.NotFound = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		s.count("not_found", writeError(w, http.StatusNotFound, CodeNotFound, fmt.Sprintf("no route %s %s", req.Method, req.URL.Path)), 0)
+	})
+	r.PanicHandler = func(w http.ResponseWriter, req *http.Request, v any) {
+		logf.FromContext(req.Context()).Error(fmt.Errorf("%v", v), "discovery handler panicked", "path", req.URL.Path)
+		s.count("panic", writeError(w, http.StatusInternalServerError, "internal", "internal error"), 0)
+	}
+	return s
+}
+
+// Handler is the API's http.Handler.
+func (s *Server) Handler() http.Handler { return s.router }
+
+// NeedLeaderElection is false: every replica serves discovery.
+func (s *Server) NeedLeaderElection() bool { return false }
+
+// Start serves until ctx ends, then shuts down gracefully; it also expires
+// leases and cooldowns every second.
+func (s *Server) Start(ctx context.Context) error {
+	log := logf.FromContext(ctx).WithName("discovery")
+	if s.opts.WaitForTokens != nil && !s.opts.WaitForTokens(ctx) {
+		return fmt.Errorf("discovery API: the token Secret's cache did not sync")
+	}
+	if _, ok := s.opts.Tokens.Token(); !ok {
+		log.Info("WARNING: no discovery token Secret: the discovery API serves UNAUTHENTICATED; create the Secret to require a bearer token")
+	}
+	s.noteAuth(ctx)
+	l, err := (&net.ListenConfig{}).Listen(ctx, "tcp", s.opts.Addr)
+	if err != nil {
+		return fmt.Errorf("discovery API listening on %s: %w", s.opts.Addr, err)
+	}
+	srv := &http.Server{Handler: s.router, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	go func() {
+		ticker := s.opts.Clock.NewTicker(time.Second)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-ticker.C():
+				s.opts.Store.Expire(s.opts.Clock.Now())
+			}
+		}
+	}()
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(l) }()
+	log.Info("discovery API serving", "addr", l.Addr().String())
+	select {
+	case err := <-errc:
+		return fmt.Errorf("discovery API: %w", err)
+	case <-ctx.Done():
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		return fmt.Errorf("shutting down the discovery API: %w", err)
+	}
+	return nil
+}
+
+// --- handlers ---
+
+func (s *Server) readyz(w http.ResponseWriter, _ *http.Request, _ httprouter.Params) {
+	if !s.opts.Ready() {
+		writeError(w, http.StatusServiceUnavailable, CodeNotReady, "the proxy cache has not synced yet")
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *Server) listProxies(w http.ResponseWriter, r *http.Request, _ httprouter.Params) int {
+	sel, healthy, err := parseListQuery(r.URL.RawQuery)
+	if err != nil {
+		return writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
+	}
+	snap := s.opts.Store.Snapshot(s.opts.Clock.Now())
+	return writeJSON(w, http.StatusOK, map[string]any{"proxies": s.opts.View.list(sel, healthy, snap.Leases)})
+}
+
+// leaseRequest is the body of POST /v1/leases.
+type leaseRequest struct {
+	Selector   Selector `json:"selector"`
+	TTLSeconds *int64   `json:"ttlSeconds"`
+	Target     string   `json:"target"`
+}
+
+// leaseResponse is a lease as the API shows it.
+type leaseResponse struct {
+	LeaseID   string    `json:"leaseID"`
+	Proxy     ProxyInfo `json:"proxy"`
+	Target    string    `json:"target,omitempty"`
+	ExpiresAt time.Time `json:"expiresAt"`
+}
+
+func (s *Server) createLease(w http.ResponseWriter, r *http.Request, _ httprouter.Params) int {
+	var req leaseRequest
+	if status, code, err := decode(w, r, &req); err != nil {
+		return writeError(w, status, code, err.Error())
+	}
+	ttl, err := s.ttl(req.TTLSeconds)
+	if err == nil {
+		err = validateSelector("selector", req.Selector)
+	}
+	if err == nil {
+		err = validateTarget(req.Target, false)
+	}
+	if err != nil {
+		return writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
+	}
+	now := s.opts.Clock.Now()
+	candidates := s.opts.View.candidates(req.Selector)
+	lease, err := s.opts.Store.Acquire(candidates, req.Target, ttl, now)
+	if errors.Is(err, ErrNoProxyAvailable) {
+		retry := retryAfterNoProxyBase
+		if end := s.opts.Store.NextCooldownEnd(candidates, req.Target, now); !end.IsZero() && len(candidates) > 0 {
+			retry = end.Sub(now)
+		}
+		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(retry.Seconds()))))
+		msg := fmt.Sprintf("no healthy proxy matches selector %v", map[string]string(req.Selector))
+		if len(candidates) > 0 {
+			msg = fmt.Sprintf("all %d healthy proxies matching selector %v are cooling down for target %q", len(candidates), map[string]string(req.Selector), req.Target)
+		}
+		return writeError(w, http.StatusServiceUnavailable, CodeNoProxyAvailable, msg)
+	}
+	if err != nil {
+		return writeError(w, http.StatusInternalServerError, "internal", err.Error())
+	}
+	return writeJSON(w, http.StatusCreated, s.leaseView(lease))
+}
+
+func (s *Server) getLease(w http.ResponseWriter, _ *http.Request, ps httprouter.Params) int {
+	now := s.opts.Clock.Now()
+	lease, err := s.opts.Store.Get(ps.ByName("id"), now)
+	if err != nil {
+		return leaseNotFound(w, ps.ByName("id"))
+	}
+	return writeJSON(w, http.StatusOK, s.leaseView(lease))
+}
+
+func (s *Server) releaseLease(w http.ResponseWriter, _ *http.Request, ps httprouter.Params) int {
+	s.opts.Store.Release(ps.ByName("id"))
+	w.WriteHeader(http.StatusNoContent)
+	return http.StatusNoContent
+}
+
+// renewRequest is the (optional) body of POST /v1/leases/{id}/renew.
+type renewRequest struct {
+	TTLSeconds *int64 `json:"ttlSeconds"`
+}
+
+func (s *Server) renewLease(w http.ResponseWriter, r *http.Request, ps httprouter.Params) int {
+	var req renewRequest
+	if r.ContentLength != 0 {
+		if status, code, err := decode(w, r, &req); err != nil {
+			return writeError(w, status, code, err.Error())
+		}
+	}
+	ttl, err := s.ttl(req.TTLSeconds)
+	if err != nil {
+		return writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
+	}
+	now := s.opts.Clock.Now()
+	lease, err := s.opts.Store.Renew(ps.ByName("id"), ttl, now)
+	if err != nil {
+		return leaseNotFound(w, ps.ByName("id"))
+	}
+	return writeJSON(w, http.StatusOK, s.leaseView(lease))
+}
+
+// reportRequest is the body of POST /v1/leases/{id}/report.
+type reportRequest struct {
+	Result            string `json:"result"`
+	Target            string `json:"target"`
+	RetryAfterSeconds int64  `json:"retryAfterSeconds"`
+}
+
+func (s *Server) report(w http.ResponseWriter, r *http.Request, ps httprouter.Params) int {
+	var req reportRequest
+	if status, code, err := decode(w, r, &req); err != nil {
+		return writeError(w, status, code, err.Error())
+	}
+	var err error
+	switch req.Result {
+	case ResultOK, ResultError:
+		err = validateTarget(req.Target, false)
+	case ResultRateLimited:
+		err = validateTarget(req.Target, true)
+	default:
+		err = fmt.Errorf("result must be one of %s, %s, %s; got %q", ResultOK, ResultError, ResultRateLimited, req.Result)
+	}
+	if err == nil && (req.RetryAfterSeconds < 0 || time.Duration(req.RetryAfterSeconds)*time.Second > MaxReportRetryAfter) {
+		err = fmt.Errorf("retryAfterSeconds must be between 0 and %d, got %d", int64(MaxReportRetryAfter/time.Second), req.RetryAfterSeconds)
+	}
+	if err != nil {
+		return writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
+	}
+	cooldown := max(s.opts.DefaultCooldown, time.Duration(req.RetryAfterSeconds)*time.Second)
+	if err := s.opts.Store.Report(ps.ByName("id"), req.Result, req.Target, cooldown, s.opts.Clock.Now()); err != nil {
+		return leaseNotFound(w, ps.ByName("id"))
+	}
+	reportsTotal.WithLabelValues(req.Result).Inc()
+	w.WriteHeader(http.StatusNoContent)
+	return http.StatusNoContent
+}
+
+// leaseView shows a lease with its proxy as it is now; a proxy deleted since
+// shows its id only, and healthy false.
+func (s *Server) leaseView(l Lease) leaseResponse {
+	info, ok := s.opts.View.lookup(l.ProxyID, s.opts.Store.Leases(l.ProxyID))
+	if !ok {
+		info = ProxyInfo{ID: l.ProxyID, Attributes: map[string]string{}}
+	}
+	return leaseResponse{LeaseID: l.ID, Proxy: info, Target: l.Target, ExpiresAt: l.ExpiresAt.UTC()}
+}
+
+func (s *Server) ttl(seconds *int64) (time.Duration, error) {
+	if seconds == nil {
+		return min(s.opts.DefaultTTL, s.opts.MaxTTL), nil
+	}
+	if *seconds < 1 {
+		return 0, fmt.Errorf("ttlSeconds must be at least 1, got %d", *seconds)
+	}
+	// Capped rather than refused: the response's expiresAt tells the truth.
+	if *seconds > int64(s.opts.MaxTTL/time.Second) {
+		return s.opts.MaxTTL, nil
+	}
+	return time.Duration(*seconds) * time.Second, nil
+}
+
+// --- middleware ---
+
+type handle func(w http.ResponseWriter, r *http.Request, ps httprouter.Params) int
+
+// authed wraps a handler with bearer-token auth and metrics.
+func (s *Server) authed(route string, h handle) httprouter.Handle {
+	return func(w http.ResponseWriter, r *http.Request, ps httprouter.Params) {
+		start := s.opts.Clock.Now()
+		if token, ok := s.opts.Tokens.Token(); ok {
+			s.noteAuth(r.Context())
+			got, found := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			if !found || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="egress-proxies-operator"`)
+				s.count(route, writeError(w, http.StatusUnauthorized, CodeUnauthorized, "a valid bearer token is required (Authorization: Bearer <token>)"), s.opts.Clock.Since(start))
+				return
+			}
+		} else {
+			s.noteAuth(r.Context())
+		}
+		s.count(route, h(w, r, ps), s.opts.Clock.Since(start))
+	}
+}
+
+// plain wraps an unauthenticated handler with metrics.
+func (s *Server) plain(route string, h httprouter.Handle) httprouter.Handle {
+	return func(w http.ResponseWriter, r *http.Request, ps httprouter.Params) {
+		start := s.opts.Clock.Now()
+		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+		h(rec, r, ps)
+		s.count(route, rec.status, s.opts.Clock.Since(start))
+	}
+}
+
+// noteAuth keeps the auth_enabled metric current and logs a change.
+func (s *Server) noteAuth(ctx context.Context) {
+	_, enabled := s.opts.Tokens.Token()
+	state := int32(0)
+	if enabled {
+		state = 1
+	}
+	if old := s.authWasEnabled.Swap(state); old != state {
+		authEnabled.Set(float64(state))
+		if old != -1 {
+			logf.FromContext(ctx).WithName("discovery").Info("discovery API authentication changed", "enabled", enabled)
+		}
+	}
+}
+
+func (s *Server) count(route string, status int, took time.Duration) {
+	requestsTotal.WithLabelValues(route, strconv.Itoa(status)).Inc()
+	requestDuration.WithLabelValues(route).Observe(took.Seconds())
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	r.status = code
+	r.ResponseWriter.WriteHeader(code)
+}
+
+// --- decoding and encoding ---
+
+// decode reads a size-limited JSON body strictly: unknown fields and
+// trailing data are errors naming what was wrong.
+func decode(w http.ResponseWriter, r *http.Request, into any) (int, string, error) {
+	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
+		return http.StatusUnsupportedMediaType, CodeUnsupportedMedia, fmt.Errorf("Content-Type must be application/json, got %q", ct) //nolint:staticcheck // names the header
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
+		return http.StatusRequestEntityTooLarge, CodeBodyTooLarge, fmt.Errorf("request body is larger than %d bytes", MaxBodyBytes)
+	}
+	if err != nil {
+		return http.StatusBadRequest, CodeInvalidJSON, fmt.Errorf("reading the request body: %w", err)
+	}
+	return decodeJSON(body, into)
+}
+
+// decodeJSON is decode without the transport: the part the fuzz test drives.
+func decodeJSON(body []byte, into any) (int, string, error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(into); err != nil {
+		var syntax *json.SyntaxError
+		var typeErr *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &typeErr):
+			return http.StatusBadRequest, CodeInvalidRequest, fmt.Errorf("field %s must be a %s, got %s", typeErr.Field, typeErr.Type, typeErr.Value)
+		case strings.HasPrefix(err.Error(), "json: unknown field "):
+			return http.StatusBadRequest, CodeInvalidRequest, fmt.Errorf("unknown field %s", strings.TrimPrefix(err.Error(), "json: unknown field "))
+		case errors.As(err, &syntax), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+			return http.StatusBadRequest, CodeInvalidJSON, fmt.Errorf("request body is not valid JSON: %w", err)
+		default:
+			return http.StatusBadRequest, CodeInvalidJSON, fmt.Errorf("request body: %w", err)
+		}
+	}
+	if dec.More() {
+		return http.StatusBadRequest, CodeInvalidJSON, errors.New("request body has data after the JSON object")
+	}
+	return 0, "", nil
+}
+
+// parseListQuery reads GET /v1/proxies' query: healthy=true|false, and every
+// other parameter an attribute to match.
+func parseListQuery(rawQuery string) (Selector, *bool, error) {
+	values, err := url.ParseQuery(rawQuery)
+	if err != nil {
+		return nil, nil, fmt.Errorf("query string: %w", err)
+	}
+	sel := Selector{}
+	var healthy *bool
+	for k, vs := range values {
+		if len(vs) != 1 {
+			return nil, nil, fmt.Errorf("query parameter %q is given %d times; give it once", k, len(vs))
+		}
+		if k == "healthy" {
+			b, err := strconv.ParseBool(vs[0])
+			if err != nil {
+				return nil, nil, fmt.Errorf("query parameter healthy must be true or false, got %q", vs[0])
+			}
+			healthy = &b
+			continue
+		}
+		sel[k] = vs[0]
+	}
+	if err := validateSelector("query parameter", sel); err != nil {
+		return nil, nil, err
+	}
+	return sel, healthy, nil
+}
+
+// validateTarget checks a request's target site: a host name, at most 253
+// characters.
+func validateTarget(target string, required bool) error {
+	switch {
+	case target == "" && required:
+		return fmt.Errorf("target is required when result is %s", ResultRateLimited)
+	case len(target) > 253:
+		return errors.New("target is longer than 253 characters")
+	case strings.ContainsAny(target, " /\t\n\r"):
+		return fmt.Errorf("target must be a host name such as example.com, got %q", target)
+	}
+	return nil
+}
+
+type errorBody struct {
+	Error struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+func writeError(w http.ResponseWriter, status int, code, message string) int {
+	var body errorBody
+	body.Error.Code, body.Error.Message = code, message
+	return writeJSON(w, status, body)
+}
+
+func leaseNotFound(w http.ResponseWriter, id string) int {
+	return writeError(w, http.StatusNotFound, CodeLeaseNotFound, fmt.Sprintf("lease %q does not exist: it was released, expired, or lost when the operator restarted", id))
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) int {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+	return status
+}
+
+// --- metrics ---
+
+var (
+	requestsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "proxy_operator_discovery_requests_total",
+		Help: "Discovery API requests by route and HTTP status code.",
+	}, []string{"route", "code"})
+	requestDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "proxy_operator_discovery_request_duration_seconds",
+		Help:    "Discovery API request latency by route.",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+	}, []string{"route"})
+	reportsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "proxy_operator_discovery_reports_total",
+		Help: "Lease reports by result (ok, error, rate_limited).",
+	}, []string{"result"})
+	authEnabled = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "proxy_operator_discovery_auth_enabled",
+		Help: "1 when the discovery API requires a bearer token, 0 when it serves unauthenticated.",
+	})
+)
+
+// Collectors are the discovery metrics, for registration; leases and
+// cooldowns are counted from store at scrape time.
+func Collectors(store Store, clk clock.PassiveClock) []prometheus.Collector {
+	return []prometheus.Collector{
+		requestsTotal, requestDuration, reportsTotal, authEnabled,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "proxy_operator_discovery_leases_active",
+			Help: "Leases not yet released or expired.",
+		}, func() float64 { return float64(store.Snapshot(clk.Now()).ActiveLeases) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "proxy_operator_discovery_cooldowns_active",
+			Help: "(proxy, target) pairs cooling down after a rate_limited report.",
+		}, func() float64 { return float64(store.Snapshot(clk.Now()).ActiveCooldowns) }),
+	}
+}

@@ -1,0 +1,383 @@
+package discovery
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+)
+
+// fixture is a server over a view, store and fake clock.
+type fixture struct {
+	t     *testing.T
+	srv   *Server
+	view  *View
+	store *MemoryStore
+	clock *clocktesting.FakeClock
+	token *tokenVar
+}
+
+type tokenVar struct{ value string }
+
+func (v *tokenVar) Token() (string, bool) { return v.value, v.value != "" }
+
+func newFixture(t *testing.T) *fixture {
+	f := &fixture{t: t, view: NewView(nil), store: NewMemoryStore(), clock: clocktesting.NewFakeClock(time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)), token: &tokenVar{}}
+	f.srv = NewServer(Options{
+		DefaultTTL: DefaultTTL, MaxTTL: DefaultMaxTTL, DefaultCooldown: DefaultCooldown,
+		Store: f.store, View: f.view, Tokens: f.token, Clock: f.clock,
+	})
+	return f
+}
+
+// proxy adds a Proxy to the view, Ready and with the given health.
+func (f *fixture) proxy(name, ip string, healthy bool, attrs map[string]string) *crawlv1alpha1.Proxy {
+	p := &crawlv1alpha1.Proxy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "crawl", Name: name},
+		Spec: crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeManaged, Provider: "kind-local", Port: 3128, Attributes: attrs,
+			Placement: &crawlv1alpha1.Placement{Zone: "local-a"}},
+		Status: crawlv1alpha1.ProxyStatus{Phase: crawlv1alpha1.PhaseReady, IP: ip, Port: 3128},
+	}
+	status := metav1.ConditionFalse
+	if healthy {
+		status = metav1.ConditionTrue
+	}
+	meta.SetStatusCondition(&p.Status.Conditions, metav1.Condition{Type: crawlv1alpha1.ConditionHealthy, Status: status, Reason: "x"})
+	f.view.upsert(p)
+	return p
+}
+
+type response struct {
+	status int
+	header http.Header
+	body   map[string]any
+	raw    string
+}
+
+func (f *fixture) do(method, path, body string, headers ...string) response {
+	f.t.Helper()
+	req := httptest.NewRequest(method, path, strings.NewReader(body))
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	rec := httptest.NewRecorder()
+	f.srv.Handler().ServeHTTP(rec, req)
+	raw, _ := io.ReadAll(rec.Body)
+	r := response{status: rec.Code, header: rec.Header(), raw: string(raw)}
+	if len(raw) > 0 {
+		require.NoError(f.t, json.Unmarshal(raw, &r.body), "every body is JSON: %s", raw)
+	}
+	return r
+}
+
+func errorCode(r response) string {
+	e, _ := r.body["error"].(map[string]any)
+	code, _ := e["code"].(string)
+	return code
+}
+
+func errorMessage(r response) string {
+	e, _ := r.body["error"].(map[string]any)
+	msg, _ := e["message"].(string)
+	return msg
+}
+
+func proxyID(r response) string {
+	p, _ := r.body["proxy"].(map[string]any)
+	id, _ := p["id"].(string)
+	return id
+}
+
+func TestListProxies(t *testing.T) {
+	f := newFixture(t)
+	f.proxy("eu-1", "127.0.0.11", true, map[string]string{"geo": "eu"})
+	f.proxy("eu-2", "127.0.0.12", false, map[string]string{"geo": "eu"})
+	f.proxy("us-1", "127.0.0.13", true, map[string]string{"geo": "us"})
+
+	r := f.do("GET", "/v1/proxies?healthy=true&geo=eu", "")
+	require.Equal(t, http.StatusOK, r.status)
+	list := r.body["proxies"].([]any)
+	require.Len(t, list, 1)
+	p := list[0].(map[string]any)
+	assert.Equal(t, "crawl/eu-1", p["id"])
+	assert.Equal(t, "http://127.0.0.11:3128", p["url"])
+	assert.Equal(t, true, p["healthy"])
+	assert.EqualValues(t, 0, p["activeLeases"])
+	attrs := p["attributes"].(map[string]any)
+	assert.Equal(t, "kind-local", attrs["provider"], "derived: provider")
+	assert.Equal(t, "Managed", attrs["mode"], "derived: mode")
+	assert.Equal(t, "local-a", attrs["zone"], "derived: zone")
+
+	r = f.do("GET", "/v1/proxies?provider=kind-local&healthy=false", "")
+	assert.Len(t, r.body["proxies"].([]any), 1, "unhealthy ones on request")
+	r = f.do("GET", "/v1/proxies", "")
+	assert.Len(t, r.body["proxies"].([]any), 3)
+
+	_ = f.do("POST", "/v1/leases", `{"selector":{"geo":"us"}}`)
+	r = f.do("GET", "/v1/proxies?geo=us", "")
+	assert.EqualValues(t, 1, r.body["proxies"].([]any)[0].(map[string]any)["activeLeases"])
+
+	for query, want := range map[string]string{
+		"healthy=maybe": "healthy must be true or false",
+		"geo=eu&geo=us": `"geo" is given 2 times`,
+		"-bad-key=x":    `key "-bad-key"`,
+		"geo=%zz":       "query string",
+	} {
+		r := f.do("GET", "/v1/proxies?"+query, "")
+		assert.Equal(t, http.StatusBadRequest, r.status, query)
+		assert.Equal(t, CodeInvalidRequest, errorCode(r), query)
+		assert.Contains(t, errorMessage(r), want, query)
+	}
+}
+
+func TestLeaseLifecycle(t *testing.T) {
+	f := newFixture(t)
+	f.proxy("eu-1", "127.0.0.11", true, map[string]string{"geo": "eu"})
+	f.proxy("eu-2", "127.0.0.12", true, map[string]string{"geo": "eu"})
+
+	first := f.do("POST", "/v1/leases", `{"selector":{"geo":"eu"}}`)
+	require.Equal(t, http.StatusCreated, first.status, first.raw)
+	id := first.body["leaseID"].(string)
+	assert.NotEmpty(t, id)
+	assert.Equal(t, f.clock.Now().Add(DefaultTTL).Format(time.RFC3339), first.body["expiresAt"], "TTL defaults to 300s")
+
+	second := f.do("POST", "/v1/leases", `{"selector":{"geo":"eu"},"ttlSeconds":60}`)
+	require.Equal(t, http.StatusCreated, second.status)
+	assert.NotEqual(t, proxyID(first), proxyID(second), "the least-loaded proxy is leased")
+	assert.Equal(t, f.clock.Now().Add(time.Minute).Format(time.RFC3339), second.body["expiresAt"])
+
+	capped := f.do("POST", "/v1/leases", `{"ttlSeconds":999999}`)
+	require.Equal(t, http.StatusCreated, capped.status)
+	assert.Equal(t, f.clock.Now().Add(DefaultMaxTTL).Format(time.RFC3339), capped.body["expiresAt"], "TTL is capped")
+
+	got := f.do("GET", "/v1/leases/"+id, "")
+	assert.Equal(t, http.StatusOK, got.status)
+	assert.Equal(t, proxyID(first), proxyID(got))
+
+	f.clock.Step(200 * time.Second)
+	renewed := f.do("POST", "/v1/leases/"+id+"/renew", `{"ttlSeconds":600}`)
+	require.Equal(t, http.StatusOK, renewed.status, renewed.raw)
+	assert.Equal(t, f.clock.Now().Add(10*time.Minute).Format(time.RFC3339), renewed.body["expiresAt"])
+	emptyRenew := f.do("POST", "/v1/leases/"+id+"/renew", "")
+	assert.Equal(t, http.StatusOK, emptyRenew.status, "the renew body is optional")
+
+	f.clock.Step(301 * time.Second)
+	assert.Equal(t, http.StatusNotFound, f.do("POST", "/v1/leases/"+id+"/renew", "").status, "a lease cannot be renewed once expired")
+	assert.Equal(t, http.StatusNotFound, f.do("GET", "/v1/leases/"+id, "").status)
+	assert.Equal(t, CodeLeaseNotFound, errorCode(f.do("GET", "/v1/leases/"+id, "")))
+
+	other := second.body["leaseID"].(string)
+	for range 2 {
+		r := f.do("DELETE", "/v1/leases/"+other, "")
+		assert.Equal(t, http.StatusNoContent, r.status, "release is idempotent")
+		assert.Empty(t, r.raw)
+	}
+	assert.Equal(t, http.StatusNoContent, f.do("DELETE", "/v1/leases/never-existed", "").status)
+}
+
+func TestRateLimitCooldown(t *testing.T) {
+	f := newFixture(t)
+	f.proxy("eu-1", "127.0.0.11", true, nil)
+	f.proxy("eu-2", "127.0.0.12", true, nil)
+
+	lease := f.do("POST", "/v1/leases", `{"target":"example.com"}`)
+	require.Equal(t, http.StatusCreated, lease.status)
+	limited := proxyID(lease)
+	id := lease.body["leaseID"].(string)
+	r := f.do("POST", "/v1/leases/"+id+"/report", `{"result":"rate_limited","target":"example.com"}`)
+	require.Equal(t, http.StatusNoContent, r.status, r.raw)
+	f.do("DELETE", "/v1/leases/"+id, "")
+
+	// For example.com, only the other proxy; then none, with Retry-After.
+	for range 3 {
+		l := f.do("POST", "/v1/leases", `{"target":"example.com"}`)
+		require.Equal(t, http.StatusCreated, l.status)
+		assert.NotEqual(t, limited, proxyID(l), "a proxy cooling down for a target is not leased for it")
+	}
+	// Another target may get it.
+	seen := map[string]bool{}
+	for range 4 {
+		seen[proxyID(f.do("POST", "/v1/leases", `{"target":"example.org"}`))] = true
+	}
+	assert.True(t, seen[limited], "the cooldown is per target")
+
+	// With the other proxy gone unhealthy, example.com has nothing left.
+	f.proxy("eu-2", "127.0.0.12", false, nil)
+	none := f.do("POST", "/v1/leases", `{"target":"example.com"}`)
+	assert.Equal(t, http.StatusServiceUnavailable, none.status)
+	assert.Equal(t, CodeNoProxyAvailable, errorCode(none))
+	assert.Equal(t, "900", none.header.Get("Retry-After"), "Retry-After: when the cooldown ends")
+
+	f.clock.Step(DefaultCooldown)
+	assert.Equal(t, http.StatusCreated, f.do("POST", "/v1/leases", `{"target":"example.com"}`).status, "the cooldown ends")
+
+	// A longer retryAfterSeconds wins over the default.
+	id = f.do("POST", "/v1/leases", `{}`).body["leaseID"].(string)
+	require.Equal(t, http.StatusNoContent, f.do("POST", "/v1/leases/"+id+"/report", `{"result":"rate_limited","target":"slow.example","retryAfterSeconds":3600}`).status)
+	f.clock.Step(20 * time.Minute)
+	r = f.do("POST", "/v1/leases", `{"target":"slow.example"}`)
+	assert.Equal(t, http.StatusServiceUnavailable, r.status, "still cooling after 20m: the client asked for an hour")
+	assert.Equal(t, "2400", r.header.Get("Retry-After"))
+
+	// ok and error reports are counted, and change nothing.
+	before := testutil.ToFloat64(reportsTotal.WithLabelValues(ResultOK))
+	id = f.do("POST", "/v1/leases", `{}`).body["leaseID"].(string)
+	assert.Equal(t, http.StatusNoContent, f.do("POST", "/v1/leases/"+id+"/report", `{"result":"ok","target":"example.net"}`).status)
+	assert.Equal(t, before+1, testutil.ToFloat64(reportsTotal.WithLabelValues(ResultOK)))
+}
+
+func TestUnhealthyAndDeletedProxies(t *testing.T) {
+	f := newFixture(t)
+	p := f.proxy("eu-1", "127.0.0.11", true, nil)
+	lease := f.do("POST", "/v1/leases", `{}`)
+	require.Equal(t, http.StatusCreated, lease.status)
+	id := lease.body["leaseID"].(string)
+
+	f.proxy("eu-1", "127.0.0.11", false, nil)
+	assert.Equal(t, http.StatusServiceUnavailable, f.do("POST", "/v1/leases", `{}`).status, "an unhealthy proxy is never leased")
+	got := f.do("GET", "/v1/leases/"+id, "")
+	require.Equal(t, http.StatusOK, got.status)
+	assert.Equal(t, false, got.body["proxy"].(map[string]any)["healthy"], "its leases stay readable, healthy:false")
+
+	f.view.remove(p.Namespace + "/" + p.Name)
+	got = f.do("GET", "/v1/leases/"+id, "")
+	require.Equal(t, http.StatusOK, got.status)
+	assert.Equal(t, "crawl/eu-1", proxyID(got))
+	assert.Equal(t, false, got.body["proxy"].(map[string]any)["healthy"])
+	assert.Equal(t, http.StatusServiceUnavailable, f.do("POST", "/v1/leases", `{}`).status, "a deleted proxy is never leased")
+}
+
+func TestRequestErrors(t *testing.T) {
+	f := newFixture(t)
+	f.proxy("eu-1", "127.0.0.11", true, nil)
+	id := f.do("POST", "/v1/leases", `{}`).body["leaseID"].(string)
+	cases := []struct {
+		name, method, path, body string
+		headers                  []string
+		status                   int
+		code, message            string
+	}{
+		{"malformed JSON", "POST", "/v1/leases", `{"selector":`, nil, 400, CodeInvalidJSON, "not valid JSON"},
+		{"trailing data", "POST", "/v1/leases", `{} {}`, nil, 400, CodeInvalidJSON, "data after the JSON object"},
+		{"unknown field", "POST", "/v1/leases", `{"ttl":30}`, nil, 400, CodeInvalidRequest, `unknown field "ttl"`},
+		{"wrong type", "POST", "/v1/leases", `{"ttlSeconds":"5m"}`, nil, 400, CodeInvalidRequest, "field ttlSeconds must be a int64"},
+		{"zero TTL", "POST", "/v1/leases", `{"ttlSeconds":0}`, nil, 400, CodeInvalidRequest, "ttlSeconds must be at least 1"},
+		{"bad selector key", "POST", "/v1/leases", `{"selector":{"a b":"x"}}`, nil, 400, CodeInvalidRequest, `selector key "a b"`},
+		{"bad target", "POST", "/v1/leases", `{"target":"http://example.com/"}`, nil, 400, CodeInvalidRequest, "target must be a host name"},
+		{"body too large", "POST", "/v1/leases", `{"target":"` + strings.Repeat("a", MaxBodyBytes) + `"}`, nil, 413, CodeBodyTooLarge, "larger than"},
+		{"not JSON", "POST", "/v1/leases", `x`, []string{"Content-Type", "text/plain"}, 415, CodeUnsupportedMedia, "Content-Type must be application/json"},
+		{"report: unknown result", "POST", "/v1/leases/" + id + "/report", `{"result":"banned"}`, nil, 400, CodeInvalidRequest, "result must be one of"},
+		{"report: rate_limited without target", "POST", "/v1/leases/" + id + "/report", `{"result":"rate_limited"}`, nil, 400, CodeInvalidRequest, "target is required"},
+		{"report: negative retryAfter", "POST", "/v1/leases/" + id + "/report", `{"result":"rate_limited","target":"a.com","retryAfterSeconds":-1}`, nil, 400, CodeInvalidRequest, "retryAfterSeconds must be between 0 and 86400"},
+		{"report: unknown lease", "POST", "/v1/leases/nope/report", `{"result":"ok"}`, nil, 404, CodeLeaseNotFound, `lease "nope" does not exist`},
+		{"renew: unknown lease", "POST", "/v1/leases/nope/renew", ``, nil, 404, CodeLeaseNotFound, "does not exist"},
+		{"unknown route", "GET", "/v2/proxies", ``, nil, 404, CodeNotFound, "no route"},
+		{"wrong method", "PUT", "/v1/leases", `{}`, nil, 405, CodeMethodNotAllowed, "PUT is not allowed"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := f.do(tc.method, tc.path, tc.body, tc.headers...)
+			assert.Equal(t, tc.status, r.status, r.raw)
+			assert.Equal(t, tc.code, errorCode(r))
+			assert.Contains(t, errorMessage(r), tc.message)
+		})
+	}
+	r := f.do("PUT", "/v1/leases", `{}`)
+	assert.Contains(t, r.header.Get("Allow"), "POST", "405 says what is allowed")
+}
+
+func TestAuth(t *testing.T) {
+	f := newFixture(t)
+	f.proxy("eu-1", "127.0.0.11", true, nil)
+	f.token.value = "s3cret"
+
+	r := f.do("GET", "/v1/proxies", "")
+	assert.Equal(t, http.StatusUnauthorized, r.status)
+	assert.Equal(t, CodeUnauthorized, errorCode(r))
+	assert.Equal(t, `Bearer realm="egress-proxies-operator"`, r.header.Get("WWW-Authenticate"))
+	assert.Equal(t, http.StatusUnauthorized, f.do("GET", "/v1/proxies", "", "Authorization", "Bearer wrong").status)
+	assert.Equal(t, http.StatusUnauthorized, f.do("GET", "/v1/proxies", "", "Authorization", "s3cret").status, "the Bearer scheme is required")
+	assert.Equal(t, http.StatusUnauthorized, f.do("DELETE", "/v1/leases/x", "").status, "every API route is protected")
+	assert.Equal(t, http.StatusOK, f.do("GET", "/v1/proxies", "", "Authorization", "Bearer s3cret").status)
+	assert.Equal(t, http.StatusOK, f.do("GET", "/healthz", "").status, "probes need no token")
+	assert.Equal(t, http.StatusOK, f.do("GET", "/readyz", "").status)
+	assert.Equal(t, 1.0, testutil.ToFloat64(authEnabled))
+
+	f.token.value = "rotated" // the Secret changed
+	assert.Equal(t, http.StatusUnauthorized, f.do("GET", "/v1/proxies", "", "Authorization", "Bearer s3cret").status)
+	assert.Equal(t, http.StatusOK, f.do("GET", "/v1/proxies", "", "Authorization", "Bearer rotated").status)
+
+	f.token.value = "" // the Secret is gone: unauthenticated, loudly
+	assert.Equal(t, http.StatusOK, f.do("GET", "/v1/proxies", "").status)
+	assert.Equal(t, 0.0, testutil.ToFloat64(authEnabled))
+}
+
+func TestReadyz(t *testing.T) {
+	synced := false
+	srv := NewServer(Options{Store: NewMemoryStore(), View: NewView(nil), Tokens: StaticToken(""), Ready: func() bool { return synced },
+		DefaultTTL: DefaultTTL, MaxTTL: DefaultMaxTTL, DefaultCooldown: DefaultCooldown})
+	rec := httptest.NewRecorder()
+	srv.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+	assert.Equal(t, http.StatusServiceUnavailable, rec.Code)
+	synced = true
+	rec = httptest.NewRecorder()
+	srv.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+	assert.Equal(t, http.StatusOK, rec.Code)
+}
+
+func TestMetricsLint(t *testing.T) {
+	f := newFixture(t)
+	f.proxy("eu-1", "127.0.0.11", true, nil)
+	f.do("POST", "/v1/leases", `{}`)
+	for _, c := range Collectors(f.store, f.clock) {
+		problems, err := testutil.CollectAndLint(c)
+		require.NoError(t, err)
+		assert.Empty(t, problems)
+	}
+	assert.Positive(t, testutil.ToFloat64(requestsTotal.WithLabelValues("/v1/leases", "201")), "requests are counted by route pattern, not raw path")
+}
+
+// flippableHealth is a HealthSource whose verdicts a test flips.
+type flippableHealth struct {
+	healthy map[string]bool
+	gen     uint64
+}
+
+func (h *flippableHealth) Healthy(key types.NamespacedName) (bool, bool) {
+	v, ok := h.healthy[key.String()]
+	return v, ok
+}
+func (h *flippableHealth) Generation() uint64 { return h.gen }
+
+// TestCandidateCacheFollowsVerdicts: the per-selector candidate cache must
+// never hand out a proxy the health engine just judged unhealthy, even
+// before its status write arrives through the informer.
+func TestCandidateCacheFollowsVerdicts(t *testing.T) {
+	f := newFixture(t)
+	h := &flippableHealth{healthy: map[string]bool{"crawl/eu-1": true}}
+	f.view = NewView(h)
+	f.srv.opts.View = f.view
+	f.proxy("eu-1", "127.0.0.11", true, nil)
+
+	assert.Equal(t, http.StatusCreated, f.do("POST", "/v1/leases", `{}`).status)
+	h.healthy["crawl/eu-1"], h.gen = false, h.gen+1 // the engine's verdict flips; status not yet written
+	assert.Equal(t, http.StatusServiceUnavailable, f.do("POST", "/v1/leases", `{}`).status, "a stale cache handed out an unhealthy proxy")
+	h.healthy["crawl/eu-1"], h.gen = true, h.gen+1
+	assert.Equal(t, http.StatusCreated, f.do("POST", "/v1/leases", `{}`).status)
+}

@@ -1,0 +1,298 @@
+package discovery
+
+import (
+	"fmt"
+	"net"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+)
+
+// HealthSource says whether a proxy passes its probes. The health engine
+// answers on the leader; elsewhere known is false and the view falls back to
+// the Healthy condition in the cached status.
+type HealthSource interface {
+	Healthy(key types.NamespacedName) (healthy, known bool)
+	// Generation changes whenever any verdict changes, so the view knows
+	// when its cached candidate lists are stale.
+	Generation() uint64
+}
+
+// entry is what discovery knows of one Proxy: enough to list and lease it
+// without touching the Proxy object again.
+type entry struct {
+	key        types.NamespacedName
+	id         string
+	ip         string
+	port       int32
+	attributes map[string]string // spec.attributes plus the derived ones
+	// serving: Ready phase with an address. statusHealthy: the Healthy
+	// condition is True.
+	serving, statusHealthy bool
+}
+
+// View is discovery's in-memory index of Proxies, fed by the manager's
+// informer: requests read it under a read lock and never reach the API
+// server or deep-copy cached objects.
+type View struct {
+	health HealthSource
+
+	mu         sync.RWMutex
+	entries    map[string]*entry
+	ids        []string // sorted, for stable listings
+	generation uint64   // bumped by every change to entries
+
+	// cache holds the candidates per selector: matching 10,000 proxies'
+	// attributes on every lease would dominate the cost of a lease.
+	cacheMu sync.Mutex
+	cache   map[string]cachedCandidates
+}
+
+type cachedCandidates struct {
+	viewGen, healthGen uint64
+	ids                []string
+}
+
+// NewView returns an empty view; feed it with Handler.
+func NewView(health HealthSource) *View {
+	return &View{health: health, entries: map[string]*entry{}, cache: map[string]cachedCandidates{}}
+}
+
+// Handler is the informer event handler that keeps the view current.
+func (v *View) Handler() toolscache.ResourceEventHandler {
+	return toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { v.upsert(obj) },
+		UpdateFunc: func(_, obj any) { v.upsert(obj) },
+		DeleteFunc: func(obj any) {
+			if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+				obj = tomb.Obj
+			}
+			if p, ok := obj.(*crawlv1alpha1.Proxy); ok {
+				v.remove(p.Namespace + "/" + p.Name)
+			}
+		},
+	}
+}
+
+func (v *View) upsert(obj any) {
+	p, ok := obj.(*crawlv1alpha1.Proxy)
+	if !ok {
+		return
+	}
+	e := entryOf(p)
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if _, exists := v.entries[e.id]; !exists {
+		i, _ := slices.BinarySearch(v.ids, e.id)
+		v.ids = slices.Insert(v.ids, i, e.id)
+	}
+	v.entries[e.id] = e
+	v.generation++
+}
+
+func (v *View) remove(id string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if _, exists := v.entries[id]; !exists {
+		return
+	}
+	delete(v.entries, id)
+	if i, found := slices.BinarySearch(v.ids, id); found {
+		v.ids = slices.Delete(v.ids, i, i+1)
+	}
+	v.generation++
+}
+
+// Derived attribute keys, reserved in spec.attributes by the CRD.
+const (
+	attrProvider = "provider"
+	attrMode     = "mode"
+	attrZone     = "zone"
+	attrRegion   = "region"
+)
+
+func entryOf(p *crawlv1alpha1.Proxy) *entry {
+	attrs := make(map[string]string, len(p.Spec.Attributes)+4)
+	for k, val := range p.Spec.Attributes {
+		attrs[k] = val
+	}
+	attrs[attrMode] = string(p.Spec.Mode)
+	if p.Spec.Provider != "" {
+		attrs[attrProvider] = p.Spec.Provider
+	}
+	if pl := p.Spec.Placement; pl != nil {
+		if pl.Zone != "" {
+			attrs[attrZone] = pl.Zone
+		}
+		if pl.Region != "" {
+			attrs[attrRegion] = pl.Region
+		}
+	}
+	return &entry{
+		key:        types.NamespacedName{Namespace: p.Namespace, Name: p.Name},
+		id:         p.Namespace + "/" + p.Name,
+		ip:         p.Status.IP,
+		port:       p.Status.Port,
+		attributes: attrs,
+		serving: p.DeletionTimestamp.IsZero() && p.Status.Phase == crawlv1alpha1.PhaseReady &&
+			p.Status.IP != "" && p.Status.Port != 0,
+		statusHealthy: meta.IsStatusConditionPresentAndEqual(p.Status.Conditions, crawlv1alpha1.ConditionHealthy, metav1.ConditionTrue),
+	}
+}
+
+// healthy: serving, and passing its probes.
+func (v *View) healthy(e *entry) bool {
+	if !e.serving {
+		return false
+	}
+	if v.health != nil {
+		if healthy, known := v.health.Healthy(e.key); known {
+			return healthy
+		}
+	}
+	return e.statusHealthy
+}
+
+// ProxyInfo is a proxy as the API shows it.
+type ProxyInfo struct {
+	ID           string            `json:"id"`
+	IP           string            `json:"ip"`
+	Port         int32             `json:"port"`
+	URL          string            `json:"url"`
+	Attributes   map[string]string `json:"attributes"`
+	Healthy      bool              `json:"healthy"`
+	ActiveLeases int               `json:"activeLeases"`
+}
+
+func (v *View) info(e *entry, leases int) ProxyInfo {
+	info := ProxyInfo{ID: e.id, IP: e.ip, Port: e.port, Attributes: e.attributes, Healthy: v.healthy(e), ActiveLeases: leases}
+	if e.ip != "" && e.port != 0 {
+		info.URL = "http://" + net.JoinHostPort(e.ip, strconv.Itoa(int(e.port)))
+	}
+	return info
+}
+
+// list returns the proxies matching sel (and, when healthyOnly, healthy),
+// sorted by id.
+func (v *View) list(sel Selector, healthyOnly *bool, leases map[string]int) []ProxyInfo {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	out := []ProxyInfo{}
+	for _, id := range v.ids {
+		e := v.entries[id]
+		if !sel.Matches(e.attributes) {
+			continue
+		}
+		info := v.info(e, leases[id])
+		if healthyOnly != nil && info.Healthy != *healthyOnly {
+			continue
+		}
+		out = append(out, info)
+	}
+	return out
+}
+
+// candidates returns the ids of the healthy proxies matching sel. The list
+// is cached per selector until the view or any health verdict changes;
+// callers must not modify it.
+func (v *View) candidates(sel Selector) []string {
+	var healthGen uint64
+	if v.health != nil {
+		healthGen = v.health.Generation()
+	}
+	key := sel.key()
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	v.cacheMu.Lock()
+	c, ok := v.cache[key]
+	v.cacheMu.Unlock()
+	if ok && c.viewGen == v.generation && c.healthGen == healthGen {
+		return c.ids
+	}
+	var out []string
+	for _, id := range v.ids {
+		e := v.entries[id]
+		if sel.Matches(e.attributes) && v.healthy(e) {
+			out = append(out, id)
+		}
+	}
+	v.cacheMu.Lock()
+	if len(v.cache) >= maxCachedSelectors {
+		clear(v.cache) // selectors are few in practice; bound them anyway
+	}
+	v.cache[key] = cachedCandidates{viewGen: v.generation, healthGen: healthGen, ids: out}
+	v.cacheMu.Unlock()
+	return out
+}
+
+// maxCachedSelectors bounds the candidate cache.
+const maxCachedSelectors = 1024
+
+// lookup returns a proxy by id; ok is false once it is deleted.
+func (v *View) lookup(id string, leases int) (ProxyInfo, bool) {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	e, ok := v.entries[id]
+	if !ok {
+		return ProxyInfo{}, false
+	}
+	return v.info(e, leases), true
+}
+
+// Selector is a set of attribute equalities, all of which must hold.
+type Selector map[string]string
+
+// key is a canonical form of the selector, for the candidate cache.
+func (s Selector) key() string {
+	keys := make([]string, 0, len(s))
+	for k := range s {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var b strings.Builder
+	for _, k := range keys {
+		b.WriteString(k)
+		b.WriteByte(0)
+		b.WriteString(s[k])
+		b.WriteByte(0)
+	}
+	return b.String()
+}
+
+// Matches says whether attrs satisfy every pair of the selector.
+func (s Selector) Matches(attrs map[string]string) bool {
+	for k, want := range s {
+		if attrs[k] != want {
+			return false
+		}
+	}
+	return true
+}
+
+// selectorKey is the CRD's rule for attribute keys.
+var selectorKey = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$`)
+
+// validateSelector names the first bad key or value.
+func validateSelector(field string, s Selector) error {
+	if len(s) > 32 {
+		return fmt.Errorf("%s has %d keys; at most 32", field, len(s))
+	}
+	for k, val := range s {
+		if len(k) > 63 || !selectorKey.MatchString(k) {
+			return fmt.Errorf("%s key %q must be 1-63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit", field, k)
+		}
+		if len(val) > 253 {
+			return fmt.Errorf("%s value for %q is longer than 253 characters", field, k)
+		}
+	}
+	return nil
+}

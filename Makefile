@@ -86,6 +86,19 @@ fuzz: ## Run each fuzz target for FUZZ_TIME (their seed corpora run in make test
 	go test -run '^$$' -fuzz '^FuzzDecodeLeaseRequest$$' -fuzztime $(FUZZ_TIME) ./discovery/
 	go test -run '^$$' -fuzz '^FuzzParseListQuery$$' -fuzztime $(FUZZ_TIME) ./discovery/
 
+.PHONY: demo
+demo: envtest squid ## Run the operator locally with real Squid proxies; stays up until Ctrl-C.
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go run ./hack/demo
+
+.PHONY: squid
+squid: ## Install Debian's squid if it is missing (needs root), or say how.
+	@if command -v squid >/dev/null 2>&1 || [ -x /usr/sbin/squid ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq squid; \
+	else \
+		echo "squid is missing: run  sudo apt-get install -y squid" >&2; exit 1; \
+	fi
+
 ##@ Build
 
 .PHONY: build

@@ -46,7 +46,6 @@ const (
 	CodeMethodNotAllowed  = "method_not_allowed"
 	CodeNoProxyAvailable  = "no_proxy_available"
 	CodeNotReady          = "not_ready"
-	CodeUnsupportedMedia  = "unsupported_media_type"
 	retryAfterNoProxyBase = 5 * time.Second
 )
 
@@ -407,11 +406,10 @@ func (r *statusRecorder) WriteHeader(code int) {
 // --- decoding and encoding ---
 
 // decode reads a size-limited JSON body strictly: unknown fields and
-// trailing data are errors naming what was wrong.
+// trailing data are errors naming what was wrong. The Content-Type header is
+// not checked: `curl -d` sends application/x-www-form-urlencoded, and the
+// body itself must be JSON whatever the header says.
 func decode(w http.ResponseWriter, r *http.Request, into any) (int, string, error) {
-	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
-		return http.StatusUnsupportedMediaType, CodeUnsupportedMedia, fmt.Errorf("Content-Type must be application/json, got %q", ct) //nolint:staticcheck // names the header
-	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
 	var tooLarge *http.MaxBytesError
 	if errors.As(err, &tooLarge) {

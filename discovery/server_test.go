@@ -189,6 +189,9 @@ func TestLeaseLifecycle(t *testing.T) {
 		assert.Empty(t, r.raw)
 	}
 	assert.Equal(t, http.StatusNoContent, f.do("DELETE", "/v1/leases/never-existed", "").status)
+
+	curlDefault := f.do("POST", "/v1/leases", `{}`, "Content-Type", "application/x-www-form-urlencoded")
+	assert.Equal(t, http.StatusCreated, curlDefault.status, "plain curl -d works: the body is what must be JSON")
 }
 
 func TestRateLimitCooldown(t *testing.T) {
@@ -281,7 +284,7 @@ func TestRequestErrors(t *testing.T) {
 		{"bad selector key", "POST", "/v1/leases", `{"selector":{"a b":"x"}}`, nil, 400, CodeInvalidRequest, `selector key "a b"`},
 		{"bad target", "POST", "/v1/leases", `{"target":"http://example.com/"}`, nil, 400, CodeInvalidRequest, "target must be a host name"},
 		{"body too large", "POST", "/v1/leases", `{"target":"` + strings.Repeat("a", MaxBodyBytes) + `"}`, nil, 413, CodeBodyTooLarge, "larger than"},
-		{"not JSON", "POST", "/v1/leases", `x`, []string{"Content-Type", "text/plain"}, 415, CodeUnsupportedMedia, "Content-Type must be application/json"},
+		{"not JSON, whatever the header", "POST", "/v1/leases", `x`, []string{"Content-Type", "text/plain"}, 400, CodeInvalidJSON, "not valid JSON"},
 		{"report: unknown result", "POST", "/v1/leases/" + id + "/report", `{"result":"banned"}`, nil, 400, CodeInvalidRequest, "result must be one of"},
 		{"report: rate_limited without target", "POST", "/v1/leases/" + id + "/report", `{"result":"rate_limited"}`, nil, 400, CodeInvalidRequest, "target is required"},
 		{"report: negative retryAfter", "POST", "/v1/leases/" + id + "/report", `{"result":"rate_limited","target":"a.com","retryAfterSeconds":-1}`, nil, 400, CodeInvalidRequest, "retryAfterSeconds must be between 0 and 86400"},

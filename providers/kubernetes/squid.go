@@ -19,8 +19,11 @@ cache deny all
 cache_store_log none
 pinger_enable off
 coredump_dir {{.SpoolDir}}
-access_log stdio:/dev/stdout
-cache_log stdio:/dev/stderr
+# Logs go to the log emptyDir: reopening /dev/stdout as the squid user is
+# not reliable across runtimes. squid -d 1 mirrors important messages to
+# stderr, so kubectl logs still shows them.
+access_log daemon:{{.LogDir}}/access.log
+cache_log {{.LogDir}}/cache.log
 logfile_rotate 0
 shutdown_lifetime 3 seconds
 via off
@@ -51,6 +54,7 @@ type squidParams struct {
 	AllowedSources     string
 	DeniedDestinations string
 	RunDir, SpoolDir   string
+	LogDir             string
 }
 
 // renderSquidConfig renders the squid.conf for one proxy.
@@ -63,6 +67,7 @@ func renderSquidConfig(owner string, port int32, s resolved) (string, error) {
 		DeniedDestinations: strings.Join(s.DeniedDestinationRanges, " "),
 		RunDir:             runDir,
 		SpoolDir:           spoolDir,
+		LogDir:             logDir,
 	})
 	if err != nil {
 		return "", fmt.Errorf("rendering squid.conf: %w", err)

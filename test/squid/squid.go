@@ -93,6 +93,9 @@ func StartProcess(cfg Config, dir string) (*Squid, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("creating squid's directory: %w", err)
+	}
 	// Started as root, squid drops to the proxy user: its directory must be
 	// that user's.
 	if os.Geteuid() == 0 {
@@ -190,6 +193,15 @@ func (s *Squid) log() string {
 		lines = lines[len(lines)-10:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// ChownForSquid gives dir to the user squid runs as when started as root
+// (the proxy user); otherwise it does nothing.
+func ChownForSquid(dir string) error {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	return chownToProxyUser(dir)
 }
 
 func chownToProxyUser(dir string) error {

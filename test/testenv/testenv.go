@@ -150,21 +150,30 @@ func (e *Env) Namespace(t testing.TB) string {
 }
 
 // Kubeconfig writes a kubeconfig for an administrator of this control plane
-// and returns its path, for processes (the operator binary, kubectl) that
-// read one.
+// into the test's temporary directory and returns its path, for processes
+// (the operator binary, kubectl) that read one.
 func (e *Env) Kubeconfig(t testing.TB) string {
 	t.Helper()
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := e.WriteKubeconfig(path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// WriteKubeconfig writes a kubeconfig for an administrator of this control
+// plane to path.
+func (e *Env) WriteKubeconfig(path string) error {
 	user, err := e.env.ControlPlane.AddUser(envtest.User{Name: "admin", Groups: []string{"system:masters"}}, nil)
 	if err != nil {
-		t.Fatalf("adding an admin user: %v", err)
+		return fmt.Errorf("adding an admin user: %w", err)
 	}
 	data, err := user.KubeConfig()
 	if err != nil {
-		t.Fatalf("rendering a kubeconfig: %v", err)
+		return fmt.Errorf("rendering a kubeconfig: %w", err)
 	}
-	path := filepath.Join(t.TempDir(), "kubeconfig")
 	if err := os.WriteFile(path, data, 0o600); err != nil {
-		t.Fatalf("writing the kubeconfig: %v", err)
+		return fmt.Errorf("writing the kubeconfig: %w", err)
 	}
-	return path
+	return nil
 }

@@ -1,0 +1,213 @@
+// Package cluster runs the whole operator on one machine without Docker or
+// kind: a real API server and etcd (built by `make envtest`) with the Proxy
+// CRD, a pod runner that plays the kubelet for the kubernetes provider's
+// Squid pods by running real Squid processes on loopback addresses, a local
+// HTTPS probe target, and the operator binary as a process of its own. The
+// e2e tests and `make demo` share it. Everything it starts ends when Stop is
+// called. It is test support only; production code must never import it.
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/example/egress-proxies-operator/test/testenv"
+)
+
+// OperatorNamespace is where the operator "runs": its token Secret lives
+// here.
+const OperatorNamespace = "egress-proxies-operator-system"
+
+// ProviderName is the kubernetes provider instance the harness configures.
+const ProviderName = "kind-local"
+
+// Cluster is a running local cluster.
+type Cluster struct {
+	Env *testenv.Env
+	// Dir holds the kubeconfig, the providers config, the probe target's CA
+	// and every process's files.
+	Dir            string
+	Kubeconfig     string
+	ProvidersFile  string
+	Target         *Target
+	Runner         *PodRunner
+	cancelRunner   context.CancelFunc
+	runnerFinished chan struct{}
+}
+
+// Start starts a cluster with its files under dir.
+func Start(dir string) (*Cluster, error) {
+	c := &Cluster{Dir: dir}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	var err error
+	if c.Target, err = StartTarget(dir); err != nil {
+		return nil, err
+	}
+	if c.Env, err = testenv.New(); err != nil {
+		c.Target.Close()
+		return nil, err
+	}
+	ctx := context.Background()
+	if err := c.Env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: OperatorNamespace}}); err != nil {
+		c.Stop()
+		return nil, fmt.Errorf("creating the operator namespace: %w", err)
+	}
+	c.Kubeconfig = filepath.Join(dir, "kubeconfig")
+	if err := c.Env.WriteKubeconfig(c.Kubeconfig); err != nil {
+		c.Stop()
+		return nil, err
+	}
+	// Proxies on loopback serve clients on loopback, and the probe target
+	// is on loopback too: widen the provider's defaults accordingly.
+	c.ProvidersFile = filepath.Join(dir, "providers.yaml")
+	if err := os.WriteFile(c.ProvidersFile, []byte(`providers:
+- name: `+ProviderName+`
+  type: kubernetes
+  settings:
+    allowedSourceRanges: [127.0.0.0/8]
+    deniedDestinationRanges: []
+`), 0o644); err != nil {
+		c.Stop()
+		return nil, err
+	}
+	c.Runner = NewPodRunner(c.Env.Client, filepath.Join(dir, "pods"))
+	runCtx, cancel := context.WithCancel(ctx)
+	c.cancelRunner, c.runnerFinished = cancel, make(chan struct{})
+	go func() { defer close(c.runnerFinished); c.Runner.Run(runCtx) }()
+	return c, nil
+}
+
+// Stop stops everything the cluster started.
+func (c *Cluster) Stop() {
+	if c.cancelRunner != nil {
+		c.cancelRunner()
+		<-c.runnerFinished
+	}
+	if c.Runner != nil {
+		c.Runner.StopAll()
+	}
+	if c.Env != nil {
+		_ = c.Env.Stop()
+	}
+	if c.Target != nil {
+		c.Target.Close()
+	}
+}
+
+// OperatorOptions are the addresses an operator process listens on.
+type OperatorOptions struct {
+	DiscoveryAddr, ProbeAddr string
+	// ExtraArgs are appended to the command line.
+	ExtraArgs []string
+}
+
+// Operator is the operator binary running against the cluster.
+type Operator struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+	// Log is the path of its combined output.
+	Log string
+}
+
+// BuildOperator builds the operator binary into dir and returns its path.
+func BuildOperator(dir string) (string, error) {
+	bin := filepath.Join(dir, "egress-proxies-operator")
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	cmd.Dir = testenv.RepoRoot()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building the operator: %w\n%s", err, out)
+	}
+	return bin, nil
+}
+
+// StartOperator runs the operator binary bin against the cluster and waits
+// until its health probe endpoint answers.
+func (c *Cluster) StartOperator(bin string, opts OperatorOptions) (*Operator, error) {
+	args := []string{
+		"--kubeconfig=" + c.Kubeconfig,
+		"--providers-config=" + c.ProvidersFile,
+		"--cluster-id=local",
+		"--metrics-bind-address=0",
+		"--health-probe-bind-address=" + opts.ProbeAddr,
+		"--discovery-bind-address=" + opts.DiscoveryAddr,
+		"--discovery-token-secret=" + OperatorNamespace + "/discovery-token",
+		"--health-probe-url=" + c.Target.URL,
+		"--health-ca-bundle=" + c.Target.CAFile,
+		"--health-interval=1s",
+		"--health-timeout=2s",
+	}
+	args = append(args, opts.ExtraArgs...)
+	logPath := filepath.Join(c.Dir, "operator-"+strconv.FormatInt(time.Now().UnixNano(), 36)+".log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		_ = logFile.Close()
+		return nil, fmt.Errorf("starting the operator: %w", err)
+	}
+	op := &Operator{cmd: cmd, done: make(chan struct{}), Log: logPath}
+	go func() { op.err = cmd.Wait(); _ = logFile.Close(); close(op.done) }()
+
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-op.done:
+			out, _ := os.ReadFile(logPath)
+			return nil, fmt.Errorf("the operator exited at startup: %w\n%s", op.err, out)
+		default:
+		}
+		// Ready when the manager is, and the discovery API listens with its
+		// view synced (it waits for the token Secret's cache first).
+		managerReady, err1 := httpGet("http://" + opts.ProbeAddr + "/readyz")
+		discoveryReady, err2 := httpGet("http://" + opts.DiscoveryAddr + "/readyz")
+		if err1 == nil && err2 == nil && managerReady == 200 && discoveryReady == 200 {
+			return op, nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	op.Kill()
+	return nil, errors.New("the operator did not become ready within 60s; log: " + logPath)
+}
+
+// Kill stops the operator at once, as a crash would, and waits for it.
+func (o *Operator) Kill() {
+	select {
+	case <-o.done:
+		return
+	default:
+	}
+	_ = syscall.Kill(-o.cmd.Process.Pid, syscall.SIGKILL)
+	<-o.done
+}
+
+// Stop asks the operator to shut down and waits for it.
+func (o *Operator) Stop() {
+	select {
+	case <-o.done:
+		return
+	default:
+	}
+	_ = o.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-o.done:
+	case <-time.After(15 * time.Second):
+		o.Kill()
+	}
+}

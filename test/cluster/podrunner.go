@@ -1,0 +1,178 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/test/squid"
+)
+
+// PodRunner plays the kubelet for the kubernetes provider's proxy pods: for
+// each new pod it starts a real Squid with the squid.conf from the pod's
+// ConfigMap, bound to a loopback address of the pod's own and the pod's
+// port, then marks the pod Running and Ready with that address as its IP.
+// When the pod goes away, so does its Squid.
+type PodRunner struct {
+	client client.Client
+	dir    string
+
+	mu      sync.Mutex
+	running map[types.UID]*runningPod
+	nextIP  int
+}
+
+type runningPod struct {
+	key   types.NamespacedName
+	ip    string
+	squid *squid.Squid
+}
+
+// NewPodRunner returns a runner keeping its Squids' files under dir.
+func NewPodRunner(c client.Client, dir string) *PodRunner {
+	return &PodRunner{client: c, dir: dir, running: map[types.UID]*runningPod{}}
+}
+
+// Run reconciles pods against Squids every 100ms until ctx ends.
+func (r *PodRunner) Run(ctx context.Context) {
+	for ctx.Err() == nil {
+		if err := r.sync(ctx); err != nil && ctx.Err() == nil {
+			fmt.Fprintf(os.Stderr, "pod runner: %v\n", err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// Running reports whether a Squid runs for the pod with uid.
+func (r *PodRunner) Running(uid types.UID) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p, ok := r.running[uid]
+	return ok && p.squid.Running()
+}
+
+// StopAll stops every Squid.
+func (r *PodRunner) StopAll() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for uid, p := range r.running {
+		p.squid.Stop()
+		delete(r.running, uid)
+	}
+}
+
+// KillSquid kills the Squid of a pod, as a crash would, leaving the pod as
+// it is.
+func (r *PodRunner) KillSquid(uid types.UID) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p, ok := r.running[uid]
+	if ok {
+		p.squid.Stop()
+	}
+	return ok
+}
+
+func (r *PodRunner) sync(ctx context.Context) error {
+	var pods corev1.PodList
+	if err := r.client.List(ctx, &pods, client.HasLabels{crawlv1alpha1.LabelClusterID}); err != nil {
+		return fmt.Errorf("listing proxy pods: %w", err)
+	}
+	alive := map[types.UID]bool{}
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		if pod.DeletionTimestamp != nil {
+			continue
+		}
+		alive[pod.UID] = true
+		r.mu.Lock()
+		_, started := r.running[pod.UID]
+		r.mu.Unlock()
+		if started {
+			continue
+		}
+		if err := r.start(ctx, pod); err != nil {
+			fmt.Fprintf(os.Stderr, "pod runner: pod %s/%s: %v\n", pod.Namespace, pod.Name, err)
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for uid, p := range r.running {
+		if !alive[uid] {
+			p.squid.Stop()
+			delete(r.running, uid)
+		}
+	}
+	return nil
+}
+
+var httpPortLine = regexp.MustCompile(`(?m)^http_port\s+(\d+)\s*$`)
+
+func (r *PodRunner) start(ctx context.Context, pod *corev1.Pod) error {
+	var cm corev1.ConfigMap
+	if err := r.client.Get(ctx, client.ObjectKeyFromObject(pod), &cm); err != nil {
+		return fmt.Errorf("reading its ConfigMap: %w", err)
+	}
+	conf := cm.Data["squid.conf"]
+	m := httpPortLine.FindStringSubmatch(conf)
+	if m == nil {
+		return fmt.Errorf("its squid.conf has no http_port line")
+	}
+	r.mu.Lock()
+	r.nextIP++
+	n := r.nextIP
+	r.mu.Unlock()
+	ip := fmt.Sprintf("127.1.%d.%d", n/250, 1+n%250)
+	// The pod's own address: what a pod IP is on a node.
+	conf = httpPortLine.ReplaceAllString(conf, "http_port "+ip+":"+m[1])
+	port, _ := strconv.Atoi(m[1]) // digits, by the regexp
+	dir := filepath.Join(r.dir, string(pod.UID))
+	// The pod's emptyDir mounts, emulated as directories of its own.
+	for _, mount := range pod.Spec.Containers[0].VolumeMounts {
+		if mount.ReadOnly {
+			continue
+		}
+		local := filepath.Join(dir, mount.Name)
+		if err := os.MkdirAll(local, 0o755); err != nil {
+			return err
+		}
+		if err := squid.ChownForSquid(local); err != nil {
+			return err
+		}
+		conf = strings.ReplaceAll(conf, mount.MountPath+"/", local+"/")
+	}
+	sq, err := squid.StartProcess(squid.Config{Address: ip, Port: port, ConfigText: conf}, dir)
+	if err != nil {
+		return err
+	}
+	pod.Status = corev1.PodStatus{
+		Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}},
+		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}},
+	}
+	if err := r.client.Status().Update(ctx, pod); err != nil {
+		sq.Stop()
+		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+			return nil // gone or changed: the next sync sees it again
+		}
+		return fmt.Errorf("marking it running: %w", err)
+	}
+	r.mu.Lock()
+	r.running[pod.UID] = &runningPod{key: client.ObjectKeyFromObject(pod), ip: ip, squid: sq}
+	r.mu.Unlock()
+	return nil
+}

@@ -1,0 +1,372 @@
+// Package e2e runs the operator binary as a process of its own against the
+// local cluster harness (a real API server, real Squid proxies, a local HTTPS
+// probe target) and drives it the way a user and a crawler would: kubectl-
+// style object changes and HTTP calls to the discovery API.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/test/cluster"
+	"github.com/example/egress-proxies-operator/test/squid"
+)
+
+const (
+	waitFor = 60 * time.Second
+	poll    = 100 * time.Millisecond
+)
+
+// world is what every e2e test shares.
+var world struct {
+	cluster   *cluster.Cluster
+	bin       string
+	operator  *cluster.Operator
+	opts      cluster.OperatorOptions
+	discovery string
+	token     string
+}
+
+func TestMain(m *testing.M) {
+	os.Exit(runMain(m))
+}
+
+func runMain(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	if _, err := squid.Binary(); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	if world.bin, err = cluster.BuildOperator(dir); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	if world.cluster, err = cluster.Start(dir); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	defer world.cluster.Stop()
+	world.token = "e2e-token"
+	if err := world.cluster.Env.Client.Create(context.Background(), tokenSecret(world.token)); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: creating the token Secret:", err)
+		return 1
+	}
+	world.opts = cluster.OperatorOptions{DiscoveryAddr: freeAddr(), ProbeAddr: freeAddr()}
+	world.discovery = "http://" + world.opts.DiscoveryAddr
+	if world.operator, err = world.cluster.StartOperator(world.bin, world.opts); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	code := m.Run()
+	world.operator.Stop()
+	if code != 0 {
+		if out, err := os.ReadFile(world.operator.Log); err == nil {
+			tail := out[max(0, len(out)-6000):]
+			fmt.Fprintf(os.Stderr, "--- operator log (tail) ---\n%s\n", tail)
+		}
+	}
+	return code
+}
+
+func tokenSecret(token string) *corev1.Secret {
+	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: cluster.OperatorNamespace, Name: "discovery-token"},
+		Data: map[string][]byte{"token": []byte(token)}}
+}
+
+func freeAddr() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// --- the API as a crawler sees it ---
+
+type apiResponse struct {
+	status int
+	body   map[string]any
+	header http.Header
+}
+
+func call(t *testing.T, method, path, body, token string) apiResponse {
+	t.Helper()
+	req, err := http.NewRequest(method, world.discovery+path, bytes.NewBufferString(body))
+	require.NoError(t, err)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	res, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer res.Body.Close()
+	raw, _ := io.ReadAll(res.Body)
+	r := apiResponse{status: res.StatusCode, header: res.Header}
+	if len(raw) > 0 {
+		require.NoError(t, json.Unmarshal(raw, &r.body), "%s %s: %s", method, path, raw)
+	}
+	return r
+}
+
+func api(t *testing.T, method, path, body string) apiResponse {
+	t.Helper()
+	return call(t, method, path, body, world.token)
+}
+
+func leaseProxy(r apiResponse) string {
+	p, _ := r.body["proxy"].(map[string]any)
+	id, _ := p["id"].(string)
+	return id
+}
+
+// --- objects as a user sees them ---
+
+func namespace(t *testing.T) string {
+	t.Helper()
+	return world.cluster.Env.Namespace(t)
+}
+
+func get(t *testing.T, key client.ObjectKey) *crawlv1alpha1.Proxy {
+	t.Helper()
+	var p crawlv1alpha1.Proxy
+	require.NoError(t, world.cluster.Env.Client.Get(context.Background(), key, &p))
+	return &p
+}
+
+// waitProxy waits until cond holds for the Proxy and returns it.
+func waitProxy(t *testing.T, key client.ObjectKey, what string, cond func(*crawlv1alpha1.Proxy) bool) *crawlv1alpha1.Proxy {
+	t.Helper()
+	var last crawlv1alpha1.Proxy
+	require.Eventually(t, func() bool {
+		if err := world.cluster.Env.Client.Get(context.Background(), key, &last); err != nil {
+			return false
+		}
+		return cond(&last)
+	}, waitFor, poll, "%s: %s never happened; last status %+v", key, what, &last.Status)
+	return &last
+}
+
+func healthyStatus(p *crawlv1alpha1.Proxy) metav1.ConditionStatus {
+	if c := meta.FindStatusCondition(p.Status.Conditions, crawlv1alpha1.ConditionHealthy); c != nil {
+		return c.Status
+	}
+	return ""
+}
+
+func readyAndHealthy(p *crawlv1alpha1.Proxy) bool {
+	return p.Status.Phase == crawlv1alpha1.PhaseReady && healthyStatus(p) == metav1.ConditionTrue &&
+		meta.IsStatusConditionTrue(p.Status.Conditions, crawlv1alpha1.ConditionReady)
+}
+
+func proxyPods(t *testing.T, ns string) []corev1.Pod {
+	t.Helper()
+	var pods corev1.PodList
+	require.NoError(t, world.cluster.Env.Client.List(context.Background(), &pods, client.InNamespace(ns)))
+	return pods.Items
+}
+
+func managed(ns, name string, port int32) *crawlv1alpha1.Proxy {
+	return &crawlv1alpha1.Proxy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeManaged, Provider: cluster.ProviderName, Port: port,
+			Attributes: map[string]string{"geo": "local", "suite": ns}},
+	}
+}
+
+// TestE2E runs the scenarios in order: they share one operator, and the
+// restart and auth scenarios change it.
+func TestE2E(t *testing.T) {
+	t.Run("quickstart", testQuickstart)
+	t.Run("replacement", testReplacement)
+	t.Run("external", testExternal)
+	t.Run("restart", testRestart)
+	t.Run("auth", testAuth)
+}
+
+func testQuickstart(t *testing.T) {
+	ctx := context.Background()
+	c := world.cluster.Env.Client
+	ns := namespace(t)
+	proxy := managed(ns, "quickstart", 3128)
+	require.NoError(t, c.Create(ctx, proxy))
+	key := client.ObjectKeyFromObject(proxy)
+
+	ready := waitProxy(t, key, "Ready and Healthy", readyAndHealthy)
+	pods := proxyPods(t, ns)
+	require.Len(t, pods, 1)
+	pod := pods[0]
+	assert.Equal(t, pod.Status.PodIP, ready.Status.IP, "status IP is the pod's")
+	assert.True(t, world.cluster.Runner.Running(pod.UID), "a real Squid serves the pod")
+
+	list := api(t, "GET", "/v1/proxies?healthy=true&suite="+ns, "")
+	require.Equal(t, http.StatusOK, list.status)
+	items := list.body["proxies"].([]any)
+	require.Len(t, items, 1)
+	assert.Equal(t, ns+"/quickstart", items[0].(map[string]any)["id"])
+	assert.Equal(t, fmt.Sprintf("http://%s:3128", pod.Status.PodIP), items[0].(map[string]any)["url"])
+
+	lease := api(t, "POST", "/v1/leases", fmt.Sprintf(`{"selector":{"suite":%q},"ttlSeconds":300,"target":"example.com"}`, ns))
+	require.Equal(t, http.StatusCreated, lease.status)
+	assert.Equal(t, ns+"/quickstart", leaseProxy(lease))
+	id := lease.body["leaseID"].(string)
+
+	report := api(t, "POST", "/v1/leases/"+id+"/report", `{"result":"rate_limited","target":"example.com"}`)
+	assert.Equal(t, http.StatusNoContent, report.status)
+	again := api(t, "POST", "/v1/leases", fmt.Sprintf(`{"selector":{"suite":%q},"target":"example.com"}`, ns))
+	assert.Equal(t, http.StatusServiceUnavailable, again.status, "the only proxy is cooling down for example.com")
+	assert.NotEmpty(t, again.header.Get("Retry-After"))
+	other := api(t, "POST", "/v1/leases", fmt.Sprintf(`{"selector":{"suite":%q},"target":"example.org"}`, ns))
+	require.Equal(t, http.StatusCreated, other.status, "another target may use it")
+
+	for _, leaseID := range []string{id, other.body["leaseID"].(string)} {
+		for range 2 {
+			assert.Equal(t, http.StatusNoContent, api(t, "DELETE", "/v1/leases/"+leaseID, "").status, "release is idempotent")
+		}
+	}
+
+	require.NoError(t, c.Delete(ctx, ready))
+	require.Eventually(t, func() bool {
+		return apierrors.IsNotFound(c.Get(ctx, key, &crawlv1alpha1.Proxy{}))
+	}, waitFor, poll, "the finalizer was never removed")
+	assert.Empty(t, proxyPods(t, ns), "the pod is gone")
+	require.Eventually(t, func() bool { return !world.cluster.Runner.Running(pod.UID) }, 10*time.Second, poll, "its Squid stopped")
+}
+
+func testReplacement(t *testing.T) {
+	ctx := context.Background()
+	c := world.cluster.Env.Client
+	ns := namespace(t)
+	proxy := managed(ns, "replaced", 3128)
+	require.NoError(t, c.Create(ctx, proxy))
+	key := client.ObjectKeyFromObject(proxy)
+	before := waitProxy(t, key, "Ready and Healthy", readyAndHealthy)
+	oldPod := proxyPods(t, ns)[0]
+
+	before.Spec.Port = 3129
+	require.NoError(t, c.Update(ctx, before))
+	after := waitProxy(t, key, "Ready and Healthy on port 3129", func(p *crawlv1alpha1.Proxy) bool {
+		return readyAndHealthy(p) && p.Status.Port == 3129
+	})
+	pods := proxyPods(t, ns)
+	require.Len(t, pods, 1)
+	assert.Equal(t, oldPod.Name, pods[0].Name, "same name")
+	assert.NotEqual(t, oldPod.UID, pods[0].UID, "new pod")
+	assert.NotEqual(t, before.Status.IP, after.Status.IP, "new IP")
+	assert.False(t, world.cluster.Runner.Running(oldPod.UID), "the old Squid stopped")
+}
+
+func testExternal(t *testing.T) {
+	ctx := context.Background()
+	c := world.cluster.Env.Client
+	ns := namespace(t)
+	sq := squid.Start(t, squid.Config{Address: "127.0.0.3", Port: 3128})
+	hole, err := net.Listen("tcp", "127.0.0.4:3128")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = hole.Close() })
+	go func() {
+		for {
+			conn, err := hole.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { _ = conn.Close() }) // accepts, never answers
+		}
+	}()
+	external := func(name, addr string) *crawlv1alpha1.Proxy {
+		host, _, _ := net.SplitHostPort(addr)
+		return &crawlv1alpha1.Proxy{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec: crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeExternal, Port: 3128,
+				External:    &crawlv1alpha1.ExternalEndpoint{Address: host},
+				HealthCheck: &crawlv1alpha1.HealthCheck{FailureThreshold: ptr(int32(1))}},
+		}
+	}
+	good, bad := external("squid", sq.Addr), external("black-hole", hole.Addr().String())
+	require.NoError(t, c.Create(ctx, good))
+	require.NoError(t, c.Create(ctx, bad))
+
+	waitProxy(t, client.ObjectKeyFromObject(good), "Healthy", readyAndHealthy)
+	unhealthy := waitProxy(t, client.ObjectKeyFromObject(bad), "Unhealthy", func(p *crawlv1alpha1.Proxy) bool {
+		return healthyStatus(p) == metav1.ConditionFalse
+	})
+	cond := meta.FindStatusCondition(unhealthy.Status.Conditions, crawlv1alpha1.ConditionHealthy)
+	assert.Equal(t, "Timeout", cond.Reason)
+	assert.Empty(t, proxyPods(t, ns), "External proxies are never provisioned")
+}
+
+func testRestart(t *testing.T) {
+	ctx := context.Background()
+	c := world.cluster.Env.Client
+	ns := namespace(t)
+	proxy := managed(ns, "survivor", 3128)
+	require.NoError(t, c.Create(ctx, proxy))
+	key := client.ObjectKeyFromObject(proxy)
+	before := waitProxy(t, key, "Ready and Healthy", readyAndHealthy)
+	pod := proxyPods(t, ns)[0]
+	lease := api(t, "POST", "/v1/leases", fmt.Sprintf(`{"selector":{"suite":%q}}`, ns))
+	require.Equal(t, http.StatusCreated, lease.status)
+
+	world.operator.Kill()
+	var err error
+	world.operator, err = world.cluster.StartOperator(world.bin, world.opts)
+	require.NoError(t, err)
+
+	assert.Equal(t, http.StatusNotFound, api(t, "GET", "/v1/leases/"+lease.body["leaseID"].(string), "").status,
+		"leases live in memory: a restart drops them")
+	fresh := api(t, "POST", "/v1/leases", fmt.Sprintf(`{"selector":{"suite":%q}}`, ns))
+	require.Equal(t, http.StatusCreated, fresh.status, "new leases work at once")
+	time.Sleep(3 * time.Second) // a few reconcile and probe rounds
+	after := get(t, key)
+	assert.True(t, readyAndHealthy(after), "still Ready and Healthy")
+	assert.Equal(t, before.Status.IP, after.Status.IP, "no replacement")
+	pods := proxyPods(t, ns)
+	require.Len(t, pods, 1)
+	assert.Equal(t, pod.UID, pods[0].UID, "the same pod")
+}
+
+func testAuth(t *testing.T) {
+	ctx := context.Background()
+	c := world.cluster.Env.Client
+	assert.Equal(t, http.StatusUnauthorized, call(t, "GET", "/v1/proxies", "", "").status, "no token")
+	r := call(t, "GET", "/v1/proxies", "", "wrong")
+	assert.Equal(t, http.StatusUnauthorized, r.status, "a wrong token")
+	assert.Contains(t, r.header.Get("WWW-Authenticate"), "Bearer")
+	assert.Equal(t, http.StatusOK, call(t, "GET", "/healthz", "", "").status, "probes need no token")
+
+	var secret corev1.Secret
+	require.NoError(t, c.Get(ctx, client.ObjectKey{Namespace: cluster.OperatorNamespace, Name: "discovery-token"}, &secret))
+	secret.Data["token"] = []byte("rotated-token")
+	require.NoError(t, c.Update(ctx, &secret))
+	require.Eventually(t, func() bool {
+		return call(t, "GET", "/v1/proxies", "", "rotated-token").status == http.StatusOK
+	}, 10*time.Second, poll, "the rotated token works without a restart")
+	assert.Equal(t, http.StatusUnauthorized, call(t, "GET", "/v1/proxies", "", world.token).status, "the old one no longer does")
+	world.token = "rotated-token"
+}
+
+func ptr[T any](v T) *T { return &v }

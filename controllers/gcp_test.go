@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/api/option"
 	"google.golang.org/protobuf/proto"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -111,13 +110,8 @@ func TestReconcilerGCP(t *testing.T) {
 
 	t.Run("cloud-init Secret rotation -> replaced", func(t *testing.T) {
 		ns := env.Namespace(t)
-		secret := &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "squid-init", Labels: map[string]string{crawlv1alpha1.LabelCloudInit: "true"}},
-			Data:       map[string][]byte{"user-data": []byte("#cloud-config\npackages: [squid]\n")},
-		}
-		require.NoError(t, c.Create(ctx, secret))
-		proxy := gcpManagedProxy(ns, "eu-2")
-		proxy.Spec.CloudInit = &crawlv1alpha1.CloudInit{SecretRef: &crawlv1alpha1.SecretKeyReference{Name: "squid-init"}}
+		secret := createCloudInitSecret(t, c, ns)
+		proxy := withSecretCloudInit(gcpManagedProxy(ns, "eu-2"), secret)
 		require.NoError(t, c.Create(ctx, proxy))
 		before := waitReady(t, c, proxy)
 

@@ -97,13 +97,8 @@ func TestReconciler(t *testing.T) {
 
 	t.Run("cloud-init Secret rotation -> replacement", func(t *testing.T) {
 		ns := env.Namespace(t)
-		secret := &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "squid-init", Labels: map[string]string{crawlv1alpha1.LabelCloudInit: "true"}},
-			Data:       map[string][]byte{"user-data": []byte("#cloud-config\npackages: [squid]\n")},
-		}
-		require.NoError(t, c.Create(ctx, secret))
-		proxy := managedProxy(ns, "eu-3")
-		proxy.Spec.CloudInit = &crawlv1alpha1.CloudInit{SecretRef: &crawlv1alpha1.SecretKeyReference{Name: "squid-init"}}
+		secret := createCloudInitSecret(t, c, ns)
+		proxy := withSecretCloudInit(managedProxy(ns, "eu-3"), secret)
 		require.NoError(t, c.Create(ctx, proxy))
 		before := waitReady(t, c, proxy)
 		oldPod := onlyPod(t, c, ns)
@@ -167,6 +162,24 @@ func TestReconciler(t *testing.T) {
 		assert.Empty(t, ready.Finalizers)
 		assert.Empty(t, pods(t, c, ns))
 	})
+}
+
+// createCloudInitSecret creates a cloud-init Secret labelled so the
+// operator's cache holds it.
+func createCloudInitSecret(t *testing.T, c client.Client, ns string) *corev1.Secret {
+	t.Helper()
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "squid-init", Labels: map[string]string{crawlv1alpha1.LabelCloudInit: "true"}},
+		Data:       map[string][]byte{"user-data": []byte("#cloud-config\npackages: [squid]\n")},
+	}
+	require.NoError(t, c.Create(context.Background(), secret))
+	return secret
+}
+
+// withSecretCloudInit points the Proxy's cloud-init at secret.
+func withSecretCloudInit(p *crawlv1alpha1.Proxy, secret *corev1.Secret) *crawlv1alpha1.Proxy {
+	p.Spec.CloudInit = &crawlv1alpha1.CloudInit{SecretRef: &crawlv1alpha1.SecretKeyReference{Name: secret.Name}}
+	return p
 }
 
 func managedProxy(ns, name string) *crawlv1alpha1.Proxy {

@@ -360,13 +360,14 @@ func testAuth(t *testing.T) {
 
 	var secret corev1.Secret
 	require.NoError(t, c.Get(ctx, client.ObjectKey{Namespace: cluster.OperatorNamespace, Name: "discovery-token"}, &secret))
-	secret.Data["token"] = []byte("rotated-token")
+	rotated := fmt.Sprintf("rotated-%d", time.Now().UnixNano()) // fresh on every run, -count>1 included
+	secret.Data["token"] = []byte(rotated)
 	require.NoError(t, c.Update(ctx, &secret))
 	require.Eventually(t, func() bool {
-		return call(t, "GET", "/v1/proxies", "", "rotated-token").status == http.StatusOK
+		return call(t, "GET", "/v1/proxies", "", rotated).status == http.StatusOK
 	}, 10*time.Second, poll, "the rotated token works without a restart")
 	assert.Equal(t, http.StatusUnauthorized, call(t, "GET", "/v1/proxies", "", world.token).status, "the old one no longer does")
-	world.token = "rotated-token"
+	world.token = rotated
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -69,12 +69,7 @@ func TestReconcilerGCP(t *testing.T) {
 		Provisioning: 150 * time.Millisecond, Staging: 150 * time.Millisecond, Stopping: 150 * time.Millisecond,
 	})
 	t.Cleanup(fake.Close)
-	mgr := newManager(t, env)
-	require.NoError(t, (&ProxyReconciler{
-		Client: mgr.GetClient(), Providers: gcpProviders(t, fake), ClusterID: testClusterID,
-		Recorder: mgr.GetEventRecorder("egress-proxies-operator"), PollInterval: 100 * time.Millisecond,
-	}).SetupWithManager(mgr))
-	startManager(t, mgr)
+	startReconciler(t, env, func(client.Client) providers.Set { return gcpProviders(t, fake) })
 	ctx := context.Background()
 	c := env.Client
 

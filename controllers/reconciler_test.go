@@ -28,15 +28,7 @@ const (
 // kubernetes provider; a fake kubelet marks the Squid pods running.
 func TestReconciler(t *testing.T) {
 	env := testenv.Shared(t)
-	mgr := newManager(t, env)
-	require.NoError(t, (&ProxyReconciler{
-		Client:       mgr.GetClient(),
-		Providers:    kubernetesProviders(t, mgr.GetClient()),
-		ClusterID:    testClusterID,
-		Recorder:     mgr.GetEventRecorder("egress-proxies-operator"),
-		PollInterval: 100 * time.Millisecond,
-	}).SetupWithManager(mgr))
-	startManager(t, mgr)
+	startReconciler(t, env, func(c client.Client) providers.Set { return kubernetesProviders(t, c) })
 	(&fakeKubelet{client: env.Client}).run(t)
 	ctx := context.Background()
 	c := env.Client

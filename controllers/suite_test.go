@@ -83,6 +83,21 @@ func startManager(t *testing.T, mgr manager.Manager) (stop func()) {
 	return stop
 }
 
+// startReconciler runs the Proxy controller, with the providers newProviders
+// builds on the manager's client, in a fresh manager until the test ends.
+func startReconciler(t *testing.T, env *testenv.Env, newProviders func(client.Client) providers.Set) {
+	t.Helper()
+	mgr := newManager(t, env)
+	require.NoError(t, (&ProxyReconciler{
+		Client:       mgr.GetClient(),
+		Providers:    newProviders(mgr.GetClient()),
+		ClusterID:    testClusterID,
+		Recorder:     mgr.GetEventRecorder("egress-proxies-operator"),
+		PollInterval: 100 * time.Millisecond,
+	}).SetupWithManager(mgr))
+	startManager(t, mgr)
+}
+
 // fakeKubelet stands in for the kubelet envtest does not have: it marks proxy
 // pods Running and Ready with a fresh loopback IP each, as a node would give
 // each new pod a new address.

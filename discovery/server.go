@@ -30,6 +30,9 @@ const (
 	DefaultCooldown = 15 * time.Minute
 	// MaxReportRetryAfter bounds a client's retryAfterSeconds.
 	MaxReportRetryAfter = 24 * time.Hour
+	// retryAfterNoProxyBase is the Retry-After for a 503 when no cooldown
+	// end tells a better one (no proxy matches at all).
+	retryAfterNoProxyBase = 5 * time.Second
 	// MaxBodyBytes bounds request bodies: the largest valid one is a few
 	// hundred bytes.
 	MaxBodyBytes = 16 << 10
@@ -37,16 +40,15 @@ const (
 
 // Error codes, stable for clients to switch on.
 const (
-	CodeInvalidJSON       = "invalid_json"
-	CodeInvalidRequest    = "invalid_request"
-	CodeBodyTooLarge      = "body_too_large"
-	CodeUnauthorized      = "unauthorized"
-	CodeLeaseNotFound     = "lease_not_found"
-	CodeNotFound          = "not_found"
-	CodeMethodNotAllowed  = "method_not_allowed"
-	CodeNoProxyAvailable  = "no_proxy_available"
-	CodeNotReady          = "not_ready"
-	retryAfterNoProxyBase = 5 * time.Second
+	CodeInvalidJSON      = "invalid_json"
+	CodeInvalidRequest   = "invalid_request"
+	CodeBodyTooLarge     = "body_too_large"
+	CodeUnauthorized     = "unauthorized"
+	CodeLeaseNotFound    = "lease_not_found"
+	CodeNotFound         = "not_found"
+	CodeMethodNotAllowed = "method_not_allowed"
+	CodeNoProxyAvailable = "no_proxy_available"
+	CodeNotReady         = "not_ready"
 )
 
 // TokenSource supplies the bearer token; ok is false when none is set, and
@@ -134,10 +136,11 @@ func (s *Server) Start(ctx context.Context) error {
 	if s.opts.WaitForTokens != nil && !s.opts.WaitForTokens(ctx) {
 		return fmt.Errorf("discovery API: the token Secret's cache did not sync")
 	}
-	if _, ok := s.opts.Tokens.Token(); !ok {
+	_, enabled := s.opts.Tokens.Token()
+	if !enabled {
 		log.Info("WARNING: no discovery token Secret: the discovery API serves UNAUTHENTICATED; create the Secret to require a bearer token")
 	}
-	s.noteAuth(ctx)
+	s.noteAuth(ctx, enabled)
 	l, err := (&net.ListenConfig{}).Listen(ctx, "tcp", s.opts.Addr)
 	if err != nil {
 		return fmt.Errorf("discovery API listening on %s: %w", s.opts.Addr, err)
@@ -348,16 +351,15 @@ type handle func(w http.ResponseWriter, r *http.Request, ps httprouter.Params) i
 func (s *Server) authed(route string, h handle) httprouter.Handle {
 	return func(w http.ResponseWriter, r *http.Request, ps httprouter.Params) {
 		start := s.opts.Clock.Now()
-		if token, ok := s.opts.Tokens.Token(); ok {
-			s.noteAuth(r.Context())
+		token, enabled := s.opts.Tokens.Token()
+		s.noteAuth(r.Context(), enabled)
+		if enabled {
 			got, found := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 			if !found || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="egress-proxies-operator"`)
 				s.count(route, writeError(w, http.StatusUnauthorized, CodeUnauthorized, "a valid bearer token is required (Authorization: Bearer <token>)"), s.opts.Clock.Since(start))
 				return
 			}
-		} else {
-			s.noteAuth(r.Context())
 		}
 		s.count(route, h(w, r, ps), s.opts.Clock.Since(start))
 	}
@@ -374,8 +376,7 @@ func (s *Server) plain(route string, h httprouter.Handle) httprouter.Handle {
 }
 
 // noteAuth keeps the auth_enabled metric current and logs a change.
-func (s *Server) noteAuth(ctx context.Context) {
-	_, enabled := s.opts.Tokens.Token()
+func (s *Server) noteAuth(ctx context.Context, enabled bool) {
 	state := int32(0)
 	if enabled {
 		state = 1

@@ -5,6 +5,17 @@
 IMG ?= egress-proxies-operator:dev
 NAMESPACE ?= egress-proxies-operator-system
 
+# The release the chart and the OLM bundle describe. Keep VERSION equal to
+# the chart's appVersion (a test checks).
+VERSION ?= 0.1.0
+IMAGE_REPO ?= ghcr.io/example/egress-proxies-operator
+CHANNELS ?= candidate
+DEFAULT_CHANNEL ?= candidate
+CHART := charts/egress-proxies-operator
+# config/rbac's roles, read by the chart from its files/ (Helm cannot read
+# outside the chart).
+CHART_RBAC := role.yaml leader_election_role.yaml metrics_reader_role.yaml proxy_editor_role.yaml proxy_viewer_role.yaml
+
 # Go tools, pinned.
 CONTROLLER_TOOLS_VERSION ?= v0.21.0
 GOLANGCI_LINT_VERSION ?= v2.15.0
@@ -52,12 +63,20 @@ generate: $(CONTROLLER_GEN) ## Generate deepcopy code for the API types.
 	$(CONTROLLER_GEN) object paths=./api/...
 
 .PHONY: manifests
-manifests: $(CONTROLLER_GEN) ## Generate the CRD (config/crd/bases) and RBAC (config/rbac) from markers.
+manifests: $(CONTROLLER_GEN) ## Generate the CRD (config/crd/bases) and RBAC (config/rbac) from markers, and copy them into the chart.
 	$(CONTROLLER_GEN) crd rbac:roleName=manager-role paths=./... \
 		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
+	mkdir -p $(CHART)/files/crds $(CHART)/files/rbac
+	cp config/crd/bases/crawl.example.com_proxies.yaml $(CHART)/files/crds/
+	cp $(addprefix config/rbac/,$(CHART_RBAC)) $(CHART)/files/rbac/
+
+.PHONY: bundle
+bundle: manifests ## Write the OLM bundle (bundle/, bundle.Dockerfile) from the kustomize base.
+	go run ./hack/bundle -version $(VERSION) -image $(IMAGE_REPO):v$(VERSION) \
+		-channels $(CHANNELS) -default-channel $(DEFAULT_CHANNEL)
 
 .PHONY: verify-generated
-verify-generated: $(CONTROLLER_GEN) ## Fail when committed generated files differ from a fresh generation.
+verify-generated: $(CONTROLLER_GEN) ## Fail when committed generated files (code, CRD, RBAC, chart copies, bundle) differ from a fresh generation.
 	@hack/verify-generated.sh "$(CONTROLLER_GEN)"
 
 .PHONY: fmt
@@ -113,6 +132,10 @@ run-dev: ## Run the operator against the current kubeconfig context.
 .PHONY: docker-build
 docker-build: ## Build the container image (needs a Docker engine).
 	docker build -t $(IMG) .
+
+.PHONY: bundle-build
+bundle-build: ## Build the OLM bundle image (needs a Docker engine).
+	docker build -f bundle.Dockerfile -t $(IMAGE_REPO)-bundle:v$(VERSION) .
 
 ##@ Deployment
 

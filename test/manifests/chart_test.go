@@ -1,0 +1,500 @@
+package manifests
+
+import (
+	"encoding/json"
+	"maps"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"helm.sh/helm/v4/pkg/action"
+	"helm.sh/helm/v4/pkg/chart/common"
+	"helm.sh/helm/v4/pkg/chart/v2/lint/support"
+	"helm.sh/helm/v4/pkg/chart/v2/loader"
+	releasev1 "helm.sh/helm/v4/pkg/release/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/yaml"
+
+	"github.com/example/egress-proxies-operator/controllers"
+	"github.com/example/egress-proxies-operator/discovery"
+	"github.com/example/egress-proxies-operator/health"
+	"github.com/example/egress-proxies-operator/providers/gcp"
+	"github.com/example/egress-proxies-operator/providers/kubernetes"
+	"github.com/example/egress-proxies-operator/test/testenv"
+)
+
+const (
+	chartDir = "charts/egress-proxies-operator"
+	// The release of most tests: named after the chart, as most installs
+	// are, so objects are called egress-proxies-operator-*.
+	releaseName      = "egress-proxies-operator"
+	releaseNamespace = "crawl-system"
+	// serviceMonitorAPI is what the Prometheus Operator serves.
+	serviceMonitorAPI = "monitoring.coreos.com/v1/ServiceMonitor"
+)
+
+// chartInstall says how to render the chart: values files (relative to the
+// chart) and then set, merged over values.yaml in that order, as
+// `helm template -f ... --set ...` would.
+type chartInstall struct {
+	release     string
+	valuesFiles []string
+	set         map[string]any
+	apiVersions []string
+}
+
+type rendered struct {
+	objects objects
+	notes   string
+}
+
+// render renders the chart through helm's own install action, client-only
+// (what `helm template` runs): values are checked against values.schema.json
+// and kubeVersion against Chart.yaml, exactly as for a user.
+func (in chartInstall) render(t *testing.T) (rendered, error) {
+	t.Helper()
+	chrt, err := loader.Load(filepath.Join(testenv.RepoRoot(), chartDir))
+	require.NoError(t, err)
+	vals := map[string]any{}
+	for _, f := range in.valuesFiles {
+		v, err := common.ReadValuesFile(filepath.Join(testenv.RepoRoot(), chartDir, f))
+		require.NoError(t, err)
+		vals = loader.MergeMaps(vals, v)
+	}
+	vals = loader.MergeMaps(vals, in.set)
+
+	install := action.NewInstall(action.NewConfiguration())
+	install.DryRunStrategy = action.DryRunClient
+	install.Replace = true
+	install.ReleaseName = cmpOr(in.release, releaseName)
+	install.Namespace = releaseNamespace
+	install.KubeVersion = kubeVersion(t)
+	install.APIVersions = in.apiVersions
+	rel, err := install.Run(chrt, vals)
+	if err != nil {
+		return rendered{}, err
+	}
+	r, ok := rel.(*releasev1.Release)
+	require.True(t, ok, "helm returned a %T", rel)
+	return rendered{objects: parseManifests(t, []byte(r.Manifest)), notes: r.Info.Notes}, nil
+}
+
+// mustRender renders and fails the test on an error.
+func (in chartInstall) mustRender(t *testing.T) rendered {
+	t.Helper()
+	r, err := in.render(t)
+	require.NoError(t, err, "rendering the chart with %v and %v", in.valuesFiles, in.set)
+	return r
+}
+
+// kubeVersion is the Kubernetes the tests run against (built by make envtest).
+func kubeVersion(t *testing.T) *common.KubeVersion {
+	t.Helper()
+	kv, err := common.ParseKubeVersion("v1.36.3")
+	require.NoError(t, err)
+	return kv
+}
+
+func cmpOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+func TestChartRendersForEachRegion(t *testing.T) {
+	for _, tc := range []struct {
+		values, provider, gsa string
+		tokenCreated          bool
+	}{
+		{"", "kind-local", "", false},
+		{"values-gcp-eu.yaml", "gcp-eu", "egress-proxies-operator@my-crawl-project.iam.gserviceaccount.com", true},
+		{"values-gcp-us.yaml", "gcp-us", "egress-proxies-operator@my-crawl-project.iam.gserviceaccount.com", true},
+	} {
+		t.Run(cmpOr(tc.values, "defaults"), func(t *testing.T) {
+			in := chartInstall{}
+			if tc.values != "" {
+				in.valuesFiles = []string{tc.values}
+			}
+			r := in.mustRender(t)
+
+			var deploy appsv1.Deployment
+			require.True(t, r.objects.one(t, "Deployment", &deploy))
+			assert.Empty(t, restrictedViolations(deploy.Spec.Template.Spec), "the manager pod must pass Pod Security restricted and OpenShift restricted-v2")
+			assert.Equal(t, releaseName, deploy.Name)
+
+			var cm corev1.ConfigMap
+			require.True(t, r.objects.one(t, "ConfigMap", &cm))
+			assert.Equal(t, []string{tc.provider}, providerNames(t, cm), "the region's providers")
+			assert.Contains(t, configMapVolumes(deploy), cm.Name)
+
+			var sa corev1.ServiceAccount
+			require.True(t, r.objects.one(t, "ServiceAccount", &sa))
+			assert.Equal(t, deploy.Spec.Template.Spec.ServiceAccountName, sa.Name)
+			assert.Equal(t, tc.gsa, sa.Annotations["iam.gke.io/gcp-service-account"], "the Workload Identity annotation")
+
+			flag := managerArg(t, deploy, "--discovery-token-secret")
+			var secret corev1.Secret
+			if tc.tokenCreated {
+				require.True(t, r.objects.one(t, "Secret", &secret))
+				assert.Equal(t, releaseNamespace+"/"+secret.Name, flag, "the operator reads the Secret the chart creates")
+				assert.Regexp(t, `^[A-Za-z0-9]{48}$`, string(secret.Data["token"]), "a random token")
+				assert.NotContains(t, r.notes, "UNAUTHENTICATED")
+			} else {
+				assert.False(t, r.objects.one(t, "Secret", &secret), "no Secret unless asked for")
+				assert.Equal(t, releaseNamespace+"/egress-proxies-operator-discovery-token", flag)
+				assert.Contains(t, r.notes, "UNAUTHENTICATED", "NOTES say the API is open until the Secret exists")
+			}
+
+			for _, u := range r.objects {
+				for _, label := range []string{"app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version", "app.kubernetes.io/managed-by", "helm.sh/chart"} {
+					assert.NotEmpty(t, u.GetLabels()[label], "%s %s lacks the label %s", u.GetKind(), u.GetName(), label)
+				}
+				if !clusterScoped[u.GetKind()] {
+					assert.Equal(t, releaseNamespace, u.GetNamespace(), "%s %s", u.GetKind(), u.GetName())
+				}
+			}
+
+			var crd apiextensionsv1.CustomResourceDefinition
+			require.True(t, r.objects.one(t, "CustomResourceDefinition", &crd))
+			assert.Equal(t, "keep", crd.Annotations["helm.sh/resource-policy"], "crds.keep defaults to true")
+
+			assert.Contains(t, r.notes, "port-forward svc/egress-proxies-operator-discovery 8090:8090")
+			assert.Contains(t, r.notes, "provider: "+tc.provider, "NOTES show a first Proxy for the configured provider")
+		})
+	}
+}
+
+// clusterScoped are the kinds the chart renders without a namespace.
+var clusterScoped = map[string]bool{"CustomResourceDefinition": true, "ClusterRole": true, "ClusterRoleBinding": true}
+
+func TestChartToggles(t *testing.T) {
+	t.Run("crds.enabled=false leaves the CRD out", func(t *testing.T) {
+		r := chartInstall{set: map[string]any{"crds": map[string]any{"enabled": false}}}.mustRender(t)
+		assert.Empty(t, r.objects.ofKind("CustomResourceDefinition"))
+	})
+	t.Run("crds.keep=false lets uninstall delete the CRD", func(t *testing.T) {
+		r := chartInstall{set: map[string]any{"crds": map[string]any{"keep": false}}}.mustRender(t)
+		var crd apiextensionsv1.CustomResourceDefinition
+		require.True(t, r.objects.one(t, "CustomResourceDefinition", &crd))
+		assert.NotContains(t, crd.Annotations, "helm.sh/resource-policy")
+	})
+	t.Run("networkPolicy.enabled=false", func(t *testing.T) {
+		r := chartInstall{set: map[string]any{"networkPolicy": map[string]any{"enabled": false}}}.mustRender(t)
+		assert.Empty(t, r.objects.ofKind("NetworkPolicy"))
+		assert.NotContains(t, r.notes, "kubectl label namespace")
+	})
+	t.Run("metrics.enabled=false", func(t *testing.T) {
+		r := chartInstall{set: map[string]any{"metrics": map[string]any{"enabled": false}}}.mustRender(t)
+		var deploy appsv1.Deployment
+		require.True(t, r.objects.one(t, "Deployment", &deploy))
+		assert.Equal(t, "0", managerArg(t, deploy, "--metrics-bind-address"))
+		assert.NotContains(t, containerPorts(deploy), "metrics")
+		var svc corev1.Service
+		r.objects.named(t, "Service", "egress-proxies-operator-discovery", &svc)
+		assert.Len(t, r.objects.ofKind("Service"), 1, "only the discovery Service")
+		var np networkingv1.NetworkPolicy
+		require.True(t, r.objects.one(t, "NetworkPolicy", &np))
+		assert.NotContains(t, policyPorts(np), "metrics", "no rule for a port that does not exist")
+	})
+	t.Run("the ServiceMonitor needs the toggle and the API", func(t *testing.T) {
+		on := map[string]any{"metrics": map[string]any{"serviceMonitor": map[string]any{"enabled": true}}}
+		r := chartInstall{set: on}.mustRender(t)
+		assert.Empty(t, r.objects.ofKind("ServiceMonitor"), "not served: skipped")
+		assert.Contains(t, r.notes, "WARNING: metrics.serviceMonitor.enabled is true")
+
+		r = chartInstall{apiVersions: []string{serviceMonitorAPI}}.mustRender(t)
+		assert.Empty(t, r.objects.ofKind("ServiceMonitor"), "served but not enabled")
+
+		r = chartInstall{set: on, apiVersions: []string{serviceMonitorAPI}}.mustRender(t)
+		require.Len(t, r.objects.ofKind("ServiceMonitor"), 1)
+		assert.NotContains(t, r.notes, "WARNING")
+		var sm struct {
+			Spec struct {
+				Selector struct {
+					MatchLabels map[string]string `json:"matchLabels"`
+				} `json:"selector"`
+				Endpoints []struct {
+					Port   string `json:"port"`
+					Scheme string `json:"scheme"`
+				} `json:"endpoints"`
+			} `json:"spec"`
+		}
+		require.True(t, r.objects.one(t, "ServiceMonitor", &sm))
+		var metrics corev1.Service
+		r.objects.named(t, "Service", "egress-proxies-operator-metrics", &metrics)
+		for k, v := range sm.Spec.Selector.MatchLabels {
+			assert.Equal(t, v, metrics.Labels[k], "the ServiceMonitor selects the metrics Service (label %s)", k)
+		}
+		require.Len(t, sm.Spec.Endpoints, 1)
+		assert.Equal(t, metrics.Spec.Ports[0].Name, sm.Spec.Endpoints[0].Port)
+		assert.Equal(t, "https", sm.Spec.Endpoints[0].Scheme)
+	})
+	t.Run("an image digest wins over the tag", func(t *testing.T) {
+		digest := "sha256:" + strings.Repeat("ab", 32)
+		r := chartInstall{set: map[string]any{"image": map[string]any{"digest": digest, "tag": "v9"}}}.mustRender(t)
+		var deploy appsv1.Deployment
+		require.True(t, r.objects.one(t, "Deployment", &deploy))
+		assert.Equal(t, "ghcr.io/example/egress-proxies-operator@"+digest, deploy.Spec.Template.Spec.Containers[0].Image)
+
+		r = chartInstall{}.mustRender(t)
+		require.True(t, r.objects.one(t, "Deployment", &deploy))
+		assert.Equal(t, "ghcr.io/example/egress-proxies-operator:v0.1.0", deploy.Spec.Template.Spec.Containers[0].Image, "the default tag is v<appVersion>")
+	})
+	t.Run("an existing ServiceAccount", func(t *testing.T) {
+		r := chartInstall{set: map[string]any{"serviceAccount": map[string]any{"create": false, "name": "crawl-operator"}}}.mustRender(t)
+		assert.Empty(t, r.objects.ofKind("ServiceAccount"))
+		var deploy appsv1.Deployment
+		require.True(t, r.objects.one(t, "Deployment", &deploy))
+		assert.Equal(t, "crawl-operator", deploy.Spec.Template.Spec.ServiceAccountName)
+		for _, u := range slices.Concat(r.objects.ofKind("ClusterRoleBinding"), r.objects.ofKind("RoleBinding")) {
+			subjects, _, err := unstructured.NestedSlice(u.Object, "subjects")
+			require.NoError(t, err)
+			require.Len(t, subjects, 1)
+			assert.Equal(t, "crawl-operator", subjects[0].(map[string]any)["name"], "%s %s binds the given ServiceAccount", u.GetKind(), u.GetName())
+		}
+
+		_, err := chartInstall{set: map[string]any{"serviceAccount": map[string]any{"create": false}}}.render(t)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "serviceAccount.name is required when serviceAccount.create is false")
+	})
+	t.Run("a given token", func(t *testing.T) {
+		r := chartInstall{set: map[string]any{"discovery": map[string]any{"token": map[string]any{"create": true, "value": "s3cret", "secretName": "crawlers"}}}}.mustRender(t)
+		var secret corev1.Secret
+		require.True(t, r.objects.one(t, "Secret", &secret))
+		assert.Equal(t, "crawlers", secret.Name)
+		assert.Equal(t, "s3cret", string(secret.Data["token"]))
+		var deploy appsv1.Deployment
+		require.True(t, r.objects.one(t, "Deployment", &deploy))
+		assert.Equal(t, releaseNamespace+"/crawlers", managerArg(t, deploy, "--discovery-token-secret"))
+		assert.Contains(t, r.notes, "get secret crawlers")
+	})
+	t.Run("a providers change rolls the Deployment", func(t *testing.T) {
+		checksum := func(r rendered) string {
+			var deploy appsv1.Deployment
+			require.True(t, r.objects.one(t, "Deployment", &deploy))
+			return deploy.Spec.Template.Annotations["checksum/providers"]
+		}
+		a := checksum(chartInstall{}.mustRender(t))
+		b := checksum(chartInstall{valuesFiles: []string{"values-gcp-eu.yaml"}}.mustRender(t))
+		assert.Regexp(t, `^[0-9a-f]{64}$`, a)
+		assert.NotEqual(t, a, b)
+		assert.Equal(t, a, checksum(chartInstall{set: map[string]any{"podLabels": map[string]any{"team": "crawl"}}}.mustRender(t)), "only the providers config moves it")
+	})
+	t.Run("two releases do not collide on cluster-scoped names", func(t *testing.T) {
+		names := func(r rendered) []string {
+			var out []string
+			for _, u := range r.objects {
+				if clusterScoped[u.GetKind()] && u.GetKind() != "CustomResourceDefinition" {
+					out = append(out, u.GetKind()+"/"+u.GetName())
+				}
+			}
+			return out
+		}
+		eu := names(chartInstall{release: "eu"}.mustRender(t))
+		us := names(chartInstall{release: "us"}.mustRender(t))
+		require.NotEmpty(t, eu)
+		for _, n := range eu {
+			assert.True(t, strings.Contains(n, "/eu-egress-proxies-operator-"), n)
+			assert.NotContains(t, us, n)
+		}
+	})
+}
+
+// TestChartDefaultsAreTheOperatorsDefaults: values.yaml spells out the
+// operator's flag defaults, so they must be the operator's.
+func TestChartDefaultsAreTheOperatorsDefaults(t *testing.T) {
+	var values struct {
+		Operator struct {
+			GC struct {
+				Interval, GracePeriod string
+				DryRun                bool
+			}
+			Health struct {
+				ProbeURL                                    string `json:"probeURL"`
+				Interval, Timeout                           string
+				FailureThreshold, SuccessThreshold, Workers int
+			}
+			Discovery struct {
+				LeaseMaxTTL       string `json:"leaseMaxTTL"`
+				RateLimitCooldown string
+			}
+		}
+	}
+	require.NoError(t, yaml.Unmarshal(repoFile(t, chartDir+"/values.yaml"), &values))
+	op := values.Operator
+	for _, d := range []struct {
+		value string
+		want  time.Duration
+		what  string
+	}{
+		{op.GC.Interval, controllers.DefaultGCInterval, "gc.interval"},
+		{op.GC.GracePeriod, controllers.DefaultGCGracePeriod, "gc.gracePeriod"},
+		{op.Health.Interval, health.DefaultInterval, "health.interval"},
+		{op.Health.Timeout, health.DefaultTimeout, "health.timeout"},
+		{op.Discovery.LeaseMaxTTL, discovery.DefaultMaxTTL, "discovery.leaseMaxTTL"},
+		{op.Discovery.RateLimitCooldown, discovery.DefaultCooldown, "discovery.rateLimitCooldown"},
+	} {
+		got, err := time.ParseDuration(d.value)
+		require.NoError(t, err, d.what)
+		assert.Equal(t, d.want, got, "operator.%s", d.what)
+	}
+	assert.False(t, op.GC.DryRun)
+	assert.Equal(t, health.DefaultURL, op.Health.ProbeURL)
+	assert.Equal(t, health.DefaultFailureThreshold, op.Health.FailureThreshold)
+	assert.Equal(t, health.DefaultSuccessThreshold, op.Health.SuccessThreshold)
+	assert.Equal(t, health.DefaultWorkers, op.Health.Workers)
+}
+
+// TestChartSchemaKnowsEveryProviderSetting: the schema's per-type settings
+// are the providers' Settings fields, no more and no fewer, so the schema
+// never refuses what the operator accepts or the reverse.
+func TestChartSchemaKnowsEveryProviderSetting(t *testing.T) {
+	var schema struct {
+		Definitions map[string]struct {
+			Properties map[string]json.RawMessage
+			Required   []string
+		}
+	}
+	require.NoError(t, json.Unmarshal(repoFile(t, chartDir+"/values.schema.json"), &schema))
+	for def, settings := range map[string]any{"kubernetesSettings": kubernetes.Settings{}, "gcpSettings": gcp.Settings{}} {
+		var fields, required []string
+		typ := reflect.TypeOf(settings)
+		for i := range typ.NumField() {
+			name, opts, _ := strings.Cut(typ.Field(i).Tag.Get("json"), ",")
+			fields = append(fields, name)
+			if !strings.Contains(opts, "omitempty") {
+				required = append(required, name)
+			}
+		}
+		got := schema.Definitions[def]
+		assert.ElementsMatch(t, fields, slices.Collect(maps.Keys(got.Properties)), "%s in values.schema.json against %T", def, settings)
+		assert.ElementsMatch(t, required, got.Required, "%s: required settings", def)
+	}
+}
+
+func TestChartSchemaRejectsBadValues(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  map[string]any
+		want string // where the schema points
+	}{
+		{"unknown top-level key", map[string]any{"replicaCount": 2}, "replicaCount"},
+		{"unknown nested key", map[string]any{"operator": map[string]any{"health": map[string]any{"intervall": "5s"}}}, "intervall"},
+		{"wrong type", map[string]any{"image": map[string]any{"tag": 5}}, "/image/tag"},
+		{"not a duration", map[string]any{"operator": map[string]any{"gc": map[string]any{"interval": "ten minutes"}}}, "/operator/gc/interval"},
+		{"zero workers", map[string]any{"operator": map[string]any{"health": map[string]any{"workers": 0}}}, "/operator/health/workers"},
+		{"plain-http probe URL", map[string]any{"operator": map[string]any{"health": map[string]any{"probeURL": "http://example.com"}}}, "/operator/health/probeURL"},
+		{"extra arg without dashes", map[string]any{"operator": map[string]any{"extraArgs": []any{"enable-http2"}}}, "/operator/extraArgs/0"},
+		{"bad pull policy", map[string]any{"image": map[string]any{"pullPolicy": "Sometimes"}}, "/image/pullPolicy"},
+		{"unknown provider type", map[string]any{"providers": []any{map[string]any{"name": "aws-eu", "type": "aws"}}}, "/providers/0/type"},
+		{"provider name not a DNS label", map[string]any{"providers": []any{map[string]any{"name": "GCP_EU", "type": "gcp", "settings": map[string]any{"project": "p"}}}}, "/providers/0/name"},
+		{"gcp without project", map[string]any{"providers": []any{map[string]any{"name": "gcp-eu", "type": "gcp", "settings": map[string]any{"zone": "europe-west1-b"}}}}, "project"},
+		{"unknown kubernetes setting", map[string]any{"providers": []any{map[string]any{"name": "local", "type": "kubernetes", "settings": map[string]any{"imag": "squid"}}}}, "imag"},
+		{"empty discoveryFrom", map[string]any{"networkPolicy": map[string]any{"discoveryFrom": []any{}}}, "/networkPolicy/discoveryFrom"},
+		{"a bad resource quantity", map[string]any{"resources": map[string]any{"limits": map[string]any{"memory": "lots"}}}, "/resources/limits/memory"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := chartInstall{set: tc.set}.render(t)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), "schema")
+			assert.Contains(t, err.Error(), tc.want, "the error points at the bad value")
+		})
+	}
+}
+
+// TestChartLintStrict is `helm lint --strict`, with the defaults and with
+// each region's values.
+func TestChartLintStrict(t *testing.T) {
+	for _, values := range []string{"", "values-gcp-eu.yaml", "values-gcp-us.yaml"} {
+		t.Run(cmpOr(values, "defaults"), func(t *testing.T) {
+			vals := map[string]any{}
+			if values != "" {
+				v, err := common.ReadValuesFile(filepath.Join(testenv.RepoRoot(), chartDir, values))
+				require.NoError(t, err)
+				vals = v
+			}
+			lint := action.NewLint()
+			lint.Strict = true
+			lint.Namespace = releaseNamespace
+			lint.KubeVersion = kubeVersion(t)
+			res := lint.Run([]string{filepath.Join(testenv.RepoRoot(), chartDir)}, vals)
+			assert.Equal(t, 1, res.TotalChartsLinted)
+			assert.Empty(t, res.Errors)
+			for _, m := range res.Messages {
+				assert.LessOrEqual(t, m.Severity, support.InfoSev, "lint: %s", m.Error())
+			}
+		})
+	}
+}
+
+// TestChartAndKustomizeRunTheSameOperator: helm users and kustomize users
+// get the same container: ports, probes, security, mounts, resources, and
+// every flag the kustomize base sets, with the same value.
+func TestChartAndKustomizeRunTheSameOperator(t *testing.T) {
+	var fromChart, fromKustomize appsv1.Deployment
+	require.True(t, chartInstall{}.mustRender(t).objects.one(t, "Deployment", &fromChart))
+	require.True(t, build(t, "config/default").one(t, "Deployment", &fromKustomize))
+	c, k := fromChart.Spec.Template.Spec, fromKustomize.Spec.Template.Spec
+	assert.Equal(t, k.SecurityContext, c.SecurityContext)
+	assert.Equal(t, k.TerminationGracePeriodSeconds, c.TerminationGracePeriodSeconds)
+	assert.Equal(t, fromKustomize.Spec.Replicas, fromChart.Spec.Replicas)
+	assert.Equal(t, fromKustomize.Spec.Strategy, fromChart.Spec.Strategy)
+	require.Len(t, c.Containers, 1)
+	require.Len(t, k.Containers, 1)
+	cc, kc := c.Containers[0], k.Containers[0]
+	assert.Equal(t, kc.Name, cc.Name)
+	assert.Equal(t, kc.Ports, cc.Ports)
+	assert.Equal(t, kc.LivenessProbe, cc.LivenessProbe)
+	assert.Equal(t, kc.ReadinessProbe, cc.ReadinessProbe)
+	assert.Equal(t, kc.SecurityContext, cc.SecurityContext)
+	assert.Equal(t, kc.Resources, cc.Resources)
+	assert.Equal(t, kc.VolumeMounts, cc.VolumeMounts)
+	assert.Equal(t, kc.Env, cc.Env)
+	assert.Subset(t, cc.Args, kc.Args, "every flag of the kustomize base, with its value")
+
+	var npChart, npKustomize networkingv1.NetworkPolicy
+	require.True(t, chartInstall{}.mustRender(t).objects.one(t, "NetworkPolicy", &npChart))
+	require.True(t, build(t, "config/default").one(t, "NetworkPolicy", &npKustomize))
+	assert.Equal(t, npKustomize.Spec.Ingress, npChart.Spec.Ingress, "the same ingress rules")
+	assert.Equal(t, npKustomize.Spec.PolicyTypes, npChart.Spec.PolicyTypes)
+}
+
+// managerArg is the value of --name=value among the manager's args.
+func managerArg(t *testing.T, d appsv1.Deployment, name string) string {
+	t.Helper()
+	for _, a := range d.Spec.Template.Spec.Containers[0].Args {
+		if v, ok := strings.CutPrefix(a, name+"="); ok {
+			return v
+		}
+	}
+	require.Failf(t, "missing flag", "%s is not among %v", name, d.Spec.Template.Spec.Containers[0].Args)
+	return ""
+}
+
+func containerPorts(d appsv1.Deployment) []string {
+	var names []string
+	for _, p := range d.Spec.Template.Spec.Containers[0].Ports {
+		names = append(names, p.Name)
+	}
+	return names
+}
+
+func policyPorts(np networkingv1.NetworkPolicy) []string {
+	var names []string
+	for _, rule := range np.Spec.Ingress {
+		for _, p := range rule.Ports {
+			names = append(names, p.Port.String())
+		}
+	}
+	return names
+}

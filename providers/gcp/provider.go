@@ -216,6 +216,11 @@ func (p *Provider) Get(ctx context.Context, name string, proxy *crawlv1alpha1.Pr
 // Create inserts the VM. The requestId is derived from the Proxy's UID and
 // spec hash, so an insert retried after a lost reply is a no-op on the
 // server; an operation that already failed is reported with its error.
+//
+// GCE remembers a requestId for an hour at least: when the spec's VM was
+// lost and deleted, inserting it again under the same requestId would only
+// replay the first, finished operation and create nothing. Create sees that
+// (a DONE operation and no VM) and inserts under the spec's next requestId.
 func (p *Provider) Create(ctx context.Context, req providers.CreateRequest) error {
 	pl, err := p.resolvePlacement(req.Proxy)
 	if err != nil {
@@ -223,22 +228,55 @@ func (p *Provider) Create(ctx context.Context, req providers.CreateRequest) erro
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
-	op, err := p.instances.Insert(ctx, &computepb.InsertInstanceRequest{
-		Project:          p.settings.Project,
-		Zone:             pl.zone,
-		RequestId:        proto.String(RequestID(string(req.Proxy.UID), req.SpecHash)),
-		InstanceResource: p.vm(req, pl),
-	})
-	if err != nil {
-		if isAlreadyExists(err) {
-			return nil // the VM exists: the next Get reads it
+	for attempt := range maxRequestIDs {
+		op, err := p.instances.Insert(ctx, &computepb.InsertInstanceRequest{
+			Project:          p.settings.Project,
+			Zone:             pl.zone,
+			RequestId:        proto.String(RequestID(string(req.Proxy.UID), req.SpecHash, attempt)),
+			InstanceResource: p.vm(req, pl),
+		})
+		if err != nil {
+			if isAlreadyExists(err) {
+				return nil // the VM exists: the next Get reads it
+			}
+			return classify(fmt.Errorf("inserting VM %s in %s: %w", req.Name, pl.zone, err))
 		}
-		return classify(fmt.Errorf("inserting VM %s in %s: %w", req.Name, pl.zone, err))
+		if opErr := op.Proto().GetError(); opErr != nil && len(opErr.GetErrors()) > 0 {
+			return operationError(req.Name, opErr)
+		}
+		spent, err := p.replayedGone(ctx, op.Proto(), pl.zone, req.Name)
+		if err != nil {
+			return classify(fmt.Errorf("checking the VM %s inserted in %s: %w", req.Name, pl.zone, err))
+		}
+		if !spent {
+			return nil
+		}
 	}
-	if opErr := op.Proto().GetError(); opErr != nil && len(opErr.GetErrors()) > 0 {
-		return operationError(req.Name, opErr)
+	return providers.Transient(fmt.Errorf("inserting VM %s in %s: the spec's first %d requestIds each replayed an insert whose VM is gone; GCE forgets them within hours",
+		req.Name, pl.zone, maxRequestIDs))
+}
+
+// maxRequestIDs bounds the requestIds Create walks through: one for each
+// time the same spec's VM was replaced within GCE's memory of requestIds.
+const maxRequestIDs = 32
+
+// replayedGone says whether an insert was answered with an earlier
+// operation under the same requestId whose VM no longer exists: finished
+// without error, and no VM of that name. A fresh insert answers with an
+// operation still PENDING or RUNNING and is never checked.
+func (p *Provider) replayedGone(ctx context.Context, op *computepb.Operation, zone, name string) (bool, error) {
+	if op.GetStatus() != computepb.Operation_DONE {
+		return false, nil
 	}
-	return nil
+	_, err := p.instances.Get(ctx, &computepb.GetInstanceRequest{Project: p.settings.Project, Zone: zone, Instance: name})
+	switch {
+	case err == nil:
+		return false, nil
+	case isNotFound(err):
+		return true, nil
+	default:
+		return false, err
+	}
 }
 
 // Delete starts deleting the VM; a VM already gone is fine.
@@ -340,9 +378,15 @@ func (p *Provider) vm(req providers.CreateRequest, pl placement) *computepb.Inst
 }
 
 // RequestID is the insert requestId for a Proxy's spec: a name-based UUID
-// (never the zero UUID), the same for every retry of the same create.
-func RequestID(uid, specHash string) string {
-	return uuid.NewSHA1(requestIDNamespace, []byte(uid+"/"+specHash)).String()
+// of its UID and spec hash, stable across retries. attempt numbers the
+// spec's VMs while GCE still remembers earlier requestIds (see Create);
+// attempt 0 is the UUID of the UID and hash alone.
+func RequestID(uid, specHash string, attempt int) string {
+	key := uid + "/" + specHash
+	if attempt > 0 {
+		key += "/" + strconv.Itoa(attempt)
+	}
+	return uuid.NewSHA1(requestIDNamespace, []byte(key)).String()
 }
 
 var requestIDNamespace = uuid.MustParse("3b0f9a2e-6c1d-4d8e-9b7a-5f2c1e0d4a61")

@@ -214,8 +214,38 @@ func TestLostInsertReply(t *testing.T) {
 	assert.Len(t, fake.Instances(), 1)
 
 	// A new spec is a new request: a different requestId.
-	assert.NotEqual(t, RequestID(string(proxy.UID), "hash-1"), RequestID(string(proxy.UID), "hash-2"))
-	assert.NotEqual(t, "00000000-0000-0000-0000-000000000000", RequestID(string(proxy.UID), "hash-1"))
+	assert.NotEqual(t, RequestID(string(proxy.UID), "hash-1", 0), RequestID(string(proxy.UID), "hash-2", 0))
+	assert.NotEqual(t, RequestID(string(proxy.UID), "hash-1", 0), RequestID(string(proxy.UID), "hash-1", 1), "a replacement is a new request")
+	assert.NotEqual(t, "00000000-0000-0000-0000-000000000000", RequestID(string(proxy.UID), "hash-1", 0))
+}
+
+// TestReplacementWithTheSameSpecCreatesAVM: a VM lost (TERMINATED, then
+// deleted) is replaced by one of the same spec. GCE remembers an insert's
+// requestId for an hour at least and answers a repeat with the original,
+// finished operation, creating nothing; Create must see that and insert
+// under the next requestId, each time the spec's VM is replaced.
+func TestReplacementWithTheSameSpecCreatesAVM(t *testing.T) {
+	fake, clk, p := newFake(t)
+	ctx := context.Background()
+	proxy := gcpProxy()
+	req := createRequest(proxy, "hash-1")
+	for replacement := 1; replacement <= 3; replacement++ {
+		require.NoError(t, p.Create(ctx, req))
+		require.Equal(t, replacement, fake.Created(), "replacement %d created a VM", replacement)
+		inst, err := p.Get(ctx, req.Name, proxy)
+		require.NoError(t, err, "replacement %d: the VM exists", replacement)
+
+		require.NoError(t, p.Delete(ctx, inst))
+		clk.Step(timings.Stopping)
+		_, err = p.Get(ctx, req.Name, proxy)
+		require.ErrorIs(t, err, providers.ErrNotFound)
+	}
+
+	// A retry of the current insert still creates nothing.
+	require.NoError(t, p.Create(ctx, req))
+	require.NoError(t, p.Create(ctx, req))
+	assert.Equal(t, 4, fake.Created())
+	assert.Len(t, fake.Instances(), 1)
 }
 
 func TestGetFindsTheVMInAnotherZone(t *testing.T) {

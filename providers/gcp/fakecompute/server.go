@@ -225,7 +225,12 @@ func (s *Server) insert(w http.ResponseWriter, r *http.Request) {
 func (s *Server) insertLocked(project, zone, requestID string, res *computepb.Instance, f *Fault) (*computepb.Operation, int, string, string) {
 	if requestID != "" {
 		if opName, seen := s.requestIDs[requestID]; seen {
-			return s.ops[opName], 0, "", ""
+			// GCE answers a repeated requestId with the original operation
+			// as it is now, whatever became of its VM since; here, as
+			// getOperation says, that is DONE.
+			op := proto.CloneOf(s.ops[opName])
+			op.Status = computepb.Operation_DONE.Enum()
+			return op, 0, "", ""
 		}
 	}
 	if err := validateInsert(res); err != "" {

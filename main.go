@@ -92,7 +92,12 @@ type options struct {
 	leaseMaxTTL     time.Duration
 	cooldown        time.Duration
 	tokenSecret     string
-	zap             zap.Options
+	// Throughput against the API server: both defaults are too low for
+	// thousands of proxies at client-go's 20 requests/s (docs/performance.md).
+	maxConcurrentReconciles int
+	kubeAPIQPS              float64
+	kubeAPIBurst            int
+	zap                     zap.Options
 }
 
 // parseFlags turns the command line into options, rejecting anything the
@@ -140,6 +145,12 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 		"How long a proxy reported rate_limited for a target is not leased for it (a longer retryAfterSeconds wins).")
 	fs.StringVar(&o.tokenSecret, "discovery-token-secret", "",
 		"namespace/name of the Secret whose key \"token\" is the discovery API's bearer token. Default: discovery-token in the operator's namespace. No Secret: unauthenticated.")
+	fs.IntVar(&o.maxConcurrentReconciles, "max-concurrent-reconciles", controllers.DefaultMaxConcurrentReconciles,
+		"Proxies reconciled at once (never the same Proxy twice); each reconcile makes at most one provider call.")
+	fs.Float64Var(&o.kubeAPIQPS, "kube-api-qps", DefaultKubeAPIQPS,
+		"Sustained requests per second the operator may send the API server (client-side limit).")
+	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", DefaultKubeAPIBurst,
+		"Requests the operator may send the API server in a burst above --kube-api-qps.")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "",
 		"Path of a kubeconfig. Default: $KUBECONFIG, the in-cluster config, then ~/.kube/config.")
 	o.zap.BindFlags(fs)
@@ -188,6 +199,12 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 			errs = append(errs, fmt.Errorf("%w: --%s must be at least 1, got %d", errUsage, n.flag, n.value))
 		}
 	}
+	if o.maxConcurrentReconciles < 1 {
+		errs = append(errs, fmt.Errorf("%w: --max-concurrent-reconciles must be at least 1, got %d", errUsage, o.maxConcurrentReconciles))
+	}
+	if o.kubeAPIQPS <= 0 || o.kubeAPIBurst < 1 {
+		errs = append(errs, fmt.Errorf("%w: --kube-api-qps must be positive and --kube-api-burst at least 1, got %g and %d", errUsage, o.kubeAPIQPS, o.kubeAPIBurst))
+	}
 	if o.leaseMaxTTL < time.Second || o.cooldown < 0 {
 		errs = append(errs, fmt.Errorf("%w: --lease-max-ttl must be at least 1s and --rate-limit-cooldown not negative", errUsage))
 	}
@@ -202,6 +219,16 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	}
 	return o, errors.Join(errs...)
 }
+
+// The operator's default client-side limits on API server requests. At
+// client-go's own 20/s, bringing up 1,000 proxies (about 7 writes each)
+// takes minutes; 50/s sustained stays well inside what an API server's
+// priority and fairness gives one workload, and the burst absorbs a batch
+// of new Proxies.
+const (
+	DefaultKubeAPIQPS   = 50
+	DefaultKubeAPIBurst = 100
+)
 
 // clusterIDPattern accepts what is a valid label value both in Kubernetes and
 // in GCE, where the cluster id is written.
@@ -247,6 +274,7 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 	if err != nil {
 		return err
 	}
+	restConfig.QPS, restConfig.Burst = float32(opts.kubeAPIQPS), opts.kubeAPIBurst
 	mgr, err := newManager(restConfig, opts)
 	if err != nil {
 		return err
@@ -266,6 +294,7 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 		Providers: providerSet,
 		ClusterID: clusterID,
 		Recorder:  mgr.GetEventRecorder("egress-proxies-operator"),
+		Workers:   opts.maxConcurrentReconciles,
 	}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the Proxy controller: %w", err)
 	}

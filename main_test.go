@@ -27,6 +27,9 @@ func TestParseFlags(t *testing.T) {
 		assert.Equal(t, ":8081", o.probeAddr)
 		assert.True(t, o.metricsSecure)
 		assert.Empty(t, o.clusterID, "empty means: use the kube-system namespace's UID")
+		assert.Equal(t, 8, o.maxConcurrentReconciles)
+		assert.InDelta(t, 50, o.kubeAPIQPS, 0)
+		assert.Equal(t, 100, o.kubeAPIBurst)
 	})
 
 	t.Run("every flag is accepted", func(t *testing.T) {
@@ -35,8 +38,12 @@ func TestParseFlags(t *testing.T) {
 			"--discovery-bind-address=127.0.0.1:18090", "--leader-elect",
 			"--providers-config=/etc/providers.yaml", "--cluster-id=prod-eu_1",
 			"--zap-log-level=debug", "--kubeconfig=/tmp/kubeconfig",
+			"--max-concurrent-reconciles=16", "--kube-api-qps=200", "--kube-api-burst=300",
 		}, &bytes.Buffer{})
 		require.NoError(t, err)
+		assert.Equal(t, 16, o.maxConcurrentReconciles)
+		assert.InDelta(t, 200, o.kubeAPIQPS, 0)
+		assert.Equal(t, 300, o.kubeAPIBurst)
 		assert.Equal(t, "prod-eu_1", o.clusterID)
 		assert.Equal(t, "/etc/providers.yaml", o.providersConfig)
 		assert.True(t, o.leaderElect)
@@ -59,6 +66,9 @@ func TestParseFlags(t *testing.T) {
 		{"plain-http probe URL", []string{"--health-probe-url=http://example.com/"}, "--health-probe-url"},
 		{"zero failure threshold", []string{"--health-failure-threshold=0"}, "--health-failure-threshold"},
 		{"negative interval", []string{"--health-interval=-1s"}, "--health-interval"},
+		{"no reconcile workers", []string{"--max-concurrent-reconciles=0"}, "--max-concurrent-reconciles"},
+		{"zero QPS", []string{"--kube-api-qps=0"}, "--kube-api-qps"},
+		{"zero burst", []string{"--kube-api-burst=0"}, "--kube-api-burst"},
 	}
 	for _, tc := range bad {
 		t.Run(tc.name, func(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -59,7 +60,15 @@ type ProxyReconciler struct {
 	// PollInterval is how soon a waiting pass looks again; zero means
 	// DefaultPollInterval.
 	PollInterval time.Duration
+	// Workers is how many Proxies are reconciled at once; zero means
+	// DefaultMaxConcurrentReconciles. controller-runtime never hands two
+	// workers the same Proxy.
+	Workers int
 }
+
+// DefaultMaxConcurrentReconciles lets a slow provider call (a GCE insert
+// takes a round trip to Google) hold up one Proxy, not the fleet.
+const DefaultMaxConcurrentReconciles = 8
 
 // Reconcile performs one step for one Proxy.
 func (r *ProxyReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
@@ -224,8 +233,13 @@ func (r *ProxyReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}); err != nil {
 		return fmt.Errorf("indexing Proxies by cloud-init Secret: %w", err)
 	}
+	workers := r.Workers
+	if workers == 0 {
+		workers = DefaultMaxConcurrentReconciles
+	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("proxy").
+		WithOptions(controller.Options{MaxConcurrentReconciles: workers}).
 		For(&crawlv1alpha1.Proxy{}, builder.WithPredicates(ProxyChangePredicate())).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.proxiesUsingSecret))
 	watched := map[reflect.Type]bool{}

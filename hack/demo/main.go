@@ -51,7 +51,7 @@ func run() error {
 		return err
 	}
 	fmt.Println("starting the API server, the pod runner and the probe target...")
-	c, err := cluster.Start(dir)
+	c, err := cluster.Start(dir, cluster.Options{})
 	if err != nil {
 		return err
 	}

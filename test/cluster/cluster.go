@@ -36,17 +36,32 @@ type Cluster struct {
 	Env *testenv.Env
 	// Dir holds the kubeconfig, the providers config, the probe target's CA
 	// and every process's files.
-	Dir            string
-	Kubeconfig     string
-	ProvidersFile  string
-	Target         *Target
-	Runner         *PodRunner
+	Dir           string
+	Kubeconfig    string
+	ProvidersFile string
+	Target        *Target
+	// Runner runs a real Squid per proxy pod; nil with Options.MarkPods.
+	Runner *PodRunner
+	// Marker marks proxy pods running behind in-process proxies; nil
+	// unless Options.MarkPods.
+	Marker         *PodMarker
 	cancelRunner   context.CancelFunc
 	runnerFinished chan struct{}
 }
 
+// Options change what Start runs.
+type Options struct {
+	// MarkPods runs proxy pods as in-process CONNECT proxies (PodMarker)
+	// instead of real Squid processes: for benchmarks with thousands of
+	// pods. Tests of Squid itself leave it false.
+	MarkPods bool
+	// ExtraProviders are appended, verbatim, to the providers config's list
+	// (a gcp instance pointing at a fake Compute API, say).
+	ExtraProviders string
+}
+
 // Start starts a cluster with its files under dir.
-func Start(dir string) (*Cluster, error) {
+func Start(dir string, opts Options) (*Cluster, error) {
 	c := &Cluster{Dir: dir}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
@@ -78,13 +93,23 @@ func Start(dir string) (*Cluster, error) {
   settings:
     allowedSourceRanges: [127.0.0.0/8]
     deniedDestinationRanges: []
-`), 0o644); err != nil {
+`+opts.ExtraProviders), 0o644); err != nil {
 		c.Stop()
 		return nil, err
 	}
-	c.Runner = NewPodRunner(c.Env.Client, filepath.Join(dir, "pods"))
 	runCtx, cancel := context.WithCancel(ctx)
 	c.cancelRunner, c.runnerFinished = cancel, make(chan struct{})
+	if opts.MarkPods {
+		c.Marker = NewPodMarker(c.Env.Client, 8)
+		go func() {
+			defer close(c.runnerFinished)
+			if err := c.Marker.Run(runCtx, c.Env.Config); err != nil {
+				fmt.Fprintf(os.Stderr, "pod marker: %v\n", err)
+			}
+		}()
+		return c, nil
+	}
+	c.Runner = NewPodRunner(c.Env.Client, filepath.Join(dir, "pods"))
 	go func() { defer close(c.runnerFinished); c.Runner.Run(runCtx) }()
 	return c, nil
 }
@@ -184,6 +209,19 @@ func (c *Cluster) StartOperator(bin string, opts OperatorOptions) (*Operator, er
 	}
 	op.Kill()
 	return nil, errors.New("the operator did not become ready within 60s; log: " + logPath)
+}
+
+// PID is the operator process's id, for reading its resource use.
+func (o *Operator) PID() int { return o.cmd.Process.Pid }
+
+// Exited reports whether the operator process has ended.
+func (o *Operator) Exited() bool {
+	select {
+	case <-o.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // Kill stops the operator at once, as a crash would, and waits for it.

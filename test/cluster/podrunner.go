@@ -38,6 +38,9 @@ type runningPod struct {
 	key   types.NamespacedName
 	ip    string
 	squid *squid.Squid
+	// cfg and dir start the same Squid again after a crash.
+	cfg squid.Config
+	dir string
 }
 
 // NewPodRunner returns a runner keeping its Squids' files under dir.
@@ -86,6 +89,38 @@ func (r *PodRunner) KillSquid(uid types.UID) bool {
 		p.squid.Stop()
 	}
 	return ok
+}
+
+// RestartSquid starts a pod's Squid again after KillSquid, as the kubelet
+// restarts a crashed container: same address, same config. It does nothing
+// for a Squid that runs, and reports false for a pod it does not know.
+func (r *PodRunner) RestartSquid(uid types.UID) (bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p, ok := r.running[uid]
+	if !ok {
+		return false, nil
+	}
+	if p.squid.Running() {
+		return true, nil
+	}
+	sq, err := squid.StartProcess(p.cfg, p.dir)
+	if err != nil {
+		return true, fmt.Errorf("restarting the Squid of pod %s: %w", p.key, err)
+	}
+	p.squid = sq
+	return true, nil
+}
+
+// Pods lists the pods it runs a Squid for (running or killed).
+func (r *PodRunner) Pods() []types.UID {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	uids := make([]types.UID, 0, len(r.running))
+	for uid := range r.running {
+		uids = append(uids, uid)
+	}
+	return uids
 }
 
 func (r *PodRunner) sync(ctx context.Context) error {
@@ -156,7 +191,8 @@ func (r *PodRunner) start(ctx context.Context, pod *corev1.Pod) error {
 		}
 		conf = strings.ReplaceAll(conf, mount.MountPath+"/", local+"/")
 	}
-	sq, err := squid.StartProcess(squid.Config{Address: ip, Port: port, ConfigText: conf}, dir)
+	cfg := squid.Config{Address: ip, Port: port, ConfigText: conf}
+	sq, err := squid.StartProcess(cfg, dir)
 	if err != nil {
 		return err
 	}
@@ -172,7 +208,7 @@ func (r *PodRunner) start(ctx context.Context, pod *corev1.Pod) error {
 		return fmt.Errorf("marking it running: %w", err)
 	}
 	r.mu.Lock()
-	r.running[pod.UID] = &runningPod{key: client.ObjectKeyFromObject(pod), ip: ip, squid: sq}
+	r.running[pod.UID] = &runningPod{key: client.ObjectKeyFromObject(pod), ip: ip, squid: sq, cfg: cfg, dir: dir}
 	r.mu.Unlock()
 	return nil
 }

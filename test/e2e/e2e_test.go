@@ -63,7 +63,7 @@ func runMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}
-	if world.cluster, err = cluster.Start(dir); err != nil {
+	if world.cluster, err = cluster.Start(dir, cluster.Options{}); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}

@@ -67,14 +67,8 @@ func New() (*Env, error) {
 	if err := checkAssets(os.Getenv("KUBEBUILDER_ASSETS")); err != nil {
 		return nil, err
 	}
-	scheme := k8sruntime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		return nil, err
-	}
-	if err := crawlv1alpha1.AddToScheme(scheme); err != nil {
-		return nil, err
-	}
-	if err := apiextensionsv1.AddToScheme(scheme); err != nil {
+	scheme, err := NewScheme()
+	if err != nil {
 		return nil, err
 	}
 	env := &envtest.Environment{
@@ -92,6 +86,17 @@ func New() (*Env, error) {
 		return nil, fmt.Errorf("creating a client: %w", err)
 	}
 	return &Env{Config: cfg, Client: c, Scheme: scheme, env: env}, nil
+}
+
+// NewScheme knows the built-in types, CRDs and the Proxy API.
+func NewScheme() (*k8sruntime.Scheme, error) {
+	scheme := k8sruntime.NewScheme()
+	for _, add := range []func(*k8sruntime.Scheme) error{clientgoscheme.AddToScheme, crawlv1alpha1.AddToScheme, apiextensionsv1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			return nil, err
+		}
+	}
+	return scheme, nil
 }
 
 // Stop stops the API server and etcd.

@@ -1,0 +1,61 @@
+package cluster
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// ConnectProxy is a minimal in-process HTTP CONNECT proxy on a loopback
+// address: what the benchmarks put behind thousands of Proxies, where as
+// many Squid processes would not fit on one machine. It tunnels to any
+// address; tests only ever point it at loopback targets.
+type ConnectProxy struct {
+	// Addr is host:port it listens on.
+	Addr string
+
+	srv  *http.Server
+	once sync.Once
+}
+
+// StartConnectProxy listens on addr ("127.0.0.1:0" for any free port).
+func StartConnectProxy(addr string) (*ConnectProxy, error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("connect proxy on %s: %w", addr, err)
+	}
+	p := &ConnectProxy{Addr: l.Addr().String()}
+	p.srv = &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(tunnel)}
+	go func() { _ = p.srv.Serve(l) }()
+	return p, nil
+}
+
+// Close stops listening: from then on the proxy refuses connections, as a
+// crashed Squid does.
+func (p *ConnectProxy) Close() {
+	p.once.Do(func() { _ = p.srv.Close() })
+}
+
+func tunnel(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodConnect {
+		http.Error(w, "CONNECT only", http.StatusMethodNotAllowed)
+		return
+	}
+	dst, err := net.DialTimeout("tcp", r.Host, 5*time.Second)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	conn, _, err := w.(http.Hijacker).Hijack()
+	if err != nil {
+		_ = dst.Close()
+		return
+	}
+	_, _ = conn.Write([]byte("HTTP/1.1 200 Connection Established\r\n\r\n"))
+	go func() { _, _ = io.Copy(dst, conn); _ = dst.Close() }()
+	_, _ = io.Copy(conn, dst)
+	_ = conn.Close()
+}

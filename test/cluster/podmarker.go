@@ -1,0 +1,169 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+)
+
+// PodMarker plays a fast kubelet for benchmarks: each new proxy pod gets a
+// loopback address of its own with an in-process CONNECT proxy on the pod's
+// port, and is marked Running and Ready at once. Unlike PodRunner it starts
+// no Squid, so a thousand pods cost a thousand sockets, not a thousand
+// processes. It watches pods instead of polling them, so it is never what
+// a benchmark measures.
+type PodMarker struct {
+	client  client.Client
+	workers int
+	queue   workqueue.TypedInterface[types.NamespacedName]
+
+	mu      sync.Mutex
+	proxies map[types.UID]*ConnectProxy
+	byKey   map[types.NamespacedName]types.UID
+	nextIP  int
+}
+
+// NewPodMarker returns a marker writing through c with workers goroutines.
+func NewPodMarker(c client.Client, workers int) *PodMarker {
+	return &PodMarker{
+		client: c, workers: workers, queue: workqueue.NewTyped[types.NamespacedName](),
+		proxies: map[types.UID]*ConnectProxy{}, byKey: map[types.NamespacedName]types.UID{},
+	}
+}
+
+// Run watches proxy pods (those carrying the operator's cluster-id label)
+// until ctx ends, then closes every proxy it started.
+func (m *PodMarker) Run(ctx context.Context, cfg *rest.Config) error {
+	hasLabel, err := labels.NewRequirement(crawlv1alpha1.LabelClusterID, selection.Exists, nil)
+	if err != nil {
+		return err
+	}
+	informers, err := cache.New(cfg, cache.Options{Scheme: m.client.Scheme(), ByObject: map[client.Object]cache.ByObject{
+		&corev1.Pod{}: {Label: labels.NewSelector().Add(*hasLabel)},
+	}})
+	if err != nil {
+		return fmt.Errorf("pod marker cache: %w", err)
+	}
+	inf, err := informers.GetInformer(ctx, &corev1.Pod{})
+	if err != nil {
+		return fmt.Errorf("pod marker informer: %w", err)
+	}
+	enqueue := func(obj any) {
+		if pod, ok := obj.(*corev1.Pod); ok {
+			m.queue.Add(client.ObjectKeyFromObject(pod))
+		} else if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+			if pod, ok := tomb.Obj.(*corev1.Pod); ok {
+				m.queue.Add(client.ObjectKeyFromObject(pod))
+			}
+		}
+	}
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc: enqueue, UpdateFunc: func(_, obj any) { enqueue(obj) }, DeleteFunc: enqueue,
+	}); err != nil {
+		return fmt.Errorf("pod marker handler: %w", err)
+	}
+	go func() { _ = informers.Start(ctx) }()
+	var wg sync.WaitGroup
+	for range m.workers {
+		wg.Go(func() {
+			for {
+				key, shutdown := m.queue.Get()
+				if shutdown {
+					return
+				}
+				if err := m.sync(ctx, key); err != nil && ctx.Err() == nil {
+					fmt.Fprintf(os.Stderr, "pod marker: pod %s: %v\n", key, err)
+					m.queue.Add(key) // retried at once: a benchmark has no time to back off
+				}
+				m.queue.Done(key)
+			}
+		})
+	}
+	<-ctx.Done()
+	m.queue.ShutDown()
+	wg.Wait()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for uid, p := range m.proxies {
+		p.Close()
+		delete(m.proxies, uid)
+	}
+	return nil
+}
+
+// Marked counts the pods marked Running that still exist.
+func (m *PodMarker) Marked() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.proxies)
+}
+
+func (m *PodMarker) sync(ctx context.Context, key types.NamespacedName) error {
+	var pod corev1.Pod
+	err := m.client.Get(ctx, key, &pod)
+	if apierrors.IsNotFound(err) || (err == nil && pod.DeletionTimestamp != nil) {
+		m.forget(key)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	uid, known := m.byKey[key]
+	m.mu.Unlock()
+	if known && uid == pod.UID {
+		return nil
+	}
+	if known {
+		m.forget(key) // the same name, a new pod
+	}
+	m.mu.Lock()
+	m.nextIP++
+	n := m.nextIP
+	m.mu.Unlock()
+	ip := fmt.Sprintf("127.3.%d.%d", n/250, 1+n%250)
+	port := pod.Spec.Containers[0].Ports[0].ContainerPort
+	proxy, err := StartConnectProxy(fmt.Sprintf("%s:%d", ip, port))
+	if err != nil {
+		return err
+	}
+	pod.Status = corev1.PodStatus{
+		Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}},
+		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}},
+	}
+	if err := m.client.Status().Update(ctx, &pod); err != nil {
+		proxy.Close()
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("marking it running: %w", err)
+	}
+	m.mu.Lock()
+	m.proxies[pod.UID], m.byKey[key] = proxy, pod.UID
+	m.mu.Unlock()
+	return nil
+}
+
+func (m *PodMarker) forget(key types.NamespacedName) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if uid, ok := m.byKey[key]; ok {
+		m.proxies[uid].Close()
+		delete(m.proxies, uid)
+		delete(m.byKey, key)
+	}
+}

@@ -92,8 +92,8 @@ type options struct {
 	leaseMaxTTL     time.Duration
 	cooldown        time.Duration
 	tokenSecret     string
-	// Throughput against the API server: both defaults are too low for
-	// thousands of proxies at client-go's 20 requests/s (docs/performance.md).
+	// Throughput against the API server: one worker and controller-runtime's
+	// 20 requests/s are too slow for thousands of proxies (docs/performance.md).
 	maxConcurrentReconciles int
 	kubeAPIQPS              float64
 	kubeAPIBurst            int
@@ -220,11 +220,12 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	return o, errors.Join(errs...)
 }
 
-// The operator's default client-side limits on API server requests. At
-// client-go's own 20/s, bringing up 1,000 proxies (about 7 writes each)
-// takes minutes; 50/s sustained stays well inside what an API server's
-// priority and fairness gives one workload, and the burst absorbs a batch
-// of new Proxies.
+// The operator's default client-side limits on API server requests. A
+// Managed proxy takes 10 writes to bring up and an External one 3
+// (docs/performance.md), so at controller-runtime's 20/s a thousand Managed
+// proxies would take over 8 minutes; 50/s sustained stays well inside what
+// an API server's priority and fairness gives one workload, and the burst
+// absorbs a batch of new Proxies.
 const (
 	DefaultKubeAPIQPS   = 50
 	DefaultKubeAPIBurst = 100
@@ -497,12 +498,14 @@ func newManager(restConfig *rest.Config, opts options) (manager.Manager, error) 
 }
 
 // cacheOptions keeps the operator's memory to what it owns: Secrets only
-// when labelled for cloud-init, and instance objects only when labelled with
-// a cluster id.
+// when labelled for cloud-init, instance objects only when labelled with a
+// cluster id, and no object's managedFields, which nothing here reads and
+// which are a large share of each cached object. (An update sent without
+// them leaves the server's as they are.)
 func cacheOptions() cache.Options {
 	byObject := controllers.CacheByObject()
 	maps.Copy(byObject, kubernetes.CacheByObject())
-	return cache.Options{ByObject: byObject}
+	return cache.Options{ByObject: byObject, DefaultTransform: cache.TransformStripManagedFields()}
 }
 
 // defaultClusterID is the UID of the kube-system namespace: stable for the

@@ -2,6 +2,9 @@
 # Debian's packages only. Tools are built from source into bin/, keyed by
 # version, so a second run is instant and nothing prebuilt is downloaded.
 
+# bash for pipefail: a failed benchmark must fail `make bench` through tee.
+SHELL := /bin/bash
+
 IMG ?= egress-proxies-operator:dev
 NAMESPACE ?= egress-proxies-operator-system
 
@@ -92,11 +95,14 @@ lint: $(GOLANGCI_LINT) ## Run go vet and golangci-lint.
 test: verify-generated envtest ## Run unit and envtest suites with -race (builds the control plane first).
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test $(GO_TEST_FLAGS) ./...
 
-BENCH_FLAGS ?= -run '^$$' -bench . -benchtime 1x -count 1
+# -p 1: one package's benchmarks at a time, so none measures another's load.
+BENCH_FLAGS ?= -run '^$$' -bench . -benchtime 1x -count 1 -p 1 -timeout 30m
+BENCH_RESULTS ?= bench/results
 
 .PHONY: bench
-bench: envtest ## Run the benchmarks (each figure beside its baseline from the same run).
-	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test $(BENCH_FLAGS) ./...
+bench: envtest squid ## Run every benchmark; print the table of figures beside their baselines and write it under bench/results.
+	set -o pipefail; KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test $(BENCH_FLAGS) ./... | tee $(BIN)/bench-output.txt
+	go run ./hack/benchtable -out $(BENCH_RESULTS) < $(BIN)/bench-output.txt
 
 FUZZ_TIME ?= 30s
 

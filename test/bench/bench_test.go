@@ -1,0 +1,237 @@
+// Package bench measures the operator binary end to end on the local
+// control plane: how long a thousand proxies take to become Ready, how many
+// API writes each costs, and how much memory ten thousand take. Every
+// figure is reported beside the limit it runs up against, measured in the
+// same run on the same API server: a bare client doing only the writes a
+// proxy needs, a bare process holding only the cache. `make bench` runs it
+// with the other packages' benchmarks and prints the table.
+package bench
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/test/cluster"
+)
+
+// clientWorkers is how many goroutines create objects, in the operator's
+// runs and the bare ones alike.
+const clientWorkers = 16
+
+func TestMain(m *testing.M) {
+	// The memory benchmark runs this binary again as its baseline: a bare
+	// process holding nothing but an informer cache of the same Proxies.
+	if kubeconfig := os.Getenv(bareCacheEnv); kubeconfig != "" {
+		if err := runBareCache(kubeconfig); err != nil {
+			fmt.Fprintln(os.Stderr, "bare cache:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// world is a local cluster with the operator binary built, for one
+// benchmark.
+type world struct {
+	cluster *cluster.Cluster
+	bin     string
+	dir     string
+}
+
+func newWorld(b *testing.B, opts cluster.Options) *world {
+	b.Helper()
+	dir := b.TempDir()
+	c, err := cluster.Start(dir, opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(c.Stop)
+	bin, err := cluster.BuildOperator(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return &world{cluster: c, bin: bin, dir: dir}
+}
+
+// startOperator runs the operator with plain-HTTP metrics on a free
+// loopback port (to read its request counters), the default probe interval
+// (the harness's 1s would make probing, not reconciling, the work) and the
+// bare client's own client-side limits (envtest's 1000/s, burst 2000), so
+// the two are compared on the same terms. At the shipped --kube-api-qps of
+// 50, writes per proxy ÷ 50 bounds the rate instead (docs/performance.md).
+func (w *world) startOperator(b *testing.B) (*cluster.Operator, string) {
+	b.Helper()
+	metrics := freeAddr(b)
+	op, err := w.cluster.StartOperator(w.bin, cluster.OperatorOptions{
+		DiscoveryAddr: freeAddr(b), ProbeAddr: freeAddr(b),
+		ExtraArgs: []string{"--metrics-bind-address=" + metrics, "--metrics-secure=false", "--health-interval=30s", "--health-timeout=10s",
+			"--kube-api-qps=1000", "--kube-api-burst=2000"},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(op.Stop)
+	return op, "http://" + metrics + "/metrics"
+}
+
+func freeAddr(b *testing.B) string {
+	b.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// forEach runs do(i) for i in [0, n) on clientWorkers goroutines and returns
+// the first error.
+func forEach(n int, do func(i int) error) error {
+	var next atomic.Int64
+	var first error
+	var once sync.Once
+	var wg sync.WaitGroup
+	for range clientWorkers {
+		wg.Go(func() {
+			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+				if err := do(i); err != nil {
+					once.Do(func() { first = err })
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return first
+}
+
+// readyWatch counts, from an informer of its own, the Proxies of a
+// namespace whose Ready condition is True, and says when n are.
+type readyWatch struct {
+	mu    sync.Mutex
+	ready map[string]bool
+	n     int
+	done  chan struct{}
+	once  sync.Once
+}
+
+func watchReady(ctx context.Context, b *testing.B, c *cluster.Cluster, namespace string, n int) *readyWatch {
+	b.Helper()
+	informers, err := cache.New(c.Env.Config, cache.Options{Scheme: c.Env.Scheme, DefaultNamespaces: map[string]cache.Config{namespace: {}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	inf, err := informers.GetInformer(ctx, &crawlv1alpha1.Proxy{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	w := &readyWatch{ready: map[string]bool{}, n: n, done: make(chan struct{})}
+	see := func(obj any) {
+		p, ok := obj.(*crawlv1alpha1.Proxy)
+		if !ok {
+			return
+		}
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.ready[p.Name] = meta.IsStatusConditionTrue(p.Status.Conditions, crawlv1alpha1.ConditionReady)
+		count := 0
+		for _, r := range w.ready {
+			if r {
+				count++
+			}
+		}
+		if count >= w.n {
+			w.once.Do(func() { close(w.done) })
+		}
+	}
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{AddFunc: see, UpdateFunc: func(_, o any) { see(o) }}); err != nil {
+		b.Fatal(err)
+	}
+	go func() { _ = informers.Start(ctx) }()
+	if !informers.WaitForCacheSync(ctx) {
+		b.Fatal("the ready watch's cache did not sync")
+	}
+	return w
+}
+
+// wait blocks until n Proxies are Ready, failing after timeout with how
+// many were and the end of the operator's log.
+func (w *readyWatch) wait(b *testing.B, timeout time.Duration, op *cluster.Operator) {
+	b.Helper()
+	select {
+	case <-w.done:
+	case <-time.After(timeout):
+		if log, err := os.ReadFile(op.Log); err == nil {
+			b.Logf("the operator's log ends:\n%s", log[max(0, len(log)-8000):])
+		}
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		count := 0
+		for _, r := range w.ready {
+			if r {
+				count++
+			}
+		}
+		b.Fatalf("only %d of %d Proxies Ready after %s", count, w.n, timeout)
+	}
+}
+
+// apiWrites is the operator's count of mutating requests to the API
+// server so far (client-go's rest_client_requests_total, which
+// controller-runtime exports), by method.
+func apiWrites(b *testing.B, metricsURL string) map[string]float64 {
+	b.Helper()
+	families, err := cluster.ScrapeMetrics(metricsURL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	family, ok := families["rest_client_requests_total"]
+	if !ok {
+		b.Fatal("the operator exports no rest_client_requests_total")
+	}
+	writes := map[string]float64{}
+	for _, m := range family.GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "method" && l.GetValue() != http.MethodGet {
+				writes[l.GetValue()] += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return writes
+}
+
+func sum(m map[string]float64) float64 {
+	var s float64
+	for _, v := range m {
+		s += v
+	}
+	return s
+}
+
+func readyCondition() metav1.Condition {
+	return metav1.Condition{Type: crawlv1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: "Bare", Message: "written by the bare baseline"}
+}
+
+// mustNamespace creates a namespace.
+func mustNamespace(b *testing.B, c client.Client, name string) {
+	b.Helper()
+	if err := c.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {
+		b.Fatal(err)
+	}
+}

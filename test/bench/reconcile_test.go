@@ -1,0 +1,167 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/test/cluster"
+)
+
+const (
+	reconcileProxies = 1000
+	readyTimeout     = 5 * time.Minute
+	// externalListeners are the in-process CONNECT proxies External
+	// Proxies point at (several Proxies share one, as in the health bench).
+	externalListeners = 8
+)
+
+// BenchmarkReconcileExternal1000 brings 1,000 External Proxies to Ready
+// (provisioned, then probed Healthy) and compares the time with a bare
+// client's 1,000 creates plus status writes on the same API server.
+func BenchmarkReconcileExternal1000(b *testing.B) { benchReconcile(b, crawlv1alpha1.ModeExternal) }
+
+// BenchmarkReconcileManaged1000 does the same for 1,000 Managed Proxies on
+// the kubernetes provider, the pods marked running by the harness; the bare
+// client does what bringing one up takes: the Proxy, its ConfigMap and pod,
+// the pod's status (the kubelet's write) and the Proxy's status.
+func BenchmarkReconcileManaged1000(b *testing.B) { benchReconcile(b, crawlv1alpha1.ModeManaged) }
+
+func benchReconcile(b *testing.B, mode crawlv1alpha1.ProxyMode) {
+	w := newWorld(b, cluster.Options{MarkPods: true})
+	c := w.cluster.Env.Client
+	ctx := context.Background()
+	var externals []string
+	for range externalListeners {
+		p, err := cluster.StartConnectProxy("127.0.0.1:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(p.Close)
+		externals = append(externals, p.Addr)
+	}
+	newProxy := func(ns string, i int) *crawlv1alpha1.Proxy {
+		p := &crawlv1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("px-%04d", i)},
+			Spec: crawlv1alpha1.ProxySpec{Mode: mode, Attributes: map[string]string{"bench": "reconcile"}}}
+		if mode == crawlv1alpha1.ModeManaged {
+			p.Spec.Provider = cluster.ProviderName
+			return p
+		}
+		host, port, _ := net.SplitHostPort(externals[i%len(externals)])
+		n, _ := strconv.Atoi(port)
+		p.Spec.External = &crawlv1alpha1.ExternalEndpoint{Address: host, Port: int32(n)}
+		return p
+	}
+
+	var bareTime, opTime time.Duration
+	var bareWrites, opWrites float64
+	round := 0
+	for b.Loop() {
+		round++
+		// The limit: only the writes bringing a proxy up needs, from a
+		// bare client, before the operator runs.
+		bareNS := fmt.Sprintf("bare-%d", round)
+		mustNamespace(b, c, bareNS)
+		t0 := time.Now()
+		writes, err := bareBringUp(ctx, c, bareNS, mode, newProxy)
+		if err != nil {
+			b.Fatal(err)
+		}
+		bareTime += time.Since(t0)
+		bareWrites += float64(writes)
+		for _, obj := range []client.Object{&crawlv1alpha1.Proxy{}, &corev1.Pod{}, &corev1.ConfigMap{}} {
+			if err := c.DeleteAllOf(ctx, obj, client.InNamespace(bareNS)); err != nil {
+				b.Fatal(err)
+			}
+		}
+
+		// The operator: create the Proxies, wait until all are Ready.
+		op, metrics := w.startOperator(b)
+		ns := fmt.Sprintf("operator-%d", round)
+		mustNamespace(b, c, ns)
+		ready := watchReady(ctx, b, w.cluster, ns, reconcileProxies)
+		before := sum(apiWrites(b, metrics))
+		t0 = time.Now()
+		if err := forEach(reconcileProxies, func(i int) error { return c.Create(ctx, newProxy(ns, i)) }); err != nil {
+			b.Fatal(err)
+		}
+		ready.wait(b, readyTimeout, op)
+		opTime += time.Since(t0)
+		after := settledWrites(b, metrics)
+		opWrites += sum(after) - before
+		b.Logf("operator writes by method: %v (before the run: %.0f)", after, before)
+		op.Stop()
+	}
+	n := float64(round * reconcileProxies)
+	b.ReportMetric(opTime.Seconds()/float64(round), "operator_s")
+	b.ReportMetric(bareTime.Seconds()/float64(round), "bare_s")
+	b.ReportMetric(opWrites/n, "operator_writes/proxy")
+	b.ReportMetric(bareWrites/n, "bare_writes/proxy")
+	b.ReportMetric(0, "ns/op")
+}
+
+// settledWrites waits until the operator's write counter stops moving (the
+// Events and status writes that trail the last Ready) and returns it.
+func settledWrites(b *testing.B, metrics string) map[string]float64 {
+	b.Helper()
+	last := apiWrites(b, metrics)
+	for range 30 {
+		time.Sleep(time.Second)
+		now := apiWrites(b, metrics)
+		if sum(now) == sum(last) {
+			return now
+		}
+		last = now
+	}
+	b.Fatal("the operator kept writing 30s after every Proxy was Ready")
+	return nil
+}
+
+// bareBringUp does, for each proxy, only the writes that bringing it up
+// takes, and returns how many it made.
+func bareBringUp(ctx context.Context, c client.Client, ns string, mode crawlv1alpha1.ProxyMode, newProxy func(string, int) *crawlv1alpha1.Proxy) (int, error) {
+	perProxy := 2
+	if mode == crawlv1alpha1.ModeManaged {
+		perProxy = 5
+	}
+	err := forEach(reconcileProxies, func(i int) error {
+		p := newProxy(ns, i)
+		if err := c.Create(ctx, p); err != nil {
+			return err
+		}
+		ip := "127.0.0.1"
+		if mode == crawlv1alpha1.ModeManaged {
+			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: p.Name},
+				Data: map[string]string{"squid.conf": strings.Repeat("# a squid.conf of a realistic size\n", 40)}}
+			if err := c.Create(ctx, cm); err != nil {
+				return err
+			}
+			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: p.Name},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "squid", Image: "ubuntu/squid",
+					Ports: []corev1.ContainerPort{{Name: "proxy", ContainerPort: crawlv1alpha1.DefaultPort}}}}}}
+			if err := c.Create(ctx, pod); err != nil {
+				return err
+			}
+			ip = fmt.Sprintf("127.4.%d.%d", i/250, 1+i%250)
+			pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip,
+				Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
+			if err := c.Status().Update(ctx, pod); err != nil {
+				return err
+			}
+		}
+		p.Status = crawlv1alpha1.ProxyStatus{Phase: crawlv1alpha1.PhaseReady, IP: ip, Port: crawlv1alpha1.DefaultPort}
+		meta.SetStatusCondition(&p.Status.Conditions, readyCondition())
+		return c.Status().Update(ctx, p)
+	})
+	return perProxy * reconcileProxies, err
+}

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -77,9 +78,9 @@ func newWorld(b *testing.B, opts cluster.Options) *world {
 // 50, writes per proxy ÷ 50 bounds the rate instead (docs/performance.md).
 func (w *world) startOperator(b *testing.B) (*cluster.Operator, string) {
 	b.Helper()
-	metrics := freeAddr(b)
+	metrics := cluster.FreeAddr()
 	op, err := w.cluster.StartOperator(w.bin, cluster.OperatorOptions{
-		DiscoveryAddr: freeAddr(b), ProbeAddr: freeAddr(b),
+		DiscoveryAddr: cluster.FreeAddr(), ProbeAddr: cluster.FreeAddr(),
 		ExtraArgs: []string{"--metrics-bind-address=" + metrics, "--metrics-secure=false", "--health-interval=30s", "--health-timeout=10s",
 			"--kube-api-qps=1000", "--kube-api-burst=2000"},
 	})
@@ -90,14 +91,27 @@ func (w *world) startOperator(b *testing.B) (*cluster.Operator, string) {
 	return op, "http://" + metrics + "/metrics"
 }
 
-func freeAddr(b *testing.B) string {
+// startExternals starts the in-process CONNECT proxies that External
+// Proxies point at, several Proxies to each, and returns their addresses.
+func startExternals(b *testing.B) []string {
 	b.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
+	var addrs []string
+	for range externalListeners {
+		p, err := cluster.StartConnectProxy("127.0.0.1:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(p.Close)
+		addrs = append(addrs, p.Addr)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return addrs
+}
+
+// externalEndpoint points an External Proxy at addr.
+func externalEndpoint(addr string) *crawlv1alpha1.ExternalEndpoint {
+	host, port, _ := net.SplitHostPort(addr) // one of startExternals' own
+	n, _ := strconv.Atoi(port)
+	return &crawlv1alpha1.ExternalEndpoint{Address: host, Port: int32(n)}
 }
 
 // forEach runs do(i) for i in [0, n) on clientWorkers goroutines and returns

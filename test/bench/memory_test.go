@@ -5,11 +5,9 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"runtime"
-	"strconv"
 	"testing"
 	"time"
 
@@ -37,15 +35,7 @@ func BenchmarkOperatorMemory10k(b *testing.B) {
 	w := newWorld(b, cluster.Options{MarkPods: true})
 	c := w.cluster.Env.Client
 	ctx := context.Background()
-	var externals []string
-	for range externalListeners {
-		p, err := cluster.StartConnectProxy("127.0.0.1:0")
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(p.Close)
-		externals = append(externals, p.Addr)
-	}
+	externals := startExternals(b)
 	var opRSS, bareRSS float64
 	round := 0
 	for b.Loop() {
@@ -55,12 +45,10 @@ func BenchmarkOperatorMemory10k(b *testing.B) {
 		mustNamespace(b, c, ns)
 		ready := watchReady(ctx, b, w.cluster, ns, memoryProxies)
 		if err := forEach(memoryProxies, func(i int) error {
-			host, port, _ := net.SplitHostPort(externals[i%len(externals)])
-			n, _ := strconv.Atoi(port)
 			return c.Create(ctx, &crawlv1alpha1.Proxy{
 				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("px-%05d", i)},
 				Spec: crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeExternal, Attributes: map[string]string{"geo": "eu", "tier": "bench"},
-					External: &crawlv1alpha1.ExternalEndpoint{Address: host, Port: int32(n)}},
+					External: externalEndpoint(externals[i%len(externals)])},
 			})
 		}); err != nil {
 			b.Fatal(err)

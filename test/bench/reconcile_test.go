@@ -3,8 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"net"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -41,15 +39,7 @@ func benchReconcile(b *testing.B, mode crawlv1alpha1.ProxyMode) {
 	w := newWorld(b, cluster.Options{MarkPods: true})
 	c := w.cluster.Env.Client
 	ctx := context.Background()
-	var externals []string
-	for range externalListeners {
-		p, err := cluster.StartConnectProxy("127.0.0.1:0")
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(p.Close)
-		externals = append(externals, p.Addr)
-	}
+	externals := startExternals(b)
 	newProxy := func(ns string, i int) *crawlv1alpha1.Proxy {
 		p := &crawlv1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("px-%04d", i)},
 			Spec: crawlv1alpha1.ProxySpec{Mode: mode, Attributes: map[string]string{"bench": "reconcile"}}}
@@ -57,9 +47,7 @@ func benchReconcile(b *testing.B, mode crawlv1alpha1.ProxyMode) {
 			p.Spec.Provider = cluster.ProviderName
 			return p
 		}
-		host, port, _ := net.SplitHostPort(externals[i%len(externals)])
-		n, _ := strconv.Atoi(port)
-		p.Spec.External = &crawlv1alpha1.ExternalEndpoint{Address: host, Port: int32(n)}
+		p.Spec.External = externalEndpoint(externals[i%len(externals)])
 		return p
 	}
 

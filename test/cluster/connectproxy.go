@@ -33,6 +33,18 @@ func StartConnectProxy(addr string) (*ConnectProxy, error) {
 	return p, nil
 }
 
+// FreeAddr is a loopback host:port free at the time of the call, for a
+// process that must be told its address before it listens. It panics if
+// the machine cannot listen on loopback at all: nothing else would work.
+func FreeAddr() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(fmt.Sprintf("listening on loopback: %v", err))
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
 // Close stops listening: from then on the proxy refuses connections, as a
 // crashed Squid does.
 func (p *ConnectProxy) Close() {

@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -16,12 +17,14 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 )
 
-// TargetAddr is where the probe target listens: port 443 because Squid lets
-// CONNECT reach port 443 only, on a loopback address of its own.
-const TargetAddr = "127.0.0.2:443"
+// targetIPs are where the probe target may listen, first free wins, so
+// that two local clusters (an e2e run beside a soak) can share a machine.
+// The port is always 443: Squid lets CONNECT reach port 443 only.
+var targetIPs = []string{"127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", "127.0.0.6", "127.0.0.7", "127.0.0.8", "127.0.0.9"}
 
 // Target is a local HTTPS server standing in for the internet site the
 // health engine fetches through every proxy.
@@ -32,19 +35,34 @@ type Target struct {
 	srv         *http.Server
 }
 
-// StartTarget starts the target, writing its CA under dir.
+// StartTarget starts the target on the first free address of targetIPs,
+// writing its CA under dir.
 func StartTarget(dir string) (*Target, error) {
-	cert, caPEM, err := selfSigned(net.ParseIP("127.0.0.2"))
+	var l net.Listener
+	var ip string
+	var errs []error
+	for _, ip = range targetIPs {
+		var err error
+		if l, err = net.Listen("tcp", net.JoinHostPort(ip, "443")); err == nil {
+			break
+		}
+		errs = append(errs, err)
+		if !errors.Is(err, syscall.EADDRINUSE) {
+			return nil, fmt.Errorf("the probe target listens on port 443 (Squid allows CONNECT to 443 only), which needs root or CAP_NET_BIND_SERVICE: %w", err)
+		}
+	}
+	if l == nil {
+		return nil, fmt.Errorf("the probe target found no free address among %v on port 443: %w", targetIPs, errors.Join(errs...))
+	}
+	cert, caPEM, err := selfSigned(net.ParseIP(ip))
 	if err != nil {
+		_ = l.Close()
 		return nil, err
 	}
 	caFile := filepath.Join(dir, "probe-target-ca.pem")
 	if err := os.WriteFile(caFile, caPEM, 0o644); err != nil {
+		_ = l.Close()
 		return nil, err
-	}
-	l, err := net.Listen("tcp", TargetAddr)
-	if err != nil {
-		return nil, fmt.Errorf("the probe target listens on %s (Squid allows CONNECT to 443 only), which needs root or CAP_NET_BIND_SERVICE: %w", TargetAddr, err)
 	}
 	srv := &http.Server{
 		ReadHeaderTimeout: 5 * time.Second,
@@ -56,7 +74,7 @@ func StartTarget(dir string) (*Target, error) {
 		ErrorLog: log.New(io.Discard, "", 0),
 	}
 	go func() { _ = srv.ServeTLS(l, "", "") }()
-	return &Target{URL: "https://127.0.0.2/generate_204", CAFile: caFile, srv: srv}, nil
+	return &Target{URL: "https://" + ip + "/generate_204", CAFile: caFile, srv: srv}, nil
 }
 
 // Close stops the target.

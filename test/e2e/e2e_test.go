@@ -73,7 +73,7 @@ func runMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "e2e: creating the token Secret:", err)
 		return 1
 	}
-	world.opts = cluster.OperatorOptions{DiscoveryAddr: freeAddr(), ProbeAddr: freeAddr()}
+	world.opts = cluster.OperatorOptions{DiscoveryAddr: cluster.FreeAddr(), ProbeAddr: cluster.FreeAddr()}
 	world.discovery = "http://" + world.opts.DiscoveryAddr
 	if world.operator, err = world.cluster.StartOperator(world.bin, world.opts); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
@@ -93,15 +93,6 @@ func runMain(m *testing.M) int {
 func tokenSecret(token string) *corev1.Secret {
 	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: cluster.OperatorNamespace, Name: "discovery-token"},
 		Data: map[string][]byte{"token": []byte(token)}}
-}
-
-func freeAddr() string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		panic(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // --- the API as a crawler sees it ---

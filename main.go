@@ -147,9 +147,9 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 		"namespace/name of the Secret whose key \"token\" is the discovery API's bearer token. Default: discovery-token in the operator's namespace. No Secret: unauthenticated.")
 	fs.IntVar(&o.maxConcurrentReconciles, "max-concurrent-reconciles", controllers.DefaultMaxConcurrentReconciles,
 		"Proxies reconciled at once (never the same Proxy twice); each reconcile makes at most one provider call.")
-	fs.Float64Var(&o.kubeAPIQPS, "kube-api-qps", DefaultKubeAPIQPS,
+	fs.Float64Var(&o.kubeAPIQPS, "kube-api-qps", controllers.DefaultKubeAPIQPS,
 		"Sustained requests per second the operator may send the API server (client-side limit).")
-	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", DefaultKubeAPIBurst,
+	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", controllers.DefaultKubeAPIBurst,
 		"Requests the operator may send the API server in a burst above --kube-api-qps.")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "",
 		"Path of a kubeconfig. Default: $KUBECONFIG, the in-cluster config, then ~/.kube/config.")
@@ -219,17 +219,6 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	}
 	return o, errors.Join(errs...)
 }
-
-// The operator's default client-side limits on API server requests. A
-// Managed proxy takes 10 writes to bring up and an External one 3
-// (docs/performance.md), so at controller-runtime's 20/s a thousand Managed
-// proxies would take over 8 minutes; 50/s sustained stays well inside what
-// an API server's priority and fairness gives one workload, and the burst
-// absorbs a batch of new Proxies.
-const (
-	DefaultKubeAPIQPS   = 50
-	DefaultKubeAPIBurst = 100
-)
 
 // clusterIDPattern accepts what is a valid label value both in Kubernetes and
 // in GCE, where the cluster id is written.

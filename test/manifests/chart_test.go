@@ -328,6 +328,11 @@ func TestChartDefaultsAreTheOperatorsDefaults(t *testing.T) {
 				LeaseMaxTTL       string `json:"leaseMaxTTL"`
 				RateLimitCooldown string
 			}
+			Reconcile struct{ Workers int }
+			KubeAPI   struct {
+				QPS   float64 `json:"qps"`
+				Burst int
+			} `json:"kubeAPI"`
 		}
 	}
 	require.NoError(t, yaml.Unmarshal(repoFile(t, chartDir+"/values.yaml"), &values))
@@ -353,6 +358,9 @@ func TestChartDefaultsAreTheOperatorsDefaults(t *testing.T) {
 	assert.Equal(t, health.DefaultFailureThreshold, op.Health.FailureThreshold)
 	assert.Equal(t, health.DefaultSuccessThreshold, op.Health.SuccessThreshold)
 	assert.Equal(t, health.DefaultWorkers, op.Health.Workers)
+	assert.Equal(t, controllers.DefaultMaxConcurrentReconciles, op.Reconcile.Workers)
+	assert.InDelta(t, controllers.DefaultKubeAPIQPS, op.KubeAPI.QPS, 0)
+	assert.Equal(t, controllers.DefaultKubeAPIBurst, op.KubeAPI.Burst)
 }
 
 // TestChartSchemaKnowsEveryProviderSetting: the schema's per-type settings
@@ -394,6 +402,9 @@ func TestChartSchemaRejectsBadValues(t *testing.T) {
 		{"not a duration", map[string]any{"operator": map[string]any{"gc": map[string]any{"interval": "ten minutes"}}}, "/operator/gc/interval"},
 		{"zero workers", map[string]any{"operator": map[string]any{"health": map[string]any{"workers": 0}}}, "/operator/health/workers"},
 		{"plain-http probe URL", map[string]any{"operator": map[string]any{"health": map[string]any{"probeURL": "http://example.com"}}}, "/operator/health/probeURL"},
+		{"no reconcile workers", map[string]any{"operator": map[string]any{"reconcile": map[string]any{"workers": 0}}}, "/operator/reconcile/workers"},
+		{"zero API QPS", map[string]any{"operator": map[string]any{"kubeAPI": map[string]any{"qps": 0}}}, "/operator/kubeAPI/qps"},
+		{"unknown kubeAPI key", map[string]any{"operator": map[string]any{"kubeAPI": map[string]any{"rate": 10}}}, "rate"},
 		{"extra arg without dashes", map[string]any{"operator": map[string]any{"extraArgs": []any{"enable-http2"}}}, "/operator/extraArgs/0"},
 		{"bad pull policy", map[string]any{"image": map[string]any{"pullPolicy": "Sometimes"}}, "/image/pullPolicy"},
 		{"unknown provider type", map[string]any{"providers": []any{map[string]any{"name": "aws-eu", "type": "aws"}}}, "/providers/0/type"},

@@ -87,8 +87,8 @@ fmt: ## Run gofmt on the tree.
 	gofmt -l -w $$(git ls-files '*.go')
 
 .PHONY: lint
-lint: $(GOLANGCI_LINT) ## Run go vet and golangci-lint.
-	go vet ./...
+lint: $(GOLANGCI_LINT) ## Run go vet and golangci-lint (the soak test's build tag included).
+	go vet -tags soak ./...
 	$(GOLANGCI_LINT) run ./...
 
 .PHONY: test
@@ -103,6 +103,14 @@ BENCH_RESULTS ?= bench/results
 bench: envtest squid ## Run every benchmark; print the table of figures beside their baselines and write it under bench/results.
 	set -o pipefail; KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test $(BENCH_FLAGS) ./... | tee $(BIN)/bench-output.txt
 	go run ./hack/benchtable -out $(BENCH_RESULTS) < $(BIN)/bench-output.txt
+
+SOAK_DURATION ?= 6m
+SOAK_FLAGS ?=
+
+.PHONY: soak
+soak: envtest squid ## Run the operator for SOAK_DURATION under faults and load, then check nothing was lost (needs root, as make test does).
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test -tags soak -count=1 -timeout 60m -v -run '^TestSoak$$' ./test/soak/ \
+		-args -soak.duration=$(SOAK_DURATION) $(SOAK_FLAGS)
 
 FUZZ_TIME ?= 30s
 

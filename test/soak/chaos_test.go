@@ -1,0 +1,319 @@
+//go:build soak
+
+package soak
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/providers/gcp/fakecompute"
+)
+
+const (
+	// operatorRestarts happen in the first 45% of the run, so the second
+	// half is one process whose memory and goroutines can be judged.
+	operatorRestarts = 3
+	chaosTick        = time.Second
+	// A killed process comes back after downAtLeast plus up to downSpread.
+	downAtLeast, downSpread = 5 * time.Second, 15 * time.Second
+)
+
+// chaos breaks things on every tick: it kills Squids (in pods, behind
+// External Proxies, on VMs) and brings them back later, makes the fake
+// Compute API fail, terminates VMs, deletes and adds Proxies, changes specs
+// that force a replacement, and kills the operator a few times.
+type chaos struct {
+	w   *world
+	rng *rand.Rand
+	// next index of each pool's Proxies, for churn's new names.
+	next map[string]int
+
+	mu      sync.Mutex
+	pending []revival
+	counts  map[string]int
+	errs    []string
+}
+
+// revival brings a killed thing back at a time.
+type revival struct {
+	at   time.Time
+	what string
+	do   func() error
+}
+
+func newChaos(w *world, seed uint64, sizes map[string]int) *chaos {
+	next := map[string]int{}
+	for pool, n := range sizes {
+		next[pool] = n
+	}
+	return &chaos{w: w, rng: rand.New(rand.NewPCG(seed, 0xc4a05)), next: next, counts: map[string]int{}}
+}
+
+// run acts on every tick until ctx ends, and restarts the operator at
+// random moments of [10%, 45%] of duration.
+func (c *chaos) run(ctx context.Context, duration time.Duration) {
+	start := time.Now()
+	var restartAt []time.Time
+	for range operatorRestarts {
+		restartAt = append(restartAt, start.Add(time.Duration((0.10+0.35*c.rng.Float64())*float64(duration))))
+	}
+	sort.Slice(restartAt, func(i, j int) bool { return restartAt[i].Before(restartAt[j]) })
+	ticker := time.NewTicker(chaosTick)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-ticker.C:
+			c.revive(now)
+			if len(restartAt) > 0 && now.After(restartAt[0]) {
+				restartAt = restartAt[1:]
+				pause := time.Second + time.Duration(c.rng.Int64N(int64(2*time.Second)))
+				if err := c.w.restartOperator(pause, httpClient.CloseIdleConnections); err != nil {
+					c.fail("restarting the operator: %v", err)
+					return
+				}
+				c.count("operator killed and restarted")
+				continue
+			}
+			c.act(ctx)
+		}
+	}
+}
+
+// act does one random thing, weighted toward the common failures.
+func (c *chaos) act(ctx context.Context) {
+	switch n := c.rng.IntN(100); {
+	case n < 25:
+		c.killPodSquid()
+	case n < 35:
+		c.killExternalSquid()
+	case n < 55:
+		c.crashVM()
+	case n < 80:
+		c.injectFault()
+	case n < 85:
+		c.terminateVM()
+	case n < 95:
+		c.churn(ctx)
+	default:
+		c.replace(ctx)
+	}
+}
+
+func (c *chaos) killPodSquid() {
+	uids := c.w.cluster.Runner.Pods()
+	if len(uids) == 0 {
+		return
+	}
+	uid := uids[c.rng.IntN(len(uids))]
+	if !c.w.cluster.Runner.KillSquid(uid) {
+		return
+	}
+	c.count("pod Squid killed")
+	c.later("pod Squid", func() error {
+		_, err := c.w.cluster.Runner.RestartSquid(uid)
+		return err
+	})
+}
+
+func (c *chaos) killExternalSquid() {
+	s := c.w.squids[c.rng.IntN(len(c.w.squids))]
+	s.stop()
+	c.count("External Squid killed")
+	c.later("External Squid", s.start)
+}
+
+func (c *chaos) crashVM() {
+	addr := c.w.vms.crash(c.rng.IntN)
+	if addr == "" {
+		return
+	}
+	c.count("VM proxy crashed")
+	c.later("VM proxy", func() error { c.w.vms.recover(addr); return nil })
+}
+
+// faults are what the fake Compute API injects: rate limiting, outages and
+// replies lost after the server acted.
+var faults = []fakecompute.Fault{
+	{Method: "insert", Status: http.StatusTooManyRequests, Reason: "rateLimitExceeded"},
+	{Method: "get", Status: http.StatusTooManyRequests, Reason: "rateLimitExceeded"},
+	{Method: "delete", Status: http.StatusTooManyRequests, Reason: "rateLimitExceeded"},
+	{Method: "insert", Status: http.StatusServiceUnavailable},
+	{Method: "get", Status: http.StatusServiceUnavailable, Times: 3},
+	{Method: "delete", Status: http.StatusServiceUnavailable},
+	{Method: "aggregatedList", Status: http.StatusServiceUnavailable},
+	{Method: "insert", LoseReply: true},
+	{Method: "delete", LoseReply: true},
+}
+
+func (c *chaos) injectFault() {
+	f := faults[c.rng.IntN(len(faults))]
+	c.w.fake.Inject(f)
+	kind := fmt.Sprintf("%d", f.Status)
+	if f.LoseReply {
+		kind = "lost reply"
+	}
+	c.count(fmt.Sprintf("Compute fault: %s on %s", kind, f.Method))
+}
+
+// terminateVM stops a VM as GCE might (preemption, a host error): the
+// operator must replace it.
+func (c *chaos) terminateVM() {
+	var running []string
+	for _, vm := range c.w.fake.Instances() {
+		if vm.GetStatus() == "RUNNING" {
+			running = append(running, vm.GetName())
+		}
+	}
+	if len(running) == 0 {
+		return
+	}
+	c.w.fake.SetStatus(gcpZone, running[c.rng.IntN(len(running))], "TERMINATED")
+	c.count("VM terminated")
+}
+
+// churn deletes a random Proxy and adds a new one to the same pool.
+func (c *chaos) churn(ctx context.Context) {
+	p, ok := c.pickProxy(ctx)
+	if !ok {
+		return
+	}
+	pool := p.Spec.Attributes[poolKey]
+	if err := c.w.cluster.Env.Client.Delete(ctx, p); err != nil && !apierrors.IsNotFound(err) {
+		c.fail("deleting Proxy %s: %v", p.Name, err)
+		return
+	}
+	c.mu.Lock()
+	i := c.next[pool]
+	c.next[pool]++
+	c.mu.Unlock()
+	if err := c.w.cluster.Env.Client.Create(ctx, c.w.newProxy(pool, i)); err != nil {
+		c.fail("creating Proxy %s-%d: %v", pool, i, err)
+		return
+	}
+	c.count("Proxy deleted and another added")
+}
+
+// replace changes a Managed Proxy's spec in a way that replaces its
+// instance: the port of a pod, the machine type of a VM.
+func (c *chaos) replace(ctx context.Context) {
+	p, ok := c.pickProxy(ctx)
+	if !ok || p.Spec.Mode != crawlv1alpha1.ModeManaged || p.DeletionTimestamp != nil {
+		return
+	}
+	switch p.Spec.Attributes[poolKey] {
+	case poolKubernetes:
+		if p.Spec.Port == 3129 {
+			p.Spec.Port = crawlv1alpha1.DefaultPort
+		} else {
+			p.Spec.Port = 3129
+		}
+	case poolGCP:
+		if p.Spec.Placement.MachineType == "e2-medium" {
+			p.Spec.Placement.MachineType = "e2-small"
+		} else {
+			p.Spec.Placement.MachineType = "e2-medium"
+		}
+	}
+	if err := c.w.cluster.Env.Client.Update(ctx, p); err != nil {
+		if !apierrors.IsConflict(err) {
+			c.fail("changing Proxy %s: %v", p.Name, err)
+		}
+		return
+	}
+	c.count("Managed Proxy changed (replaced)")
+}
+
+func (c *chaos) pickProxy(ctx context.Context) (*crawlv1alpha1.Proxy, bool) {
+	var list crawlv1alpha1.ProxyList
+	if err := c.w.cluster.Env.Client.List(ctx, &list, client.InNamespace(namespace)); err != nil {
+		c.fail("listing Proxies: %v", err)
+		return nil, false
+	}
+	if len(list.Items) == 0 {
+		return nil, false
+	}
+	return &list.Items[c.rng.IntN(len(list.Items))], true
+}
+
+// later schedules a revival downAtLeast to downAtLeast+downSpread from now.
+func (c *chaos) later(what string, do func() error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	at := time.Now().Add(downAtLeast + time.Duration(c.rng.Int64N(int64(downSpread))))
+	c.pending = append(c.pending, revival{at: at, what: what, do: do})
+}
+
+// revive brings back what is due.
+func (c *chaos) revive(now time.Time) {
+	c.mu.Lock()
+	var due []revival
+	keep := c.pending[:0]
+	for _, r := range c.pending {
+		if now.After(r.at) {
+			due = append(due, r)
+		} else {
+			keep = append(keep, r)
+		}
+	}
+	c.pending = keep
+	c.mu.Unlock()
+	for _, r := range due {
+		if err := r.do(); err != nil {
+			c.fail("bringing back a %s: %v", r.what, err)
+			continue
+		}
+		c.count(r.what + " back")
+	}
+}
+
+// stillDown is what was killed and not yet brought back: it stays down
+// for the checks.
+func (c *chaos) stillDown() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.pending)
+}
+
+func (c *chaos) count(what string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.counts[what]++
+}
+
+func (c *chaos) fail(format string, args ...any) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.errs = append(c.errs, fmt.Sprintf(format, args...))
+}
+
+// summary lists what was done, most frequent first.
+func (c *chaos) summary() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	type kv struct {
+		what string
+		n    int
+	}
+	var all []kv
+	for what, n := range c.counts {
+		all = append(all, kv{what, n})
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].n > all[j].n || (all[i].n == all[j].n && all[i].what < all[j].what) })
+	var b strings.Builder
+	for _, e := range all {
+		fmt.Fprintf(&b, "  %5d  %s\n", e.n, e.what)
+	}
+	return b.String()
+}

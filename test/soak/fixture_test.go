@@ -1,0 +1,350 @@
+//go:build soak
+
+package soak
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"cloud.google.com/go/compute/apiv1/computepb"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/providers/gcp/fakecompute"
+	"github.com/example/egress-proxies-operator/test/cluster"
+	"github.com/example/egress-proxies-operator/test/squid"
+)
+
+const (
+	// namespace holds every soak Proxy.
+	namespace = "soak"
+	// gcpProvider is the gcp provider instance backed by the fake Compute
+	// API.
+	gcpProvider = "gcp-soak"
+	gcpZone     = "europe-west1-b"
+	// externalSquids are the Squid processes the External Proxies point
+	// at, several Proxies to each, as a shared upstream would be.
+	externalSquids = 20
+	token          = "soak-token"
+
+	// The operator's settings for the soak: probes often enough that a
+	// dead Squid is seen within seconds, leases short enough that many
+	// expire during the run, and a GC that runs several times.
+	healthInterval   = 5 * time.Second
+	failureThreshold = 3
+	cooldown         = 20 * time.Second
+	leaseMaxTTL      = 30 * time.Second
+	gcInterval       = 15 * time.Second
+	gcGracePeriod    = 10 * time.Second
+)
+
+// pool is the attribute that tells the three kinds of Proxy apart, for the
+// load's selectors and the checks.
+const poolKey = "pool"
+
+const (
+	poolKubernetes = "k8s"
+	poolGCP        = "gcp"
+	poolExternal   = "ext"
+)
+
+// world is everything the soak runs: the local cluster (API server, Squid
+// pods), the fake Compute API with in-process proxies on its VMs' addresses,
+// the External Proxies' Squids and the operator process.
+type world struct {
+	cluster *cluster.Cluster
+	fake    *fakecompute.Server
+	vms     *vmRunner
+	squids  []*externalSquid
+	bin     string
+
+	discoveryURL, probeAddr, metricsAddr string
+
+	mu       sync.Mutex
+	operator *cluster.Operator
+	// operatorUp is false from just before a kill until the new process
+	// answers: discovery requests that fail then are not held against it.
+	operatorUp atomic.Bool
+	restarts   int
+}
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	dir := t.TempDir()
+	fake := fakecompute.New(clock.RealClock{}, fakecompute.Timings{Provisioning: time.Second, Staging: time.Second, Stopping: 2 * time.Second})
+	t.Cleanup(fake.Close)
+	c, err := cluster.Start(dir, cluster.Options{ExtraProviders: fmt.Sprintf(`- name: %s
+  type: gcp
+  settings:
+    project: soak
+    zone: %s
+    machineType: e2-small
+    image: projects/debian-cloud/global/images/family/debian-12
+    endpoint: %s
+    withoutAuthentication: true
+    requestTimeout: 5s
+`, gcpProvider, gcpZone, fake.URL)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	w := &world{cluster: c, fake: fake, vms: newVMRunner(fake)}
+	go w.vms.run(t.Context())
+	t.Cleanup(w.vms.closeAll)
+
+	for i := range externalSquids {
+		s := &externalSquid{cfg: squid.Config{Address: fmt.Sprintf("127.5.0.%d", i+1), Port: int(crawlv1alpha1.DefaultPort)},
+			dir: filepath.Join(dir, "external", strconv.Itoa(i))}
+		if err := s.start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.stop)
+		w.squids = append(w.squids, s)
+	}
+
+	ctx := context.Background()
+	for _, obj := range []*corev1.Namespace{{ObjectMeta: metav1.ObjectMeta{Name: namespace}}} {
+		if err := c.Env.Client.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Env.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: cluster.OperatorNamespace, Name: "discovery-token"},
+		Data: map[string][]byte{"token": []byte(token)}}); err != nil {
+		t.Fatal(err)
+	}
+	if w.bin, err = cluster.BuildOperator(dir); err != nil {
+		t.Fatal(err)
+	}
+	discovery := cluster.FreeAddr()
+	w.discoveryURL, w.probeAddr, w.metricsAddr = "http://"+discovery, cluster.FreeAddr(), cluster.FreeAddr()
+	if err := w.startOperator(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.operator.Stop()
+	})
+	return w
+}
+
+func (w *world) startOperator() error {
+	op, err := w.cluster.StartOperator(w.bin, cluster.OperatorOptions{
+		DiscoveryAddr: w.discoveryURL[len("http://"):], ProbeAddr: w.probeAddr,
+		ExtraArgs: []string{
+			"--metrics-bind-address=" + w.metricsAddr, "--metrics-secure=false",
+			"--health-interval=" + healthInterval.String(), "--health-timeout=2s",
+			"--health-failure-threshold=" + strconv.Itoa(failureThreshold),
+			"--rate-limit-cooldown=" + cooldown.String(), "--lease-max-ttl=" + leaseMaxTTL.String(),
+			"--gc-interval=" + gcInterval.String(), "--gc-grace-period=" + gcGracePeriod.String(),
+		},
+	})
+	if err != nil {
+		return err
+	}
+	w.mu.Lock()
+	w.operator = op
+	w.mu.Unlock()
+	w.operatorUp.Store(true)
+	return nil
+}
+
+// restartOperator kills the operator as a crash would and starts it again
+// after pause; idle drops the crawlers' connections to the dead process.
+func (w *world) restartOperator(pause time.Duration, idle func()) error {
+	w.operatorUp.Store(false)
+	w.mu.Lock()
+	w.operator.Kill()
+	w.restarts++
+	w.mu.Unlock()
+	time.Sleep(pause)
+	// Connections kept alive to the dead process must not be reused.
+	idle()
+	return w.startOperator()
+}
+
+// currentOperator is the operator process running now.
+func (w *world) currentOperator() *cluster.Operator {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.operator
+}
+
+// newProxy is Proxy number i of a pool.
+func (w *world) newProxy(pool string, i int) *crawlv1alpha1.Proxy {
+	p := &crawlv1alpha1.Proxy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: fmt.Sprintf("%s-%04d", pool, i)},
+		Spec:       crawlv1alpha1.ProxySpec{Attributes: map[string]string{poolKey: pool}},
+	}
+	switch pool {
+	case poolKubernetes:
+		p.Spec.Mode, p.Spec.Provider = crawlv1alpha1.ModeManaged, cluster.ProviderName
+	case poolGCP:
+		p.Spec.Mode, p.Spec.Provider = crawlv1alpha1.ModeManaged, gcpProvider
+		p.Spec.Placement = &crawlv1alpha1.Placement{Zone: gcpZone, MachineType: "e2-small"}
+	case poolExternal:
+		s := w.squids[i%len(w.squids)]
+		p.Spec.Mode = crawlv1alpha1.ModeExternal
+		p.Spec.External = &crawlv1alpha1.ExternalEndpoint{Address: s.cfg.Address, Port: int32(s.cfg.Port)}
+	}
+	return p
+}
+
+// externalSquid is a Squid an External Proxy points at; the soak kills and
+// restarts it.
+type externalSquid struct {
+	cfg squid.Config
+	dir string
+
+	mu sync.Mutex
+	sq *squid.Squid
+}
+
+func (s *externalSquid) start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sq != nil && s.sq.Running() {
+		return nil
+	}
+	sq, err := squid.StartProcess(s.cfg, s.dir)
+	if err != nil {
+		return err
+	}
+	s.sq = sq
+	return nil
+}
+
+func (s *externalSquid) stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sq != nil {
+		s.sq.Stop()
+	}
+}
+
+// vmRunner plays the software on the fake Compute API's VMs: every RUNNING
+// VM gets an in-process CONNECT proxy on its NAT address and port, which
+// goes away with the VM. crash stops a VM's proxy while the VM stays up, as
+// a Squid dying inside a VM would.
+type vmRunner struct {
+	fake *fakecompute.Server
+
+	mu      sync.Mutex
+	proxies map[string]*cluster.ConnectProxy // by VM address
+	crashed map[string]bool
+}
+
+func newVMRunner(fake *fakecompute.Server) *vmRunner {
+	return &vmRunner{fake: fake, proxies: map[string]*cluster.ConnectProxy{}, crashed: map[string]bool{}}
+}
+
+func (r *vmRunner) run(ctx context.Context) {
+	for ctx.Err() == nil {
+		r.sync()
+		select {
+		case <-ctx.Done():
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+func (r *vmRunner) sync() {
+	alive := map[string]bool{}
+	for _, vm := range r.fake.Instances() {
+		addr := vmAddr(vm.GetNetworkInterfaces(), vm.GetLabels()["crawl-port"])
+		if vm.GetStatus() != "RUNNING" || addr == "" {
+			continue
+		}
+		alive[addr] = true
+		r.mu.Lock()
+		_, running := r.proxies[addr]
+		crashed := r.crashed[addr]
+		r.mu.Unlock()
+		if running || crashed {
+			continue
+		}
+		p, err := cluster.StartConnectProxy(addr)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "vm runner: %v\n", err)
+			continue
+		}
+		r.mu.Lock()
+		r.proxies[addr] = p
+		r.mu.Unlock()
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for addr, p := range r.proxies {
+		if !alive[addr] {
+			p.Close()
+			delete(r.proxies, addr)
+		}
+	}
+	for addr := range r.crashed {
+		if !alive[addr] {
+			delete(r.crashed, addr)
+		}
+	}
+}
+
+// crash stops the proxy of a random running VM and returns its address.
+func (r *vmRunner) crash(pick func(n int) int) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	addrs := make([]string, 0, len(r.proxies))
+	for addr := range r.proxies {
+		addrs = append(addrs, addr)
+	}
+	if len(addrs) == 0 {
+		return ""
+	}
+	addr := addrs[pick(len(addrs))]
+	r.proxies[addr].Close()
+	delete(r.proxies, addr)
+	r.crashed[addr] = true
+	return addr
+}
+
+// recover lets the next sync start a crashed VM's proxy again.
+func (r *vmRunner) recover(addr string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.crashed, addr)
+}
+
+func (r *vmRunner) closeAll() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for addr, p := range r.proxies {
+		p.Close()
+		delete(r.proxies, addr)
+	}
+}
+
+// httpClient is what the soak's crawlers use; each restart closes its idle
+// connections.
+var httpClient = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+
+// vmAddr is where a VM's proxy listens: its external (NAT) address and the
+// port the provider labelled it with.
+func vmAddr(ifaces []*computepb.NetworkInterface, port string) string {
+	for _, iface := range ifaces {
+		for _, ac := range iface.GetAccessConfigs() {
+			if ip := ac.GetNatIP(); ip != "" && port != "" {
+				return net.JoinHostPort(ip, port)
+			}
+		}
+	}
+	return ""
+}

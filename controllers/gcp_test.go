@@ -137,8 +137,10 @@ func TestReconcilerGCP(t *testing.T) {
 
 	t.Run("quota exhausted -> Failed with the quota named", func(t *testing.T) {
 		ns := env.Namespace(t)
+		// Exhausted quota stays exhausted: every insert fails, including a
+		// retry after a pass whose Failed record was lost to a conflict.
 		fake.Inject(fakecompute.Fault{Method: "insert", Status: http.StatusForbidden, Reason: "quotaExceeded",
-			Message: "Quota 'CPUS' exceeded. Limit: 8.0 in region europe-west1."})
+			Message: "Quota 'CPUS' exceeded. Limit: 8.0 in region europe-west1.", Times: 100})
 		proxy := gcpManagedProxy(ns, "eu-4")
 		require.NoError(t, c.Create(ctx, proxy))
 		failed := waitFor2(t, c, proxy, func(p *crawlv1alpha1.Proxy) bool { return p.Status.Phase == crawlv1alpha1.PhaseFailed })

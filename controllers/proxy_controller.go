@@ -207,10 +207,14 @@ func (r *ProxyReconciler) execute(ctx context.Context, p *crawlv1alpha1.Proxy, o
 	next := nextStatus(p, o, a)
 	if !equality.Semantic.DeepEqual(p.Status, next) {
 		p.Status = next
-		if err := r.Client.Status().Update(ctx, p); err != nil {
+		err := r.Client.Status().Update(ctx, p)
+		// The action happened whether or not its record did (a conflict
+		// with a newer Proxy, say): the Event tells people so either way,
+		// and the next pass records what it then finds.
+		r.Recorder.Eventf(p, nil, eventType(a), a.Reason, string(a.Type), "%s", a.Message)
+		if err != nil {
 			return reconcile.Result{}, fmt.Errorf("recording %s in status: %w", a.Type, err)
 		}
-		r.Recorder.Eventf(p, nil, eventType(a), a.Reason, string(a.Type), "%s", a.Message)
 		log.Info("status recorded", "action", a.Type, "phase", next.Phase, "reason", a.Reason)
 	}
 	if a.Err != nil {

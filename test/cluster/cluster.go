@@ -214,16 +214,6 @@ func (c *Cluster) StartOperator(bin string, opts OperatorOptions) (*Operator, er
 // PID is the operator process's id, for reading its resource use.
 func (o *Operator) PID() int { return o.cmd.Process.Pid }
 
-// Exited reports whether the operator process has ended.
-func (o *Operator) Exited() bool {
-	select {
-	case <-o.done:
-		return true
-	default:
-		return false
-	}
-}
-
 // Kill stops the operator at once, as a crash would, and waits for it.
 func (o *Operator) Kill() {
 	select {

@@ -105,13 +105,6 @@ func (m *PodMarker) Run(ctx context.Context, cfg *rest.Config) error {
 	return nil
 }
 
-// Marked counts the pods marked Running that still exist.
-func (m *PodMarker) Marked() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return len(m.proxies)
-}
-
 func (m *PodMarker) sync(ctx context.Context, key types.NamespacedName) error {
 	var pod corev1.Pod
 	err := m.client.Get(ctx, key, &pod)

@@ -140,7 +140,7 @@ func bareBringUp(ctx context.Context, c client.Client, ns string, mode crawlv1al
 			if err := c.Create(ctx, pod); err != nil {
 				return err
 			}
-			ip = fmt.Sprintf("127.4.%d.%d", i/250, 1+i%250)
+			ip = cluster.LoopbackIP(4, i)
 			pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip,
 				Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
 			if err := c.Status().Update(ctx, pod); err != nil {

@@ -45,6 +45,13 @@ func FreeAddr() string {
 	return l.Addr().String()
 }
 
+// LoopbackIP is the nth address of a loopback block 127.<block>.x.y, 250
+// to an x: distinct for each n, so each pod (or fake host) gets an address
+// of its own, as a node gives each pod one.
+func LoopbackIP(block, n int) string {
+	return fmt.Sprintf("127.%d.%d.%d", block, n/250, 1+n%250)
+}
+
 // Close stops listening: from then on the proxy refuses connections, as a
 // crashed Squid does.
 func (p *ConnectProxy) Close() {

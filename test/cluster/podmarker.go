@@ -128,7 +128,7 @@ func (m *PodMarker) sync(ctx context.Context, key types.NamespacedName) error {
 	m.nextIP++
 	n := m.nextIP
 	m.mu.Unlock()
-	ip := fmt.Sprintf("127.3.%d.%d", n/250, 1+n%250)
+	ip := LoopbackIP(3, n)
 	port := pod.Spec.Containers[0].Ports[0].ContainerPort
 	proxy, err := StartConnectProxy(fmt.Sprintf("%s:%d", ip, port))
 	if err != nil {

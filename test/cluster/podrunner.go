@@ -172,7 +172,7 @@ func (r *PodRunner) start(ctx context.Context, pod *corev1.Pod) error {
 	r.nextIP++
 	n := r.nextIP
 	r.mu.Unlock()
-	ip := fmt.Sprintf("127.1.%d.%d", n/250, 1+n%250)
+	ip := LoopbackIP(1, n)
 	// The pod's own address: what a pod IP is on a node.
 	conf = httpPortLine.ReplaceAllString(conf, "http_port "+ip+":"+m[1])
 	port, _ := strconv.Atoi(m[1]) // digits, by the regexp

@@ -43,7 +43,7 @@ func BenchmarkOperatorMemory10k(b *testing.B) {
 		op, metrics := w.startOperator(b)
 		ns := fmt.Sprintf("memory-%d", round)
 		mustNamespace(b, c, ns)
-		ready := watchReady(ctx, b, w.cluster, ns, memoryProxies)
+		ready := watchReady(b, w.cluster, ns, memoryProxies)
 		if err := forEach(memoryProxies, func(i int) error {
 			return c.Create(ctx, &crawlv1alpha1.Proxy{
 				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("px-%05d", i)},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -77,7 +78,7 @@ func benchReconcile(b *testing.B, mode crawlv1alpha1.ProxyMode) {
 		op, metrics := w.startOperator(b)
 		ns := fmt.Sprintf("operator-%d", round)
 		mustNamespace(b, c, ns)
-		ready := watchReady(ctx, b, w.cluster, ns, reconcileProxies)
+		ready := watchReady(b, w.cluster, ns, reconcileProxies)
 		before := sum(apiWrites(b, metrics))
 		t0 = time.Now()
 		if err := forEach(reconcileProxies, func(i int) error { return c.Create(ctx, newProxy(ns, i)) }); err != nil {
@@ -118,38 +119,41 @@ func settledWrites(b *testing.B, metrics string) map[string]float64 {
 // bareBringUp does, for each proxy, only the writes that bringing it up
 // takes, and returns how many it made.
 func bareBringUp(ctx context.Context, c client.Client, ns string, mode crawlv1alpha1.ProxyMode, newProxy func(string, int) *crawlv1alpha1.Proxy) (int, error) {
-	perProxy := 2
-	if mode == crawlv1alpha1.ModeManaged {
-		perProxy = 5
+	var writes atomic.Int64
+	counted := func(err error) error {
+		if err == nil {
+			writes.Add(1)
+		}
+		return err
 	}
 	err := forEach(reconcileProxies, func(i int) error {
 		p := newProxy(ns, i)
-		if err := c.Create(ctx, p); err != nil {
+		if err := counted(c.Create(ctx, p)); err != nil {
 			return err
 		}
 		ip := "127.0.0.1"
 		if mode == crawlv1alpha1.ModeManaged {
 			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: p.Name},
 				Data: map[string]string{"squid.conf": strings.Repeat("# a squid.conf of a realistic size\n", 40)}}
-			if err := c.Create(ctx, cm); err != nil {
+			if err := counted(c.Create(ctx, cm)); err != nil {
 				return err
 			}
 			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: p.Name},
 				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "squid", Image: "ubuntu/squid",
 					Ports: []corev1.ContainerPort{{Name: "proxy", ContainerPort: crawlv1alpha1.DefaultPort}}}}}}
-			if err := c.Create(ctx, pod); err != nil {
+			if err := counted(c.Create(ctx, pod)); err != nil {
 				return err
 			}
 			ip = cluster.LoopbackIP(4, i)
 			pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip,
 				Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
-			if err := c.Status().Update(ctx, pod); err != nil {
+			if err := counted(c.Status().Update(ctx, pod)); err != nil {
 				return err
 			}
 		}
 		p.Status = crawlv1alpha1.ProxyStatus{Phase: crawlv1alpha1.PhaseReady, IP: ip, Port: crawlv1alpha1.DefaultPort}
 		meta.SetStatusCondition(&p.Status.Conditions, readyCondition())
-		return c.Status().Update(ctx, p)
+		return counted(c.Status().Update(ctx, p))
 	})
-	return perProxy * reconcileProxies, err
+	return int(writes.Load()), err
 }

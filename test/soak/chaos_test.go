@@ -258,16 +258,7 @@ func (c *chaos) later(what string, do func() error) {
 // revive brings back what is due.
 func (c *chaos) revive(now time.Time) {
 	c.mu.Lock()
-	var due []revival
-	keep := c.pending[:0]
-	for _, r := range c.pending {
-		if now.After(r.at) {
-			due = append(due, r)
-		} else {
-			keep = append(keep, r)
-		}
-	}
-	c.pending = keep
+	due := takeDue(&c.pending, func(r revival) bool { return now.After(r.at) })
 	c.mu.Unlock()
 	for _, r := range due {
 		if err := r.do(); err != nil {
@@ -276,6 +267,23 @@ func (c *chaos) revive(now time.Time) {
 		}
 		c.count(r.what + " back")
 	}
+}
+
+// takeDue removes the items that are due from *items, keeping the rest in
+// order, and returns them: what the chaos brings back and the lease audit
+// looks up.
+func takeDue[T any](items *[]T, isDue func(T) bool) []T {
+	var due []T
+	keep := (*items)[:0]
+	for _, it := range *items {
+		if isDue(it) {
+			due = append(due, it)
+		} else {
+			keep = append(keep, it)
+		}
+	}
+	*items = keep
+	return due
 }
 
 // stillDown is what was killed and not yet brought back: it stays down

@@ -211,16 +211,7 @@ func (l *load) audit(ctx context.Context) {
 func (l *load) auditDue() {
 	l.mu.Lock()
 	now := time.Now()
-	var due []abandonedLease
-	keep := l.abandoned[:0]
-	for _, a := range l.abandoned {
-		if now.After(a.expiresAt.Add(expirySlack)) {
-			due = append(due, a)
-		} else {
-			keep = append(keep, a)
-		}
-	}
-	l.abandoned = keep
+	due := takeDue(&l.abandoned, func(a abandonedLease) bool { return now.After(a.expiresAt.Add(expirySlack)) })
 	l.mu.Unlock()
 	for _, a := range due {
 		status, _ := l.do("lease-audit", http.MethodGet, "/v1/leases/"+a.id, "")

@@ -32,6 +32,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -97,8 +98,17 @@ type options struct {
 	maxConcurrentReconciles int
 	kubeAPIQPS              float64
 	kubeAPIBurst            int
+	// Self-healing.
+	instanceResyncInterval  time.Duration
+	syncPeriod              time.Duration
+	unhealthyReplaceAfter   time.Duration
+	maxUnhealthyShare       float64
+	maxReplacementsInFlight int
 	zap                     zap.Options
 }
+
+// defaultSyncPeriod is controller-runtime's own default, made a flag.
+const defaultSyncPeriod = 10 * time.Hour
 
 // parseFlags turns the command line into options, rejecting anything the
 // operator could not run with. Errors name the flag at fault.
@@ -151,6 +161,16 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 		"Sustained requests per second the operator may send the API server (client-side limit).")
 	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", controllers.DefaultKubeAPIBurst,
 		"Requests the operator may send the API server in a burst above --kube-api-qps.")
+	fs.DurationVar(&o.instanceResyncInterval, "instance-resync-interval", controllers.DefaultInstanceResyncInterval,
+		"How often the instances of Ready proxies that no watch covers (gcp VMs) are listed again, one List per provider instance, so a VM terminated or deleted behind the operator's back is replaced (jittered by 20%).")
+	fs.DurationVar(&o.syncPeriod, "sync-period", defaultSyncPeriod,
+		"How often the manager's informers resync every cached object, reconciling every Proxy again.")
+	fs.DurationVar(&o.unhealthyReplaceAfter, "unhealthy-replace-after", controllers.DefaultUnhealthyReplaceAfter,
+		"How long a Managed proxy may stay Unhealthy without a break before its instance is replaced; 0 never replaces for failing probes. A Proxy's spec.healthCheck.replaceAfter overrides it.")
+	fs.Float64Var(&o.maxUnhealthyShare, "max-unhealthy-share", controllers.DefaultMaxUnhealthyShare,
+		"When more than this share (0-1] of the Managed proxies probed against one URL are Unhealthy at once (3 at least), the probe target is suspected and none of them is replaced.")
+	fs.IntVar(&o.maxReplacementsInFlight, "max-replacements-in-flight", controllers.DefaultMaxReplacementsInFlight,
+		"Unhealthy proxies being replaced at once, per provider instance; more wait their turn.")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "",
 		"Path of a kubeconfig. Default: $KUBECONFIG, the in-cluster config, then ~/.kube/config.")
 	o.zap.BindFlags(fs)
@@ -208,6 +228,23 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	if o.leaseMaxTTL < time.Second || o.cooldown < 0 {
 		errs = append(errs, fmt.Errorf("%w: --lease-max-ttl must be at least 1s and --rate-limit-cooldown not negative", errUsage))
 	}
+	for _, d := range []struct {
+		flag  string
+		value time.Duration
+	}{{"instance-resync-interval", o.instanceResyncInterval}, {"sync-period", o.syncPeriod}} {
+		if d.value <= 0 {
+			errs = append(errs, fmt.Errorf("%w: --%s must be positive, got %s", errUsage, d.flag, d.value))
+		}
+	}
+	if o.unhealthyReplaceAfter < 0 {
+		errs = append(errs, fmt.Errorf("%w: --unhealthy-replace-after must not be negative (0 turns replacement off), got %s", errUsage, o.unhealthyReplaceAfter))
+	}
+	if !(o.maxUnhealthyShare > 0 && o.maxUnhealthyShare <= 1) {
+		errs = append(errs, fmt.Errorf("%w: --max-unhealthy-share must be a share in (0, 1], got %g", errUsage, o.maxUnhealthyShare))
+	}
+	if o.maxReplacementsInFlight < 1 {
+		errs = append(errs, fmt.Errorf("%w: --max-replacements-in-flight must be at least 1, got %d", errUsage, o.maxReplacementsInFlight))
+	}
 	if o.tokenSecret == "" {
 		o.tokenSecret = operatorNamespace() + "/discovery-token"
 	}
@@ -256,6 +293,11 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 			return fmt.Errorf("--providers-config: %w", err)
 		}
 	}
+	// Every provider's settings are checked before anything connects, so an
+	// offline start with a bad file reports the file.
+	if err := providerRegistry.Check(providersConfig); err != nil {
+		return fmt.Errorf("--providers-config %s: %w", opts.providersConfig, err)
+	}
 	roots, err := probeRoots(opts.healthCABundle)
 	if err != nil {
 		return err
@@ -279,14 +321,48 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 			return err
 		}
 	}
+	recorder := mgr.GetEventRecorder("egress-proxies-operator")
+	// One channel of Proxies to look at now: verdict changes from the
+	// health engine, lost instances from the instance watcher.
+	triggers := make(chan event.GenericEvent, 1024)
+	engine := health.NewEngine(health.Options{
+		Cache:    mgr.GetCache(),
+		Client:   mgr.GetClient(),
+		Reader:   mgr.GetAPIReader(),
+		Prober:   health.NewHTTPProber(roots),
+		Defaults: opts.health,
+		Workers:  opts.healthWorkers,
+		Clock:    clock.RealClock{},
+		Jitter:   health.DefaultJitter,
+		Recorder: recorder,
+		Notify:   triggers,
+	})
+	if err := mgr.Add(engine); err != nil {
+		return fmt.Errorf("adding the health engine: %w", err)
+	}
 	if err := (&controllers.ProxyReconciler{
 		Client:    mgr.GetClient(),
 		Providers: providerSet,
 		ClusterID: clusterID,
-		Recorder:  mgr.GetEventRecorder("egress-proxies-operator"),
+		Recorder:  recorder,
 		Workers:   opts.maxConcurrentReconciles,
+		Health:    engineHealth{engine},
+		Replacement: controllers.ReplacementPolicy{
+			After: opts.unhealthyReplaceAfter, MaxUnhealthyShare: opts.maxUnhealthyShare,
+		},
+		MaxReplacementsInFlight: opts.maxReplacementsInFlight,
+		Triggers:                triggers,
 	}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the Proxy controller: %w", err)
+	}
+	if err := mgr.Add(&controllers.InstanceWatcher{
+		Client:    mgr.GetClient(),
+		Providers: providerSet,
+		ClusterID: clusterID,
+		Interval:  opts.instanceResyncInterval,
+		Triggers:  triggers,
+	}); err != nil {
+		return fmt.Errorf("adding the instance watcher: %w", err)
 	}
 	if err := mgr.Add(&controllers.OrphanCollector{
 		Client:      mgr.GetClient(),
@@ -298,19 +374,6 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 		Clock:       clock.RealClock{},
 	}); err != nil {
 		return fmt.Errorf("adding orphan GC: %w", err)
-	}
-	engine := health.NewEngine(health.Options{
-		Cache:    mgr.GetCache(),
-		Client:   mgr.GetClient(),
-		Reader:   mgr.GetAPIReader(),
-		Prober:   health.NewHTTPProber(roots),
-		Defaults: opts.health,
-		Workers:  opts.healthWorkers,
-		Clock:    clock.RealClock{},
-		Jitter:   health.DefaultJitter,
-	})
-	if err := mgr.Add(engine); err != nil {
-		return fmt.Errorf("adding the health engine: %w", err)
 	}
 	if err := ctrlmetrics.Registry.Register(health.ProxiesCollector{Reader: mgr.GetClient()}); err != nil {
 		return fmt.Errorf("registering the proxies metric: %w", err)
@@ -387,12 +450,22 @@ func addDiscovery(ctx context.Context, mgr manager.Manager, restConfig *rest.Con
 // known and discovery falls back to the Healthy condition in status.
 type engineHealth struct{ engine *health.Engine }
 
-func (e engineHealth) Healthy(key types.NamespacedName) (healthy, known bool) {
-	v, ok := e.engine.Verdict(key)
+func (e engineHealth) Healthy(key types.NamespacedName, address string) (healthy, known bool) {
+	v, ok := e.engine.VerdictAt(key, address)
 	return v == health.Healthy, ok
 }
 
 func (e engineHealth) Generation() uint64 { return e.engine.Generation() }
+
+// Health lets the reconciler read how long a proxy has failed its probes,
+// and how its probe URL fares across the fleet.
+func (e engineHealth) Health(key types.NamespacedName) (controllers.ProxyHealth, bool) {
+	h, ok := e.engine.Health(key)
+	if !ok {
+		return controllers.ProxyHealth{}, false
+	}
+	return controllers.ProxyHealth{UnhealthySince: h.UnhealthySince, URL: h.URL, Probed: h.Probed, Unhealthy: h.Unhealthy}, true
+}
 
 // operatorNamespace is the namespace the operator runs in: $POD_NAMESPACE,
 // the service account's namespace in-cluster, or the default deploy
@@ -468,7 +541,7 @@ func newManager(restConfig *rest.Config, opts options) (manager.Manager, error) 
 	}
 	mgr, err := ctrl.NewManager(restConfig, ctrl.Options{
 		Scheme:                 newScheme(),
-		Cache:                  cacheOptions(),
+		Cache:                  cacheOptions(opts.syncPeriod),
 		Metrics:                metricsOpts,
 		HealthProbeBindAddress: opts.probeAddr,
 		LeaderElection:         opts.leaderElect,
@@ -491,10 +564,10 @@ func newManager(restConfig *rest.Config, opts options) (manager.Manager, error) 
 // cluster id, and no object's managedFields, which nothing here reads and
 // which are a large share of each cached object. (An update sent without
 // them leaves the server's as they are.)
-func cacheOptions() cache.Options {
+func cacheOptions(syncPeriod time.Duration) cache.Options {
 	byObject := controllers.CacheByObject()
 	maps.Copy(byObject, kubernetes.CacheByObject())
-	return cache.Options{ByObject: byObject, DefaultTransform: cache.TransformStripManagedFields()}
+	return cache.Options{ByObject: byObject, DefaultTransform: cache.TransformStripManagedFields(), SyncPeriod: &syncPeriod}
 }
 
 // defaultClusterID is the UID of the kube-system namespace: stable for the

@@ -40,10 +40,13 @@ const (
 )
 
 // OrphanCollector is the safety net behind the finalizer: every interval it
-// lists each provider's instances carrying this operator's cluster id and
-// deletes those whose owning Proxy no longer exists (or exists with another
-// UID, or no longer points at that provider). It never touches another
-// cluster's instances, spares instances younger than the grace period (the
+// lists each provider instance's own instances (labelled with this
+// operator's cluster id and that provider instance's name) and deletes those
+// whose owning Proxy no longer exists (or exists with another UID, or no
+// longer points at that provider instance). It never touches another
+// cluster's instances, nor another provider instance's in the same project
+// or cluster, nor an instance whose provider label is missing (made before
+// the label existed: it cannot prove the instance is its own); it spares instances younger than the grace period (the
 // window in which a Proxy may not yet have recorded its instance) and ones
 // already being deleted, and keeps going past per-instance errors.
 type OrphanCollector struct {
@@ -93,7 +96,9 @@ func (c *OrphanCollector) Sweep(ctx context.Context) error {
 		}
 		for i := range instances {
 			inst := &instances[i]
-			if inst.Labels[crawlv1alpha1.LabelClusterID] != c.ClusterID ||
+			// List filters by both labels already; checking again here keeps
+			// a provider that filtered wrongly from costing live instances.
+			if inst.Labels[crawlv1alpha1.LabelClusterID] != c.ClusterID || inst.ProviderName() != name ||
 				inst.State == providers.StateStopping ||
 				now.Sub(inst.CreatedAt) < c.GracePeriod {
 				continue

@@ -154,25 +154,57 @@ func TestOrphanCollectorGCP(t *testing.T) {
 	fake := fakecompute.New(clk, fakecompute.Timings{})
 	t.Cleanup(fake.Close)
 	ns := env.Namespace(t)
-	labels := func(cluster, name string) map[string]string {
-		return map[string]string{"crawl-cluster-id": cluster, "crawl-owner-namespace": ns, "crawl-owner-name": name, "crawl-owner-uid": "uid-gone"}
+	// A live Proxy of gcp-us, the second gcp provider instance in the same
+	// project (as the shipped sample config has it).
+	live := gcpManagedProxy(ns, "live-us")
+	live.Spec.Provider = "gcp-us"
+	require.NoError(t, env.Client.Create(context.Background(), live))
+	labels := func(cluster, provider, name, uid string) map[string]string {
+		l := map[string]string{"crawl-cluster-id": cluster, "crawl-owner-namespace": ns, "crawl-owner-name": name, "crawl-owner-uid": uid}
+		if provider != "" {
+			l["crawl-provider"] = provider
+		}
+		return l
 	}
 	iface := []*computepb.NetworkInterface{{AccessConfigs: []*computepb.AccessConfig{{Type: proto.String("ONE_TO_ONE_NAT")}}}}
-	fake.PutInstance("europe-west1-b", &computepb.Instance{Name: proto.String("px-orphan"), Labels: labels(testClusterID, "gone"), NetworkInterfaces: iface}, clk.Now())
-	fake.PutInstance("europe-west4-a", &computepb.Instance{Name: proto.String("px-foreign"), Labels: labels("other-cluster", "gone"), NetworkInterfaces: iface}, clk.Now())
+	put := func(zone, name string, labels map[string]string) {
+		fake.PutInstance(zone, &computepb.Instance{Name: proto.String(name), Labels: labels, NetworkInterfaces: iface}, clk.Now())
+	}
+	put("europe-west1-b", "px-orphan", labels(testClusterID, "gcp-eu", "gone", "uid-gone"))
+	put("europe-west4-a", "px-foreign", labels("other-cluster", "gcp-eu", "gone", "uid-gone"))
+	put("us-central1-a", "px-live-us", labels(testClusterID, "gcp-us", "live-us", string(live.UID)))
+	put("europe-west1-b", "px-legacy", labels(testClusterID, "", "gone", "uid-gone"))
 
 	mgr := newManager(t, env)
 	startManager(t, mgr)
-	gc := &OrphanCollector{Client: mgr.GetClient(), Providers: gcpProviders(t, fake), ClusterID: testClusterID,
+	set := twoGCPProviders(t, fake)
+	gc := &OrphanCollector{Client: mgr.GetClient(), Providers: set, ClusterID: testClusterID,
 		GracePeriod: 3 * time.Minute, Clock: clk}
 	clk.Step(4 * time.Minute)
-	require.NoError(t, gc.Sweep(context.Background()))
-	clk.Step(time.Second) // let the fake finish the deletion
+	for range 3 {
+		require.NoError(t, gc.Sweep(context.Background()))
+		clk.Step(time.Second) // let the fake finish the deletion
+	}
 	var names []string
 	for _, vm := range fake.Instances() {
 		names = append(names, vm.GetName())
 	}
-	assert.Equal(t, []string{"px-foreign"}, names, "this cluster's orphan is collected, the other cluster's VM is not")
+	assert.ElementsMatch(t, []string{"px-foreign", "px-live-us", "px-legacy"}, names,
+		"gcp-eu's orphan is collected; the other cluster's VM, gcp-us's live VM and the unlabelled VM are not, over several sweeps")
+}
+
+// twoGCPProviders is gcp-eu and gcp-us in one project, on one fake.
+func twoGCPProviders(t *testing.T, fake *fakecompute.Server) providers.Set {
+	t.Helper()
+	set := gcpProviders(t, fake)
+	us, err := gcp.NewWithClientOptions("gcp-us", gcp.Settings{
+		Project: "crawl-prod", Zone: "us-central1-a", Image: "projects/debian-cloud/global/images/family/debian-12",
+		RequestTimeout: "2s",
+	}, option.WithEndpoint(fake.URL), option.WithoutAuthentication())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = us.Close() })
+	set["gcp-us"] = us
+	return set
 }
 
 // TestCrashSafetyGCP runs the crash-safety scenario against the fake Compute

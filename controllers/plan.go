@@ -3,6 +3,7 @@ package controllers
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
@@ -37,6 +38,15 @@ type Action struct {
 	Message string
 	// Err, on a Wait, is the transient error to retry with backoff.
 	Err error
+	// Recheck, when set, is how soon to look again with no event: the moment
+	// an Unhealthy proxy's replacement period runs out, say.
+	Recheck time.Duration
+	// Cause, on a Delete or Create that replaces an instance, is why it is
+	// replaced (a Reason), counted in proxy_operator_replacements_total.
+	Cause string
+	// Budgeted replacements count against the provider instance's bound on
+	// replacements in flight; the executor holds them when it is spent.
+	Budgeted bool
 }
 
 // Reasons used in conditions and Events.
@@ -57,6 +67,18 @@ const (
 	ReasonFinalizerAdded    = "FinalizerAdded"
 	ReasonInstanceDeleted   = "InstanceDeleted"
 	ReasonProviderTransient = "ProviderUnavailable"
+	// ReasonInstanceLost: a proxy that was Ready has no instance any more
+	// (deleted behind the operator's back, a preempted Spot VM).
+	ReasonInstanceLost = "InstanceLost"
+	// ReasonUnhealthy: the proxy failed its probes for longer than its
+	// replacement period.
+	ReasonUnhealthy = "UnhealthyTooLong"
+	// ReasonProbeTargetSuspect: the replacement is held because too many
+	// proxies probed against the same URL fail at once.
+	ReasonProbeTargetSuspect = "ProbeTargetSuspect"
+	// ReasonReplacementsBusy: the replacement is held because the provider
+	// instance already has its bound of replacements in flight.
+	ReasonReplacementsBusy = "ReplacementsBusy"
 )
 
 // specError says why the spec cannot be realised as it stands: a reason for
@@ -85,6 +107,50 @@ type observation struct {
 	instance *providers.Instance
 	// getErr is Get's error other than not found.
 	getErr error
+	// instanceProvider is the provider instance that holds instance.
+	instanceProvider string
+
+	// now is the reconciler's clock, read once per pass.
+	now time.Time
+	// health is what the health engine knows of the proxy; nil when it
+	// probes it not (or no engine runs).
+	health *ProxyHealth
+	// replacement are the rules for replacing an Unhealthy proxy.
+	replacement ReplacementPolicy
+}
+
+// ProxyHealth is the health engine's in-memory view of one proxy, fresher
+// than the status it writes.
+type ProxyHealth struct {
+	// UnhealthySince is when the current, unbroken Unhealthy verdict began;
+	// zero when the proxy is not Unhealthy.
+	UnhealthySince time.Time
+	// URL is what the proxy is probed against; Probed and Unhealthy count
+	// the Managed proxies probed against that URL, and those Unhealthy now.
+	URL               string
+	Probed, Unhealthy int
+}
+
+// ReplacementPolicy says when an Unhealthy Managed proxy is replaced.
+type ReplacementPolicy struct {
+	// After is how long it may stay Unhealthy; 0 turns replacement off.
+	After time.Duration
+	// MaxUnhealthyShare: when more than this share of the Managed proxies
+	// probed against one URL are Unhealthy at once (and at least
+	// minSuspectUnhealthy of them), the target is suspected, not the
+	// proxies, and none is replaced.
+	MaxUnhealthyShare float64
+}
+
+// minSuspectUnhealthy is the fewest Unhealthy proxies that can make a probe
+// target suspect: one or two failing proxies of a small fleet say nothing
+// about the target, and are replaced.
+const minSuspectUnhealthy = 3
+
+// targetSuspect says whether unhealthy of probed proxies sharing a probe URL
+// point at the URL rather than at the proxies.
+func targetSuspect(unhealthy, probed int, maxShare float64) bool {
+	return unhealthy >= minSuspectUnhealthy && float64(unhealthy) > maxShare*float64(probed)
 }
 
 // plan maps an observation to exactly one action. It is pure: no I/O, no
@@ -117,6 +183,13 @@ func plan(o observation) Action {
 		return fail(o.specErr.reason, o.specErr.message)
 	case o.getErr != nil:
 		return providerFailure(o.getErr, crawlv1alpha1.PhaseProvisioning)
+	case o.instance == nil && p.Status.Phase == crawlv1alpha1.PhaseReady:
+		return Action{Type: ActionCreate, Phase: crawlv1alpha1.PhaseReplacing, Reason: ReasonInstanceLost, Cause: ReasonInstanceLost,
+			Message: fmt.Sprintf("instance %s is gone (deleted outside the operator, or preempted): creating a replacement with provider %s; it will come back with a new IP",
+				o.instanceName, p.Spec.Provider)}
+	case o.instance == nil && p.Status.Phase == crawlv1alpha1.PhaseReplacing:
+		return Action{Type: ActionCreate, Phase: crawlv1alpha1.PhaseReplacing, Reason: ReasonCreating,
+			Message: fmt.Sprintf("creating the replacement instance %s with provider %s", o.instanceName, p.Spec.Provider)}
 	case o.instance == nil:
 		return Action{Type: ActionCreate, Phase: crawlv1alpha1.PhaseProvisioning, Reason: ReasonCreating,
 			Message: fmt.Sprintf("creating instance %s with provider %s", o.instanceName, p.Spec.Provider)}
@@ -128,20 +201,70 @@ func plan(o observation) Action {
 		return Action{Type: ActionWait, Phase: crawlv1alpha1.PhaseReplacing, Reason: ReasonInstanceStopping,
 			Message: fmt.Sprintf("waiting for instance %s to be deleted before creating its replacement", inst.Name)}
 	case inst.OwnerUID() != string(p.UID):
-		return Action{Type: ActionDelete, Phase: crawlv1alpha1.PhaseReplacing, Reason: ReasonStaleInstance,
+		return Action{Type: ActionDelete, Phase: crawlv1alpha1.PhaseReplacing, Reason: ReasonStaleInstance, Cause: ReasonStaleInstance,
 			Message: fmt.Sprintf("instance %s belongs to an earlier Proxy of the same name (uid %q); deleting it", inst.Name, inst.OwnerUID())}
 	case inst.SpecHash() != o.desiredHash:
-		return Action{Type: ActionDelete, Phase: crawlv1alpha1.PhaseReplacing, Reason: ReasonSpecChanged,
+		return Action{Type: ActionDelete, Phase: crawlv1alpha1.PhaseReplacing, Reason: ReasonSpecChanged, Cause: ReasonSpecChanged,
 			Message: fmt.Sprintf("spec changed (hash %s, instance has %s): replacing instance %s; it will come back with a new IP", o.desiredHash, inst.SpecHash(), inst.Name)}
 	case inst.State == providers.StateFailed:
-		return Action{Type: ActionDelete, Phase: crawlv1alpha1.PhaseReplacing, Reason: ReasonInstanceFailed,
-			Message: fmt.Sprintf("instance %s stopped (%s): replacing it", inst.Name, orUnknown(inst.Message))}
+		return Action{Type: ActionDelete, Phase: crawlv1alpha1.PhaseReplacing, Reason: ReasonInstanceFailed, Cause: ReasonInstanceFailed,
+			Message: fmt.Sprintf("instance %s stopped (%s): replacing it; it will come back with a new IP", inst.Name, orUnknown(inst.Message))}
 	case inst.State == providers.StatePending:
-		return Action{Type: ActionWait, Phase: crawlv1alpha1.PhaseProvisioning, Reason: ReasonProvisioning,
+		return Action{Type: ActionWait, Phase: phaseWhileStarting(p), Reason: ReasonProvisioning,
 			Message: fmt.Sprintf("instance %s is starting: %s", inst.Name, orUnknown(inst.Message))}
 	}
-	return Action{Type: ActionMarkReady, Phase: crawlv1alpha1.PhaseReady, Reason: ReasonInstanceRunning,
+	return planRunning(o)
+}
+
+// planRunning decides for an instance that runs as specified: it serves,
+// unless it has failed its probes for longer than the replacement period.
+func planRunning(o observation) Action {
+	inst := o.instance
+	ready := Action{Type: ActionMarkReady, Phase: crawlv1alpha1.PhaseReady, Reason: ReasonInstanceRunning,
 		Message: fmt.Sprintf("instance %s is running at %s:%d", inst.Name, inst.IP, inst.Port)}
+	after := o.replacement.After
+	if o.health == nil || o.health.UnhealthySince.IsZero() || after <= 0 {
+		return ready
+	}
+	h := o.health
+	unhealthyFor := o.now.Sub(h.UnhealthySince)
+	if unhealthyFor < after {
+		ready.Recheck = after - unhealthyFor
+		return ready
+	}
+	if targetSuspect(h.Unhealthy, h.Probed, o.replacement.MaxUnhealthyShare) {
+		ready.Reason = ReasonProbeTargetSuspect
+		// No counts in the message: it is written to status, and must not
+		// change with every verdict of a fleet in an outage.
+		ready.Message = fmt.Sprintf("instance %s has been Unhealthy for longer than %s, but so are more than %.0f%% of the Managed proxies probed against %s: suspecting the probe target, not the proxies; replacing none",
+			inst.Name, after, 100*o.replacement.MaxUnhealthyShare, h.URL)
+		ready.Recheck = heldRecheck
+		return ready
+	}
+	return Action{Type: ActionDelete, Phase: crawlv1alpha1.PhaseReplacing, Reason: ReasonUnhealthy, Cause: ReasonUnhealthy, Budgeted: true,
+		Message: fmt.Sprintf("instance %s has been Unhealthy for %s (longer than %s): replacing it; it will come back with a new IP",
+			inst.Name, unhealthyFor.Round(time.Second), after)}
+}
+
+// heldRecheck is how soon a held replacement is looked at again.
+const heldRecheck = 30 * time.Second
+
+// holdReplacement is what a budgeted replacement becomes when the provider
+// instance has its bound of replacements in flight: the proxy stays as it
+// is, and is looked at again soon.
+func holdReplacement(a Action, o observation, bound int) Action {
+	return Action{Type: ActionMarkReady, Phase: crawlv1alpha1.PhaseReady, Reason: ReasonReplacementsBusy, Recheck: heldRecheck,
+		Message: fmt.Sprintf("replacement waits (%s): provider %s has its %d replacements in flight; instance %s keeps running meanwhile",
+			a.Reason, o.instanceProvider, bound, o.instance.Name)}
+}
+
+// phaseWhileStarting keeps a replacement Replacing until its new instance
+// runs, so replacements in flight can be counted by phase.
+func phaseWhileStarting(p *crawlv1alpha1.Proxy) crawlv1alpha1.ProxyPhase {
+	if p.Status.Phase == crawlv1alpha1.PhaseReplacing {
+		return crawlv1alpha1.PhaseReplacing
+	}
+	return crawlv1alpha1.PhaseProvisioning
 }
 
 // planDeletion keeps the finalizer until the provider confirms the instance
@@ -160,6 +283,8 @@ func planDeletion(o observation) Action {
 	case o.getErr != nil:
 		return providerFailure(o.getErr, crawlv1alpha1.PhaseDeleting)
 	case o.instance == nil:
+		// observe has looked by name and, when status recorded nothing, by
+		// owner UID in every provider: no instance of this Proxy exists.
 		return Action{Type: ActionRemoveFinalizer, Reason: ReasonInstanceDeleted,
 			Message: fmt.Sprintf("instance %s is gone", o.instanceName)}
 	case o.instance.State == providers.StateStopping:

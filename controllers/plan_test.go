@@ -86,7 +86,7 @@ func TestPlan(t *testing.T) {
 			wantType: ActionDelete, wantPhase: crawlv1alpha1.PhaseReplacing, wantReason: ReasonStaleInstance},
 		{name: "instance missing while status says Ready: recreate", proxy: proxyFixture(recorded("px-crawl-eu-1-0123456789"), func(p *crawlv1alpha1.Proxy) {
 			p.Status.Phase, p.Status.IP = crawlv1alpha1.PhaseReady, "127.0.0.10"
-		}), wantType: ActionCreate, wantPhase: crawlv1alpha1.PhaseProvisioning},
+		}), wantType: ActionCreate, wantPhase: crawlv1alpha1.PhaseReplacing, wantReason: ReasonInstanceLost},
 
 		// The spec cannot be realised.
 		{name: "unknown provider: fail", proxy: proxyFixture(), specErr: &specError{ReasonProviderNotFound, "provider \"x\" is not configured"},
@@ -157,7 +157,7 @@ func TestNextStatus(t *testing.T) {
 	t.Run("mark ready records the instance and awaits a health verdict", func(t *testing.T) {
 		p := proxyFixture()
 		inst := instance(providers.StateRunning, testHash, testUID)
-		o := observation{proxy: p, instance: inst, desiredHash: testHash}
+		o := observation{proxy: p, instance: inst, instanceProvider: "kind-local", desiredHash: testHash}
 		s := nextStatus(p, o, plan(o))
 		assert.Equal(t, crawlv1alpha1.PhaseReady, s.Phase)
 		assert.Equal(t, "127.0.0.10", s.IP)
@@ -177,6 +177,7 @@ func TestNextStatus(t *testing.T) {
 
 	t.Run("a healthy verdict survives mark ready, and Ready follows it", func(t *testing.T) {
 		p := proxyFixture()
+		p.Status.IP, p.Status.Port = "127.0.0.10", 3128 // the address the verdict is for
 		p.Status.Conditions = []metav1.Condition{{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: "ProbeSucceeded"}}
 		o := observation{proxy: p, instance: instance(providers.StateRunning, testHash, testUID), desiredHash: testHash}
 		s := nextStatus(p, o, plan(o))

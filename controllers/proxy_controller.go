@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -24,6 +25,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/providers"
@@ -64,7 +66,41 @@ type ProxyReconciler struct {
 	// DefaultMaxConcurrentReconciles. controller-runtime never hands two
 	// workers the same Proxy.
 	Workers int
+
+	// Health is the health engine's in-memory view, which replacement of
+	// Unhealthy proxies reads; nil turns that replacement off.
+	Health HealthSignals
+	// Replacement is the default policy for Unhealthy proxies; a Proxy's
+	// spec.healthCheck.replaceAfter overrides After.
+	Replacement ReplacementPolicy
+	// MaxReplacementsInFlight bounds, per provider instance, the Unhealthy
+	// proxies being replaced at once; zero means
+	// DefaultMaxReplacementsInFlight.
+	MaxReplacementsInFlight int
+	// Triggers are Proxies to look at now, with no change of their own: a
+	// verdict change from the health engine, an instance found lost by the
+	// InstanceWatcher. Nil: none.
+	Triggers <-chan event.GenericEvent
+	// Clock reads the time for plan; nil means the real clock.
+	Clock clock.PassiveClock
+
+	budget replacementBudget
 }
+
+// HealthSignals is what the reconciler reads of the health engine: its
+// verdicts in memory, which are fresher than the status it writes.
+type HealthSignals interface {
+	// Health is what the engine knows of one proxy; ok is false for a
+	// proxy it does not probe.
+	Health(key types.NamespacedName) (h ProxyHealth, ok bool)
+}
+
+// Defaults for replacing Unhealthy proxies.
+const (
+	DefaultUnhealthyReplaceAfter   = 10 * time.Minute
+	DefaultMaxUnhealthyShare       = 0.3
+	DefaultMaxReplacementsInFlight = 5
+)
 
 // DefaultMaxConcurrentReconciles lets a slow provider call (a GCE insert
 // takes a round trip to Google) hold up one Proxy, not the fleet.
@@ -99,9 +135,17 @@ func (r *ProxyReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 // instance (nil if none could be reached), which execute needs for Create
 // and Delete.
 func (r *ProxyReconciler) observe(ctx context.Context, p *crawlv1alpha1.Proxy) (observation, providers.Provider) {
-	o := observation{proxy: p}
+	o := observation{proxy: p, now: r.clock().Now(), replacement: r.Replacement}
 	if p.Spec.Mode == crawlv1alpha1.ModeExternal {
 		return o, nil
+	}
+	if hc := p.Spec.HealthCheck; hc != nil && hc.ReplaceAfter != nil {
+		o.replacement.After = hc.ReplaceAfter.Duration
+	}
+	if r.Health != nil {
+		if h, ok := r.Health.Health(client.ObjectKeyFromObject(p)); ok {
+			o.health = &h
+		}
 	}
 	o.instanceName = providers.InstanceName(r.ClusterID, p.Namespace, p.Name)
 
@@ -145,10 +189,43 @@ func (r *ProxyReconciler) observe(ctx context.Context, p *crawlv1alpha1.Proxy) (
 			o.getErr = fmt.Errorf("getting instance %s from provider %s: %w", o.instanceName, name, err)
 			return o, prov
 		}
-		o.instance = inst
+		o.instance, o.instanceProvider = inst, name
 		return o, prov
 	}
+	if !p.DeletionTimestamp.IsZero() && p.Status.InstanceName == "" {
+		// Nothing recorded (a lost write) and nothing under the name: before
+		// the finalizer goes, make sure no provider holds an instance made
+		// for this Proxy under any name or in any place.
+		return r.findByOwner(ctx, o, last)
+	}
 	return o, last
+}
+
+// findByOwner lists every provider instance for an instance labelled with
+// the Proxy's UID.
+func (r *ProxyReconciler) findByOwner(ctx context.Context, o observation, fallback providers.Provider) (observation, providers.Provider) {
+	for _, name := range r.Providers.Names() {
+		prov := r.Providers[name]
+		instances, err := prov.List(ctx, r.ClusterID)
+		if err != nil {
+			o.getErr = fmt.Errorf("listing provider %s for instances of Proxy %s/%s: %w", name, o.proxy.Namespace, o.proxy.Name, err)
+			return o, prov
+		}
+		for i := range instances {
+			if instances[i].OwnerUID() == string(o.proxy.UID) {
+				o.instance, o.instanceProvider = &instances[i], name
+				return o, prov
+			}
+		}
+	}
+	return o, fallback
+}
+
+func (r *ProxyReconciler) clock() clock.PassiveClock {
+	if r.Clock == nil {
+		return clock.RealClock{}
+	}
+	return r.Clock
 }
 
 func (r *ProxyReconciler) providerNotFound(name string) *specError {
@@ -195,6 +272,14 @@ func (r *ProxyReconciler) execute(ctx context.Context, p *crawlv1alpha1.Proxy, o
 			result.RequeueAfter = poll
 		}
 	case ActionDelete:
+		if a.Budgeted {
+			if inFlight, admitted := r.admitReplacement(ctx, p, o); !admitted {
+				log.Info("replacement held: provider busy", "provider", o.instanceProvider, "inFlight", inFlight, "bound", r.maxReplacements())
+				a = holdReplacement(a, o, r.maxReplacements())
+				replacementsHeld.WithLabelValues(o.instanceProvider, a.Reason).Inc()
+				break
+			}
+		}
 		if err := prov.Delete(ctx, o.instance); err != nil {
 			a = providerFailure(fmt.Errorf("deleting instance %s: %w", o.instance.Name, err), a.Phase)
 		} else {
@@ -202,6 +287,20 @@ func (r *ProxyReconciler) execute(ctx context.Context, p *crawlv1alpha1.Proxy, o
 		}
 	case ActionWait:
 		result.RequeueAfter = poll
+	}
+	if a.Recheck > 0 && (result.RequeueAfter == 0 || a.Recheck < result.RequeueAfter) {
+		result.RequeueAfter = a.Recheck
+	}
+	if a.Cause != "" && a.Err == nil && (a.Type == ActionDelete || a.Type == ActionCreate) {
+		replacementsTotal.WithLabelValues(orProvider(o.instanceProvider, p.Spec.Provider), a.Cause).Inc()
+		log.Info("replacing instance", "cause", a.Cause, "message", a.Message)
+	}
+	if a.Reason == ReasonProbeTargetSuspect {
+		replacementsHeld.WithLabelValues(o.instanceProvider, a.Reason).Inc()
+		if p.Status.Message != a.Message {
+			log.Info("replacement held: suspecting the probe target", "url", o.health.URL,
+				"unhealthy", o.health.Unhealthy, "probed", o.health.Probed)
+		}
 	}
 
 	next := nextStatus(p, o, a)
@@ -225,13 +324,13 @@ func (r *ProxyReconciler) execute(ctx context.Context, p *crawlv1alpha1.Proxy, o
 }
 
 func eventType(a Action) string {
-	switch a.Type {
-	case ActionFail:
+	switch {
+	case a.Type == ActionFail, a.Err != nil:
 		return corev1.EventTypeWarning
-	case ActionDelete, ActionWait:
-		if a.Reason == ReasonInstanceFailed || a.Err != nil {
-			return corev1.EventTypeWarning
-		}
+	}
+	switch a.Reason {
+	case ReasonInstanceFailed, ReasonInstanceLost, ReasonUnhealthy, ReasonProbeTargetSuspect, ReasonReplacementsBusy:
+		return corev1.EventTypeWarning
 	}
 	return corev1.EventTypeNormal
 }
@@ -258,6 +357,12 @@ func (r *ProxyReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		WithOptions(controller.Options{MaxConcurrentReconciles: workers}).
 		For(&crawlv1alpha1.Proxy{}, builder.WithPredicates(ProxyChangePredicate())).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.proxiesUsingSecret))
+	if r.Triggers != nil {
+		b = b.WatchesRawSource(source.Channel(r.Triggers, &handler.EnqueueRequestForObject{}))
+	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &crawlv1alpha1.Proxy{}, replacingIndex, replacingProvider); err != nil {
+		return fmt.Errorf("indexing Proxies by the provider replacing them: %w", err)
+	}
 	watched := map[reflect.Type]bool{}
 	for _, prov := range r.Providers {
 		backed, ok := prov.(providers.ObjectBacked)

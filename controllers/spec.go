@@ -66,10 +66,11 @@ func resolveCloudInit(ctx context.Context, c client.Reader, p *crawlv1alpha1.Pro
 }
 
 // instanceLabels are the labels every instance carries: who made it (the
-// cluster id), who owns it (namespace, name, UID) and from which spec.
+// cluster id and the provider instance), who owns it (namespace, name, UID) and from which spec.
 func instanceLabels(clusterID string, p *crawlv1alpha1.Proxy, hash string) map[string]string {
 	return map[string]string{
 		crawlv1alpha1.LabelClusterID:      clusterID,
+		crawlv1alpha1.LabelProvider:       p.Spec.Provider,
 		crawlv1alpha1.LabelOwnerNamespace: p.Namespace,
 		crawlv1alpha1.LabelOwnerName:      p.Name,
 		crawlv1alpha1.LabelOwnerUID:       string(p.UID),

@@ -18,20 +18,30 @@ func nextStatus(p *crawlv1alpha1.Proxy, o observation, a Action) crawlv1alpha1.P
 	}
 	s.Message = a.Message
 
+	// Whatever record an earlier pass lost (a conflict, a crash), the
+	// instance this pass saw is recorded: its name, where it lives and the
+	// spec it was made from, so deletion always knows what to wait for.
+	if o.instance != nil {
+		s.InstanceName, s.Provider, s.SpecHash = o.instance.Name, o.instanceProvider, o.instance.SpecHash()
+	}
+
 	provisioned := metav1.ConditionFalse
 	switch a.Type {
 	case ActionMarkReady:
 		provisioned = metav1.ConditionTrue
+		ip, port := "", int32(0)
 		if p.Spec.Mode == crawlv1alpha1.ModeExternal {
-			s.IP, s.Port = p.Spec.External.Address, externalPort(p)
+			ip, port = p.Spec.External.Address, externalPort(p)
 			s.InstanceName, s.Provider, s.SpecHash = "", "", ""
 		} else {
-			s.IP, s.Port = o.instance.IP, o.instance.Port
-			s.InstanceName, s.Provider, s.SpecHash = o.instance.Name, p.Spec.Provider, o.instance.SpecHash()
+			ip, port = o.instance.IP, o.instance.Port
 		}
-		if meta.FindStatusCondition(s.Conditions, crawlv1alpha1.ConditionHealthy) == nil {
+		// A new address is a proxy nobody has probed: its verdict starts
+		// again, so it is never served on the old address's record.
+		if ip != s.IP || port != s.Port || meta.FindStatusCondition(s.Conditions, crawlv1alpha1.ConditionHealthy) == nil {
 			setHealthUnknown(&s, p.Generation)
 		}
+		s.IP, s.Port = ip, port
 	case ActionCreate:
 		// Recorded before the instance runs, so a crash after this write still
 		// knows which provider holds it.

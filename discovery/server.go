@@ -49,13 +49,28 @@ const (
 	CodeMethodNotAllowed = "method_not_allowed"
 	CodeNoProxyAvailable = "no_proxy_available"
 	CodeNotReady         = "not_ready"
+	// CodeProxyUnavailable: the lease's proxy is no longer healthy or no
+	// longer exists; lease another.
+	CodeProxyUnavailable = "proxy_unavailable"
 )
 
-// TokenSource supplies the bearer token; ok is false when none is set, and
-// the API then serves unauthenticated.
+// TokenSource supplies the bearer token. required false means no token was
+// ever configured, and the API serves unauthenticated (as the README says);
+// required with an empty token means the token is gone, and every request
+// is refused until it is back.
 type TokenSource interface {
-	Token() (token string, ok bool)
+	Token() (token string, required bool)
 }
+
+// Auth states, as the proxy_operator_discovery_auth_enabled metric does not
+// tell them apart: open (no token ever configured), enforced, locked (the
+// token Secret went away).
+const (
+	authUnknown int32 = iota - 1
+	authOpen
+	authEnforced
+	authLocked
+)
 
 // Options configure a Server.
 type Options struct {
@@ -82,8 +97,8 @@ type Options struct {
 type Server struct {
 	opts   Options
 	router *httprouter.Router
-	// authWasEnabled remembers the last auth state, to log its changes.
-	authWasEnabled atomic.Int32
+	// authState remembers the last auth state, to log its changes.
+	authState atomic.Int32
 }
 
 // NewServer builds the API.
@@ -95,7 +110,7 @@ func NewServer(opts Options) *Server {
 		opts.Ready = func() bool { return true }
 	}
 	s := &Server{opts: opts, router: httprouter.New()}
-	s.authWasEnabled.Store(-1)
+	s.authState.Store(authUnknown)
 	r := s.router
 	r.GET("/healthz", s.plain("/healthz", func(w http.ResponseWriter, _ *http.Request, _ httprouter.Params) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -136,11 +151,7 @@ func (s *Server) Start(ctx context.Context) error {
 	if s.opts.WaitForTokens != nil && !s.opts.WaitForTokens(ctx) {
 		return fmt.Errorf("discovery API: the token Secret's cache did not sync")
 	}
-	_, enabled := s.opts.Tokens.Token()
-	if !enabled {
-		log.Info("WARNING: no discovery token Secret: the discovery API serves UNAUTHENTICATED; create the Secret to require a bearer token")
-	}
-	s.noteAuth(ctx, enabled)
+	s.noteAuth(ctx, authStateOf(s.opts.Tokens.Token()))
 	l, err := (&net.ListenConfig{}).Listen(ctx, "tcp", s.opts.Addr)
 	if err != nil {
 		return fmt.Errorf("discovery API listening on %s: %w", s.opts.Addr, err)
@@ -206,7 +217,18 @@ type leaseResponse struct {
 	Proxy     ProxyInfo `json:"proxy"`
 	Target    string    `json:"target,omitempty"`
 	ExpiresAt time.Time `json:"expiresAt"`
+	// State is LeaseActive, or LeaseProxyUnavailable once the proxy is no
+	// longer healthy or no longer exists (Reason says which): the lease can
+	// no longer be renewed.
+	State  string `json:"state"`
+	Reason string `json:"reason,omitempty"`
 }
+
+// Lease states in responses.
+const (
+	LeaseActive           = "active"
+	LeaseProxyUnavailable = "proxy_unavailable"
+)
 
 func (s *Server) createLease(w http.ResponseWriter, r *http.Request, _ httprouter.Params) int {
 	var req leaseRequest
@@ -223,6 +245,7 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request, _ httproute
 	if err != nil {
 		return writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
 	}
+	req.Target = normalizeTarget(req.Target)
 	now := s.opts.Clock.Now()
 	candidates := s.opts.View.candidates(req.Selector)
 	lease, err := s.opts.Store.Acquire(candidates, req.Target, ttl, now)
@@ -276,8 +299,18 @@ func (s *Server) renewLease(w http.ResponseWriter, r *http.Request, ps httproute
 		return writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
 	}
 	now := s.opts.Clock.Now()
-	lease, err := s.opts.Store.Renew(ps.ByName("id"), ttl, now)
+	lease, err := s.opts.Store.Get(ps.ByName("id"), now)
 	if err != nil {
+		return leaseNotFound(w, ps.ByName("id"))
+	}
+	// A lease on a proxy that went away is not extended: the client should
+	// lease another. The lease itself lives on until its TTL, so a report
+	// on it (a cooldown worth keeping) is still accepted.
+	if why := s.opts.View.unavailable(lease.ProxyID); why != "" {
+		return writeError(w, http.StatusConflict, CodeProxyUnavailable,
+			fmt.Sprintf("lease %q is not renewed: %s; release it and lease another", lease.ID, why))
+	}
+	if lease, err = s.opts.Store.Renew(lease.ID, ttl, now); err != nil {
 		return leaseNotFound(w, ps.ByName("id"))
 	}
 	return writeJSON(w, http.StatusOK, s.leaseView(lease))
@@ -311,7 +344,7 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request, ps httprouter.Pa
 		return writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
 	}
 	cooldown := max(s.opts.DefaultCooldown, time.Duration(req.RetryAfterSeconds)*time.Second)
-	if err := s.opts.Store.Report(ps.ByName("id"), req.Result, req.Target, cooldown, s.opts.Clock.Now()); err != nil {
+	if err := s.opts.Store.Report(ps.ByName("id"), req.Result, normalizeTarget(req.Target), cooldown, s.opts.Clock.Now()); err != nil {
 		return leaseNotFound(w, ps.ByName("id"))
 	}
 	reportsTotal.WithLabelValues(req.Result).Inc()
@@ -326,7 +359,11 @@ func (s *Server) leaseView(l Lease) leaseResponse {
 	if !ok {
 		info = ProxyInfo{ID: l.ProxyID, Attributes: map[string]string{}}
 	}
-	return leaseResponse{LeaseID: l.ID, Proxy: info, Target: l.Target, ExpiresAt: l.ExpiresAt.UTC()}
+	resp := leaseResponse{LeaseID: l.ID, Proxy: info, Target: l.Target, ExpiresAt: l.ExpiresAt.UTC(), State: LeaseActive}
+	if why := s.opts.View.unavailable(l.ProxyID); why != "" {
+		resp.State, resp.Reason = LeaseProxyUnavailable, why
+	}
+	return resp
 }
 
 func (s *Server) ttl(seconds *int64) (time.Duration, error) {
@@ -351,18 +388,44 @@ type handle func(w http.ResponseWriter, r *http.Request, ps httprouter.Params) i
 func (s *Server) authed(route string, h handle) httprouter.Handle {
 	return func(w http.ResponseWriter, r *http.Request, ps httprouter.Params) {
 		start := s.opts.Clock.Now()
-		token, enabled := s.opts.Tokens.Token()
-		s.noteAuth(r.Context(), enabled)
-		if enabled {
-			got, found := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-			if !found || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
+		token, required := s.opts.Tokens.Token()
+		state := authStateOf(token, required)
+		s.noteAuth(r.Context(), state)
+		if required {
+			got, found := bearerToken(r.Header.Get("Authorization"))
+			msg := "a valid bearer token is required (Authorization: Bearer <token>)"
+			if state == authLocked {
+				msg = "the discovery token Secret was deleted or has no token: every request is refused until a token is back"
+			}
+			if state == authLocked || !found || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="egress-proxies-operator"`)
-				s.count(route, writeError(w, http.StatusUnauthorized, CodeUnauthorized, "a valid bearer token is required (Authorization: Bearer <token>)"), s.opts.Clock.Since(start))
+				s.count(route, writeError(w, http.StatusUnauthorized, CodeUnauthorized, msg), s.opts.Clock.Since(start))
 				return
 			}
 		}
 		s.count(route, h(w, r, ps), s.opts.Clock.Since(start))
 	}
+}
+
+// bearerToken reads an Authorization header of the Bearer scheme, whose name
+// is case-insensitive (RFC 9110), trimmed of surrounding whitespace.
+func bearerToken(header string) (string, bool) {
+	scheme, token, ok := strings.Cut(strings.TrimSpace(header), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	token = strings.TrimSpace(token)
+	return token, token != ""
+}
+
+func authStateOf(token string, required bool) int32 {
+	switch {
+	case !required:
+		return authOpen
+	case token == "":
+		return authLocked
+	}
+	return authEnforced
 }
 
 // plain wraps an unauthenticated handler with metrics.
@@ -375,18 +438,34 @@ func (s *Server) plain(route string, h httprouter.Handle) httprouter.Handle {
 	}
 }
 
-// noteAuth keeps the auth_enabled metric current and logs a change.
-func (s *Server) noteAuth(ctx context.Context, enabled bool) {
-	state := int32(0)
-	if enabled {
-		state = 1
+// noteAuth keeps the auth metrics current and logs a change: serving
+// unauthenticated is a warning, a lost token an error.
+func (s *Server) noteAuth(ctx context.Context, state int32) {
+	old := s.authState.Swap(state)
+	if old == state {
+		return
 	}
-	if old := s.authWasEnabled.Swap(state); old != state {
-		authEnabled.Set(float64(state))
-		if old != -1 {
-			logf.FromContext(ctx).WithName("discovery").Info("discovery API authentication changed", "enabled", enabled)
+	authEnabled.Set(boolGauge(state != authOpen))
+	authLockedGauge.Set(boolGauge(state == authLocked))
+	log := logf.FromContext(ctx).WithName("discovery")
+	switch state {
+	case authOpen:
+		warn(log, "no discovery token Secret: the discovery API serves UNAUTHENTICATED; create the Secret to require a bearer token")
+	case authLocked:
+		log.Error(errors.New("discovery token lost"),
+			"the discovery token Secret was deleted or lost its token key: the API refuses every request until a token is back")
+	case authEnforced:
+		if old != authUnknown {
+			log.Info("discovery API authentication enforced")
 		}
 	}
+}
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func (s *Server) count(route string, status int, took time.Duration) {
@@ -475,6 +554,16 @@ func parseListQuery(rawQuery string) (Selector, *bool, error) {
 	return sel, healthy, nil
 }
 
+// normalizeTarget compares targets as hosts: case, a trailing dot and a port
+// are ignored, so Example.COM.:443 cools down with example.com.
+func normalizeTarget(target string) string {
+	if host, _, err := net.SplitHostPort(target); err == nil {
+		target = host
+	}
+	target = strings.TrimSuffix(strings.Trim(target, "[]"), ".")
+	return strings.ToLower(target)
+}
+
 // validateTarget checks a request's target site: a host name, at most 253
 // characters.
 func validateTarget(target string, required bool) error {
@@ -533,13 +622,17 @@ var (
 		Name: "proxy_operator_discovery_auth_enabled",
 		Help: "1 when the discovery API requires a bearer token, 0 when it serves unauthenticated.",
 	})
+	authLockedGauge = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "proxy_operator_discovery_auth_locked",
+		Help: "1 while the discovery token Secret is missing after a token was set: every request is refused.",
+	})
 )
 
 // Collectors are the discovery metrics, for registration; leases and
 // cooldowns are counted from store at scrape time.
 func Collectors(store Store, clk clock.PassiveClock) []prometheus.Collector {
 	return []prometheus.Collector{
-		requestsTotal, requestDuration, reportsTotal, authEnabled,
+		requestsTotal, requestDuration, reportsTotal, authEnabled, authLockedGauge,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "proxy_operator_discovery_leases_active",
 			Help: "Leases not yet released or expired.",

@@ -362,7 +362,7 @@ type flippableHealth struct {
 	gen     uint64
 }
 
-func (h *flippableHealth) Healthy(key types.NamespacedName) (bool, bool) {
+func (h *flippableHealth) Healthy(key types.NamespacedName, _ string) (bool, bool) {
 	v, ok := h.healthy[key.String()]
 	return v, ok
 }

@@ -3,6 +3,7 @@ package discovery
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
@@ -18,25 +19,30 @@ import (
 const TokenKey = "token"
 
 // SecretToken is a TokenSource that follows the discovery token Secret
-// through an informer: creating, rotating or deleting the Secret takes effect
-// at once, without a restart.
+// through an informer: creating or rotating the Secret takes effect at once,
+// without a restart. It fails closed: once a token has been set, deleting the
+// Secret or emptying its key refuses every request until a token is back,
+// rather than opening the API to anyone.
 type SecretToken struct {
-	token atomic.Pointer[string]
+	token   atomic.Pointer[string]
+	everSet atomic.Bool
 }
 
-// Token implements TokenSource.
-func (s *SecretToken) Token() (string, bool) {
+// Token implements TokenSource: required is true once a token has ever been
+// set, and token is then empty while the Secret is missing.
+func (s *SecretToken) Token() (token string, required bool) {
 	if t := s.token.Load(); t != nil {
 		return *t, true
 	}
-	return "", false
+	return "", s.everSet.Load()
 }
 
-// Set records the Secret's token; a Secret without a non-empty token key
-// leaves the API unauthenticated rather than locking every client out.
+// Set records the Secret's token, trimmed of surrounding whitespace (a
+// Secret made with `echo` ends in a newline).
 func (s *SecretToken) Set(secret *corev1.Secret) {
-	if t := string(secret.Data[TokenKey]); t != "" {
+	if t := strings.TrimSpace(string(secret.Data[TokenKey])); t != "" {
 		s.token.Store(&t)
+		s.everSet.Store(true)
 		return
 	}
 	s.token.Store(nil)
@@ -64,7 +70,10 @@ func (s *SecretToken) Handler() toolscache.ResourceEventHandler {
 type StaticToken string
 
 // Token implements TokenSource.
-func (t StaticToken) Token() (string, bool) { return string(t), t != "" }
+func (t StaticToken) Token() (string, bool) {
+	token := strings.TrimSpace(string(t))
+	return token, token != ""
+}
 
 // WatchTokenSecret follows the Secret namespace/name through a cache of its
 // own, which holds that one Secret and nothing else (the manager's cache

@@ -21,7 +21,10 @@ import (
 // answers on the leader; elsewhere known is false and the view falls back to
 // the Healthy condition in the cached status.
 type HealthSource interface {
-	Healthy(key types.NamespacedName) (healthy, known bool)
+	// Healthy is the verdict for the proxy as probed at address (host:port);
+	// known is false when the source has none for that address (a new one
+	// nobody has probed yet is never served on the old one's verdict).
+	Healthy(key types.NamespacedName, address string) (healthy, known bool)
 	// Generation changes whenever any verdict changes, so the view knows
 	// when its cached candidate lists are stale.
 	Generation() uint64
@@ -138,13 +141,12 @@ func entryOf(p *crawlv1alpha1.Proxy) *entry {
 		}
 	}
 	return &entry{
-		key:        types.NamespacedName{Namespace: p.Namespace, Name: p.Name},
-		id:         p.Namespace + "/" + p.Name,
-		ip:         p.Status.IP,
-		port:       p.Status.Port,
-		attributes: attrs,
-		serving: p.DeletionTimestamp.IsZero() && p.Status.Phase == crawlv1alpha1.PhaseReady &&
-			p.Status.IP != "" && p.Status.Port != 0,
+		key:           types.NamespacedName{Namespace: p.Namespace, Name: p.Name},
+		id:            p.Namespace + "/" + p.Name,
+		ip:            p.Status.IP,
+		port:          p.Status.Port,
+		attributes:    attrs,
+		serving:       p.Serving(),
 		statusHealthy: meta.IsStatusConditionPresentAndEqual(p.Status.Conditions, crawlv1alpha1.ConditionHealthy, metav1.ConditionTrue),
 	}
 }
@@ -155,7 +157,7 @@ func (v *View) healthy(e *entry) bool {
 		return false
 	}
 	if v.health != nil {
-		if healthy, known := v.health.Healthy(e.key); known {
+		if healthy, known := v.health.Healthy(e.key, net.JoinHostPort(e.ip, strconv.Itoa(int(e.port)))); known {
 			return healthy
 		}
 	}
@@ -236,6 +238,23 @@ func (v *View) candidates(sel Selector) []string {
 
 // maxCachedSelectors bounds the candidate cache.
 const maxCachedSelectors = 1024
+
+// unavailable says why a leased proxy can no longer serve its lease (it
+// was deleted, or is not healthy), or "" when it can.
+func (v *View) unavailable(id string) string {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	e, ok := v.entries[id]
+	switch {
+	case !ok:
+		return fmt.Sprintf("proxy %s no longer exists", id)
+	case !e.serving:
+		return fmt.Sprintf("proxy %s is not serving (being replaced or deleted)", id)
+	case !v.healthy(e):
+		return fmt.Sprintf("proxy %s is not healthy", id)
+	}
+	return ""
+}
 
 // lookup returns a proxy by id; ok is false once it is deleted.
 func (v *View) lookup(id string, leases int) (ProxyInfo, bool) {

@@ -11,15 +11,18 @@ import (
 	"sync/atomic"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
@@ -66,6 +69,14 @@ type Options struct {
 	Clock clock.WithTicker
 	// Jitter is the fraction of the interval probes are spread over.
 	Jitter float64
+	// Recorder, if set, emits an Event on the Proxy for every verdict
+	// change recorded, so `kubectl describe px` tells the story.
+	Recorder events.EventRecorder
+	// Notify, if set, receives every Managed Proxy whose verdict changed,
+	// as the kubelet's prober feeds its sync loop: the reconciler replaces
+	// proxies that stay Unhealthy. The engine blocks on it, so it must be
+	// read (the reconciler's channel source does).
+	Notify chan<- event.GenericEvent
 }
 
 // Engine probes every Ready proxy through the proxy itself, one schedule per
@@ -78,9 +89,16 @@ type Engine struct {
 
 	mu      sync.RWMutex
 	targets map[types.NamespacedName]*target
+	// byURL counts the Managed targets per probe URL, and the Unhealthy
+	// among them, for the reconciler's outage guard.
+	byURL map[string]*urlCount
 	// generation counts verdict changes, so discovery can cache on it.
 	generation atomic.Uint64
 }
+
+// urlCount is how many Managed proxies are probed against one URL, and how
+// many of them are Unhealthy now.
+type urlCount struct{ probed, unhealthy int }
 
 // target is one probed proxy.
 type target struct {
@@ -89,9 +107,33 @@ type target struct {
 	identity string
 	address  string
 	settings Settings
+	managed  bool
 	tracker  tracker
 	// written is the verdict last recorded in status.
 	written Verdict
+	// unhealthySince is when the current Unhealthy verdict began.
+	unhealthySince time.Time
+	// lastProbe is when the last probe started (zero: none yet).
+	lastProbe time.Time
+	// counted is the contribution to byURL now: url, and whether Unhealthy.
+	counted *countedAs
+}
+
+type countedAs struct {
+	url       string
+	unhealthy bool
+}
+
+// TargetHealth is what the engine knows of one proxy now.
+type TargetHealth struct {
+	Verdict Verdict
+	// UnhealthySince is when the current Unhealthy verdict began (zero
+	// unless Unhealthy).
+	UnhealthySince time.Time
+	// URL is the probe URL; Probed and Unhealthy count the Managed proxies
+	// probed against it and the Unhealthy among them.
+	URL               string
+	Probed, Unhealthy int
 }
 
 // NewEngine builds an engine; Start runs it.
@@ -105,6 +147,7 @@ func NewEngine(opts Options) *Engine {
 	return &Engine{
 		opts:    opts,
 		targets: map[types.NamespacedName]*target{},
+		byURL:   map[string]*urlCount{},
 		queue: workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[types.NamespacedName]{
 			Name: "health", Clock: opts.Clock,
 		}),
@@ -167,6 +210,65 @@ func (e *Engine) Verdict(key types.NamespacedName) (Verdict, bool) {
 	return t.tracker.verdict, true
 }
 
+// VerdictAt is Verdict for the proxy as probed at address (host:port): ok is
+// false when the engine probes it elsewhere, so a caller that has seen a new
+// address before the engine has never reads the old address's verdict.
+func (e *Engine) VerdictAt(key types.NamespacedName, address string) (Verdict, bool) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	t, ok := e.targets[key]
+	if !ok || t.address != address {
+		return Unknown, false
+	}
+	return t.tracker.verdict, true
+}
+
+// Health is what the engine knows of one proxy; ok is false for a proxy it
+// does not probe.
+func (e *Engine) Health(key types.NamespacedName) (TargetHealth, bool) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	t, ok := e.targets[key]
+	if !ok {
+		return TargetHealth{}, false
+	}
+	h := TargetHealth{Verdict: t.tracker.verdict, UnhealthySince: t.unhealthySince, URL: t.settings.URL}
+	if c := e.byURL[t.settings.URL]; c != nil {
+		h.Probed, h.Unhealthy = c.probed, c.unhealthy
+	}
+	return h, true
+}
+
+// recountLocked moves t's contribution to byURL to what it is now (its URL,
+// its verdict); with remove, as t is forgotten, it only takes it away.
+func (e *Engine) recountLocked(t *target, remove bool) {
+	if old := t.counted; old != nil {
+		c := e.byURL[old.url]
+		c.probed--
+		if old.unhealthy {
+			c.unhealthy--
+		}
+		if c.probed == 0 {
+			delete(e.byURL, old.url)
+		}
+		t.counted = nil
+	}
+	if remove || !t.managed {
+		return
+	}
+	c := e.byURL[t.settings.URL]
+	if c == nil {
+		c = &urlCount{}
+		e.byURL[t.settings.URL] = c
+	}
+	now := &countedAs{url: t.settings.URL, unhealthy: t.tracker.verdict == Unhealthy}
+	c.probed++
+	if now.unhealthy {
+		c.unhealthy++
+	}
+	t.counted = now
+}
+
 // Generation changes whenever any verdict changes (or a proxy starts or
 // stops being probed).
 func (e *Engine) Generation() uint64 { return e.generation.Load() }
@@ -178,37 +280,68 @@ func (e *Engine) track(obj any) {
 		return
 	}
 	key := client.ObjectKeyFromObject(p)
-	if !probeable(p) {
+	if !p.Serving() {
 		e.forget(key)
 		return
 	}
 	settings := e.settingsFor(p)
 	identity := identityOf(p)
+	now := e.opts.Clock.Now()
 	e.mu.Lock()
 	t, exists := e.targets[key]
 	replaced := exists && t.identity != identity
+	var old *target
+	if replaced {
+		old = t
+	}
 	if !exists || replaced {
 		// A new or replaced proxy starts from what its status says: Unknown
-		// after a replacement, the recorded verdict after an operator restart
-		// (so a restart causes no status writes).
-		recorded := recordedVerdict(p)
+		// after a replacement or a new address (the reconciler resets it
+		// in the same write), the recorded verdict after an operator
+		// restart (so a restart causes no status writes).
+		recorded, since := recordedVerdict(p)
 		t = &target{identity: identity, written: recorded, tracker: tracker{verdict: recorded}}
+		if recorded == Unhealthy {
+			t.unhealthySince = since
+		}
+		if old != nil {
+			t.counted = old.counted // recountLocked moves it
+		}
 		e.targets[key] = t
 		e.generation.Add(1)
 	}
+	resettle := exists && !replaced && t.settings != settings
 	t.address = net.JoinHostPort(p.Status.IP, strconv.Itoa(int(p.Status.Port)))
 	t.settings = settings
+	t.managed = p.Spec.Mode == crawlv1alpha1.ModeManaged
+	e.recountLocked(t, false)
+	last := t.lastProbe
 	e.mu.Unlock()
-	if !exists || replaced {
+	switch {
+	case replaced:
+		// A replaced instance or a changed address is probed at once: an
+		// address nobody has probed is never served on an old verdict.
+		lastProbe.DeleteLabelValues(key.Namespace, key.Name)
+		e.queue.AddAfter(key, 0)
+	case !exists:
 		lastProbe.DeleteLabelValues(key.Namespace, key.Name)
 		e.queue.AddAfter(key, e.spread(settings.Interval))
+	case resettle:
+		// New settings take effect at the next probe, due by the new
+		// interval; the queue keeps whichever time comes first.
+		next := time.Duration(0)
+		if !last.IsZero() {
+			next = max(0, last.Add(settings.Interval).Sub(now))
+		}
+		e.queue.AddAfter(key, next)
 	}
 }
 
 // forget stops probing a proxy and drops its verdict.
 func (e *Engine) forget(key types.NamespacedName) {
 	e.mu.Lock()
-	if _, ok := e.targets[key]; ok {
+	if t, ok := e.targets[key]; ok {
+		e.recountLocked(t, true)
 		delete(e.targets, key)
 		e.generation.Add(1)
 	}
@@ -224,19 +357,20 @@ func (e *Engine) work(ctx context.Context) bool {
 	}
 	defer e.queue.Done(key)
 
-	e.mu.RLock()
+	start := e.opts.Clock.Now()
+	e.mu.Lock()
 	t, ok := e.targets[key]
 	var identity, address string
 	var settings Settings
 	if ok {
 		identity, address, settings = t.identity, t.address, t.settings
+		t.lastProbe = start
 	}
-	e.mu.RUnlock()
+	e.mu.Unlock()
 	if !ok {
 		return true // forgotten while it waited
 	}
 
-	start := e.opts.Clock.Now()
 	result := e.opts.Prober.Probe(ctx, address, settings.URL, settings.Timeout)
 	observeProbe(key, result, e.opts.Clock.Since(start), e.opts.Clock.Now())
 
@@ -246,12 +380,27 @@ func (e *Engine) work(ctx context.Context) bool {
 		e.mu.Unlock()
 		return true // deleted or replaced during the probe: the result is stale
 	}
-	if t.tracker.observe(result, settings.FailureThreshold, settings.SuccessThreshold) {
+	changed := t.tracker.observe(result, settings.FailureThreshold, settings.SuccessThreshold)
+	if changed {
 		e.generation.Add(1)
+		t.unhealthySince = time.Time{}
+		if t.tracker.verdict == Unhealthy {
+			t.unhealthySince = e.opts.Clock.Now()
+		}
+		e.recountLocked(t, false)
 	}
-	verdict, decided, written := t.tracker.verdict, t.tracker.decided, t.written
+	verdict, decided, written, managed := t.tracker.verdict, t.tracker.decided, t.written, t.managed
 	e.mu.Unlock()
 
+	if changed && managed && e.opts.Notify != nil {
+		obj := &crawlv1alpha1.Proxy{}
+		obj.Namespace, obj.Name = key.Namespace, key.Name
+		select {
+		case e.opts.Notify <- event.GenericEvent{Object: obj}:
+		case <-ctx.Done():
+			return false
+		}
+	}
 	if verdict != written && verdict != Unknown {
 		if err := e.record(ctx, key, identity, verdict, decided); err != nil {
 			if !errors.Is(err, errStale) {
@@ -281,7 +430,7 @@ func (e *Engine) record(ctx context.Context, key types.NamespacedName, identity 
 		if err := e.opts.Reader.Get(ctx, key, &p); err != nil {
 			return fmt.Errorf("reading Proxy %s: %w", key, err)
 		}
-		if !probeable(&p) || identityOf(&p) != identity {
+		if !p.Serving() || identityOf(&p) != identity {
 			return errStale
 		}
 		cond := metav1.Condition{
@@ -298,13 +447,29 @@ func (e *Engine) record(ctx context.Context, key types.NamespacedName, identity 
 			return err
 		}
 		statusWrites.Inc()
+		e.recordEvent(&p, v, decided)
 		return nil
 	})
 }
 
-// probeable: the proxy has an address and its instance is running.
-func probeable(p *crawlv1alpha1.Proxy) bool {
-	return p.DeletionTimestamp.IsZero() && p.Status.Phase == crawlv1alpha1.PhaseReady && p.Status.IP != "" && p.Status.Port != 0
+// Event reasons of health transitions.
+const (
+	EventReasonUnhealthy = "Unhealthy"
+	EventReasonHealthy   = "Healthy"
+)
+
+// recordEvent tells a person of a recorded verdict change.
+func (e *Engine) recordEvent(p *crawlv1alpha1.Proxy, v Verdict, decided Result) {
+	if e.opts.Recorder == nil {
+		return
+	}
+	if v == Unhealthy {
+		e.opts.Recorder.Eventf(p, nil, corev1.EventTypeWarning, EventReasonUnhealthy, "Probe",
+			"probes through the proxy fail (%s): %s", decided.Reason, decided.Message)
+		return
+	}
+	e.opts.Recorder.Eventf(p, nil, corev1.EventTypeNormal, EventReasonHealthy, "Probe",
+		"probes through the proxy pass: %s", decided.Message)
 }
 
 // identityOf names the instance behind a Proxy's status: it changes exactly
@@ -313,16 +478,17 @@ func identityOf(p *crawlv1alpha1.Proxy) string {
 	return p.Status.InstanceName + "|" + p.Status.SpecHash + "|" + p.Status.IP + "|" + strconv.Itoa(int(p.Status.Port))
 }
 
-func recordedVerdict(p *crawlv1alpha1.Proxy) Verdict {
+// recordedVerdict is the verdict in status, and since when it holds.
+func recordedVerdict(p *crawlv1alpha1.Proxy) (Verdict, time.Time) {
 	switch c := meta.FindStatusCondition(p.Status.Conditions, crawlv1alpha1.ConditionHealthy); {
 	case c == nil:
-		return Unknown
+		return Unknown, time.Time{}
 	case c.Status == metav1.ConditionTrue:
-		return Healthy
+		return Healthy, c.LastTransitionTime.Time
 	case c.Status == metav1.ConditionFalse:
-		return Unhealthy
+		return Unhealthy, c.LastTransitionTime.Time
 	}
-	return Unknown
+	return Unknown, time.Time{}
 }
 
 // settingsFor applies a Proxy's overrides to the defaults.

@@ -33,7 +33,12 @@ type Provider interface {
 	// Delete starts deleting inst, as returned by Get or List. An instance
 	// already gone is not an error.
 	Delete(ctx context.Context, inst *Instance) error
-	// List returns every instance labelled with clusterID, for orphan GC.
+	// List returns the instances this provider instance made for clusterID:
+	// labelled with clusterID and with its own name under LabelProvider. A
+	// second provider instance of the same type in the same project or
+	// cluster has its own, and one made before that label existed is listed
+	// by none: orphan GC and re-observation must never act on an instance
+	// they cannot prove is theirs.
 	List(ctx context.Context, clusterID string) ([]Instance, error)
 }
 
@@ -90,6 +95,10 @@ func (i *Instance) SpecHash() string { return i.Labels[crawlv1alpha1.LabelSpecHa
 // OwnerUID is the UID of the Proxy the instance was created for.
 func (i *Instance) OwnerUID() string { return i.Labels[crawlv1alpha1.LabelOwnerUID] }
 
+// ProviderName is the provider instance that created it; empty for an
+// instance made before the label existed.
+func (i *Instance) ProviderName() string { return i.Labels[crawlv1alpha1.LabelProvider] }
+
 // CreateRequest is everything a provider needs to create one instance.
 type CreateRequest struct {
 	// Proxy is the owner; providers read spec.port and spec.placement.
@@ -98,7 +107,8 @@ type CreateRequest struct {
 	Name string
 	// CloudInit is the resolved user-data (inline, or the Secret's content).
 	CloudInit string
-	// Labels go on the instance verbatim: cluster id, owner, spec hash.
+	// Labels go on the instance verbatim: cluster id, provider instance,
+	// owner, spec hash.
 	Labels map[string]string
 	// SpecHash is the hash of the replacement-forcing spec fields; GCE's
 	// requestId is derived from it and the Proxy's UID.

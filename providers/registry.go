@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"slices"
 
@@ -14,12 +15,14 @@ import (
 // Dependencies are what a provider may need from the operator to run.
 type Dependencies struct {
 	// Client reads through the manager's cache and writes to the API server;
-	// the kubernetes provider keeps its pods with it.
+	// the kubernetes provider keeps its pods with it. Nil when the registry
+	// only checks the config (Check), before the operator connects.
 	Client client.Client
 }
 
 // Factory builds one named provider instance from its settings. It must
-// reject unknown settings and name any missing required one.
+// reject unknown settings and name any missing required one, and it must
+// not connect anywhere: Check calls it before the operator has a cluster.
 type Factory func(name string, settings map[string]any, deps Dependencies) (Provider, error)
 
 // Registry maps a provider type (the `type` of a providers config entry) to
@@ -49,6 +52,19 @@ func (r Registry) Build(cfg Config, deps Dependencies) (Set, error) {
 		return nil, err
 	}
 	return set, nil
+}
+
+// Check builds every instance in cfg with no dependencies and discards them:
+// every factory checks its settings without connecting anywhere, so a bad
+// providers config is reported before the operator contacts the API server.
+func (r Registry) Check(cfg Config) error {
+	set, err := r.Build(cfg, Dependencies{})
+	for _, p := range set {
+		if closer, ok := p.(io.Closer); ok {
+			_ = closer.Close()
+		}
+	}
+	return err
 }
 
 // Set is the configured provider instances by name.

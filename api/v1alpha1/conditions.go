@@ -18,6 +18,13 @@ const (
 	ReasonNotHealthy = "NotHealthy"
 )
 
+// Serving says whether a Proxy has an instance that runs as specified, with
+// an address: what the health engine probes and discovery may hand out once
+// it is also healthy. The one home of that rule.
+func (p *Proxy) Serving() bool {
+	return p.DeletionTimestamp.IsZero() && p.Status.Phase == PhaseReady && p.Status.IP != "" && p.Status.Port != 0
+}
+
 // SetReadyCondition derives Ready from Provisioned and Healthy: a proxy may
 // be handed out only when both are True. The reconciler and the health
 // engine each call it after changing their own condition, so Ready never

@@ -138,6 +138,8 @@ type Placement struct {
 	// own; each provider documents the keys it reads and rejects unknown ones.
 	// +optional
 	// +kubebuilder:validation:MaxProperties=32
+	// +kubebuilder:validation:XValidation:rule="self.all(k, size(k) <= 63)",message="spec.placement.parameters keys must be at most 63 characters"
+	// +kubebuilder:validation:XValidation:rule="self.all(k, size(self[k]) <= 256)",message="spec.placement.parameters values must be at most 256 characters"
 	Parameters map[string]string `json:"parameters,omitempty"`
 }
 
@@ -228,6 +230,16 @@ type HealthCheck struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=100
 	SuccessThreshold *int32 `json:"successThreshold,omitempty"`
+
+	// replaceAfter is how long a Managed proxy may stay Unhealthy without a
+	// break before the operator replaces its instance (same name, new IP),
+	// between 0 and 24h; 0 never replaces it for failing probes. Default: the
+	// operator's --unhealthy-replace-after flag. Ignored for External proxies.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s') && duration(self) <= duration('24h')",message="spec.healthCheck.replaceAfter must be a duration between 0s and 24h"
+	ReplaceAfter *metav1.Duration `json:"replaceAfter,omitempty"`
 }
 
 // ProxyStatus is what the operator observed and did.

@@ -15,6 +15,10 @@ const (
 	// LabelOwnerUID is the UID of the owning Proxy; a Proxy deleted and
 	// recreated under the same name does not adopt its predecessor's instance.
 	LabelOwnerUID = "crawl.example.com/owner-uid"
+	// LabelProvider is the name of the provider instance (gcp-eu, say) that
+	// created the instance. Two provider instances of one type share a
+	// project or a cluster; each lists, collects and deletes only its own.
+	LabelProvider = "crawl.example.com/provider"
 	// LabelSpecHash is the hash of the spec fields whose change forces a
 	// replacement; an instance whose hash differs from the Proxy's is deleted.
 	LabelSpecHash = "crawl.example.com/spec-hash"

@@ -13,6 +13,7 @@ import (
 // Kubernetes name, so mapping '.' to '_' is reversible.
 var gceLabelKeys = map[string]string{
 	crawlv1alpha1.LabelClusterID:      "crawl-cluster-id",
+	crawlv1alpha1.LabelProvider:       "crawl-provider",
 	crawlv1alpha1.LabelOwnerNamespace: "crawl-owner-namespace",
 	crawlv1alpha1.LabelOwnerName:      "crawl-owner-name",
 	crawlv1alpha1.LabelOwnerUID:       "crawl-owner-uid",

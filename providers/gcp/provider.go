@@ -290,9 +290,12 @@ func (p *Provider) Delete(ctx context.Context, inst *providers.Instance) error {
 	return nil
 }
 
-// List returns every VM in the project labelled with clusterID, in any zone.
+// List returns every VM in the project, in any zone, labelled with clusterID
+// and with this provider instance's name: one aggregated list (paged) serves
+// the whole fleet.
 func (p *Provider) List(ctx context.Context, clusterID string) ([]providers.Instance, error) {
-	return p.aggregatedList(ctx, fmt.Sprintf("labels.%s = %q", gceLabelKeys[crawlv1alpha1.LabelClusterID], clusterID))
+	return p.aggregatedList(ctx, fmt.Sprintf("(labels.%s = %q) AND (labels.%s = %q)",
+		gceLabelKeys[crawlv1alpha1.LabelClusterID], clusterID, gceLabelKeys[crawlv1alpha1.LabelProvider], p.name))
 }
 
 func (p *Provider) aggregatedList(ctx context.Context, filter string) ([]providers.Instance, error) {
@@ -326,6 +329,7 @@ func (p *Provider) aggregatedList(ctx context.Context, filter string) ([]provide
 func (p *Provider) vm(req providers.CreateRequest, pl placement) *computepb.Instance {
 	s := p.settings
 	labels := toGCELabels(req.Labels)
+	labels[gceLabelKeys[crawlv1alpha1.LabelProvider]] = p.name
 	labels[portLabel] = strconv.Itoa(int(req.Proxy.Spec.Port))
 	for k, v := range s.Labels {
 		labels[k] = v

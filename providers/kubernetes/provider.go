@@ -119,9 +119,7 @@ func New(name string, raw map[string]any, deps providers.Dependencies) (provider
 	if err != nil {
 		return nil, err
 	}
-	if deps.Client == nil {
-		return nil, errors.New("no Kubernetes client")
-	}
+	// deps.Client is nil when the registry only checks the config.
 	return &Provider{name: name, settings: settings, client: deps.Client}, nil
 }
 
@@ -205,10 +203,13 @@ func (p *Provider) Delete(ctx context.Context, inst *providers.Instance) error {
 	return errors.Join(errs...)
 }
 
-// List returns every proxy pod labelled with clusterID, in any namespace.
+// List returns every proxy pod, in any namespace, labelled with clusterID
+// and with this provider instance's name.
 func (p *Provider) List(ctx context.Context, clusterID string) ([]providers.Instance, error) {
 	var pods corev1.PodList
-	if err := p.client.List(ctx, &pods, client.MatchingLabels{crawlv1alpha1.LabelClusterID: clusterID}); err != nil {
+	if err := p.client.List(ctx, &pods, client.MatchingLabels{
+		crawlv1alpha1.LabelClusterID: clusterID, crawlv1alpha1.LabelProvider: p.name,
+	}); err != nil {
 		return nil, classify(fmt.Errorf("listing pods: %w", err))
 	}
 	out := make([]providers.Instance, 0, len(pods.Items))
@@ -283,6 +284,7 @@ func (p *Provider) objectMeta(req providers.CreateRequest) metav1.ObjectMeta {
 	for k, v := range req.Labels {
 		labels[k] = v
 	}
+	labels[crawlv1alpha1.LabelProvider] = p.name
 	return metav1.ObjectMeta{
 		Name:      req.Name,
 		Namespace: req.Proxy.Namespace,

@@ -129,13 +129,25 @@ func (s *Server) StickInStopping(stuck bool) {
 	s.stuckStopping = stuck
 }
 
-// SetStatus pins a VM's status (TERMINATED, say), as if GCE changed it.
+// SetStatus pins a VM's status (TERMINATED, say), as if GCE changed it:
+// a VM stopped behind the operator's back, or preempted.
 func (s *Server) SetStatus(zone, name, status string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if v, ok := s.vms[zone+"/"+name]; ok {
 		v.statusPinned, v.pinnedStatus = true, status
 	}
+}
+
+// Remove deletes a VM at once, as someone with the console might, or as GCE
+// does with a preempted Spot VM whose termination action is DELETE. It says
+// whether the VM existed.
+func (s *Server) Remove(zone, name string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.vms[zone+"/"+name]
+	delete(s.vms, zone+"/"+name)
+	return ok
 }
 
 // Created counts the VMs ever created (a de-duplicated insert creates none).
@@ -475,17 +487,44 @@ func validateInsert(res *computepb.Instance) string {
 	return ""
 }
 
-// filterExpr matches the one-clause filters the provider sends:
-// `name = "x"` and `labels.key = "value"`.
-var filterExpr = regexp.MustCompile(`^\s*([a-zA-Z.\-_]+)\s*=\s*"([^"]*)"\s*$`)
+// filterClause matches one clause of the filters the provider sends:
+// `name = "x"` and `labels.key = "value"`, alone or as parenthesised clauses
+// joined by AND (GCE's syntax; a space between clauses means AND as well).
+var (
+	filterClause   = regexp.MustCompile(`^\s*([a-zA-Z.\-_]+)\s*=\s*"([^"]*)"\s*$`)
+	filterSplitter = regexp.MustCompile(`\)\s*(?:AND\s*)?\(`)
+)
 
 func parseFilter(filter string) (func(*computepb.Instance) bool, error) {
-	if filter == "" {
+	if strings.TrimSpace(filter) == "" {
 		return func(*computepb.Instance) bool { return true }, nil
 	}
-	m := filterExpr.FindStringSubmatch(filter)
+	clauses := []string{filter}
+	if trimmed := strings.TrimSpace(filter); strings.HasPrefix(trimmed, "(") && strings.HasSuffix(trimmed, ")") {
+		clauses = filterSplitter.Split(trimmed[1:len(trimmed)-1], -1)
+	}
+	var matchers []func(*computepb.Instance) bool
+	for _, clause := range clauses {
+		m, err := parseClause(clause)
+		if err != nil {
+			return nil, err
+		}
+		matchers = append(matchers, m)
+	}
+	return func(res *computepb.Instance) bool {
+		for _, m := range matchers {
+			if !m(res) {
+				return false
+			}
+		}
+		return true
+	}, nil
+}
+
+func parseClause(clause string) (func(*computepb.Instance) bool, error) {
+	m := filterClause.FindStringSubmatch(clause)
 	if m == nil {
-		return nil, fmt.Errorf("Invalid value for field 'filter': '%s'. fakecompute understands `field = \"value\"` only", filter) //nolint:staticcheck // GCE's wording
+		return nil, fmt.Errorf("Invalid value for field 'filter': '%s'. fakecompute understands `field = \"value\"` clauses only", clause) //nolint:staticcheck // GCE's wording
 	}
 	field, value := m[1], m[2]
 	switch {

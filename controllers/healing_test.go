@@ -1,0 +1,200 @@
+package controllers
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/providers"
+)
+
+var healingNow = time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+
+func phase(ph crawlv1alpha1.ProxyPhase) func(*crawlv1alpha1.Proxy) {
+	return func(p *crawlv1alpha1.Proxy) { p.Status.Phase = ph }
+}
+
+// unhealthyFor is the engine's view of a proxy Unhealthy for d, one of
+// probed proxies on its URL of which unhealthy fail.
+func unhealthyFor(d time.Duration, unhealthy, probed int) *ProxyHealth {
+	return &ProxyHealth{UnhealthySince: healingNow.Add(-d), URL: "https://probe.test/", Unhealthy: unhealthy, Probed: probed}
+}
+
+// TestPlanHealing covers the rows that make the fleet heal itself: a lost
+// instance, a proxy Unhealthy too long, and the outage guard.
+func TestPlanHealing(t *testing.T) {
+	policy := ReplacementPolicy{After: 10 * time.Minute, MaxUnhealthyShare: 0.3}
+	running := instance(providers.StateRunning, testHash, testUID)
+	cases := []struct {
+		name        string
+		proxy       *crawlv1alpha1.Proxy
+		instance    *providers.Instance
+		health      *ProxyHealth
+		policy      ReplacementPolicy
+		wantType    ActionType
+		wantPhase   crawlv1alpha1.ProxyPhase
+		wantReason  string
+		wantCause   string
+		wantBudget  bool
+		wantRecheck time.Duration
+	}{
+		{name: "a Ready proxy whose instance is gone is replaced at once", proxy: proxyFixture(phase(crawlv1alpha1.PhaseReady)),
+			wantType: ActionCreate, wantPhase: crawlv1alpha1.PhaseReplacing, wantReason: ReasonInstanceLost, wantCause: ReasonInstanceLost},
+		{name: "a replacement whose old instance is gone creates its successor, still Replacing", proxy: proxyFixture(phase(crawlv1alpha1.PhaseReplacing)),
+			wantType: ActionCreate, wantPhase: crawlv1alpha1.PhaseReplacing, wantReason: ReasonCreating},
+		{name: "the successor starting stays Replacing", proxy: proxyFixture(phase(crawlv1alpha1.PhaseReplacing)),
+			instance: instance(providers.StatePending, testHash, testUID),
+			wantType: ActionWait, wantPhase: crawlv1alpha1.PhaseReplacing, wantReason: ReasonProvisioning},
+		{name: "a new proxy starting is Provisioning", proxy: proxyFixture(phase(crawlv1alpha1.PhaseProvisioning)),
+			instance: instance(providers.StatePending, testHash, testUID),
+			wantType: ActionWait, wantPhase: crawlv1alpha1.PhaseProvisioning, wantReason: ReasonProvisioning},
+		{name: "a terminated VM is replaced", proxy: proxyFixture(phase(crawlv1alpha1.PhaseReady)),
+			instance: instance(providers.StateFailed, testHash, testUID),
+			wantType: ActionDelete, wantPhase: crawlv1alpha1.PhaseReplacing, wantReason: ReasonInstanceFailed, wantCause: ReasonInstanceFailed},
+		{name: "healthy: ready, nothing to look at", proxy: proxyFixture(phase(crawlv1alpha1.PhaseReady)), instance: running,
+			health: &ProxyHealth{URL: "https://probe.test/", Probed: 10}, policy: policy,
+			wantType: ActionMarkReady, wantPhase: crawlv1alpha1.PhaseReady, wantReason: ReasonInstanceRunning},
+		{name: "Unhealthy for less than the period: ready, and looked at when it runs out", proxy: proxyFixture(phase(crawlv1alpha1.PhaseReady)),
+			instance: running, health: unhealthyFor(4*time.Minute, 1, 10), policy: policy,
+			wantType: ActionMarkReady, wantPhase: crawlv1alpha1.PhaseReady, wantReason: ReasonInstanceRunning, wantRecheck: 6 * time.Minute},
+		{name: "Unhealthy for longer than the period: replaced, within the budget", proxy: proxyFixture(phase(crawlv1alpha1.PhaseReady)),
+			instance: running, health: unhealthyFor(11*time.Minute, 1, 10), policy: policy,
+			wantType: ActionDelete, wantPhase: crawlv1alpha1.PhaseReplacing, wantReason: ReasonUnhealthy, wantCause: ReasonUnhealthy, wantBudget: true},
+		{name: "exactly the period: replaced", proxy: proxyFixture(phase(crawlv1alpha1.PhaseReady)),
+			instance: running, health: unhealthyFor(10*time.Minute, 1, 10), policy: policy,
+			wantType: ActionDelete, wantReason: ReasonUnhealthy, wantBudget: true, wantCause: ReasonUnhealthy, wantPhase: crawlv1alpha1.PhaseReplacing},
+		{name: "replacement off (0): never replaced for failing probes", proxy: proxyFixture(phase(crawlv1alpha1.PhaseReady)),
+			instance: running, health: unhealthyFor(time.Hour, 1, 10), policy: ReplacementPolicy{MaxUnhealthyShare: 0.3},
+			wantType: ActionMarkReady, wantPhase: crawlv1alpha1.PhaseReady, wantReason: ReasonInstanceRunning},
+		{name: "40% of the proxies on the URL Unhealthy: the target is suspect, none replaced", proxy: proxyFixture(phase(crawlv1alpha1.PhaseReady)),
+			instance: running, health: unhealthyFor(time.Hour, 4, 10), policy: policy,
+			wantType: ActionMarkReady, wantPhase: crawlv1alpha1.PhaseReady, wantReason: ReasonProbeTargetSuspect, wantRecheck: heldRecheck},
+		{name: "exactly the share (3 of 10): not suspect, replaced", proxy: proxyFixture(phase(crawlv1alpha1.PhaseReady)),
+			instance: running, health: unhealthyFor(time.Hour, 3, 10), policy: policy,
+			wantType: ActionDelete, wantPhase: crawlv1alpha1.PhaseReplacing, wantReason: ReasonUnhealthy, wantCause: ReasonUnhealthy, wantBudget: true},
+		{name: "two of two Unhealthy: too few to blame the target, replaced", proxy: proxyFixture(phase(crawlv1alpha1.PhaseReady)),
+			instance: running, health: unhealthyFor(time.Hour, 2, 2), policy: policy,
+			wantType: ActionDelete, wantPhase: crawlv1alpha1.PhaseReplacing, wantReason: ReasonUnhealthy, wantCause: ReasonUnhealthy, wantBudget: true},
+		{name: "a spec change beats health: replaced unbudgeted", proxy: proxyFixture(phase(crawlv1alpha1.PhaseReady)),
+			instance: instance(providers.StateRunning, "hash-old", testUID), health: unhealthyFor(time.Hour, 4, 10), policy: policy,
+			wantType: ActionDelete, wantPhase: crawlv1alpha1.PhaseReplacing, wantReason: ReasonSpecChanged, wantCause: ReasonSpecChanged},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := plan(observation{proxy: tc.proxy, instance: tc.instance, instanceProvider: "gcp-eu", desiredHash: testHash,
+				now: healingNow, health: tc.health, replacement: tc.policy})
+			assert.Equal(t, tc.wantType, got.Type)
+			assert.Equal(t, tc.wantPhase, got.Phase)
+			assert.Equal(t, tc.wantReason, got.Reason)
+			assert.Equal(t, tc.wantCause, got.Cause)
+			assert.Equal(t, tc.wantBudget, got.Budgeted)
+			assert.Equal(t, tc.wantRecheck, got.Recheck)
+			assert.NotEmpty(t, got.Message)
+			if got.Reason == ReasonProbeTargetSuspect {
+				assert.NotContains(t, got.Message, "4 of", "the held message is written to status: no counts that change with every verdict")
+				assert.Contains(t, got.Message, "https://probe.test/")
+			}
+		})
+	}
+}
+
+func TestTargetSuspect(t *testing.T) {
+	for _, tc := range []struct {
+		unhealthy, probed int
+		share             float64
+		want              bool
+	}{
+		{0, 0, 0.3, false}, {1, 1, 0.3, false}, {2, 2, 0.3, false}, {3, 3, 0.3, true},
+		{3, 10, 0.3, false}, {4, 10, 0.3, true}, {30, 100, 0.3, false}, {31, 100, 0.3, true},
+		{10, 10, 1, false}, {5, 10, 0.49, true},
+	} {
+		assert.Equal(t, tc.want, targetSuspect(tc.unhealthy, tc.probed, tc.share), "%d of %d at %g", tc.unhealthy, tc.probed, tc.share)
+	}
+}
+
+// TestNextStatusRecordsTheInstanceSeen: whatever an earlier pass failed to
+// record, a pass that sees an instance records its name, provider and hash,
+// even while it only waits for it.
+func TestNextStatusRecordsTheInstanceSeen(t *testing.T) {
+	p := proxyFixture(phase(crawlv1alpha1.PhaseProvisioning)) // the Create record was lost: nothing recorded
+	inst := instance(providers.StatePending, testHash, testUID)
+	o := observation{proxy: p, instance: inst, instanceProvider: "gcp-eu", desiredHash: testHash, now: healingNow}
+	a := plan(o)
+	require.Equal(t, ActionWait, a.Type)
+	s := nextStatus(p, o, a)
+	assert.Equal(t, inst.Name, s.InstanceName)
+	assert.Equal(t, "gcp-eu", s.Provider)
+	assert.Equal(t, testHash, s.SpecHash)
+}
+
+// TestNextStatusNewExternalAddressStartsUnprobed: a changed External address
+// is a proxy nobody has probed; its verdict starts again in the same write.
+func TestNextStatusNewExternalAddressStartsUnprobed(t *testing.T) {
+	p := proxyFixture(external, func(p *crawlv1alpha1.Proxy) {
+		p.Status.Phase, p.Status.IP, p.Status.Port = crawlv1alpha1.PhaseReady, "127.0.0.9", 3128
+		p.Status.Conditions = []metav1.Condition{{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: "ProbeSucceeded"}}
+	})
+	o := observation{proxy: p}
+	s := nextStatus(p, o, plan(o))
+	assert.Equal(t, "127.0.0.1", s.IP)
+	assertCondition(t, s, crawlv1alpha1.ConditionHealthy, metav1.ConditionUnknown, crawlv1alpha1.ReasonAwaitingProbe)
+	assertCondition(t, s, crawlv1alpha1.ConditionReady, metav1.ConditionFalse, crawlv1alpha1.ReasonAwaitingProbe)
+
+	// The same address again keeps its verdict.
+	p.Status = s
+	p.Status.Conditions[0] = metav1.Condition{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: "ProbeSucceeded"}
+	s = nextStatus(p, o, plan(o))
+	assertCondition(t, s, crawlv1alpha1.ConditionHealthy, metav1.ConditionTrue, "ProbeSucceeded")
+}
+
+func TestReplacementBudget(t *testing.T) {
+	var b replacementBudget
+	key := func(name string) types.NamespacedName { return types.NamespacedName{Namespace: "crawl", Name: name} }
+	none := sets.New[types.NamespacedName]()
+
+	for i, name := range []string{"a", "b"} {
+		n, ok := b.admit("gcp-eu", key(name), none, 2, healingNow)
+		assert.True(t, ok, name)
+		assert.Equal(t, i+1, n)
+	}
+	_, ok := b.admit("gcp-eu", key("c"), none, 2, healingNow)
+	assert.False(t, ok, "the bound is taken though the cache shows none yet")
+	_, ok = b.admit("gcp-us", key("c"), none, 2, healingNow)
+	assert.True(t, ok, "another provider instance has its own bound")
+	_, ok = b.admit("gcp-eu", key("a"), none, 2, healingNow)
+	assert.True(t, ok, "one already in flight carries on")
+
+	// The cache now shows a and b Replacing: no double count.
+	cached := sets.New(key("a"), key("b"))
+	n, ok := b.admit("gcp-eu", key("c"), cached, 3, healingNow)
+	assert.True(t, ok)
+	assert.Equal(t, 3, n)
+
+	// Their records lost and the cache empty: places come free after a while.
+	_, ok = b.admit("gcp-eu", key("d"), none, 3, healingNow)
+	assert.False(t, ok)
+	_, ok = b.admit("gcp-eu", key("d"), none, 3, healingNow.Add(startedMemory+time.Second))
+	assert.True(t, ok)
+}
+
+func TestInstanceDiffers(t *testing.T) {
+	p := proxyFixture(phase(crawlv1alpha1.PhaseReady), func(p *crawlv1alpha1.Proxy) {
+		p.Status.IP, p.Status.Port, p.Status.SpecHash = "127.0.0.10", 3128, testHash
+	})
+	running := instance(providers.StateRunning, testHash, testUID)
+	assert.Empty(t, instanceDiffers(p, running, true))
+	assert.Contains(t, instanceDiffers(p, nil, false), "not listed")
+	assert.Contains(t, instanceDiffers(p, instance(providers.StateFailed, testHash, testUID), true), "Failed")
+	assert.Contains(t, instanceDiffers(p, instance(providers.StateStopping, testHash, testUID), true), "Stopping")
+	assert.Contains(t, instanceDiffers(p, instance(providers.StateRunning, testHash, "uid-2"), true), "another Proxy")
+	assert.Contains(t, instanceDiffers(p, instance(providers.StateRunning, "hash-old", testUID), true), "another spec")
+	moved := instance(providers.StateRunning, testHash, testUID)
+	moved.IP = "127.0.0.99"
+	assert.Contains(t, instanceDiffers(p, moved, true), "127.0.0.99")
+}

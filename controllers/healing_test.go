@@ -54,6 +54,12 @@ func TestPlanHealing(t *testing.T) {
 		{name: "a new proxy starting is Provisioning", proxy: proxyFixture(phase(crawlv1alpha1.PhaseProvisioning)),
 			instance: instance(providers.StatePending, testHash, testUID),
 			wantType: ActionWait, wantPhase: crawlv1alpha1.PhaseProvisioning, wantReason: ReasonProvisioning},
+		{name: "a Ready proxy's instance deleted behind its back, still stopping: replaced once it is gone", proxy: proxyFixture(phase(crawlv1alpha1.PhaseReady)),
+			instance: instance(providers.StateStopping, testHash, testUID),
+			wantType: ActionWait, wantPhase: crawlv1alpha1.PhaseReplacing, wantReason: ReasonInstanceLost, wantCause: ReasonInstanceLost},
+		{name: "the operator's own deletion stopping: wait, no second cause", proxy: proxyFixture(phase(crawlv1alpha1.PhaseReplacing)),
+			instance: instance(providers.StateStopping, testHash, testUID),
+			wantType: ActionWait, wantPhase: crawlv1alpha1.PhaseReplacing, wantReason: ReasonInstanceStopping},
 		{name: "a terminated VM is replaced", proxy: proxyFixture(phase(crawlv1alpha1.PhaseReady)),
 			instance: instance(providers.StateFailed, testHash, testUID),
 			wantType: ActionDelete, wantPhase: crawlv1alpha1.PhaseReplacing, wantReason: ReasonInstanceFailed, wantCause: ReasonInstanceFailed},
@@ -74,7 +80,7 @@ func TestPlanHealing(t *testing.T) {
 			wantType: ActionMarkReady, wantPhase: crawlv1alpha1.PhaseReady, wantReason: ReasonInstanceRunning},
 		{name: "40% of the proxies on the URL Unhealthy: the target is suspect, none replaced", proxy: proxyFixture(phase(crawlv1alpha1.PhaseReady)),
 			instance: running, health: unhealthyFor(time.Hour, 4, 10), policy: policy,
-			wantType: ActionMarkReady, wantPhase: crawlv1alpha1.PhaseReady, wantReason: ReasonProbeTargetSuspect, wantRecheck: heldRecheck},
+			wantType: ActionMarkReady, wantPhase: crawlv1alpha1.PhaseReady, wantReason: ReasonProbeTargetSuspect, wantRecheck: DefaultHeldRecheck},
 		{name: "exactly the share (3 of 10): not suspect, replaced", proxy: proxyFixture(phase(crawlv1alpha1.PhaseReady)),
 			instance: running, health: unhealthyFor(time.Hour, 3, 10), policy: policy,
 			wantType: ActionDelete, wantPhase: crawlv1alpha1.PhaseReplacing, wantReason: ReasonUnhealthy, wantCause: ReasonUnhealthy, wantBudget: true},
@@ -173,6 +179,12 @@ func TestReplacementBudget(t *testing.T) {
 	// The cache now shows a and b Replacing: no double count.
 	cached := sets.New(key("a"), key("b"))
 	n, ok := b.admit("gcp-eu", key("c"), cached, 3, healingNow)
+	assert.True(t, ok)
+	assert.Equal(t, 3, n)
+
+	// c's replacement is over: its place is free at once.
+	b.release(key("c"))
+	n, ok = b.admit("gcp-eu", key("c2"), cached, 3, healingNow)
 	assert.True(t, ok)
 	assert.Equal(t, 3, n)
 

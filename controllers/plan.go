@@ -140,6 +140,19 @@ type ReplacementPolicy struct {
 	// minSuspectUnhealthy of them), the target is suspected, not the
 	// proxies, and none is replaced.
 	MaxUnhealthyShare float64
+	// HeldRecheck is how soon a held replacement is looked at again; zero
+	// means DefaultHeldRecheck.
+	HeldRecheck time.Duration
+}
+
+// DefaultHeldRecheck is how soon a held replacement is looked at again.
+const DefaultHeldRecheck = 30 * time.Second
+
+func (r ReplacementPolicy) heldRecheck() time.Duration {
+	if r.HeldRecheck > 0 {
+		return r.HeldRecheck
+	}
+	return DefaultHeldRecheck
 }
 
 // minSuspectUnhealthy is the fewest Unhealthy proxies that can make a probe
@@ -197,6 +210,10 @@ func plan(o observation) Action {
 
 	inst := o.instance
 	switch {
+	case inst.State == providers.StateStopping && p.Status.Phase == crawlv1alpha1.PhaseReady:
+		// Not the operator's deletion: it would have set Replacing first.
+		return Action{Type: ActionWait, Phase: crawlv1alpha1.PhaseReplacing, Reason: ReasonInstanceLost, Cause: ReasonInstanceLost,
+			Message: fmt.Sprintf("instance %s is being deleted outside the operator: waiting for it to go, then creating a replacement; it will come back with a new IP", inst.Name)}
 	case inst.State == providers.StateStopping:
 		return Action{Type: ActionWait, Phase: crawlv1alpha1.PhaseReplacing, Reason: ReasonInstanceStopping,
 			Message: fmt.Sprintf("waiting for instance %s to be deleted before creating its replacement", inst.Name)}
@@ -238,7 +255,7 @@ func planRunning(o observation) Action {
 		// change with every verdict of a fleet in an outage.
 		ready.Message = fmt.Sprintf("instance %s has been Unhealthy for longer than %s, but so are more than %.0f%% of the Managed proxies probed against %s: suspecting the probe target, not the proxies; replacing none",
 			inst.Name, after, 100*o.replacement.MaxUnhealthyShare, h.URL)
-		ready.Recheck = heldRecheck
+		ready.Recheck = o.replacement.heldRecheck()
 		return ready
 	}
 	return Action{Type: ActionDelete, Phase: crawlv1alpha1.PhaseReplacing, Reason: ReasonUnhealthy, Cause: ReasonUnhealthy, Budgeted: true,
@@ -246,14 +263,11 @@ func planRunning(o observation) Action {
 			inst.Name, unhealthyFor.Round(time.Second), after)}
 }
 
-// heldRecheck is how soon a held replacement is looked at again.
-const heldRecheck = 30 * time.Second
-
 // holdReplacement is what a budgeted replacement becomes when the provider
 // instance has its bound of replacements in flight: the proxy stays as it
 // is, and is looked at again soon.
 func holdReplacement(a Action, o observation, bound int) Action {
-	return Action{Type: ActionMarkReady, Phase: crawlv1alpha1.PhaseReady, Reason: ReasonReplacementsBusy, Recheck: heldRecheck,
+	return Action{Type: ActionMarkReady, Phase: crawlv1alpha1.PhaseReady, Reason: ReasonReplacementsBusy, Recheck: o.replacement.heldRecheck(),
 		Message: fmt.Sprintf("replacement waits (%s): provider %s has its %d replacements in flight; instance %s keeps running meanwhile",
 			a.Reason, o.instanceProvider, bound, o.instance.Name)}
 }

@@ -259,6 +259,7 @@ func (r *ProxyReconciler) execute(ctx context.Context, p *crawlv1alpha1.Proxy, o
 			return result, fmt.Errorf("removing finalizer: %w", err)
 		}
 		r.Recorder.Eventf(p, nil, corev1.EventTypeNormal, a.Reason, string(a.Type), a.Message)
+		r.budget.release(client.ObjectKeyFromObject(p))
 		log.Info("finalizer removed", "reason", a.Reason)
 		return result, nil
 	case ActionCreate:
@@ -288,10 +289,13 @@ func (r *ProxyReconciler) execute(ctx context.Context, p *crawlv1alpha1.Proxy, o
 	case ActionWait:
 		result.RequeueAfter = poll
 	}
+	if a.Type == ActionMarkReady && a.Reason == ReasonInstanceRunning {
+		r.budget.release(client.ObjectKeyFromObject(p))
+	}
 	if a.Recheck > 0 && (result.RequeueAfter == 0 || a.Recheck < result.RequeueAfter) {
 		result.RequeueAfter = a.Recheck
 	}
-	if a.Cause != "" && a.Err == nil && (a.Type == ActionDelete || a.Type == ActionCreate) {
+	if a.Cause != "" && a.Err == nil {
 		replacementsTotal.WithLabelValues(orProvider(o.instanceProvider, p.Spec.Provider), a.Cause).Inc()
 		log.Info("replacing instance", "cause", a.Cause, "message", a.Message)
 	}

@@ -87,8 +87,9 @@ type startedReplacement struct {
 }
 
 // startedMemory is how long a started replacement counts though the cache
-// does not show it Replacing: longer than any status write takes to come
-// back through the watch, short enough that a lost write frees its place.
+// does not show it Replacing and the executor has not released it: longer
+// than any status write takes to come back through the watch, short enough
+// that a lost write frees its place.
 const startedMemory = time.Minute
 
 // admit takes a place for key on provider, unless bound places are taken.
@@ -116,4 +117,12 @@ func (b *replacementBudget) admit(provider string, key types.NamespacedName, cac
 	}
 	b.started[key] = startedReplacement{provider: provider, at: now}
 	return inFlight.Len() + 1, true
+}
+
+// release frees key's place once its replacement is over (its successor
+// runs, or the Proxy is gone), without waiting for the cache to show it.
+func (b *replacementBudget) release(key types.NamespacedName) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.started, key)
 }

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -30,6 +31,22 @@ func TestParseFlags(t *testing.T) {
 		assert.Equal(t, 8, o.maxConcurrentReconciles)
 		assert.InDelta(t, 50, o.kubeAPIQPS, 0)
 		assert.Equal(t, 100, o.kubeAPIBurst)
+		assert.Equal(t, time.Minute, o.instanceResyncInterval)
+		assert.Equal(t, 10*time.Hour, o.syncPeriod)
+		assert.Equal(t, 10*time.Minute, o.unhealthyReplaceAfter)
+		assert.InDelta(t, 0.3, o.maxUnhealthyShare, 0)
+		assert.Equal(t, 5, o.maxReplacementsInFlight)
+	})
+
+	t.Run("self-healing flags", func(t *testing.T) {
+		o, err := parseFlags([]string{"--instance-resync-interval=30s", "--sync-period=1h", "--unhealthy-replace-after=0",
+			"--max-unhealthy-share=0.5", "--max-replacements-in-flight=20"}, &bytes.Buffer{})
+		require.NoError(t, err)
+		assert.Equal(t, 30*time.Second, o.instanceResyncInterval)
+		assert.Equal(t, time.Hour, o.syncPeriod)
+		assert.Zero(t, o.unhealthyReplaceAfter, "0 turns replacement off")
+		assert.InDelta(t, 0.5, o.maxUnhealthyShare, 0)
+		assert.Equal(t, 20, o.maxReplacementsInFlight)
 	})
 
 	t.Run("every flag is accepted", func(t *testing.T) {
@@ -69,6 +86,12 @@ func TestParseFlags(t *testing.T) {
 		{"no reconcile workers", []string{"--max-concurrent-reconciles=0"}, "--max-concurrent-reconciles"},
 		{"zero QPS", []string{"--kube-api-qps=0"}, "--kube-api-qps"},
 		{"zero burst", []string{"--kube-api-burst=0"}, "--kube-api-burst"},
+		{"zero resync interval", []string{"--instance-resync-interval=0"}, "--instance-resync-interval"},
+		{"zero sync period", []string{"--sync-period=0s"}, "--sync-period"},
+		{"negative replacement period", []string{"--unhealthy-replace-after=-1m"}, "--unhealthy-replace-after"},
+		{"share above one", []string{"--max-unhealthy-share=1.5"}, "--max-unhealthy-share"},
+		{"zero share", []string{"--max-unhealthy-share=0"}, "--max-unhealthy-share"},
+		{"no replacements in flight", []string{"--max-replacements-in-flight=0"}, "--max-replacements-in-flight"},
 	}
 	for _, tc := range bad {
 		t.Run(tc.name, func(t *testing.T) {
@@ -97,6 +120,24 @@ func TestRunRejectsABadProvidersConfigBeforeConnecting(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), malformed)
 	assert.Contains(t, err.Error(), `providers[0] "gcp-eu": json: unknown field "zone"`)
+
+	// A file that parses but whose settings a provider rejects: still
+	// reported before any connection is tried, naming instance and field.
+	badSettings := filepath.Join(t.TempDir(), "providers.yaml")
+	require.NoError(t, os.WriteFile(badSettings, []byte(`providers:
+- name: gcp-eu
+  type: gcp
+  settings: {zone: europe-west1-b}
+- name: kind-local
+  type: kubernetes
+  settings: {allowedSourceRanges: [10.0.0.0/33]}
+`), 0o600))
+	err = run(context.Background(), []string{"--providers-config=" + badSettings}, &bytes.Buffer{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), badSettings)
+	assert.Contains(t, err.Error(), `providers[0] "gcp-eu" (type gcp): settings.project is required`)
+	assert.Contains(t, err.Error(), `providers[1] "kind-local" (type kubernetes): settings.allowedSourceRanges[0]`)
+	assert.NotContains(t, err.Error(), "kubeconfig", "the config error, not a connection error")
 }
 
 // TestRunRejectsUnknownProviderTypesAndSettings points the operator at a real

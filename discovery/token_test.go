@@ -40,6 +40,24 @@ func TestTokenFollowsTheSecret(t *testing.T) {
 	require.NoError(t, env.Client.Update(ctx, secret))
 	require.Eventually(t, func() bool { return current() == "rotated" }, 10*time.Second, 10*time.Millisecond, "rotation needs no restart")
 
+	// Whitespace around the value (a Secret made with echo) is not part of
+	// the token.
+	secret.Data["token"] = []byte("  padded\n")
+	require.NoError(t, env.Client.Update(ctx, secret))
+	require.Eventually(t, func() bool { return current() == "padded" }, 10*time.Second, 10*time.Millisecond)
+
+	// Fails closed: once a token was set, a deleted Secret still requires
+	// one, and none matches until the Secret is back.
 	require.NoError(t, env.Client.Delete(ctx, secret))
-	require.Eventually(t, func() bool { _, ok := token.Token(); return !ok }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { tok, required := token.Token(); return required && tok == "" }, 10*time.Second, 10*time.Millisecond,
+		"a deleted Secret must lock the API, not open it")
+	secret = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "discovery-token"}, Data: map[string][]byte{"token": {}}}
+	require.NoError(t, env.Client.Create(ctx, secret))
+	time.Sleep(200 * time.Millisecond)
+	tok, required := token.Token()
+	assert.True(t, required, "a Secret without a token keeps the API locked")
+	assert.Empty(t, tok)
+	secret.Data["token"] = []byte("back")
+	require.NoError(t, env.Client.Update(ctx, secret))
+	require.Eventually(t, func() bool { return current() == "back" }, 10*time.Second, 10*time.Millisecond)
 }

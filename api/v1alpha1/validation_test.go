@@ -98,6 +98,16 @@ func TestProxyValidation(t *testing.T) {
 				"spec.healthCheck.timeout must not exceed spec.healthCheck.interval"},
 			{"failure threshold 0", "mode: Managed\nprovider: kind-local\nhealthCheck: {failureThreshold: 0}",
 				"spec.healthCheck.failureThreshold in body should be greater than or equal to 1"},
+			{"replaceAfter negative", "mode: Managed\nprovider: kind-local\nhealthCheck: {replaceAfter: -1m}",
+				"spec.healthCheck.replaceAfter must be a duration between 0s and 24h"},
+			{"replaceAfter above a day", "mode: Managed\nprovider: kind-local\nhealthCheck: {replaceAfter: 25h}",
+				"spec.healthCheck.replaceAfter must be a duration between 0s and 24h"},
+			{"placement parameter value too long", "mode: Managed\nprovider: gcp-eu\nplacement: {parameters: {diskSizeGb: '" + strings.Repeat("9", 257) + "'}}",
+				"spec.placement.parameters values must be at most 256 characters"},
+			{"placement parameter key too long", "mode: Managed\nprovider: gcp-eu\nplacement: {parameters: {" + strings.Repeat("k", 64) + ": x}}",
+				"spec.placement.parameters keys must be at most 63 characters"},
+			{"placement zone too long", "mode: Managed\nprovider: gcp-eu\nplacement: {zone: " + strings.Repeat("z", 64) + "}",
+				"spec.placement.zone: Too long"},
 		}
 		for _, tc := range cases {
 			t.Run(tc.name, func(t *testing.T) {
@@ -130,8 +140,10 @@ port: 8080
 attributes: {geo: eu, tier: datacenter}
 placement: {zone: europe-west1-b, region: europe-west1, machineType: e2-small, image: projects/debian-cloud/global/images/family/debian-12, parameters: {preemptible: "true"}}
 cloudInit: {secretRef: {name: squid-cloud-init}}
-healthCheck: {url: 'https://www.example.com/', interval: 30s, timeout: 10s, failureThreshold: 3, successThreshold: 1}
+healthCheck: {url: 'https://www.example.com/', interval: 30s, timeout: 10s, failureThreshold: 3, successThreshold: 1, replaceAfter: 0s}
 `, func(t *testing.T, p *crawlv1alpha1.Proxy) {
+				require.NotNil(t, p.Spec.HealthCheck.ReplaceAfter, "0s turns replacement off and is kept")
+				assert.Zero(t, p.Spec.HealthCheck.ReplaceAfter.Duration)
 				assert.Equal(t, int32(8080), p.Spec.Port)
 				require.NotNil(t, p.Spec.CloudInit.SecretRef)
 				assert.Equal(t, "user-data", p.Spec.CloudInit.SecretRef.Key, "secretRef.key defaults to user-data")

@@ -112,7 +112,7 @@ func (c *OrphanCollector) Sweep(ctx context.Context) error {
 				continue
 			}
 			orphansFound.WithLabelValues(name).Inc()
-			log.Info("orphaned instance", "provider", name, "instance", inst.Name, "location", inst.Location,
+			log.Info("orphaned instance", "provider", name, "instance", inst.Name, "location", inst.Location, "ownerUID", inst.OwnerUID(),
 				"reason", why, "age", now.Sub(inst.CreatedAt).Round(time.Second), "dryRun", c.DryRun)
 			if c.DryRun {
 				continue

@@ -87,6 +87,9 @@ func TestPlanHealing(t *testing.T) {
 		{name: "two of two Unhealthy: too few to blame the target, replaced", proxy: proxyFixture(phase(crawlv1alpha1.PhaseReady)),
 			instance: running, health: unhealthyFor(time.Hour, 2, 2), policy: policy,
 			wantType: ActionDelete, wantPhase: crawlv1alpha1.PhaseReplacing, wantReason: ReasonUnhealthy, wantCause: ReasonUnhealthy, wantBudget: true},
+		{name: "suspected: Unhealthy for less than the period: held, not counted down", proxy: proxyFixture(phase(crawlv1alpha1.PhaseReady)),
+			instance: running, health: unhealthyFor(time.Minute, 4, 10), policy: policy,
+			wantType: ActionMarkReady, wantPhase: crawlv1alpha1.PhaseReady, wantReason: ReasonInstanceRunning, wantRecheck: DefaultHeldRecheck},
 		{name: "a spec change beats health: replaced unbudgeted", proxy: proxyFixture(phase(crawlv1alpha1.PhaseReady)),
 			instance: instance(providers.StateRunning, "hash-old", testUID), health: unhealthyFor(time.Hour, 4, 10), policy: policy,
 			wantType: ActionDelete, wantPhase: crawlv1alpha1.PhaseReplacing, wantReason: ReasonSpecChanged, wantCause: ReasonSpecChanged},
@@ -108,6 +111,29 @@ func TestPlanHealing(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPlanAfterAnOutage: as the fleet recovers, the share falls below the
+// bound before the last proxies are probed again; their time Unhealthy
+// counts from the end of the suspicion, so none is replaced for the outage.
+func TestPlanAfterAnOutage(t *testing.T) {
+	policy := ReplacementPolicy{After: 10 * time.Minute, MaxUnhealthyShare: 0.3}
+	o := observation{proxy: proxyFixture(phase(crawlv1alpha1.PhaseReady)), instance: instance(providers.StateRunning, testHash, testUID),
+		instanceProvider: "gcp-eu", desiredHash: testHash, now: healingNow, replacement: policy,
+		health: unhealthyFor(20*time.Minute, 2, 10), lastSuspect: healingNow.Add(-time.Minute)}
+	got := plan(o)
+	assert.Equal(t, ActionMarkReady, got.Type, "Unhealthy for 20m, but 19 of them during a suspected outage")
+	assert.Equal(t, 9*time.Minute, got.Recheck)
+
+	o.lastSuspect = healingNow.Add(-11 * time.Minute)
+	assert.Equal(t, ActionDelete, plan(o).Type, "Unhealthy for 11m since the suspicion ended: replaced")
+
+	var s suspectedTargets
+	h := ProxyHealth{URL: "https://probe.test/", Unhealthy: 5, Probed: 10}
+	assert.Equal(t, healingNow, s.note(h, 0.3, healingNow))
+	h.Unhealthy = 1
+	assert.Equal(t, healingNow, s.note(h, 0.3, healingNow.Add(time.Minute)), "remembered once the share falls")
+	assert.True(t, s.note(ProxyHealth{URL: "https://other.test/", Unhealthy: 1, Probed: 10}, 0.3, healingNow).IsZero())
 }
 
 func TestTargetSuspect(t *testing.T) {

@@ -115,6 +115,10 @@ type observation struct {
 	// health is what the health engine knows of the proxy; nil when it
 	// probes it not (or no engine runs).
 	health *ProxyHealth
+	// lastSuspect is when the proxy's probe URL was last found suspect
+	// (zero: not since the operator started). Time Unhealthy during a
+	// suspected outage does not count toward replacement.
+	lastSuspect time.Time
 	// replacement are the rules for replacing an Unhealthy proxy.
 	replacement ReplacementPolicy
 }
@@ -244,18 +248,29 @@ func planRunning(o observation) Action {
 		return ready
 	}
 	h := o.health
-	unhealthyFor := o.now.Sub(h.UnhealthySince)
-	if unhealthyFor < after {
-		ready.Recheck = after - unhealthyFor
-		return ready
-	}
 	if targetSuspect(h.Unhealthy, h.Probed, o.replacement.MaxUnhealthyShare) {
+		if o.now.Sub(h.UnhealthySince) < after {
+			ready.Recheck = o.replacement.heldRecheck()
+			return ready
+		}
 		ready.Reason = ReasonProbeTargetSuspect
 		// No counts in the message: it is written to status, and must not
 		// change with every verdict of a fleet in an outage.
 		ready.Message = fmt.Sprintf("instance %s has been Unhealthy for longer than %s, but so are more than %.0f%% of the Managed proxies probed against %s: suspecting the probe target, not the proxies; replacing none",
 			inst.Name, after, 100*o.replacement.MaxUnhealthyShare, h.URL)
 		ready.Recheck = o.replacement.heldRecheck()
+		return ready
+	}
+	// As a fleet recovers from an outage the share falls below the bound
+	// before the last proxies are probed again: their time Unhealthy counts
+	// only from the end of the suspicion, so they are not replaced for it.
+	since := h.UnhealthySince
+	if o.lastSuspect.After(since) {
+		since = o.lastSuspect
+	}
+	unhealthyFor := o.now.Sub(since)
+	if unhealthyFor < after {
+		ready.Recheck = after - unhealthyFor
 		return ready
 	}
 	return Action{Type: ActionDelete, Phase: crawlv1alpha1.PhaseReplacing, Reason: ReasonUnhealthy, Cause: ReasonUnhealthy, Budgeted: true,

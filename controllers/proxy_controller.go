@@ -84,7 +84,8 @@ type ProxyReconciler struct {
 	// Clock reads the time for plan; nil means the real clock.
 	Clock clock.PassiveClock
 
-	budget replacementBudget
+	budget   replacementBudget
+	suspects suspectedTargets
 }
 
 // HealthSignals is what the reconciler reads of the health engine: its
@@ -145,6 +146,7 @@ func (r *ProxyReconciler) observe(ctx context.Context, p *crawlv1alpha1.Proxy) (
 	if r.Health != nil {
 		if h, ok := r.Health.Health(client.ObjectKeyFromObject(p)); ok {
 			o.health = &h
+			o.lastSuspect = r.suspects.note(h, o.replacement.MaxUnhealthyShare, o.now)
 		}
 	}
 	o.instanceName = providers.InstanceName(r.ClusterID, p.Namespace, p.Name)

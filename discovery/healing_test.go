@@ -27,9 +27,9 @@ func (l *lockableToken) Token() (string, bool) { return l.value, l.required }
 // on it is still accepted: its cooldown is worth keeping.
 func TestRenewFollowsHealth(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
+		name    string
 		breakIt func(f *fixture, p *crawlv1alpha1.Proxy)
-		why   string
+		why     string
 	}{
 		{"proxy went Unhealthy", func(f *fixture, p *crawlv1alpha1.Proxy) {
 			meta.SetStatusCondition(&p.Status.Conditions, metav1.Condition{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionFalse, Reason: "Timeout"})
@@ -39,7 +39,7 @@ func TestRenewFollowsHealth(t *testing.T) {
 			p.Status.Phase, p.Status.IP = crawlv1alpha1.PhaseReplacing, ""
 			f.view.upsert(p)
 		}, "not serving"},
-		{"proxy deleted", func(f *fixture, p *crawlv1alpha1.Proxy) { f.view.remove("crawl/eu-1") }, "no longer exists"},
+		{"proxy deleted", func(f *fixture, _ *crawlv1alpha1.Proxy) { f.view.remove("crawl/eu-1") }, "no longer exists"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)

@@ -30,8 +30,10 @@ const (
 	// PhaseReady means the instance runs and matches the spec (External: the spec
 	// is valid). Health is reported separately by the Healthy condition.
 	PhaseReady ProxyPhase = "Ready"
-	// PhaseReplacing means the spec changed in a way that forces a new instance;
-	// the old one is being deleted.
+	// PhaseReplacing means the instance is being replaced (the spec changed
+	// in a way that forces a new one, or it died or stayed Unhealthy too
+	// long): the old one is deleted and its successor created, until the
+	// successor runs.
 	PhaseReplacing ProxyPhase = "Replacing"
 	// PhaseDeleting means the Proxy is being deleted and waits for its instance
 	// to be gone.

@@ -139,7 +139,8 @@ func TestLifecycle(t *testing.T) {
 	assert.Equal(t, map[string]string{
 		"crawl-cluster-id": "cluster-1", "crawl-owner-namespace": "crawl", "crawl-owner-name": "eu-1",
 		"crawl-owner-uid": string(proxy.UID), "crawl-spec-hash": "hash-1", "crawl-port": "3128", "team": "crawl",
-	}, vm.GetLabels())
+		"crawl-provider": "gcp-eu",
+	}, vm.GetLabels(), "the VM names the provider instance that made it, so only its own GC may collect it")
 
 	inst, err := p.Get(ctx, req.Name, proxy)
 	require.NoError(t, err)

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -110,6 +111,18 @@ func (r *PodRunner) RestartSquid(uid types.UID) (bool, error) {
 	}
 	p.squid = sq
 	return true, nil
+}
+
+// Addr is where a running pod's Squid listens (its pod IP and port), or ""
+// for a pod the runner does not run.
+func (r *PodRunner) Addr(uid types.UID) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p, ok := r.running[uid]
+	if !ok {
+		return ""
+	}
+	return net.JoinHostPort(p.ip, strconv.Itoa(p.cfg.Port))
 }
 
 // Pods lists the pods it runs a Squid for (running or killed).

@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -33,7 +34,12 @@ type Target struct {
 	// certificate (give it to --health-ca-bundle).
 	URL, CAFile string
 	srv         *http.Server
+	down        atomic.Bool
 }
+
+// SetDown makes the target answer 503 to everything (down) or 204 again:
+// an outage of the site every probe fetches, which no proxy can help.
+func (t *Target) SetDown(down bool) { t.down.Store(down) }
 
 // StartTarget starts the target on the first free address of targetIPs,
 // writing its CA under dir.
@@ -64,17 +70,23 @@ func StartTarget(dir string) (*Target, error) {
 		_ = l.Close()
 		return nil, err
 	}
+	t := &Target{CAFile: caFile}
 	srv := &http.Server{
 		ReadHeaderTimeout: 5 * time.Second,
 		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			if t.down.Load() {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				return
+			}
 			w.WriteHeader(http.StatusNoContent)
 		}),
 		// Probes that fail TLS on purpose would fill the log.
 		ErrorLog: log.New(io.Discard, "", 0),
 	}
 	go func() { _ = srv.ServeTLS(l, "", "") }()
-	return &Target{URL: "https://" + ip + "/generate_204", CAFile: caFile, srv: srv}, nil
+	t.URL, t.srv = "https://"+ip+"/generate_204", srv
+	return t, nil
 }
 
 // Close stops the target.

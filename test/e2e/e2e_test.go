@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -181,10 +182,10 @@ func proxyPods(t *testing.T, ns string) []corev1.Pod {
 	return pods.Items
 }
 
-func managed(ns, name string, port int32) *crawlv1alpha1.Proxy {
+func managed(ns, name string) *crawlv1alpha1.Proxy {
 	return &crawlv1alpha1.Proxy{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeManaged, Provider: cluster.ProviderName, Port: port,
+		Spec: crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeManaged, Provider: cluster.ProviderName, Port: crawlv1alpha1.DefaultPort,
 			Attributes: map[string]string{"geo": "local", "suite": ns}},
 	}
 }
@@ -194,6 +195,7 @@ func managed(ns, name string, port int32) *crawlv1alpha1.Proxy {
 func TestE2E(t *testing.T) {
 	t.Run("quickstart", testQuickstart)
 	t.Run("replacement", testReplacement)
+	t.Run("self-healing", testSelfHealing)
 	t.Run("external", testExternal)
 	t.Run("restart", testRestart)
 	t.Run("auth", testAuth)
@@ -203,7 +205,7 @@ func testQuickstart(t *testing.T) {
 	ctx := context.Background()
 	c := world.cluster.Env.Client
 	ns := namespace(t)
-	proxy := managed(ns, "quickstart", 3128)
+	proxy := managed(ns, "quickstart")
 	require.NoError(t, c.Create(ctx, proxy))
 	key := client.ObjectKeyFromObject(proxy)
 
@@ -252,7 +254,7 @@ func testReplacement(t *testing.T) {
 	ctx := context.Background()
 	c := world.cluster.Env.Client
 	ns := namespace(t)
-	proxy := managed(ns, "replaced", 3128)
+	proxy := managed(ns, "replaced")
 	require.NoError(t, c.Create(ctx, proxy))
 	key := client.ObjectKeyFromObject(proxy)
 	before := waitProxy(t, key, "Ready and Healthy", readyAndHealthy)
@@ -269,6 +271,58 @@ func testReplacement(t *testing.T) {
 	assert.NotEqual(t, oldPod.UID, pods[0].UID, "new pod")
 	assert.NotEqual(t, before.Status.IP, after.Status.IP, "new IP")
 	assert.False(t, world.cluster.Runner.Running(oldPod.UID), "the old Squid stopped")
+}
+
+// testSelfHealing kills a proxy's real Squid for good: the real health
+// engine finds it Unhealthy, the Events tell the story, the lease on it can
+// no longer be renewed, and once it has failed for its replaceAfter the
+// operator replaces it with a pod that serves again (same name, new IP).
+func testSelfHealing(t *testing.T) {
+	ctx := context.Background()
+	c := world.cluster.Env.Client
+	ns := namespace(t)
+	proxy := managed(ns, "sick")
+	proxy.Spec.HealthCheck = &crawlv1alpha1.HealthCheck{ReplaceAfter: &metav1.Duration{Duration: 3 * time.Second}}
+	require.NoError(t, c.Create(ctx, proxy))
+	key := client.ObjectKeyFromObject(proxy)
+	before := waitProxy(t, key, "Ready and Healthy", readyAndHealthy)
+	oldPod := proxyPods(t, ns)[0]
+	lease := api(t, "POST", "/v1/leases", fmt.Sprintf(`{"selector":{"suite":%q},"ttlSeconds":300}`, ns))
+	require.Equal(t, http.StatusCreated, lease.status)
+	id := lease.body["leaseID"].(string)
+
+	require.True(t, world.cluster.Runner.KillSquid(oldPod.UID), "the pod's Squid was running")
+	waitProxy(t, key, "Unhealthy", func(p *crawlv1alpha1.Proxy) bool {
+		return healthyStatus(p) == metav1.ConditionFalse || p.Status.IP != before.Status.IP
+	})
+	renew := api(t, "POST", "/v1/leases/"+id+"/renew", "")
+	if renew.status != http.StatusNotFound { // a replaced proxy's lease may be gone with it
+		assert.Equal(t, http.StatusConflict, renew.status, "a lease on a dead proxy is not renewed")
+	}
+
+	after := waitProxy(t, key, "replaced, Ready and Healthy at a new IP", func(p *crawlv1alpha1.Proxy) bool {
+		return readyAndHealthy(p) && p.Status.IP != before.Status.IP
+	})
+	pods := proxyPods(t, ns)
+	require.Len(t, pods, 1)
+	assert.Equal(t, oldPod.Name, pods[0].Name, "same name")
+	assert.NotEqual(t, oldPod.UID, pods[0].UID, "a new pod")
+	assert.Equal(t, before.Status.InstanceName, after.Status.InstanceName)
+	for _, reason := range []string{"Unhealthy", "UnhealthyTooLong", "Healthy"} {
+		assert.True(t, hasEvent(t, ns, "sick", reason), "an Event %s tells the story", reason)
+	}
+}
+
+func hasEvent(t *testing.T, ns, name, reason string) bool {
+	t.Helper()
+	var list eventsv1.EventList
+	require.NoError(t, world.cluster.Env.Client.List(context.Background(), &list, client.InNamespace(ns)))
+	for _, e := range list.Items {
+		if e.Regarding.Name == name && e.Reason == reason {
+			return true
+		}
+	}
+	return false
 }
 
 func testExternal(t *testing.T) {
@@ -314,7 +368,7 @@ func testRestart(t *testing.T) {
 	ctx := context.Background()
 	c := world.cluster.Env.Client
 	ns := namespace(t)
-	proxy := managed(ns, "survivor", 3128)
+	proxy := managed(ns, "survivor")
 	require.NoError(t, c.Create(ctx, proxy))
 	key := client.ObjectKeyFromObject(proxy)
 	before := waitProxy(t, key, "Ready and Healthy", readyAndHealthy)

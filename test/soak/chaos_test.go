@@ -42,6 +42,18 @@ type chaos struct {
 	pending []revival
 	counts  map[string]int
 	errs    []string
+	// held are the proxy addresses the chaos keeps down now (a killed
+	// Squid not yet revived, one left down on purpose), with how many
+	// reasons each; a proxy there may be down at the end.
+	held map[string]int
+	// sickAllowed is false while sickening would spoil a check: around the
+	// outage, and near the end.
+	sickAllowed bool
+	// deaths are VMs killed behind the operator's back, waiting for a
+	// Healthy successor; recoveries are how long each took.
+	deaths     []vmDeath
+	recoveries []time.Duration
+	outage     outagePhase
 }
 
 // revival brings a killed thing back at a time.
@@ -56,7 +68,7 @@ func newChaos(w *world, seed uint64, sizes map[string]int) *chaos {
 	for pool, n := range sizes {
 		next[pool] = n
 	}
-	return &chaos{w: w, rng: rand.New(rand.NewPCG(seed, 0xc4a05)), next: next, counts: map[string]int{}}
+	return &chaos{w: w, rng: rand.New(rand.NewPCG(seed, 0xc4a05)), next: next, counts: map[string]int{}, held: map[string]int{}}
 }
 
 // run acts on every tick until ctx ends, and restarts the operator at
@@ -68,14 +80,26 @@ func (c *chaos) run(ctx context.Context, duration time.Duration) {
 		restartAt = append(restartAt, start.Add(time.Duration((0.10+0.35*c.rng.Float64())*float64(duration))))
 	}
 	sort.Slice(restartAt, func(i, j int) bool { return restartAt[i].Before(restartAt[j]) })
+	// The probe target goes down at 55% for longer than the replacement
+	// period, after the last restart so one process's counters span it.
+	c.outage.start = start.Add(time.Duration(0.55 * float64(duration)))
+	c.outage.end = c.outage.start.Add(outageLength)
+	sickPause := [2]time.Time{c.outage.start.Add(-sickQuiet), c.outage.end.Add(replaceAfter + outageSettle)}
+	sickStop := start.Add(duration - sickQuiet)
+	go c.trackRecoveries(ctx)
 	ticker := time.NewTicker(chaosTick)
 	defer ticker.Stop()
 	for {
 		select {
 		case <-ctx.Done():
+			c.outageStep(time.Now()) // never end with the target down
 			return
 		case now := <-ticker.C:
 			c.revive(now)
+			c.outageStep(now)
+			c.mu.Lock()
+			c.sickAllowed = now.Before(sickStop) && (now.Before(sickPause[0]) || now.After(sickPause[1]))
+			c.mu.Unlock()
 			if len(restartAt) > 0 && now.After(restartAt[0]) {
 				restartAt = restartAt[1:]
 				pause := time.Second + time.Duration(c.rng.Int64N(int64(2*time.Second)))
@@ -94,16 +118,22 @@ func (c *chaos) run(ctx context.Context, duration time.Duration) {
 // act does one random thing, weighted toward the common failures.
 func (c *chaos) act(ctx context.Context) {
 	switch n := c.rng.IntN(100); {
-	case n < 25:
+	case n < 22:
 		c.killPodSquid()
-	case n < 35:
+	case n < 31:
 		c.killExternalSquid()
-	case n < 55:
+	case n < 48:
 		c.crashVM()
-	case n < 80:
+	case n < 63:
 		c.injectFault()
-	case n < 85:
+	case n < 68:
 		c.terminateVM()
+	case n < 72:
+		c.deleteVM()
+	case n < 76:
+		c.deletePod(ctx)
+	case n < 86:
+		c.sicken()
 	case n < 95:
 		c.churn(ctx)
 	default:
@@ -117,11 +147,14 @@ func (c *chaos) killPodSquid() {
 		return
 	}
 	uid := uids[c.rng.IntN(len(uids))]
+	addr := c.w.cluster.Runner.Addr(uid)
 	if !c.w.cluster.Runner.KillSquid(uid) {
 		return
 	}
 	c.count("pod Squid killed")
+	c.hold(addr)
 	c.later("pod Squid", func() error {
+		defer c.unhold(addr)
 		_, err := c.w.cluster.Runner.RestartSquid(uid)
 		return err
 	})
@@ -140,7 +173,8 @@ func (c *chaos) crashVM() {
 		return
 	}
 	c.count("VM proxy crashed")
-	c.later("VM proxy", func() error { c.w.vms.recover(addr); return nil })
+	c.hold(addr)
+	c.later("VM proxy", func() error { c.w.vms.recover(addr); c.unhold(addr); return nil })
 }
 
 // faults are what the fake Compute API injects: rate limiting, outages and
@@ -170,17 +204,14 @@ func (c *chaos) injectFault() {
 // terminateVM stops a VM as GCE might (preemption, a host error): the
 // operator must replace it.
 func (c *chaos) terminateVM() {
-	var running []string
-	for _, vm := range c.w.fake.Instances() {
-		if vm.GetStatus() == "RUNNING" {
-			running = append(running, vm.GetName())
-		}
-	}
+	running := c.runningVMs()
 	if len(running) == 0 {
 		return
 	}
-	c.w.fake.SetStatus(gcpZone, running[c.rng.IntN(len(running))], "TERMINATED")
-	c.count("VM terminated")
+	name := running[c.rng.IntN(len(running))]
+	c.noteDeath(name)
+	c.w.fake.SetStatus(gcpZone, name, "TERMINATED")
+	c.count("VM terminated behind the operator's back")
 }
 
 // churn deletes a random Proxy and adds a new one to the same pool.

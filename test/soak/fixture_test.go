@@ -29,10 +29,15 @@ import (
 const (
 	// namespace holds every soak Proxy.
 	namespace = "soak"
-	// gcpProvider is the gcp provider instance backed by the fake Compute
-	// API.
-	gcpProvider = "gcp-soak"
-	gcpZone     = "europe-west1-b"
+	// gcpProviders are two gcp provider instances in one project on the
+	// fake Compute API, as the shipped sample has gcp-eu and gcp-us: each
+	// GC must keep to its own VMs.
+	gcpProvider  = "gcp-soak"
+	gcpProviderB = "gcp-soak-b"
+	gcpZone      = "europe-west1-b"
+	// kubernetesProviderB is a second kubernetes provider instance beside
+	// the harness's own, in the same cluster.
+	kubernetesProviderB = "kind-b"
 	// externalSquids are the Squid processes the External Proxies point
 	// at, several Proxies to each, as a shared upstream would be.
 	externalSquids = 20
@@ -47,6 +52,10 @@ const (
 	leaseMaxTTL      = 30 * time.Second
 	gcInterval       = 15 * time.Second
 	gcGracePeriod    = 10 * time.Second
+	// replaceAfter is how long a Managed proxy may stay Unhealthy before
+	// it is replaced; the instance watcher lists the VMs this often.
+	replaceAfter   = 30 * time.Second
+	resyncInterval = 5 * time.Second
 )
 
 // pool is the attribute that tells the three kinds of Proxy apart, for the
@@ -73,6 +82,11 @@ type world struct {
 
 	mu       sync.Mutex
 	operator *cluster.Operator
+	// logs are every operator process's log, for the GC audit.
+	logs []string
+	// replacements adds up proxy_operator_replacements_total by cause over
+	// the operator processes that were killed (counters die with them).
+	replacements map[string]float64
 	// operatorUp is false from just before a kill until the new process
 	// answers: discovery requests that fail then are not held against it.
 	operatorUp atomic.Bool
@@ -84,7 +98,8 @@ func newWorld(t *testing.T) *world {
 	dir := t.TempDir()
 	fake := fakecompute.New(clock.RealClock{}, fakecompute.Timings{Provisioning: time.Second, Staging: time.Second, Stopping: 2 * time.Second})
 	t.Cleanup(fake.Close)
-	c, err := cluster.Start(dir, cluster.Options{ExtraProviders: fmt.Sprintf(`- name: %s
+	gcpSettings := func(name string) string {
+		return fmt.Sprintf(`- name: %s
   type: gcp
   settings:
     project: soak
@@ -94,12 +109,19 @@ func newWorld(t *testing.T) *world {
     endpoint: %s
     withoutAuthentication: true
     requestTimeout: 5s
-`, gcpProvider, gcpZone, fake.URL)})
+`, name, gcpZone, fake.URL)
+	}
+	c, err := cluster.Start(dir, cluster.Options{ExtraProviders: gcpSettings(gcpProvider) + gcpSettings(gcpProviderB) + `- name: ` + kubernetesProviderB + `
+  type: kubernetes
+  settings:
+    allowedSourceRanges: [127.0.0.0/8]
+    deniedDestinationRanges: []
+`})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Stop)
-	w := &world{cluster: c, fake: fake, vms: newVMRunner(fake)}
+	w := &world{cluster: c, fake: fake, vms: newVMRunner(fake), replacements: map[string]float64{}}
 	go w.vms.run(t.Context())
 	t.Cleanup(w.vms.closeAll)
 
@@ -148,6 +170,7 @@ func (w *world) startOperator() error {
 			"--health-failure-threshold=" + strconv.Itoa(failureThreshold),
 			"--rate-limit-cooldown=" + cooldown.String(), "--lease-max-ttl=" + leaseMaxTTL.String(),
 			"--gc-interval=" + gcInterval.String(), "--gc-grace-period=" + gcGracePeriod.String(),
+			"--unhealthy-replace-after=" + replaceAfter.String(), "--instance-resync-interval=" + resyncInterval.String(),
 		},
 	})
 	if err != nil {
@@ -155,6 +178,7 @@ func (w *world) startOperator() error {
 	}
 	w.mu.Lock()
 	w.operator = op
+	w.logs = append(w.logs, op.Log)
 	w.mu.Unlock()
 	w.operatorUp.Store(true)
 	return nil
@@ -163,6 +187,14 @@ func (w *world) startOperator() error {
 // restartOperator kills the operator as a crash would and starts it again
 // after pause; idle drops the crawlers' connections to the dead process.
 func (w *world) restartOperator(pause time.Duration, idle func()) error {
+	// What it replaced dies with it: count it first.
+	if now, err := w.replacementsNow(); err == nil {
+		w.mu.Lock()
+		for cause, n := range now {
+			w.replacements[cause] += n
+		}
+		w.mu.Unlock()
+	}
 	w.operatorUp.Store(false)
 	w.mu.Lock()
 	w.operator.Kill()
@@ -189,9 +221,9 @@ func (w *world) newProxy(pool string, i int) *crawlv1alpha1.Proxy {
 	}
 	switch pool {
 	case poolKubernetes:
-		p.Spec.Mode, p.Spec.Provider = crawlv1alpha1.ModeManaged, cluster.ProviderName
+		p.Spec.Mode, p.Spec.Provider = crawlv1alpha1.ModeManaged, []string{cluster.ProviderName, kubernetesProviderB}[i%2]
 	case poolGCP:
-		p.Spec.Mode, p.Spec.Provider = crawlv1alpha1.ModeManaged, gcpProvider
+		p.Spec.Mode, p.Spec.Provider = crawlv1alpha1.ModeManaged, []string{gcpProvider, gcpProviderB}[i%2]
 		p.Spec.Placement = &crawlv1alpha1.Placement{Zone: gcpZone, MachineType: "e2-small"}
 	case poolExternal:
 		s := w.squids[i%len(w.squids)]
@@ -347,4 +379,29 @@ func vmAddr(ifaces []*computepb.NetworkInterface, port string) string {
 		}
 	}
 	return ""
+}
+
+// replacementsNow is the running operator's proxy_operator_replacements_total
+// by cause.
+func (w *world) replacementsNow() (map[string]float64, error) {
+	return w.metricByLabel("proxy_operator_replacements_total", "cause")
+}
+
+// metricByLabel sums a counter of the running operator by one label.
+func (w *world) metricByLabel(name, label string) (map[string]float64, error) {
+	families, err := cluster.ScrapeMetrics("http://" + w.metricsAddr + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
+	if f := families[name]; f != nil {
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label {
+					out[l.GetValue()] += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return out, nil
 }

@@ -26,7 +26,7 @@ var documented = map[string][]int{
 	"lease":       {http.StatusCreated, http.StatusBadRequest, http.StatusRequestEntityTooLarge, http.StatusServiceUnavailable},
 	"bad-lease":   {http.StatusBadRequest}, // a malformed body: exactly 400, never anything else
 	"get":         {http.StatusOK, http.StatusNotFound},
-	"renew":       {http.StatusOK, http.StatusBadRequest, http.StatusNotFound, http.StatusRequestEntityTooLarge},
+	"renew":       {http.StatusOK, http.StatusBadRequest, http.StatusNotFound, http.StatusConflict, http.StatusRequestEntityTooLarge}, // 409: the proxy stopped serving
 	"report":      {http.StatusNoContent, http.StatusBadRequest, http.StatusNotFound, http.StatusRequestEntityTooLarge},
 	"release":     {http.StatusNoContent},
 	"lease-audit": {http.StatusOK, http.StatusNotFound}, // GET of an abandoned lease; 200 after its expiry is counted apart

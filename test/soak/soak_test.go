@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -39,6 +40,9 @@ var (
 var sizes = map[string]int{poolKubernetes: 100, poolGCP: 200, poolExternal: 200}
 
 const (
+	// recoverWithin is the time past the replacement period in which a
+	// proxy left down is replaced and its successor Healthy.
+	recoverWithin  = 90 * time.Second
 	bringUpTimeout = 5 * time.Minute
 	convergeWithin = 3 * time.Minute
 	// verdictsWithin: a dead proxy is Unhealthy after failureThreshold
@@ -107,6 +111,20 @@ func TestSoak(t *testing.T) {
 		return problems
 	})
 	verdictsAgreed := time.Since(verdictStart)
+	// The fleet recovered: every Managed proxy is Ready and Healthy, but
+	// for those the chaos holds down at this moment (counted apart). The
+	// ones left down on purpose are replaced within the period.
+	var heldDown int
+	recoveryStart := time.Now()
+	unrecovered := eventually(replaceAfter+recoverWithin, func() []string {
+		problems, held := w.unrecovered(ctx, ch)
+		heldDown = held
+		return problems
+	})
+	recovered := time.Since(recoveryStart)
+	gcDeleted, gcLive, gcErr := w.gcAudit(ctx)
+	replacements := w.totalReplacements()
+	recoveryMedian, recoveryMax, recoveries, recoveriesWaiting := ch.recoveryTimes()
 	// Every abandoned lease is gone once its TTL is, and no proxy counts a
 	// lease any more.
 	time.Sleep(maxRequestedTTL + expirySlack)
@@ -125,6 +143,11 @@ health verdicts against our own probes: %d mismatched after %s, %d proxies reall
 discovery: %d answered, %.0f/s, p50 %s, p99 %s; unexpected statuses: %d; unanswered while the operator was up: %d (while it was down: %d)
 %sleases granted: %d; abandoned leases audited after their TTL: %d, still alive: %d; active leases counted at the end: %d
 operator over the last half (%d samples, one process: %t): RSS median %s -> %s MiB, goroutines median %s -> %s
+self-healing: Managed proxies not Ready and Healthy at the end: %d (held down by the chaos at that moment: %d), recovered within %s
+replacements by cause:%s
+VM killed behind the operator's back -> successor Healthy: %d measured, median %s, max %s (still waiting: %d)
+probe target outage of %s: replacements for being Unhealthy during it %.0f, passes that held one back %.0f
+orphan GC: %d instances deleted, %d of them live
 `, seed, sizes, total(sizes), bringUp.Round(time.Second),
 		*soakDuration, w.restarts, ch.stillDown(), leftDown, ch.summary(),
 		w.fake.Requests("insert"), w.fake.Requests("get"), w.fake.Requests("delete"), w.fake.Requests("aggregatedList"), w.fake.Created(),
@@ -132,13 +155,39 @@ operator over the last half (%d samples, one process: %t): RSS median %s -> %s M
 		l.requests(), float64(l.requests())/soakEnd.Sub(soakStart).Seconds(), l.latency(0.5).Round(time.Microsecond), l.latency(0.99).Round(time.Microsecond),
 		len(l.unexpected), len(l.failedWhileUp), l.failedWhileDown, l.statusTable(),
 		l.granted, l.audited, len(l.outlivedTTL), leftLeases,
-		s.count(soakStart.Add(*soakDuration/2), soakEnd), sameProcess, mib(rss[0]), mib(rss[1]), strconv.Itoa(int(goroutines[0])), strconv.Itoa(int(goroutines[1])))
+		s.count(soakStart.Add(*soakDuration/2), soakEnd), sameProcess, mib(rss[0]), mib(rss[1]), strconv.Itoa(int(goroutines[0])), strconv.Itoa(int(goroutines[1])),
+		len(unrecovered), heldDown, recovered.Round(time.Second), formatCauses(replacements),
+		recoveries, recoveryMedian.Round(time.Second), recoveryMax.Round(time.Second), recoveriesWaiting,
+		outageLength, ch.outage.replacedDuring, ch.outage.heldDuring,
+		gcDeleted, len(gcLive))
 
 	report(t, "chaos could not do its work", ch.errs)
 	report(t, "not converged, leaked, duplicated or on the wrong address", converged)
 	report(t, "health verdict does not match the proxy's real state", mismatched)
 	if wantUnhealthy == 0 {
 		t.Error("no proxy was down at the end: the verdict check proved nothing")
+	}
+	report(t, "Managed proxy not recovered (not Ready and Healthy, and not held down by the chaos)", unrecovered)
+	report(t, "orphan GC deleted a live instance", gcLive)
+	if gcErr != nil {
+		t.Errorf("auditing orphan GC: %v", gcErr)
+	}
+	report(t, "the outage phase could not be judged", ch.outage.errs)
+	switch {
+	case !ch.outage.over:
+		t.Error("the probe-target outage phase did not run to its end: the run is too short")
+	case ch.outage.replacedDuring != 0:
+		t.Errorf("%.0f proxies were replaced for being Unhealthy while the probe target was down", ch.outage.replacedDuring)
+	case ch.outage.heldDuring == 0:
+		t.Error("no replacement was held back during the outage: the outage guard was never tested")
+	}
+	for _, cause := range []string{"InstanceFailed", "InstanceLost", "UnhealthyTooLong"} {
+		if replacements[cause] == 0 {
+			t.Errorf("no replacement with cause %s: that path went untested", cause)
+		}
+	}
+	if recoveries == 0 {
+		t.Error("no VM death was followed to a Healthy successor")
 	}
 	report(t, "discovery answered with an undocumented status", l.unexpected)
 	report(t, "discovery did not answer while the operator was up", l.failedWhileUp)
@@ -166,11 +215,18 @@ operator over the last half (%d samples, one process: %t): RSS median %s -> %s M
 func (c *chaos) leaveSomeDown() string {
 	pods, vms := 0, 0
 	for _, uid := range c.w.cluster.Runner.Pods() {
+		addr := c.w.cluster.Runner.Addr(uid)
 		if pods < 5 && c.w.cluster.Runner.KillSquid(uid) {
+			c.hold(addr)
 			pods++
 		}
 	}
-	for vms < 5 && c.w.vms.crash(c.rng.IntN) != "" {
+	for vms < 5 {
+		addr := c.w.vms.crash(c.rng.IntN)
+		if addr == "" {
+			break
+		}
+		c.hold(addr)
 		vms++
 	}
 	c.w.squids[0].stop()
@@ -500,3 +556,26 @@ func total(sizes map[string]int) int {
 }
 
 func mib(b float64) string { return strconv.FormatFloat(b/(1<<20), 'f', 1, 64) }
+
+// totalReplacements adds the running operator's replacements to those of
+// the processes the chaos killed.
+func (w *world) totalReplacements() map[string]float64 {
+	w.mu.Lock()
+	total := maps.Clone(w.replacements)
+	w.mu.Unlock()
+	if now, err := w.replacementsNow(); err == nil {
+		for cause, n := range now {
+			total[cause] += n
+		}
+	}
+	return total
+}
+
+func formatCauses(byCause map[string]float64) string {
+	causes := slices.Sorted(maps.Keys(byCause))
+	var b strings.Builder
+	for _, c := range causes {
+		fmt.Fprintf(&b, " %s %.0f,", c, byCause[c])
+	}
+	return strings.TrimSuffix(b.String(), ",")
+}

@@ -107,8 +107,6 @@ type options struct {
 	zap                     zap.Options
 }
 
-// defaultSyncPeriod is controller-runtime's own default, made a flag.
-const defaultSyncPeriod = 10 * time.Hour
 
 // parseFlags turns the command line into options, rejecting anything the
 // operator could not run with. Errors name the flag at fault.
@@ -163,7 +161,7 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 		"Requests the operator may send the API server in a burst above --kube-api-qps.")
 	fs.DurationVar(&o.instanceResyncInterval, "instance-resync-interval", controllers.DefaultInstanceResyncInterval,
 		"How often the instances of Ready proxies that no watch covers (gcp VMs) are listed again, one List per provider instance, so a VM terminated or deleted behind the operator's back is replaced (jittered by 20%).")
-	fs.DurationVar(&o.syncPeriod, "sync-period", defaultSyncPeriod,
+	fs.DurationVar(&o.syncPeriod, "sync-period", controllers.DefaultSyncPeriod,
 		"How often the manager's informers resync every cached object, reconciling every Proxy again.")
 	fs.DurationVar(&o.unhealthyReplaceAfter, "unhealthy-replace-after", controllers.DefaultUnhealthyReplaceAfter,
 		"How long a Managed proxy may stay Unhealthy without a break before its instance is replaced; 0 never replaces for failing probes. A Proxy's spec.healthCheck.replaceAfter overrides it.")

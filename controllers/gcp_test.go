@@ -29,13 +29,20 @@ import (
 // Compute client talks to fake.
 func gcpProviders(t *testing.T, fake *fakecompute.Server) providers.Set {
 	t.Helper()
-	p, err := gcp.NewWithClientOptions("gcp-eu", gcp.Settings{
-		Project: "crawl-prod", Zone: "europe-west1-b", Image: "projects/debian-cloud/global/images/family/debian-12",
+	return providers.Set{"gcp-eu": gcpProvider(t, fake, "gcp-eu", "europe-west1-b")}
+}
+
+// gcpProvider is one gcp provider instance in the project crawl-prod, whose
+// real Compute client talks to fake.
+func gcpProvider(t *testing.T, fake *fakecompute.Server, name, zone string) *gcp.Provider {
+	t.Helper()
+	p, err := gcp.NewWithClientOptions(name, gcp.Settings{
+		Project: "crawl-prod", Zone: zone, Image: "projects/debian-cloud/global/images/family/debian-12",
 		RequestTimeout: "2s",
 	}, option.WithEndpoint(fake.URL), option.WithoutAuthentication())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = p.Close() })
-	return providers.Set{"gcp-eu": p}
+	return p
 }
 
 func gcpManagedProxy(ns, name string) *crawlv1alpha1.Proxy {
@@ -197,13 +204,7 @@ func TestOrphanCollectorGCP(t *testing.T) {
 func twoGCPProviders(t *testing.T, fake *fakecompute.Server) providers.Set {
 	t.Helper()
 	set := gcpProviders(t, fake)
-	us, err := gcp.NewWithClientOptions("gcp-us", gcp.Settings{
-		Project: "crawl-prod", Zone: "us-central1-a", Image: "projects/debian-cloud/global/images/family/debian-12",
-		RequestTimeout: "2s",
-	}, option.WithEndpoint(fake.URL), option.WithoutAuthentication())
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = us.Close() })
-	set["gcp-us"] = us
+	set["gcp-us"] = gcpProvider(t, fake, "gcp-us", "us-central1-a")
 	return set
 }
 

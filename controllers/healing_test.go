@@ -20,6 +20,10 @@ func phase(ph crawlv1alpha1.ProxyPhase) func(*crawlv1alpha1.Proxy) {
 	return func(p *crawlv1alpha1.Proxy) { p.Status.Phase = ph }
 }
 
+func statusUnhealthy(p *crawlv1alpha1.Proxy) {
+	p.Status.Conditions = append(p.Status.Conditions, metav1.Condition{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionFalse, Reason: "Timeout"})
+}
+
 // unhealthyFor is the engine's view of a proxy Unhealthy for d, one of
 // probed proxies on its URL of which unhealthy fail.
 func unhealthyFor(d time.Duration, unhealthy, probed int) *ProxyHealth {
@@ -90,6 +94,12 @@ func TestPlanHealing(t *testing.T) {
 		{name: "suspected: Unhealthy for less than the period: held, not counted down", proxy: proxyFixture(phase(crawlv1alpha1.PhaseReady)),
 			instance: running, health: unhealthyFor(time.Minute, 4, 10), policy: policy,
 			wantType: ActionMarkReady, wantPhase: crawlv1alpha1.PhaseReady, wantReason: ReasonInstanceRunning, wantRecheck: DefaultHeldRecheck},
+		{name: "Unhealthy in status, the engine not probing it yet (a restart): look again soon", proxy: proxyFixture(phase(crawlv1alpha1.PhaseReady), statusUnhealthy),
+			instance: running, policy: policy,
+			wantType: ActionMarkReady, wantPhase: crawlv1alpha1.PhaseReady, wantReason: ReasonInstanceRunning, wantRecheck: DefaultHeldRecheck},
+		{name: "healthy in status, the engine not probing it yet: nothing to look at", proxy: proxyFixture(phase(crawlv1alpha1.PhaseReady)),
+			instance: running, policy: policy,
+			wantType: ActionMarkReady, wantPhase: crawlv1alpha1.PhaseReady, wantReason: ReasonInstanceRunning},
 		{name: "a spec change beats health: replaced unbudgeted", proxy: proxyFixture(phase(crawlv1alpha1.PhaseReady)),
 			instance: instance(providers.StateRunning, "hash-old", testUID), health: unhealthyFor(time.Hour, 4, 10), policy: policy,
 			wantType: ActionDelete, wantPhase: crawlv1alpha1.PhaseReplacing, wantReason: ReasonSpecChanged, wantCause: ReasonSpecChanged},

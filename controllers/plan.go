@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
@@ -244,7 +245,19 @@ func planRunning(o observation) Action {
 	ready := Action{Type: ActionMarkReady, Phase: crawlv1alpha1.PhaseReady, Reason: ReasonInstanceRunning,
 		Message: fmt.Sprintf("instance %s is running at %s:%d", inst.Name, inst.IP, inst.Port)}
 	after := o.replacement.After
-	if o.health == nil || o.health.UnhealthySince.IsZero() || after <= 0 {
+	switch {
+	case after <= 0:
+		return ready
+	case o.health == nil:
+		// The engine has not taken the proxy up yet (right after an
+		// operator restart it starts from the status, a moment after this
+		// pass may run) and its verdict will not change to tell us: if the
+		// status says Unhealthy, look again once the engine knows.
+		if meta.IsStatusConditionFalse(o.proxy.Status.Conditions, crawlv1alpha1.ConditionHealthy) {
+			ready.Recheck = o.replacement.heldRecheck()
+		}
+		return ready
+	case o.health.UnhealthySince.IsZero():
 		return ready
 	}
 	h := o.health

@@ -30,6 +30,10 @@ func init() {
 // that no watch covers (GCE VMs) are read again.
 const DefaultInstanceResyncInterval = time.Minute
 
+// DefaultSyncPeriod is how often the manager's informers resync every cached
+// object: controller-runtime's own default, made a flag.
+const DefaultSyncPeriod = 10 * time.Hour
+
 // InstanceWatcher is the watch that GCE does not offer: every Interval
 // (jittered) it lists each provider instance's instances once, compares them
 // with the Ready Managed Proxies recorded on it, and sends the reconciler

@@ -333,6 +333,11 @@ func TestChartDefaultsAreTheOperatorsDefaults(t *testing.T) {
 				QPS   float64 `json:"qps"`
 				Burst int
 			} `json:"kubeAPI"`
+			Healing struct {
+				UnhealthyReplaceAfter, InstanceResyncInterval, SyncPeriod string
+				MaxUnhealthyShare                                         float64
+				MaxReplacementsInFlight                                   int
+			}
 		}
 	}
 	require.NoError(t, yaml.Unmarshal(repoFile(t, chartDir+"/values.yaml"), &values))
@@ -348,6 +353,9 @@ func TestChartDefaultsAreTheOperatorsDefaults(t *testing.T) {
 		{op.Health.Timeout, health.DefaultTimeout, "health.timeout"},
 		{op.Discovery.LeaseMaxTTL, discovery.DefaultMaxTTL, "discovery.leaseMaxTTL"},
 		{op.Discovery.RateLimitCooldown, discovery.DefaultCooldown, "discovery.rateLimitCooldown"},
+		{op.Healing.UnhealthyReplaceAfter, controllers.DefaultUnhealthyReplaceAfter, "healing.unhealthyReplaceAfter"},
+		{op.Healing.InstanceResyncInterval, controllers.DefaultInstanceResyncInterval, "healing.instanceResyncInterval"},
+		{op.Healing.SyncPeriod, controllers.DefaultSyncPeriod, "healing.syncPeriod"},
 	} {
 		got, err := time.ParseDuration(d.value)
 		require.NoError(t, err, d.what)
@@ -361,6 +369,8 @@ func TestChartDefaultsAreTheOperatorsDefaults(t *testing.T) {
 	assert.Equal(t, controllers.DefaultMaxConcurrentReconciles, op.Reconcile.Workers)
 	assert.InDelta(t, controllers.DefaultKubeAPIQPS, op.KubeAPI.QPS, 0)
 	assert.Equal(t, controllers.DefaultKubeAPIBurst, op.KubeAPI.Burst)
+	assert.InDelta(t, controllers.DefaultMaxUnhealthyShare, op.Healing.MaxUnhealthyShare, 0)
+	assert.Equal(t, controllers.DefaultMaxReplacementsInFlight, op.Healing.MaxReplacementsInFlight)
 }
 
 // TestChartSchemaKnowsEveryProviderSetting: the schema's per-type settings
@@ -405,6 +415,10 @@ func TestChartSchemaRejectsBadValues(t *testing.T) {
 		{"no reconcile workers", map[string]any{"operator": map[string]any{"reconcile": map[string]any{"workers": 0}}}, "/operator/reconcile/workers"},
 		{"zero API QPS", map[string]any{"operator": map[string]any{"kubeAPI": map[string]any{"qps": 0}}}, "/operator/kubeAPI/qps"},
 		{"unknown kubeAPI key", map[string]any{"operator": map[string]any{"kubeAPI": map[string]any{"rate": 10}}}, "rate"},
+		{"unhealthy share above one", map[string]any{"operator": map[string]any{"healing": map[string]any{"maxUnhealthyShare": 1.5}}}, "/operator/healing/maxUnhealthyShare"},
+		{"no replacements in flight", map[string]any{"operator": map[string]any{"healing": map[string]any{"maxReplacementsInFlight": 0}}}, "/operator/healing/maxReplacementsInFlight"},
+		{"zero resync interval", map[string]any{"operator": map[string]any{"healing": map[string]any{"instanceResyncInterval": "0s"}}}, "/operator/healing/instanceResyncInterval"},
+		{"replacement period not a duration", map[string]any{"operator": map[string]any{"healing": map[string]any{"unhealthyReplaceAfter": "never"}}}, "/operator/healing/unhealthyReplaceAfter"},
 		{"extra arg without dashes", map[string]any{"operator": map[string]any{"extraArgs": []any{"enable-http2"}}}, "/operator/extraArgs/0"},
 		{"bad pull policy", map[string]any{"image": map[string]any{"pullPolicy": "Sometimes"}}, "/image/pullPolicy"},
 		{"unknown provider type", map[string]any{"providers": []any{map[string]any{"name": "aws-eu", "type": "aws"}}}, "/providers/0/type"},

@@ -305,3 +305,25 @@ func (w *world) gcAudit(ctx context.Context) (deleted int, live []string, err er
 	}
 	return deleted, live, nil
 }
+
+// logLinesAbout is the last n lines of the operator's logs (every process)
+// that mention name: the story of a Proxy the checks found wrong, kept
+// before the test's directory goes.
+func (w *world) logLinesAbout(name string, n int) []string {
+	w.mu.Lock()
+	logs := slices.Clone(w.logs)
+	w.mu.Unlock()
+	var lines []string
+	for _, path := range logs {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		for line := range strings.SplitSeq(string(data), "\n") {
+			if strings.Contains(line, `"`+name+`"`) || strings.Contains(line, "/"+name+`"`) {
+				lines = append(lines, line)
+			}
+		}
+	}
+	return lines[max(0, len(lines)-n):]
+}

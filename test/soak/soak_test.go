@@ -168,6 +168,10 @@ orphan GC: %d instances deleted, %d of them live
 		t.Error("no proxy was down at the end: the verdict check proved nothing")
 	}
 	report(t, "Managed proxy not recovered (not Ready and Healthy, and not held down by the chaos)", unrecovered)
+	if len(unrecovered) > 0 {
+		name, _, _ := strings.Cut(unrecovered[0], " ")
+		t.Logf("the operator's last lines about %s:\n%s", name, strings.Join(w.logLinesAbout(name, 40), "\n"))
+	}
 	report(t, "orphan GC deleted a live instance", gcLive)
 	if gcErr != nil {
 		t.Errorf("auditing orphan GC: %v", gcErr)

@@ -107,7 +107,6 @@ type options struct {
 	zap                     zap.Options
 }
 
-
 // parseFlags turns the command line into options, rejecting anything the
 // operator could not run with. Errors name the flag at fault.
 func parseFlags(args []string, output io.Writer) (options, error) {

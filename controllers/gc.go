@@ -46,7 +46,8 @@ const (
 // longer points at that provider instance). It never touches another
 // cluster's instances, nor another provider instance's in the same project
 // or cluster, nor an instance whose provider label is missing (made before
-// the label existed: it cannot prove the instance is its own); it spares instances younger than the grace period (the
+// the label existed: it cannot prove the instance is its own); it spares
+// instances younger than the grace period (the
 // window in which a Proxy may not yet have recorded its instance) and ones
 // already being deleted, and keeps going past per-instance errors.
 type OrphanCollector struct {

@@ -12,7 +12,6 @@ import (
 	"cloud.google.com/go/compute/apiv1/computepb"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -248,7 +247,7 @@ func TestUnhealthyReplacement(t *testing.T) {
 		assert.Equal(t, 1, maxReplacing, "at most one replacement in flight at once (the bound)")
 		waitEvent(t, c, ns, ready[1].Name, ReasonUnhealthy)
 		waitEvent(t, c, ns, ready[2].Name, ReasonUnhealthy)
-		assert.True(t, hasEvent(t, c, ns, ready[1].Name, ReasonReplacementsBusy) || hasEvent(t, c, ns, ready[2].Name, ReasonReplacementsBusy),
+		assert.True(t, hasEvent(c, ns, ready[1].Name, ReasonReplacementsBusy) || hasEvent(c, ns, ready[2].Name, ReasonReplacementsBusy),
 			"the second waited its turn, and its Event says so")
 		var first crawlv1alpha1.Proxy
 		require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(ready[0]), &first))
@@ -342,17 +341,4 @@ func vmsIn(fake *fakecompute.Server, ns string) []*computepb.Instance {
 		}
 	}
 	return out
-}
-
-// hasEvent says whether an Event with reason about the Proxy exists now.
-func hasEvent(t *testing.T, c client.Client, ns, name, reason string) bool {
-	t.Helper()
-	var list eventsv1.EventList
-	require.NoError(t, c.List(context.Background(), &list, client.InNamespace(ns)))
-	for _, e := range list.Items {
-		if e.Regarding.Name == name && e.Reason == reason {
-			return true
-		}
-	}
-	return false
 }

@@ -257,16 +257,21 @@ func assertPodIsRestricted(t *testing.T, pod corev1.Pod) {
 // describe px` shows.
 func waitEvent(t *testing.T, c client.Client, ns, name, reason string) {
 	t.Helper()
-	require.Eventually(t, func() bool {
-		var list eventsv1.EventList
-		if err := c.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
-			return false
-		}
-		for _, e := range list.Items {
-			if e.Regarding.Name == name && e.Regarding.Kind == "Proxy" && e.Reason == reason && e.Note != "" {
-				return true
-			}
-		}
+	require.Eventually(t, func() bool { return hasEvent(c, ns, name, reason) }, waitFor, tick,
+		"no %s Event for Proxy %s/%s", reason, ns, name)
+}
+
+// hasEvent says whether an Event with reason and a note about the Proxy
+// exists now; a failed List counts as none.
+func hasEvent(c client.Client, ns, name, reason string) bool {
+	var list eventsv1.EventList
+	if err := c.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
 		return false
-	}, waitFor, tick, "no %s Event for Proxy %s/%s", reason, ns, name)
+	}
+	for _, e := range list.Items {
+		if e.Regarding.Name == name && e.Regarding.Kind == "Proxy" && e.Reason == reason && e.Note != "" {
+			return true
+		}
+	}
+	return false
 }

@@ -12,6 +12,7 @@ COPY controllers/ controllers/
 COPY providers/ providers/
 COPY health/ health/
 COPY discovery/ discovery/
+COPY credentials/ credentials/
 RUN CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} go build -trimpath -ldflags "-s -w" -o manager .
 
 FROM gcr.io/distroless/static:nonroot

@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -42,6 +43,7 @@ import (
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/controllers"
+	"github.com/example/egress-proxies-operator/credentials"
 	"github.com/example/egress-proxies-operator/discovery"
 	"github.com/example/egress-proxies-operator/health"
 	"github.com/example/egress-proxies-operator/providers"
@@ -93,6 +95,9 @@ type options struct {
 	leaseMaxTTL     time.Duration
 	cooldown        time.Duration
 	tokenSecret     string
+	// credentialsNamespace keeps the generated proxy credentials and the
+	// record of each instance's.
+	credentialsNamespace string
 	// Throughput against the API server: one worker and controller-runtime's
 	// 20 requests/s are too slow for thousands of proxies (docs/performance.md).
 	maxConcurrentReconciles int
@@ -150,6 +155,8 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 		"Longest lease the discovery API grants; longer requests are capped.")
 	fs.DurationVar(&o.cooldown, "rate-limit-cooldown", discovery.DefaultCooldown,
 		"How long a proxy reported rate_limited for a target is not leased for it (a longer retryAfterSeconds wins).")
+	fs.StringVar(&o.credentialsNamespace, "credentials-namespace", "",
+		"namespace where the operator keeps the proxy credentials it generates per provider instance and the record of each instance's. Default: the operator's namespace.")
 	fs.StringVar(&o.tokenSecret, "discovery-token-secret", "",
 		"namespace/name of the Secret whose key \"token\" is the discovery API's bearer token. Default: discovery-token in the operator's namespace. No Secret: unauthenticated.")
 	fs.IntVar(&o.maxConcurrentReconciles, "max-concurrent-reconciles", controllers.DefaultMaxConcurrentReconciles,
@@ -245,6 +252,12 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	if o.tokenSecret == "" {
 		o.tokenSecret = operatorNamespace() + "/discovery-token"
 	}
+	if o.credentialsNamespace == "" {
+		o.credentialsNamespace = operatorNamespace()
+	}
+	if errs1123 := validation.IsDNS1123Label(o.credentialsNamespace); len(errs1123) > 0 {
+		errs = append(errs, fmt.Errorf("%w: --credentials-namespace %q is not a namespace name: %s", errUsage, o.credentialsNamespace, strings.Join(errs1123, "; ")))
+	}
 	if ns, name, ok := strings.Cut(o.tokenSecret, "/"); !ok || ns == "" || name == "" {
 		errs = append(errs, fmt.Errorf("%w: --discovery-token-secret %q must be namespace/name", errUsage, o.tokenSecret))
 	}
@@ -318,6 +331,18 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 			return err
 		}
 	}
+	// Proxy credentials are read from a cache of their own, holding only
+	// Secrets labelled crawl.example.com/proxy-credentials=true.
+	credentialsCache, err := cache.New(restConfig, credentials.CacheOptions(cache.Options{
+		Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(), SyncPeriod: &opts.syncPeriod,
+	}))
+	if err != nil {
+		return fmt.Errorf("creating the credentials cache: %w", err)
+	}
+	if err := mgr.Add(credentialsCache); err != nil {
+		return fmt.Errorf("adding the credentials cache: %w", err)
+	}
+	creds := credentials.Reader{Client: credentialsCache}
 	recorder := mgr.GetEventRecorder("egress-proxies-operator")
 	// One channel of Proxies to look at now: verdict changes from the
 	// health engine, lost instances from the instance watcher.
@@ -333,6 +358,9 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 		Jitter:   health.DefaultJitter,
 		Recorder: recorder,
 		Notify:   triggers,
+
+		Credentials:          creds,
+		CredentialsNamespace: opts.credentialsNamespace,
 	})
 	if err := mgr.Add(engine); err != nil {
 		return fmt.Errorf("adding the health engine: %w", err)
@@ -349,6 +377,8 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 		},
 		MaxReplacementsInFlight: opts.maxReplacementsInFlight,
 		Triggers:                triggers,
+		CredentialsCache:        credentialsCache,
+		CredentialsNamespace:    opts.credentialsNamespace,
 	}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the Proxy controller: %w", err)
 	}
@@ -369,14 +399,21 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 		GracePeriod: opts.gcGracePeriod,
 		DryRun:      opts.gcDryRun,
 		Clock:       clock.RealClock{},
+
+		Credentials:          credentialsCache,
+		Deleter:              mgr.GetClient(),
+		CredentialsNamespace: opts.credentialsNamespace,
 	}); err != nil {
 		return fmt.Errorf("adding orphan GC: %w", err)
+	}
+	if err := mgr.Add(&controllers.FirewallKeeper{Providers: providerSet, ClusterID: clusterID}); err != nil {
+		return fmt.Errorf("adding the firewall keeper: %w", err)
 	}
 	if err := ctrlmetrics.Registry.Register(health.ProxiesCollector{Reader: mgr.GetClient()}); err != nil {
 		return fmt.Errorf("registering the proxies metric: %w", err)
 	}
 	if opts.discoveryAddr != "0" {
-		if err := addDiscovery(ctx, mgr, restConfig, engine, opts); err != nil {
+		if err := addDiscovery(ctx, mgr, restConfig, engine, creds, opts); err != nil {
 			return err
 		}
 	}
@@ -398,8 +435,8 @@ var providerRegistry = providers.Registry{
 // manager's informer, the health engine's verdicts, an in-memory lease
 // store, and a bearer token followed through a cache that holds only the
 // token Secret.
-func addDiscovery(ctx context.Context, mgr manager.Manager, restConfig *rest.Config, engine *health.Engine, opts options) error {
-	view := discovery.NewView(engineHealth{engine})
+func addDiscovery(ctx context.Context, mgr manager.Manager, restConfig *rest.Config, engine *health.Engine, creds credentials.Reader, opts options) error {
+	view := discovery.NewView(engineHealth{engine}, opts.credentialsNamespace)
 	proxyInformer, err := mgr.GetCache().GetInformer(ctx, &crawlv1alpha1.Proxy{})
 	if err != nil {
 		return fmt.Errorf("getting the Proxy informer for discovery: %w", err)
@@ -430,6 +467,7 @@ func addDiscovery(ctx context.Context, mgr manager.Manager, restConfig *rest.Con
 		Ready:           reg.HasSynced,
 		WaitForTokens:   tokenCache.WaitForCacheSync,
 		Clock:           clock.RealClock{},
+		Credentials:     creds,
 	})
 	for _, c := range discovery.Collectors(store, clock.RealClock{}) {
 		if err := ctrlmetrics.Registry.Register(c); err != nil {

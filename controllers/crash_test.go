@@ -61,7 +61,8 @@ func runCrashScenario(t *testing.T, newScenario func(t *testing.T, ns string) cr
 				}
 				r := &ProxyReconciler{
 					Client: cl, Providers: sc.providers(t, cl), ClusterID: testClusterID,
-					Recorder: events.NewFakeRecorder(100),
+					Recorder:         events.NewFakeRecorder(100),
+					CredentialsCache: credentialsCache(t, mgr), CredentialsNamespace: testCredentialsNamespace,
 				}
 				stop := startManager(t, mgr)
 				_, _ = r.Reconcile(ctx, reconcile.Request{NamespacedName: key}) // half the steps crash: errors expected

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/clock"
@@ -15,6 +16,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/credentials"
 	"github.com/example/egress-proxies-operator/providers"
 )
 
@@ -65,6 +67,12 @@ type OrphanCollector struct {
 	DryRun bool
 	// Clock tells instance ages; tests inject a fake one.
 	Clock clock.PassiveClock
+	// Credentials reads the credentials Secrets (the credentials cache) and
+	// Deleter deletes the records whose Proxy is gone, in
+	// CredentialsNamespace. A nil Credentials skips records.
+	Credentials          client.Reader
+	Deleter              client.Writer
+	CredentialsNamespace string
 }
 
 // NeedLeaderElection makes the collector run on the leader only.
@@ -123,6 +131,84 @@ func (c *OrphanCollector) Sweep(ctx context.Context) error {
 				continue
 			}
 			orphansDeleted.WithLabelValues(name).Inc()
+		}
+	}
+	errs = append(errs, c.sweepRecords(ctx, now), c.sweepFirewalls(ctx))
+	return errors.Join(errs...)
+}
+
+// sweepRecords deletes the credentials records whose Proxy is gone: the
+// finalizer deletes a Proxy's record, this catches a Proxy removed without
+// it. Young records are spared, as young instances are.
+func (c *OrphanCollector) sweepRecords(ctx context.Context, now time.Time) error {
+	if c.Credentials == nil {
+		return nil
+	}
+	log := logf.FromContext(ctx).WithName("orphan-gc")
+	var secrets corev1.SecretList
+	if err := c.Credentials.List(ctx, &secrets, client.InNamespace(c.CredentialsNamespace), client.MatchingLabels{
+		crawlv1alpha1.LabelCredentialsRole: credentials.RoleInstance, crawlv1alpha1.LabelClusterID: c.ClusterID,
+	}); err != nil {
+		return fmt.Errorf("listing credentials records: %w", err)
+	}
+	var errs []error
+	for i := range secrets.Items {
+		secret := &secrets.Items[i]
+		if now.Sub(secret.CreationTimestamp.Time) < c.GracePeriod || !secret.DeletionTimestamp.IsZero() {
+			continue
+		}
+		ns, name := secret.Labels[crawlv1alpha1.LabelOwnerNamespace], secret.Labels[crawlv1alpha1.LabelOwnerName]
+		var owner crawlv1alpha1.Proxy
+		err := c.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &owner)
+		switch {
+		case err != nil && !apierrors.IsNotFound(err):
+			errs = append(errs, fmt.Errorf("reading Proxy %s/%s, owner of credentials record %s: %w", ns, name, secret.Name, err))
+			continue
+		case err == nil && string(owner.UID) == secret.Labels[crawlv1alpha1.LabelOwnerUID]:
+			continue
+		}
+		log.Info("orphaned credentials record", "secret", client.ObjectKeyFromObject(secret), "owner", ns+"/"+name, "dryRun", c.DryRun)
+		if c.DryRun {
+			continue
+		}
+		if err := c.Deleter.Delete(ctx, secret); client.IgnoreNotFound(err) != nil {
+			errs = append(errs, fmt.Errorf("deleting orphaned credentials record %s: %w", secret.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// sweepFirewalls deletes the firewall rules this operator made for provider
+// instances no longer in its config, as each configured provider instance
+// can see them (a rule in a project no configured provider instance reaches
+// any more stays: docs/security.md).
+func (c *OrphanCollector) sweepFirewalls(ctx context.Context) error {
+	log := logf.FromContext(ctx).WithName("orphan-gc")
+	configured := func(name string) bool { _, ok := c.Providers[name]; return ok }
+	var errs []error
+	seen := map[string]bool{}
+	for _, name := range c.Providers.Names() {
+		guard, ok := c.Providers[name].(providers.Firewalled)
+		if !ok {
+			continue
+		}
+		stray, err := guard.StrayFirewalls(ctx, c.ClusterID, configured)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("listing stray firewalls through provider %s: %w", name, err))
+			continue
+		}
+		for _, rule := range stray {
+			if seen[rule.Location+"/"+rule.Name] {
+				continue // two provider instances share the project
+			}
+			seen[rule.Location+"/"+rule.Name] = true
+			log.Info("stray firewall rule", "rule", rule.Name, "location", rule.Location, "provider", rule.Provider, "dryRun", c.DryRun)
+			if c.DryRun {
+				continue
+			}
+			if err := guard.DeleteFirewall(ctx, rule); err != nil {
+				errs = append(errs, fmt.Errorf("deleting stray firewall %s: %w", rule.Name, err))
+			}
 		}
 	}
 	return errors.Join(errs...)

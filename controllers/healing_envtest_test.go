@@ -75,6 +75,7 @@ func startHealingOperator(t *testing.T, env *testenv.Env, set func(client.Client
 		Client: mgr.GetClient(), Providers: provs, ClusterID: testClusterID,
 		Recorder: mgr.GetEventRecorder("egress-proxies-operator"), PollInterval: 100 * time.Millisecond,
 		Health: op.health, Replacement: policy, MaxReplacementsInFlight: bound, Triggers: op.triggers,
+		CredentialsCache: credentialsCache(t, mgr), CredentialsNamespace: testCredentialsNamespace,
 	}).SetupWithManager(mgr))
 	require.NoError(t, mgr.Add(&InstanceWatcher{
 		Client: mgr.GetClient(), Providers: provs, ClusterID: testClusterID,
@@ -293,6 +294,7 @@ func TestLostWritesUnderConcurrentCreation(t *testing.T) {
 	require.NoError(t, (&ProxyReconciler{
 		Client: conflictingClient{mgr.GetClient(), 0.35}, Providers: gcpProviders(t, fake), ClusterID: testClusterID,
 		Recorder: mgr.GetEventRecorder("egress-proxies-operator"), PollInterval: 100 * time.Millisecond,
+		CredentialsCache: credentialsCache(t, mgr), CredentialsNamespace: testCredentialsNamespace,
 	}).SetupWithManager(mgr))
 	startManager(t, mgr)
 	ctx := context.Background()

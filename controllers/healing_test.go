@@ -100,8 +100,11 @@ func TestPlanHealing(t *testing.T) {
 		{name: "healthy in status, the engine not probing it yet: nothing to look at", proxy: proxyFixture(phase(crawlv1alpha1.PhaseReady)),
 			instance: running, policy: policy,
 			wantType: ActionMarkReady, wantPhase: crawlv1alpha1.PhaseReady, wantReason: ReasonInstanceRunning},
-		{name: "a spec change beats health: replaced unbudgeted", proxy: proxyFixture(phase(crawlv1alpha1.PhaseReady)),
+		{name: "a spec change beats health, within the budget: a rotation never takes the fleet down at once", proxy: proxyFixture(phase(crawlv1alpha1.PhaseReady)),
 			instance: instance(providers.StateRunning, "hash-old", testUID), health: unhealthyFor(time.Hour, 4, 10), policy: policy,
+			wantType: ActionDelete, wantPhase: crawlv1alpha1.PhaseReplacing, wantReason: ReasonSpecChanged, wantCause: ReasonSpecChanged, wantBudget: true},
+		{name: "a spec change of an instance not serving yet is not budgeted", proxy: proxyFixture(phase(crawlv1alpha1.PhaseProvisioning)),
+			instance: instance(providers.StatePending, "hash-old", testUID), policy: policy,
 			wantType: ActionDelete, wantPhase: crawlv1alpha1.PhaseReplacing, wantReason: ReasonSpecChanged, wantCause: ReasonSpecChanged},
 	}
 	for _, tc := range cases {

@@ -9,6 +9,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/credentials"
 	"github.com/example/egress-proxies-operator/providers"
 )
 
@@ -64,6 +65,7 @@ const (
 	ReasonProviderError     = "ProviderError"
 	ReasonInvalidPlacement  = "InvalidPlacement"
 	ReasonCloudInitError    = "CloudInitError"
+	ReasonCredentialsError  = "CredentialsError"
 	ReasonExternal          = "External"
 	ReasonFinalizerAdded    = "FinalizerAdded"
 	ReasonInstanceDeleted   = "InstanceDeleted"
@@ -98,6 +100,8 @@ type observation struct {
 	instanceName string
 	// cloudInit is the resolved cloud-init document.
 	cloudInit string
+	// credentials are what the instance must require of its clients.
+	credentials credentials.Credentials
 	// desiredHash is the hash of the replacement-forcing spec fields; empty
 	// when specErr is set or the Proxy is being deleted.
 	desiredHash string
@@ -226,7 +230,11 @@ func plan(o observation) Action {
 		return Action{Type: ActionDelete, Phase: crawlv1alpha1.PhaseReplacing, Reason: ReasonStaleInstance, Cause: ReasonStaleInstance,
 			Message: fmt.Sprintf("instance %s belongs to an earlier Proxy of the same name (uid %q); deleting it", inst.Name, inst.OwnerUID())}
 	case inst.SpecHash() != o.desiredHash:
-		return Action{Type: ActionDelete, Phase: crawlv1alpha1.PhaseReplacing, Reason: ReasonSpecChanged, Cause: ReasonSpecChanged,
+		// A serving instance is replaced within the provider instance's
+		// budget, so a rotation (a new password, a new cloud-init, a
+		// template change) never takes the whole fleet down at once.
+		serving := inst.State == providers.StateRunning && p.Status.Phase == crawlv1alpha1.PhaseReady
+		return Action{Type: ActionDelete, Phase: crawlv1alpha1.PhaseReplacing, Reason: ReasonSpecChanged, Cause: ReasonSpecChanged, Budgeted: serving,
 			Message: fmt.Sprintf("spec changed (hash %s, instance has %s): replacing instance %s; it will come back with a new IP", o.desiredHash, inst.SpecHash(), inst.Name)}
 	case inst.State == providers.StateFailed:
 		return Action{Type: ActionDelete, Phase: crawlv1alpha1.PhaseReplacing, Reason: ReasonInstanceFailed, Cause: ReasonInstanceFailed,

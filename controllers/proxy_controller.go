@@ -34,7 +34,7 @@ import (
 // +kubebuilder:rbac:groups=crawl.example.com,resources=proxies,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=crawl.example.com,resources=proxies/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=crawl.example.com,resources=proxies/finalizers,verbs=update
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // DefaultPollInterval is how soon a pass that waits on an instance looks
@@ -83,6 +83,13 @@ type ProxyReconciler struct {
 	Triggers <-chan event.GenericEvent
 	// Clock reads the time for plan; nil means the real clock.
 	Clock clock.PassiveClock
+	// CredentialsCache holds the credentials Secrets (see
+	// credentials.CacheOptions); the reconciler reads credentials from it
+	// and watches it for rotations.
+	CredentialsCache cache.Cache
+	// CredentialsNamespace is the operator's namespace, where it keeps the
+	// credentials it generates and the record of each instance's.
+	CredentialsNamespace string
 
 	budget   replacementBudget
 	suspects suspectedTargets
@@ -166,7 +173,12 @@ func (r *ProxyReconciler) observe(ctx context.Context, p *crawlv1alpha1.Proxy) (
 		if o.cloudInit, o.specErr = resolveCloudInit(ctx, r.Client, p); o.specErr != nil {
 			return o, nil
 		}
-		o.desiredHash = specHash(&p.Spec, o.cloudInit)
+		var err error
+		if o.credentials, o.specErr, err = r.resolveCredentials(ctx, p); o.specErr != nil || err != nil {
+			o.getErr = err
+			return o, nil
+		}
+		o.desiredHash = specHash(&p.Spec, o.cloudInit, o.credentials)
 	}
 
 	// Look where the instance was recorded first: after a change of
@@ -256,6 +268,9 @@ func (r *ProxyReconciler) execute(ctx context.Context, p *crawlv1alpha1.Proxy, o
 		// Metadata-only changes do not pass the Proxy predicate: look again now.
 		result.RequeueAfter = time.Millisecond
 	case ActionRemoveFinalizer:
+		if err := r.deleteRecord(ctx, o.instanceName); err != nil {
+			return result, err
+		}
 		controllerutil.RemoveFinalizer(p, crawlv1alpha1.Finalizer)
 		if err := r.Client.Update(ctx, p); err != nil {
 			return result, fmt.Errorf("removing finalizer: %w", err)
@@ -267,9 +282,11 @@ func (r *ProxyReconciler) execute(ctx context.Context, p *crawlv1alpha1.Proxy, o
 	case ActionCreate:
 		req := providers.CreateRequest{
 			Proxy: p, Name: o.instanceName, CloudInit: o.cloudInit, SpecHash: o.desiredHash,
-			Labels: instanceLabels(r.ClusterID, p, o.desiredHash),
+			Labels: instanceLabels(r.ClusterID, p, o.desiredHash), Credentials: o.credentials,
 		}
-		if err := prov.Create(ctx, req); err != nil {
+		if err := r.writeRecord(ctx, p, o); err != nil {
+			a = providerFailure(providers.Transient(err), crawlv1alpha1.PhaseProvisioning)
+		} else if err := prov.Create(ctx, req); err != nil {
 			a = providerFailure(fmt.Errorf("creating instance %s: %w", o.instanceName, err), crawlv1alpha1.PhaseProvisioning)
 		} else {
 			result.RequeueAfter = poll
@@ -293,6 +310,12 @@ func (r *ProxyReconciler) execute(ctx context.Context, p *crawlv1alpha1.Proxy, o
 	}
 	if a.Type == ActionMarkReady && a.Reason == ReasonInstanceRunning {
 		r.budget.release(client.ObjectKeyFromObject(p))
+	}
+	if a.Type == ActionMarkReady && p.Spec.Mode == crawlv1alpha1.ModeManaged && o.instance.SpecHash() == o.desiredHash && !r.recordCurrent(ctx, o) {
+		if err := r.writeRecord(ctx, p, o); err != nil {
+			return reconcile.Result{}, err
+		}
+		log.Info("credentials record written again for the running instance", "instance", o.instanceName)
 	}
 	if a.Recheck > 0 && (result.RequeueAfter == 0 || a.Recheck < result.RequeueAfter) {
 		result.RequeueAfter = a.Recheck
@@ -335,7 +358,7 @@ func eventType(a Action) string {
 		return corev1.EventTypeWarning
 	}
 	switch a.Reason {
-	case ReasonInstanceFailed, ReasonInstanceLost, ReasonUnhealthy, ReasonProbeTargetSuspect, ReasonReplacementsBusy:
+	case ReasonInstanceFailed, ReasonInstanceLost, ReasonUnhealthy, ReasonProbeTargetSuspect, ReasonReplacementsBusy, ReasonCredentialsError:
 		return corev1.EventTypeWarning
 	}
 	return corev1.EventTypeNormal
@@ -354,6 +377,9 @@ func (r *ProxyReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}); err != nil {
 		return fmt.Errorf("indexing Proxies by cloud-init Secret: %w", err)
 	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &crawlv1alpha1.Proxy{}, credentialsIndex, credentialsSource); err != nil {
+		return fmt.Errorf("indexing Proxies by their credentials: %w", err)
+	}
 	workers := r.Workers
 	if workers == 0 {
 		workers = DefaultMaxConcurrentReconciles
@@ -362,7 +388,8 @@ func (r *ProxyReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Named("proxy").
 		WithOptions(controller.Options{MaxConcurrentReconciles: workers}).
 		For(&crawlv1alpha1.Proxy{}, builder.WithPredicates(ProxyChangePredicate())).
-		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.proxiesUsingSecret))
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.proxiesUsingSecret)).
+		WatchesRawSource(source.Kind[client.Object](r.CredentialsCache, &corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.proxiesUsingCredentials)))
 	if r.Triggers != nil {
 		b = b.WatchesRawSource(source.Channel(r.Triggers, &handler.EnqueueRequestForObject{}))
 	}

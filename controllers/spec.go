@@ -12,21 +12,24 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/credentials"
 )
 
 // specHash hashes exactly the fields whose change replaces the instance:
-// provider, port, placement and the cloud-init content (resolved, so
-// rotating a Secret's content counts as a change). Attributes and health
+// provider, port, placement, the cloud-init content (resolved, so rotating
+// a Secret's content counts as a change) and the credentials' fingerprint
+// (so does a new password). Attributes and health
 // check overrides are left out: they never need a new instance. 16 hex
 // characters fit every label-value limit with room to spare.
-func specHash(spec *crawlv1alpha1.ProxySpec, cloudInit string) string {
+func specHash(spec *crawlv1alpha1.ProxySpec, cloudInit string, creds credentials.Credentials) string {
 	// encoding/json writes map keys sorted, so equal specs hash equally.
 	doc, err := json.Marshal(struct {
 		Provider  string                   `json:"provider"`
 		Port      int32                    `json:"port"`
 		Placement *crawlv1alpha1.Placement `json:"placement,omitempty"`
 		CloudInit string                   `json:"cloudInit,omitempty"`
-	}{spec.Provider, spec.Port, spec.Placement, cloudInit})
+		Auth      string                   `json:"auth,omitempty"`
+	}{spec.Provider, spec.Port, spec.Placement, cloudInit, creds.Fingerprint()})
 	if err != nil {
 		// Marshalling strings, ints and string maps cannot fail.
 		panic(fmt.Sprintf("hashing a Proxy spec: %v", err))

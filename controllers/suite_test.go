@@ -21,6 +21,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/credentials"
 	"github.com/example/egress-proxies-operator/providers"
 	"github.com/example/egress-proxies-operator/providers/kubernetes"
 	"github.com/example/egress-proxies-operator/test/testenv"
@@ -94,8 +95,24 @@ func startReconciler(t *testing.T, env *testenv.Env, newProviders func(client.Cl
 		ClusterID:    testClusterID,
 		Recorder:     mgr.GetEventRecorder("egress-proxies-operator"),
 		PollInterval: 100 * time.Millisecond,
+
+		CredentialsCache: credentialsCache(t, mgr), CredentialsNamespace: testCredentialsNamespace,
 	}).SetupWithManager(mgr))
 	startManager(t, mgr)
+}
+
+// testCredentialsNamespace plays the operator's namespace, where the
+// reconciler keeps generated credentials and instance records.
+const testCredentialsNamespace = "default"
+
+// credentialsCache is the operator's cache of credentials Secrets, added to
+// mgr as main adds it.
+func credentialsCache(t *testing.T, mgr manager.Manager) cache.Cache {
+	t.Helper()
+	c, err := cache.New(mgr.GetConfig(), credentials.CacheOptions(cache.Options{Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper()}))
+	require.NoError(t, err)
+	require.NoError(t, mgr.Add(c))
+	return c
 }
 
 // fakeKubelet stands in for the kubelet envtest does not have: it marks proxy

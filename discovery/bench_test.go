@@ -92,7 +92,7 @@ func percentile(lat []time.Duration, p float64) time.Duration {
 // fixed JSON body of the same shape: the ratio is what the API costs over
 // the HTTP stack itself.
 func BenchmarkLeaseRelease10k(b *testing.B) {
-	view := NewView(nil)
+	view := NewView(nil, "operator-ns")
 	for i := range benchProxies {
 		p := &crawlv1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: "bench", Name: fmt.Sprintf("px-%05d", i)},
 			Spec:   crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeExternal, Attributes: map[string]string{"geo": "eu"}},

@@ -21,6 +21,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/utils/clock"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/example/egress-proxies-operator/credentials"
 )
 
 // Defaults for the discovery flags.
@@ -91,6 +93,48 @@ type Options struct {
 	WaitForTokens func(ctx context.Context) bool
 	// Clock stamps leases; tests inject a fake one.
 	Clock clock.WithTicker
+	// Credentials reads proxies' credentials, which leases and listings
+	// carry when the API is authenticated. Nil: shown without them.
+	Credentials CredentialsLookup
+}
+
+// CredentialsLookup reads a proxy's credentials (credentials.Reader over
+// the operator's cache of credentials Secrets).
+type CredentialsLookup interface {
+	Lookup(ctx context.Context, ref credentials.Ref) (credentials.Credentials, error)
+}
+
+// Why a proxy is shown without its credentials.
+const (
+	withheldUnauthenticated = "the discovery API is unauthenticated, so it never hands out proxy credentials: create its token Secret (see docs/security.md) and send Authorization: Bearer <token>"
+	withheldUnavailable     = "the proxy's credentials cannot be read right now; lease another or retry"
+)
+
+// withCredentials fills in a proxy's credentials, or says why it does not:
+// only an authenticated API hands them out.
+func (s *Server) withCredentials(ctx context.Context, info *ProxyInfo) {
+	if !info.hasCreds {
+		return
+	}
+	if _, required := s.opts.Tokens.Token(); !required {
+		info.CredentialsWithheld = withheldUnauthenticated
+		return
+	}
+	if s.opts.Credentials == nil {
+		info.CredentialsWithheld = withheldUnavailable
+		return
+	}
+	c, err := s.opts.Credentials.Lookup(ctx, info.creds)
+	if err != nil {
+		warn(logf.FromContext(ctx), "proxy credentials unavailable", "proxy", info.ID, "error", err.Error())
+		info.CredentialsWithheld = withheldUnavailable
+		return
+	}
+	info.Username, info.Password = c.Username, c.Password
+	if info.URL != "" {
+		u := url.URL{Scheme: "http", User: c.Userinfo(), Host: net.JoinHostPort(info.IP, strconv.Itoa(int(info.Port)))}
+		info.URL = u.String()
+	}
 }
 
 // Server is the discovery HTTP API.
@@ -201,7 +245,11 @@ func (s *Server) listProxies(w http.ResponseWriter, r *http.Request, _ httproute
 		return writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
 	}
 	snap := s.opts.Store.Snapshot(s.opts.Clock.Now())
-	return writeJSON(w, http.StatusOK, map[string]any{"proxies": s.opts.View.list(sel, healthy, snap.Leases)})
+	proxies := s.opts.View.list(sel, healthy, snap.Leases)
+	for i := range proxies {
+		s.withCredentials(r.Context(), &proxies[i])
+	}
+	return writeJSON(w, http.StatusOK, map[string]any{"proxies": proxies})
 }
 
 // leaseRequest is the body of POST /v1/leases.
@@ -264,16 +312,16 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request, _ httproute
 	if err != nil {
 		return writeError(w, http.StatusInternalServerError, "internal", err.Error())
 	}
-	return writeJSON(w, http.StatusCreated, s.leaseView(lease))
+	return writeJSON(w, http.StatusCreated, s.leaseView(r.Context(), lease))
 }
 
-func (s *Server) getLease(w http.ResponseWriter, _ *http.Request, ps httprouter.Params) int {
+func (s *Server) getLease(w http.ResponseWriter, r *http.Request, ps httprouter.Params) int {
 	now := s.opts.Clock.Now()
 	lease, err := s.opts.Store.Get(ps.ByName("id"), now)
 	if err != nil {
 		return leaseNotFound(w, ps.ByName("id"))
 	}
-	return writeJSON(w, http.StatusOK, s.leaseView(lease))
+	return writeJSON(w, http.StatusOK, s.leaseView(r.Context(), lease))
 }
 
 func (s *Server) releaseLease(w http.ResponseWriter, _ *http.Request, ps httprouter.Params) int {
@@ -313,7 +361,7 @@ func (s *Server) renewLease(w http.ResponseWriter, r *http.Request, ps httproute
 	if lease, err = s.opts.Store.Renew(lease.ID, ttl, now); err != nil {
 		return leaseNotFound(w, ps.ByName("id"))
 	}
-	return writeJSON(w, http.StatusOK, s.leaseView(lease))
+	return writeJSON(w, http.StatusOK, s.leaseView(r.Context(), lease))
 }
 
 // reportRequest is the body of POST /v1/leases/{id}/report.
@@ -354,11 +402,12 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request, ps httprouter.Pa
 
 // leaseView shows a lease with its proxy as it is now; a proxy deleted since
 // shows its id only, and healthy false.
-func (s *Server) leaseView(l Lease) leaseResponse {
+func (s *Server) leaseView(ctx context.Context, l Lease) leaseResponse {
 	info, ok := s.opts.View.lookup(l.ProxyID, s.opts.Store.Leases(l.ProxyID))
 	if !ok {
 		info = ProxyInfo{ID: l.ProxyID, Attributes: map[string]string{}}
 	}
+	s.withCredentials(ctx, &info)
 	resp := leaseResponse{LeaseID: l.ID, Proxy: info, Target: l.Target, ExpiresAt: l.ExpiresAt.UTC(), State: LeaseActive}
 	if why := s.opts.View.unavailable(l.ProxyID); why != "" {
 		resp.State, resp.Reason = LeaseProxyUnavailable, why

@@ -35,7 +35,7 @@ type tokenVar struct{ value string }
 func (v *tokenVar) Token() (string, bool) { return v.value, v.value != "" }
 
 func newFixture(t *testing.T) *fixture {
-	f := &fixture{t: t, view: NewView(nil), store: NewMemoryStore(), clock: clocktesting.NewFakeClock(time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)), token: &tokenVar{}}
+	f := &fixture{t: t, view: NewView(nil, "operator-ns"), store: NewMemoryStore(), clock: clocktesting.NewFakeClock(time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)), token: &tokenVar{}}
 	f.srv = NewServer(Options{
 		DefaultTTL: DefaultTTL, MaxTTL: DefaultMaxTTL, DefaultCooldown: DefaultCooldown,
 		Store: f.store, View: f.view, Tokens: f.token, Clock: f.clock,
@@ -333,7 +333,7 @@ func TestAuth(t *testing.T) {
 
 func TestReadyz(t *testing.T) {
 	synced := false
-	srv := NewServer(Options{Store: NewMemoryStore(), View: NewView(nil), Tokens: StaticToken(""), Ready: func() bool { return synced },
+	srv := NewServer(Options{Store: NewMemoryStore(), View: NewView(nil, "operator-ns"), Tokens: StaticToken(""), Ready: func() bool { return synced },
 		DefaultTTL: DefaultTTL, MaxTTL: DefaultMaxTTL, DefaultCooldown: DefaultCooldown})
 	rec := httptest.NewRecorder()
 	srv.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
@@ -374,7 +374,7 @@ func (h *flippableHealth) Generation() uint64 { return h.gen }
 func TestCandidateCacheFollowsVerdicts(t *testing.T) {
 	f := newFixture(t)
 	h := &flippableHealth{healthy: map[string]bool{"crawl/eu-1": true}}
-	f.view = NewView(h)
+	f.view = NewView(h, "operator-ns")
 	f.srv.opts.View = f.view
 	f.proxy("eu-1", "127.0.0.11", true, nil)
 

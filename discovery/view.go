@@ -15,6 +15,7 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/credentials"
 )
 
 // HealthSource says whether a proxy passes its probes. The health engine
@@ -41,6 +42,9 @@ type entry struct {
 	// serving: Ready phase with an address. statusHealthy: the Healthy
 	// condition is True.
 	serving, statusHealthy bool
+	// creds is where the proxy's credentials are; hasCreds false: none.
+	creds    credentials.Ref
+	hasCreds bool
 }
 
 // View is discovery's in-memory index of Proxies, fed by the manager's
@@ -48,6 +52,9 @@ type entry struct {
 // server or deep-copy cached objects.
 type View struct {
 	health HealthSource
+	// credentialsNamespace is the operator's, where Managed proxies'
+	// credentials records are.
+	credentialsNamespace string
 
 	mu         sync.RWMutex
 	entries    map[string]*entry
@@ -65,9 +72,10 @@ type cachedCandidates struct {
 	ids                []string
 }
 
-// NewView returns an empty view; feed it with Handler.
-func NewView(health HealthSource) *View {
-	return &View{health: health, entries: map[string]*entry{}, cache: map[string]cachedCandidates{}}
+// NewView returns an empty view; feed it with Handler. credentialsNamespace
+// is the operator's namespace, where Managed proxies' credentials are kept.
+func NewView(health HealthSource, credentialsNamespace string) *View {
+	return &View{health: health, credentialsNamespace: credentialsNamespace, entries: map[string]*entry{}, cache: map[string]cachedCandidates{}}
 }
 
 // Handler is the informer event handler that keeps the view current.
@@ -92,6 +100,7 @@ func (v *View) upsert(obj any) {
 		return
 	}
 	e := entryOf(p)
+	e.creds, e.hasCreds = credentials.RefFor(p, v.credentialsNamespace)
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if _, exists := v.entries[e.id]; !exists {
@@ -166,17 +175,30 @@ func (v *View) healthy(e *entry) bool {
 
 // ProxyInfo is a proxy as the API shows it.
 type ProxyInfo struct {
-	ID           string            `json:"id"`
-	IP           string            `json:"ip"`
-	Port         int32             `json:"port"`
-	URL          string            `json:"url"`
-	Attributes   map[string]string `json:"attributes"`
-	Healthy      bool              `json:"healthy"`
-	ActiveLeases int               `json:"activeLeases"`
+	ID   string `json:"id"`
+	IP   string `json:"ip"`
+	Port int32  `json:"port"`
+	// URL carries the credentials when the API is authenticated and the
+	// proxy has them: http://username:password@ip:port.
+	URL string `json:"url"`
+	// Username and Password are the proxy's credentials, for clients that
+	// take them apart from the URL; only from an authenticated API.
+	Username string `json:"username,omitempty"`
+	Password string `json:"password,omitempty"`
+	// CredentialsWithheld says why a proxy that requires credentials is
+	// shown without them.
+	CredentialsWithheld string            `json:"credentialsWithheld,omitempty"`
+	Attributes          map[string]string `json:"attributes"`
+	Healthy             bool              `json:"healthy"`
+	ActiveLeases        int               `json:"activeLeases"`
+
+	creds    credentials.Ref
+	hasCreds bool
 }
 
 func (v *View) info(e *entry, leases int) ProxyInfo {
-	info := ProxyInfo{ID: e.id, IP: e.ip, Port: e.port, Attributes: e.attributes, Healthy: v.healthy(e), ActiveLeases: leases}
+	info := ProxyInfo{ID: e.id, IP: e.ip, Port: e.port, Attributes: e.attributes, Healthy: v.healthy(e), ActiveLeases: leases,
+		creds: e.creds, hasCreds: e.hasCreds}
 	if e.ip != "" && e.port != 0 {
 		info.URL = "http://" + net.JoinHostPort(e.ip, strconv.Itoa(int(e.port)))
 	}

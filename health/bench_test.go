@@ -56,8 +56,8 @@ type countingProber struct {
 	done, failed atomic.Int64
 }
 
-func (c *countingProber) Probe(ctx context.Context, addr, target string, timeout time.Duration) Result {
-	r := c.Prober.Probe(ctx, addr, target, timeout)
+func (c *countingProber) Probe(ctx context.Context, req ProbeRequest) Result {
+	r := c.Prober.Probe(ctx, req)
 	if !r.Success {
 		c.failed.Add(1)
 	}

@@ -26,6 +26,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/credentials"
 )
 
 // Settings are how a proxy is probed; the engine's defaults come from flags,
@@ -77,6 +78,16 @@ type Options struct {
 	// proxies that stay Unhealthy. The engine blocks on it, so it must be
 	// read (the reconciler's channel source does).
 	Notify chan<- event.GenericEvent
+	// Credentials looks up the credentials a proxy's probes present, in
+	// CredentialsNamespace for Managed proxies (their instances' records).
+	// Nil probes without credentials.
+	Credentials          CredentialsLookup
+	CredentialsNamespace string
+}
+
+// CredentialsLookup reads a proxy's credentials (credentials.Reader).
+type CredentialsLookup interface {
+	Lookup(ctx context.Context, ref credentials.Ref) (credentials.Credentials, error)
 }
 
 // Engine probes every Ready proxy through the proxy itself, one schedule per
@@ -108,7 +119,12 @@ type target struct {
 	address  string
 	settings Settings
 	managed  bool
-	tracker  tracker
+	// creds is where the proxy's credentials are (hasCreds false: it takes
+	// none); checkOpen probes it without them too.
+	creds     credentials.Ref
+	hasCreds  bool
+	checkOpen bool
+	tracker   tracker
 	// written is the verdict last recorded in status.
 	written Verdict
 	// unhealthySince is when the current Unhealthy verdict began.
@@ -314,6 +330,10 @@ func (e *Engine) track(obj any) {
 	t.address = net.JoinHostPort(p.Status.IP, strconv.Itoa(int(p.Status.Port)))
 	t.settings = settings
 	t.managed = p.Spec.Mode == crawlv1alpha1.ModeManaged
+	t.creds, t.hasCreds = credentials.RefFor(p, e.opts.CredentialsNamespace)
+	// Every Managed proxy must refuse a stranger; an External one is
+	// checked when its spec asks.
+	t.checkOpen = t.managed || p.Spec.External != nil && p.Spec.External.OpenProxyCheck
 	e.recountLocked(t, false)
 	last := t.lastProbe
 	e.mu.Unlock()
@@ -360,10 +380,15 @@ func (e *Engine) work(ctx context.Context) bool {
 	start := e.opts.Clock.Now()
 	e.mu.Lock()
 	t, ok := e.targets[key]
-	var identity, address string
+	var identity string
 	var settings Settings
+	var req ProbeRequest
+	var ref credentials.Ref
+	var hasCreds bool
 	if ok {
-		identity, address, settings = t.identity, t.address, t.settings
+		identity, settings = t.identity, t.settings
+		req = ProbeRequest{ProxyAddr: t.address, Target: settings.URL, Timeout: settings.Timeout, CheckOpen: t.checkOpen}
+		ref, hasCreds = t.creds, t.hasCreds
 		t.lastProbe = start
 	}
 	e.mu.Unlock()
@@ -371,7 +396,19 @@ func (e *Engine) work(ctx context.Context) bool {
 		return true // forgotten while it waited
 	}
 
-	result := e.opts.Prober.Probe(ctx, address, settings.URL, settings.Timeout)
+	var result Result
+	if hasCreds && e.opts.Credentials != nil {
+		creds, err := e.opts.Credentials.Lookup(ctx, ref)
+		if err != nil && !req.CheckOpen {
+			result = Result{Reason: ReasonCredentialsUnavailable, Message: err.Error()}
+		}
+		// A Managed proxy without its record (built before records
+		// existed) is still checked for being open, then probed bare.
+		req.Credentials = creds
+	}
+	if result.Reason == "" {
+		result = e.opts.Prober.Probe(ctx, req)
+	}
 	observeProbe(key, result, e.opts.Clock.Since(start), e.opts.Clock.Now())
 
 	e.mu.Lock()
@@ -456,11 +493,18 @@ func (e *Engine) record(ctx context.Context, key types.NamespacedName, identity 
 const (
 	EventReasonUnhealthy = "Unhealthy"
 	EventReasonHealthy   = "Healthy"
+	// EventReasonOpenProxy is the Warning for a proxy found open.
+	EventReasonOpenProxy = "OpenProxy"
 )
 
 // recordEvent tells a person of a recorded verdict change.
 func (e *Engine) recordEvent(p *crawlv1alpha1.Proxy, v Verdict, decided Result) {
 	if e.opts.Recorder == nil {
+		return
+	}
+	if v == Unhealthy && decided.Reason == ReasonOpenProxy {
+		e.opts.Recorder.Eventf(p, nil, corev1.EventTypeWarning, EventReasonOpenProxy, "Probe",
+			"never leased: %s. Check the proxy's Squid config (a custom cloud-init must require the credentials in metadata key egress-proxy-password-file) and its firewall", decided.Message)
 		return
 	}
 	if v == Unhealthy {

@@ -53,7 +53,8 @@ func (s *scriptedProber) probes(addr string) int64 {
 	return s.counts[addr]
 }
 
-func (s *scriptedProber) Probe(_ context.Context, addr, _ string, _ time.Duration) Result {
+func (s *scriptedProber) Probe(_ context.Context, req ProbeRequest) Result {
+	addr := req.ProxyAddr
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.counts == nil {

@@ -1,6 +1,7 @@
 package health
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -12,6 +13,8 @@ import (
 	"net/url"
 	"syscall"
 	"time"
+
+	"github.com/example/egress-proxies-operator/credentials"
 )
 
 // Reasons a probe fails, as they appear in the Healthy condition and the
@@ -33,6 +36,16 @@ const (
 	ReasonTimeout = "Timeout"
 	// ReasonBadStatus: the target answered with an error status.
 	ReasonBadStatus = "BadStatus"
+	// ReasonProxyAuthRejected: the proxy answered CONNECT with 407 though
+	// the probe presented the proxy's credentials (wrong, or missing from
+	// its password file).
+	ReasonProxyAuthRejected = "ProxyAuthRejected"
+	// ReasonOpenProxy: the proxy tunnelled a CONNECT that carried no
+	// credentials. Anyone who can reach it can use it: it is never leased.
+	ReasonOpenProxy = "OpenProxy"
+	// ReasonCredentialsUnavailable: the proxy's credentials could not be
+	// read, so it could not be probed as a crawler would use it.
+	ReasonCredentialsUnavailable = "CredentialsUnavailable"
 )
 
 // Result is the outcome of one probe.
@@ -45,11 +58,24 @@ type Result struct {
 	Message string
 }
 
+// ProbeRequest is one probe of one proxy.
+type ProbeRequest struct {
+	// ProxyAddr is the proxy's host:port; Target the URL fetched through it
+	// within Timeout.
+	ProxyAddr, Target string
+	Timeout           time.Duration
+	// Credentials are presented to the proxy (Proxy-Authorization); zero
+	// for a proxy that takes none.
+	Credentials credentials.Credentials
+	// CheckOpen first sends a CONNECT without credentials: a proxy that
+	// tunnels it fails the probe with ReasonOpenProxy.
+	CheckOpen bool
+}
+
 // Prober fetches a URL through a proxy.
 type Prober interface {
-	// Probe fetches target through the proxy at proxyAddr (host:port) within
-	// timeout.
-	Probe(ctx context.Context, proxyAddr, target string, timeout time.Duration) Result
+	// Probe performs req.
+	Probe(ctx context.Context, req ProbeRequest) Result
 }
 
 // HTTPProber is the real probe: an HTTPS GET through the proxy, so a CONNECT
@@ -60,6 +86,8 @@ type HTTPProber struct {
 }
 
 type proxyAddrKey struct{}
+
+type proxyAuthKey struct{}
 
 // connectStatusError carries the proxy's answer to CONNECT.
 type connectStatusError struct{ status int }
@@ -78,7 +106,9 @@ func NewHTTPProber(roots *x509.CertPool) *HTTPProber {
 			if addr == "" {
 				return nil, errors.New("probe without a proxy address")
 			}
-			return &url.URL{Scheme: "http", Host: addr}, nil
+			auth, _ := req.Context().Value(proxyAuthKey{}).(*url.Userinfo)
+			// With userinfo, the transport sends Proxy-Authorization on CONNECT.
+			return &url.URL{Scheme: "http", Host: addr, User: auth}, nil
 		},
 		OnProxyConnectResponse: func(_ context.Context, _ *url.URL, _ *http.Request, res *http.Response) error {
 			if res.StatusCode != http.StatusOK {
@@ -95,10 +125,18 @@ func NewHTTPProber(roots *x509.CertPool) *HTTPProber {
 	return &HTTPProber{transport: t}
 }
 
-// Probe performs one probe.
-func (p *HTTPProber) Probe(ctx context.Context, proxyAddr, target string, timeout time.Duration) Result {
-	ctx, cancel := context.WithTimeout(context.WithValue(ctx, proxyAddrKey{}, proxyAddr), timeout)
+// Probe performs one probe: the open-proxy check if asked, then the fetch
+// with the proxy's credentials.
+func (p *HTTPProber) Probe(ctx context.Context, pr ProbeRequest) Result {
+	target := pr.Target
+	ctx, cancel := context.WithTimeout(context.WithValue(ctx, proxyAddrKey{}, pr.ProxyAddr), pr.Timeout)
 	defer cancel()
+	if pr.CheckOpen {
+		if open, msg := tunnelsWithoutCredentials(ctx, pr.ProxyAddr, target); open {
+			return Result{Reason: ReasonOpenProxy, Message: msg}
+		}
+	}
+	ctx = context.WithValue(ctx, proxyAuthKey{}, pr.Credentials.Userinfo())
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
 	if err != nil {
 		return Result{Reason: ReasonBadStatus, Message: fmt.Sprintf("probe URL %q: %v", target, err)}
@@ -134,6 +172,8 @@ func classify(ctx context.Context, err error) Result {
 		return Result{Reason: ReasonTimeout, Message: fmt.Sprintf("no answer within the timeout: %v", err)}
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return Result{Reason: ReasonConnectRefused, Message: fmt.Sprintf("connecting to the proxy: %v", err)}
+	case errors.As(err, &connectErr) && connectErr.status == http.StatusProxyAuthRequired && authenticated(ctx):
+		return Result{Reason: ReasonProxyAuthRejected, Message: connectErr.Error() + " to the proxy's credentials"}
 	case errors.As(err, &connectErr) && (connectErr.status == http.StatusForbidden || connectErr.status == http.StatusProxyAuthRequired):
 		return Result{Reason: ReasonProxyRefusedConnect, Message: connectErr.Error()}
 	case errors.As(err, &connectErr):
@@ -144,4 +184,47 @@ func classify(ctx context.Context, err error) Result {
 	default:
 		return Result{Reason: ReasonTunnelFailed, Message: fmt.Sprintf("through the proxy: %v", err)}
 	}
+}
+
+func authenticated(ctx context.Context) bool {
+	auth, _ := ctx.Value(proxyAuthKey{}).(*url.Userinfo)
+	return auth != nil
+}
+
+// tunnelsWithoutCredentials sends the proxy a CONNECT to target's host with
+// no Proxy-Authorization and says whether it opened the tunnel. Anything
+// but a 200 (a 407, a 403, no answer) is not open; the probe that follows
+// says what else is wrong.
+func tunnelsWithoutCredentials(ctx context.Context, proxyAddr, target string) (bool, string) {
+	u, err := url.Parse(target)
+	if err != nil || u.Host == "" {
+		return false, ""
+	}
+	hostport := u.Host
+	if u.Port() == "" {
+		hostport = net.JoinHostPort(u.Hostname(), "443")
+	}
+	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", proxyAddr)
+	if err != nil {
+		return false, ""
+	}
+	defer conn.Close()
+	if deadline, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(deadline)
+	}
+	req := &http.Request{Method: http.MethodConnect, URL: &url.URL{Opaque: hostport}, Host: hostport, Header: http.Header{
+		"User-Agent": {"egress-proxies-operator-health/1"},
+	}}
+	if err := req.Write(conn); err != nil {
+		return false, ""
+	}
+	res, err := http.ReadResponse(bufio.NewReader(conn), req)
+	if err != nil {
+		return false, ""
+	}
+	_ = res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		return false, ""
+	}
+	return true, fmt.Sprintf("the proxy tunnelled a CONNECT to %s that carried no credentials (%s): anyone who can reach it can use it", hostport, res.Status)
 }

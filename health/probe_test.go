@@ -89,7 +89,7 @@ func TestProbeThroughRealSquid(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got := tc.prober.Probe(ctx, tc.proxy, tc.url, tc.timeout)
+			got := tc.prober.Probe(ctx, ProbeRequest{ProxyAddr: tc.proxy, Target: tc.url, Timeout: tc.timeout})
 			assert.Equal(t, tc.want, got.Reason, "message: %s", got.Message)
 			assert.Equal(t, tc.want == ReasonProbeSucceeded, got.Success)
 			assert.NotEmpty(t, got.Message)

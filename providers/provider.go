@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/credentials"
 )
 
 // Provider runs the instances that back Managed proxies. Implementations
@@ -113,7 +114,15 @@ type CreateRequest struct {
 	// SpecHash is the hash of the replacement-forcing spec fields; GCE's
 	// requestId is derived from it and the Proxy's UID.
 	SpecHash string
+	// Credentials are what every client must present, in addition to
+	// coming from an allowed source range. Never empty: a provider must
+	// refuse to build an instance without them.
+	Credentials credentials.Credentials
 }
+
+// ErrNoCredentials is a provider's answer to a CreateRequest without
+// credentials: it never builds an open proxy.
+var ErrNoCredentials = Terminal("no proxy credentials in the create request: the operator never builds a proxy without them")
 
 // Errors a provider returns, so the reconciler can tell "gone" from "try
 // again" from "stop and tell the user". Wrap them with context; match them
@@ -176,4 +185,26 @@ func sanitize(s string) string {
 		}
 		return '-'
 	}, strings.ToLower(s))
+}
+
+// Firewalled is implemented by providers whose instances are reachable from
+// outside the cluster, behind a firewall rule the operator keeps: one per
+// provider instance, kept in line with its config and removed when the
+// provider instance leaves the config.
+type Firewalled interface {
+	// EnsureFirewall creates or updates this provider instance's rule.
+	EnsureFirewall(ctx context.Context, clusterID string) error
+	// StrayFirewalls lists rules the operator of clusterID made, in the
+	// places this provider instance reaches, for provider instances keep
+	// rejects.
+	StrayFirewalls(ctx context.Context, clusterID string, keep func(provider string) bool) ([]FirewallRule, error)
+	// DeleteFirewall deletes a rule StrayFirewalls returned.
+	DeleteFirewall(ctx context.Context, rule FirewallRule) error
+}
+
+// FirewallRule is one rule a Firewalled provider made.
+type FirewallRule struct {
+	// Name of the rule, Provider the provider instance it was made for,
+	// Location where it lives (a project), for logs.
+	Name, Provider, Location string
 }

@@ -53,6 +53,7 @@ const (
 // +kubebuilder:validation:XValidation:rule="self.mode != 'Managed' || !has(self.external)",message="spec.external is forbidden when spec.mode is Managed: the provider assigns the address"
 // +kubebuilder:validation:XValidation:rule="self.mode != 'External' || !has(self.placement)",message="spec.placement is forbidden when spec.mode is External: only Managed proxies are placed"
 // +kubebuilder:validation:XValidation:rule="self.mode != 'External' || !has(self.cloudInit)",message="spec.cloudInit is forbidden when spec.mode is External: only Managed proxies are provisioned"
+// +kubebuilder:validation:XValidation:rule="self.mode != 'External' || !has(self.credentials)",message="spec.credentials is forbidden when spec.mode is External: declare an External proxy's credentials in spec.external.credentials"
 type ProxySpec struct {
 	// mode is Managed (the operator provisions the proxy through spec.provider)
 	// or External (the proxy runs elsewhere at spec.external; the operator only
@@ -101,6 +102,15 @@ type ProxySpec struct {
 	// the instance. Forbidden when mode is External.
 	// +optional
 	CloudInit *CloudInit `json:"cloudInit,omitempty"`
+
+	// credentials names the Secret whose username and password this Managed
+	// proxy requires of every client, instead of the credentials the
+	// operator generates for its provider instance. Authentication is
+	// always required, in addition to the provider's source ranges; a new
+	// password in the Secret replaces the instance. Forbidden when mode is
+	// External (see spec.external.credentials).
+	// +optional
+	Credentials *CredentialsSource `json:"credentials,omitempty"`
 
 	// external is where an External proxy is reached. Required when mode is
 	// External, forbidden when mode is Managed.
@@ -192,6 +202,38 @@ type ExternalEndpoint struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=65535
 	Port int32 `json:"port,omitempty"`
+
+	// credentials the proxy requires, if any: probes authenticate with
+	// them, and discovery hands them to authenticated clients.
+	// +optional
+	Credentials *CredentialsSource `json:"credentials,omitempty"`
+
+	// openProxyCheck also probes the proxy without credentials, as every
+	// Managed proxy is: one that tunnels an unauthenticated CONNECT is
+	// Unhealthy with reason OpenProxy and never leased. Off by default, as
+	// an External proxy may be open by design (on a private network).
+	// +optional
+	OpenProxyCheck bool `json:"openProxyCheck,omitempty"`
+}
+
+// CredentialsSource says where a proxy's credentials are kept.
+type CredentialsSource struct {
+	// secretRef names a Secret in the Proxy's namespace holding the keys
+	// username and password (the kubernetes.io/basic-auth layout; the
+	// password 16-72 printable characters). The Secret must carry the label
+	// crawl.example.com/proxy-credentials: "true", or the operator cannot
+	// see it.
+	// +required
+	SecretRef LocalSecretReference `json:"secretRef"`
+}
+
+// LocalSecretReference names a Secret in the Proxy's namespace.
+type LocalSecretReference struct {
+	// name of the Secret.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
 }
 
 // HealthCheck overrides how the operator probes one proxy. Unset fields take

@@ -27,6 +27,16 @@ const (
 	// The manager's cache holds only Secrets with this label set to "true", so
 	// an unlabelled Secret is invisible to the operator by design.
 	LabelCloudInit = "crawl.example.com/cloud-init"
+
+	// LabelCredentials marks a Secret holding proxy credentials. The
+	// operator watches only Secrets with this label set to "true": the ones
+	// it generates per provider instance, the record of what each Managed
+	// instance was built with, and the ones Proxies name.
+	LabelCredentials = "crawl.example.com/proxy-credentials"
+	// LabelCredentialsRole tells the operator's own credentials Secrets
+	// apart: "provider" (generated for a provider instance) or "instance"
+	// (what one Managed instance was built with). A user's Secret has none.
+	LabelCredentialsRole = "crawl.example.com/credentials-role"
 )
 
 // Finalizer keeps a Managed Proxy in the API until its provider instance is

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -52,8 +53,12 @@ type Settings struct {
 	// attached). Attaching one needs roles/iam.serviceAccountUser.
 	ServiceAccount string   `json:"serviceAccount,omitempty"`
 	Scopes         []string `json:"scopes,omitempty"`
-	// NetworkTags select the firewall rules that open the proxy port.
+	// NetworkTags are extra network tags on every VM. The operator adds
+	// its own (TargetTag), which its firewall rule targets.
 	NetworkTags []string `json:"networkTags,omitempty"`
+	// Firewall is the ingress rule the operator keeps for these VMs.
+	// Required.
+	Firewall *FirewallSettings `json:"firewall"`
 	// Labels are extra GCE labels on every VM (for billing, say).
 	Labels map[string]string `json:"labels,omitempty"`
 	// Endpoint overrides the Compute API endpoint (private endpoints, tests).
@@ -71,9 +76,13 @@ type Provider struct {
 	settings  Settings
 	timeout   time.Duration
 	instances *compute.InstancesClient
+	firewalls *compute.FirewallsClient
 }
 
-var _ providers.Provider = (*Provider)(nil)
+var (
+	_ providers.Provider   = (*Provider)(nil)
+	_ providers.Firewalled = (*Provider)(nil)
+)
 
 var gceLabelPattern = regexp.MustCompile(`^[a-z][-_a-z0-9]{0,62}$`)
 var gceLabelValuePattern = regexp.MustCompile(`^[-_a-z0-9]{0,63}$`)
@@ -110,6 +119,9 @@ func NewWithClientOptions(name string, s Settings, opts ...option.ClientOption) 
 			errs = append(errs, fmt.Errorf("settings.labels[%q]: GCE labels are lowercase letters, digits, '-' and '_' (keys start with a letter, at most 63 characters), and keys starting with crawl- are the operator's", k))
 		}
 	}
+	if err := s.Firewall.validate(); err != nil {
+		errs = append(errs, err)
+	}
 	timeout := DefaultRequestTimeout
 	if s.RequestTimeout != "" {
 		d, err := time.ParseDuration(s.RequestTimeout)
@@ -121,15 +133,20 @@ func NewWithClientOptions(name string, s Settings, opts ...option.ClientOption) 
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	client, err := compute.NewInstancesRESTClient(context.Background(), opts...)
+	instances, err := compute.NewInstancesRESTClient(context.Background(), opts...)
 	if err != nil {
 		return nil, fmt.Errorf("creating the Compute Engine client (credentials are Application Default Credentials): %w", err)
 	}
-	return &Provider{name: name, settings: s, timeout: timeout, instances: client}, nil
+	firewalls, err := compute.NewFirewallsRESTClient(context.Background(), opts...)
+	if err != nil {
+		_ = instances.Close()
+		return nil, fmt.Errorf("creating the Compute Engine firewalls client: %w", err)
+	}
+	return &Provider{name: name, settings: s, timeout: timeout, instances: instances, firewalls: firewalls}, nil
 }
 
-// Close releases the client's connections.
-func (p *Provider) Close() error { return p.instances.Close() }
+// Close releases the clients' connections.
+func (p *Provider) Close() error { return errors.Join(p.instances.Close(), p.firewalls.Close()) }
 
 // placement is a Proxy's placement with the instance defaults applied.
 type placement struct {
@@ -182,10 +199,17 @@ func (p *Provider) resolvePlacement(proxy *crawlv1alpha1.Proxy) (placement, erro
 	return pl, nil
 }
 
-// Validate checks the placement without calling the API.
+// Validate checks the placement, and that the firewall opens the Proxy's
+// port, without calling the API.
 func (p *Provider) Validate(proxy *crawlv1alpha1.Proxy) error {
-	_, err := p.resolvePlacement(proxy)
-	return err
+	if _, err := p.resolvePlacement(proxy); err != nil {
+		return err
+	}
+	if ports := p.settings.Firewall.ports(); !slices.Contains(ports, proxy.Spec.Port) {
+		return providers.Terminal("spec.port %d is not opened by gcp provider %s's firewall (settings.firewall.ports: %v): use one of those ports or add it to the providers config",
+			proxy.Spec.Port, p.name, ports)
+	}
+	return nil
 }
 
 // Get reads the VM in the Proxy's zone, and searches every zone when it is
@@ -226,6 +250,20 @@ func (p *Provider) Create(ctx context.Context, req providers.CreateRequest) erro
 	if err != nil {
 		return err
 	}
+	if req.Credentials.IsZero() {
+		return providers.ErrNoCredentials
+	}
+	passwordFile, err := req.Credentials.PasswordFile()
+	if err != nil {
+		return providers.Terminal("%v", err)
+	}
+	userData := req.CloudInit
+	if userData == "" {
+		if userData, err = p.renderCloudInit(req, passwordFile); err != nil {
+			return err
+		}
+	}
+	vm := p.vm(req, pl, userData, passwordFile)
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
 	for attempt := range maxRequestIDs {
@@ -233,7 +271,7 @@ func (p *Provider) Create(ctx context.Context, req providers.CreateRequest) erro
 			Project:          p.settings.Project,
 			Zone:             pl.zone,
 			RequestId:        proto.String(RequestID(string(req.Proxy.UID), req.SpecHash, attempt)),
-			InstanceResource: p.vm(req, pl),
+			InstanceResource: vm,
 		})
 		if err != nil {
 			if isAlreadyExists(err) {
@@ -324,9 +362,11 @@ func (p *Provider) aggregatedList(ctx context.Context, filter string) ([]provide
 }
 
 // vm is the instance resource for req: one interface with an ephemeral
-// external IP (ONE_TO_ONE_NAT, no fixed address), cloud-init as user-data,
-// the operator's labels, and the configured network tags and service account.
-func (p *Provider) vm(req providers.CreateRequest, pl placement) *computepb.Instance {
+// external IP (ONE_TO_ONE_NAT, no fixed address), the cloud-init as
+// user-data and the password file beside it, the operator's labels, its
+// network tag (which its firewall rule targets) with the configured ones,
+// and the configured service account.
+func (p *Provider) vm(req providers.CreateRequest, pl placement, userData, passwordFile string) *computepb.Instance {
 	s := p.settings
 	labels := toGCELabels(req.Labels)
 	labels[gceLabelKeys[crawlv1alpha1.LabelProvider]] = p.name
@@ -363,11 +403,10 @@ func (p *Provider) vm(req providers.CreateRequest, pl placement) *computepb.Inst
 		}},
 		NetworkInterfaces: []*computepb.NetworkInterface{iface},
 		Metadata: &computepb.Metadata{Items: []*computepb.Items{
-			{Key: proto.String("user-data"), Value: proto.String(req.CloudInit)},
+			{Key: proto.String("user-data"), Value: proto.String(userData)},
+			{Key: proto.String(passwordFileMetadataKey), Value: proto.String(passwordFile)},
 		}},
-	}
-	if len(s.NetworkTags) > 0 {
-		vm.Tags = &computepb.Tags{Items: s.NetworkTags}
+		Tags: &computepb.Tags{Items: append([]string{TargetTag(p.name)}, s.NetworkTags...)},
 	}
 	if s.ServiceAccount != "" {
 		vm.ServiceAccounts = []*computepb.ServiceAccount{{Email: proto.String(s.ServiceAccount), Scopes: s.Scopes}}

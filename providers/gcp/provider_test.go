@@ -18,6 +18,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/credentials"
 	"github.com/example/egress-proxies-operator/providers"
 	"github.com/example/egress-proxies-operator/providers/gcp/fakecompute"
 )
@@ -32,7 +33,8 @@ func newFake(t *testing.T, mutate ...func(*Settings)) (*fakecompute.Server, *clo
 	fake := fakecompute.New(clk, timings)
 	t.Cleanup(fake.Close)
 	s := Settings{Project: "crawl-prod", Zone: "europe-west1-b", NetworkTags: []string{"egress-proxy"},
-		Labels: map[string]string{"team": "crawl"}, RequestTimeout: "2s"}
+		Labels: map[string]string{"team": "crawl"}, RequestTimeout: "2s",
+		Firewall: &FirewallSettings{SourceRanges: []string{"198.51.100.0/24", "203.0.113.0/24"}}}
 	for _, m := range mutate {
 		m(&s)
 	}
@@ -58,11 +60,22 @@ func createRequest(p *crawlv1alpha1.Proxy, hash string) providers.CreateRequest 
 	name := providers.InstanceName("cluster-1", p.Namespace, p.Name)
 	return providers.CreateRequest{
 		Proxy: p, Name: name, CloudInit: "#cloud-config\npackages: [squid]\n", SpecHash: hash,
+		Credentials: testCredentials,
 		Labels: map[string]string{
 			crawlv1alpha1.LabelClusterID: "cluster-1", crawlv1alpha1.LabelOwnerNamespace: p.Namespace,
 			crawlv1alpha1.LabelOwnerName: p.Name, crawlv1alpha1.LabelOwnerUID: string(p.UID), crawlv1alpha1.LabelSpecHash: hash,
 		},
 	}
+}
+
+var testCredentials = credentials.Credentials{Username: "crawler", Password: "correct-horse-battery-staple"}
+
+func fw(ranges ...string) map[string]any {
+	out := make([]any, len(ranges))
+	for i, r := range ranges {
+		out[i] = r
+	}
+	return map[string]any{"sourceRanges": out}
 }
 
 func TestSettings(t *testing.T) {
@@ -71,7 +84,12 @@ func TestSettings(t *testing.T) {
 		raw  map[string]any
 		want string
 	}{
-		{"project missing", map[string]any{"zone": "europe-west1-b"}, "settings.project is required"},
+		{"project missing", map[string]any{"zone": "europe-west1-b", "firewall": fw("10.0.0.0/8")}, "settings.project is required"},
+		{"firewall missing", map[string]any{"project": "p"}, "settings.firewall.sourceRanges is required"},
+		{"firewall without ranges", map[string]any{"project": "p", "firewall": map[string]any{"sourceRanges": []any{}}}, "settings.firewall.sourceRanges is required"},
+		{"firewall open to the internet", map[string]any{"project": "p", "firewall": fw("203.0.113.0/24", "0.0.0.0/0")}, `settings.firewall.sourceRanges[1]: "0.0.0.0/0" is the whole internet`},
+		{"firewall open to the IPv6 internet", map[string]any{"project": "p", "firewall": fw("::/0")}, `settings.firewall.sourceRanges[0]: "::/0" is the whole internet`},
+		{"firewall range not a CIDR", map[string]any{"project": "p", "firewall": fw("10.0.0.1")}, `settings.firewall.sourceRanges[0]: "10.0.0.1" is not a CIDR`},
 		{"unknown field", map[string]any{"project": "p", "credentialsFile": "/key.json"}, `unknown field "credentialsFile"`},
 		{"no auth without an endpoint", map[string]any{"project": "p", "withoutAuthentication": true}, "settings.withoutAuthentication needs settings.endpoint"},
 		{"bad label", map[string]any{"project": "p", "labels": map[string]any{"Team": "crawl"}}, `settings.labels["Team"]`},
@@ -135,7 +153,7 @@ func TestLifecycle(t *testing.T) {
 	require.Len(t, ac, 1)
 	assert.Equal(t, "ONE_TO_ONE_NAT", ac[0].GetType())
 	assert.Empty(t, ac[0].GetNatIP(), "ephemeral: the request names no address")
-	assert.Equal(t, []string{"egress-proxy"}, vm.GetTags().GetItems())
+	assert.Equal(t, []string{TargetTag("gcp-eu"), "egress-proxy"}, vm.GetTags().GetItems(), "the operator's tag, which its firewall rule targets, then the configured ones")
 	assert.Equal(t, map[string]string{
 		"crawl-cluster-id": "cluster-1", "crawl-owner-namespace": "crawl", "crawl-owner-name": "eu-1",
 		"crawl-owner-uid": string(proxy.UID), "crawl-spec-hash": "hash-1", "crawl-port": "3128", "team": "crawl",

@@ -6,6 +6,7 @@ package kubernetes
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -16,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -27,6 +29,7 @@ import (
 
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create;update;delete
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=create;patch;delete
 
 // Type is this provider's type name in the providers config.
 const Type = "kubernetes"
@@ -36,11 +39,18 @@ const Type = "kubernetes"
 const (
 	configDir    = "/etc/squid-operator"
 	cloudInitDir = "/etc/cloud-init"
+	authDir      = "/etc/squid-auth"
 	runDir       = "/run/squid"
 	spoolDir     = "/var/spool/squid"
 	logDir       = "/var/log/squid"
 	squidConfKey = "squid.conf"
 	userDataKey  = "user-data"
+	// passwordFileKey is the password file's key in the pod's Secret: the
+	// username and a bcrypt hash, never the password.
+	passwordFileKey = "passwd"
+	// DefaultAuthHelper is where Debian and Ubuntu install Squid's
+	// password-file helper.
+	DefaultAuthHelper = "/usr/lib/squid/basic_ncsa_auth"
 	// squidUID is the proxy user of Debian and Ubuntu images.
 	squidUID int64 = 13
 )
@@ -58,11 +68,15 @@ type Settings struct {
 	// Default: loopback and link-local (cloud metadata servers). An explicit
 	// empty list denies nothing.
 	DeniedDestinationRanges *[]string `json:"deniedDestinationRanges,omitempty"`
+	// AuthHelper is the path of basic_ncsa_auth in the image. Default:
+	// /usr/lib/squid/basic_ncsa_auth.
+	AuthHelper string `json:"authHelper,omitempty"`
 }
 
 // resolved are Settings with the defaults applied.
 type resolved struct {
 	Image                   string
+	AuthHelper              string
 	AllowedSourceRanges     []string
 	DeniedDestinationRanges []string
 }
@@ -71,11 +85,15 @@ type resolved struct {
 func (s Settings) resolve() (resolved, error) {
 	r := resolved{
 		Image:                   s.Image,
+		AuthHelper:              s.AuthHelper,
 		AllowedSourceRanges:     s.AllowedSourceRanges,
 		DeniedDestinationRanges: []string{"127.0.0.0/8", "169.254.0.0/16", "::1/128", "fe80::/10"},
 	}
 	if r.Image == "" {
 		r.Image = "ubuntu/squid"
+	}
+	if r.AuthHelper == "" {
+		r.AuthHelper = DefaultAuthHelper
 	}
 	if len(r.AllowedSourceRanges) == 0 {
 		r.AllowedSourceRanges = []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"}
@@ -155,11 +173,26 @@ func (p *Provider) Get(ctx context.Context, name string, proxy *crawlv1alpha1.Pr
 	return &inst, nil
 }
 
-// Create creates the proxy's ConfigMap (or updates it, as a replacement
-// reuses the name) and its pod. An existing pod is left alone: Create after
-// a lost reply is a no-op.
+// Create creates the proxy's Secret (its password file) and ConfigMap (or
+// updates them, as a replacement reuses the name) and its pod. An existing
+// pod is left alone: Create after a lost reply is a no-op.
 func (p *Provider) Create(ctx context.Context, req providers.CreateRequest) error {
+	if req.Credentials.IsZero() {
+		return providers.ErrNoCredentials
+	}
 	owner := req.Proxy
+	passwords, err := req.Credentials.PasswordFile()
+	if err != nil {
+		return providers.Terminal("%v", err)
+	}
+	secret := &corev1.Secret{
+		ObjectMeta: p.objectMeta(req),
+		Type:       corev1.SecretTypeOpaque,
+		Data:       map[string][]byte{passwordFileKey: []byte(passwords)},
+	}
+	if err := p.upsertSecret(ctx, secret); err != nil {
+		return err
+	}
 	squidConf, err := renderSquidConfig(owner.Namespace+"/"+owner.Name, owner.Spec.Port, p.settings)
 	if err != nil {
 		return providers.Terminal("%v", err)
@@ -178,6 +211,23 @@ func (p *Provider) Create(ctx context.Context, req providers.CreateRequest) erro
 	return nil
 }
 
+// upsertSecret creates the pod's Secret, or merges its labels and data into
+// the one a replaced instance left: the operator's cache holds no such
+// Secret, so it is written without being read.
+func (p *Provider) upsertSecret(ctx context.Context, secret *corev1.Secret) error {
+	err := p.client.Create(ctx, secret)
+	if !apierrors.IsAlreadyExists(err) {
+		return classify(wrapIf(err, "creating secret %s/%s", secret.Namespace, secret.Name))
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": secret.Labels}, "data": secret.Data})
+	if err != nil {
+		return providers.Terminal("encoding the patch of secret %s/%s: %v", secret.Namespace, secret.Name, err)
+	}
+	existing := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: secret.Namespace, Name: secret.Name}}
+	return classify(wrapIf(p.client.Patch(ctx, existing, client.RawPatch(types.MergePatchType, patch)),
+		"updating secret %s/%s", secret.Namespace, secret.Name))
+}
+
 func (p *Provider) upsertConfigMap(ctx context.Context, cm *corev1.ConfigMap) error {
 	err := p.client.Create(ctx, cm)
 	if !apierrors.IsAlreadyExists(err) {
@@ -191,11 +241,12 @@ func (p *Provider) upsertConfigMap(ctx context.Context, cm *corev1.ConfigMap) er
 	return classify(wrapIf(p.client.Update(ctx, &existing), "updating configmap %s/%s", cm.Namespace, cm.Name))
 }
 
-// Delete deletes the pod and its ConfigMap; either already gone is fine.
+// Delete deletes the pod, its ConfigMap and its Secret; any already gone is
+// fine.
 func (p *Provider) Delete(ctx context.Context, inst *providers.Instance) error {
 	meta := metav1.ObjectMeta{Namespace: inst.Location, Name: inst.Name}
 	var errs []error
-	for _, obj := range []client.Object{&corev1.Pod{ObjectMeta: meta}, &corev1.ConfigMap{ObjectMeta: meta}} {
+	for _, obj := range []client.Object{&corev1.Pod{ObjectMeta: meta}, &corev1.ConfigMap{ObjectMeta: meta}, &corev1.Secret{ObjectMeta: meta}} {
 		if err := p.client.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {
 			errs = append(errs, classify(fmt.Errorf("deleting %T %s/%s: %w", obj, inst.Location, inst.Name, err)))
 		}
@@ -319,6 +370,7 @@ func (p *Provider) pod(req providers.CreateRequest) *corev1.Pod {
 				RunAsNonRoot:   ptr.To(true),
 				RunAsUser:      ptr.To(squidUID),
 				RunAsGroup:     ptr.To(squidUID),
+				FSGroup:        ptr.To(squidUID),
 				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 			},
 			Containers: []corev1.Container{{
@@ -343,6 +395,7 @@ func (p *Provider) pod(req providers.CreateRequest) *corev1.Pod {
 				VolumeMounts: []corev1.VolumeMount{
 					{Name: "config", MountPath: configDir, ReadOnly: true},
 					{Name: "cloud-init", MountPath: cloudInitDir, ReadOnly: true},
+					{Name: "auth", MountPath: authDir, ReadOnly: true},
 					{Name: "run", MountPath: runDir},
 					{Name: "spool", MountPath: spoolDir},
 					{Name: "log", MountPath: logDir},
@@ -359,6 +412,11 @@ func (p *Provider) pod(req providers.CreateRequest) *corev1.Pod {
 				{Name: "cloud-init", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
 					LocalObjectReference: corev1.LocalObjectReference{Name: req.Name},
 					Items:                []corev1.KeyToPath{{Key: userDataKey, Path: userDataKey}},
+				}}},
+				{Name: "auth", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+					SecretName:  req.Name,
+					Items:       []corev1.KeyToPath{{Key: passwordFileKey, Path: passwordFileKey}},
+					DefaultMode: ptr.To[int32](0o440),
 				}}},
 				emptyDir("run"), emptyDir("spool"), emptyDir("log"),
 			},

@@ -23,12 +23,31 @@ type ConnectProxy struct {
 
 // StartConnectProxy listens on addr ("127.0.0.1:0" for any free port).
 func StartConnectProxy(addr string) (*ConnectProxy, error) {
+	return StartAuthenticatingProxy(addr, nil)
+}
+
+// StartAuthenticatingProxy is StartConnectProxy answering 407 to a CONNECT
+// whose Basic credentials authorize rejects, as a Managed proxy's Squid
+// does; a nil authorize admits everyone.
+func StartAuthenticatingProxy(addr string, authorize func(user, password string) bool) (*ConnectProxy, error) {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("connect proxy on %s: %w", addr, err)
 	}
 	p := &ConnectProxy{Addr: l.Addr().String()}
-	p.srv = &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(tunnel)}
+	handler := http.HandlerFunc(tunnel)
+	if authorize != nil {
+		handler = func(w http.ResponseWriter, r *http.Request) {
+			user, password, ok := proxyBasicAuth(r)
+			if !ok || !authorize(user, password) {
+				w.Header().Set("Proxy-Authenticate", `Basic realm="egress-proxy"`)
+				http.Error(w, "proxy authentication required", http.StatusProxyAuthRequired)
+				return
+			}
+			tunnel(w, r)
+		}
+	}
+	p.srv = &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: handler}
 	go func() { _ = p.srv.Serve(l) }()
 	return p, nil
 }
@@ -77,4 +96,10 @@ func tunnel(w http.ResponseWriter, r *http.Request) {
 	go func() { _, _ = io.Copy(dst, conn); _ = dst.Close() }()
 	_, _ = io.Copy(conn, dst)
 	_ = conn.Close()
+}
+
+// proxyBasicAuth reads Proxy-Authorization as net/http reads Authorization.
+func proxyBasicAuth(r *http.Request) (string, string, bool) {
+	probe := &http.Request{Header: http.Header{"Authorization": r.Header.Values("Proxy-Authorization")}}
+	return probe.BasicAuth()
 }

@@ -204,6 +204,31 @@ func (r *PodRunner) start(ctx context.Context, pod *corev1.Pod) error {
 		}
 		conf = strings.ReplaceAll(conf, mount.MountPath+"/", local+"/")
 	}
+	// The pod's Secret volumes (its password file), written out as the
+	// kubelet projects them.
+	for _, vol := range pod.Spec.Volumes {
+		if vol.Secret == nil {
+			continue
+		}
+		var secret corev1.Secret
+		if err := r.client.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: vol.Secret.SecretName}, &secret); err != nil {
+			return fmt.Errorf("reading its Secret %s: %w", vol.Secret.SecretName, err)
+		}
+		local := filepath.Join(dir, vol.Name)
+		if err := os.MkdirAll(local, 0o755); err != nil {
+			return err
+		}
+		for _, item := range vol.Secret.Items {
+			if err := os.WriteFile(filepath.Join(local, item.Path), secret.Data[item.Key], 0o644); err != nil {
+				return err
+			}
+		}
+		for _, mount := range pod.Spec.Containers[0].VolumeMounts {
+			if mount.Name == vol.Name {
+				conf = strings.ReplaceAll(conf, mount.MountPath+"/", local+"/")
+			}
+		}
+	}
 	cfg := squid.Config{Address: ip, Port: port, ConfigText: conf}
 	sq, err := squid.StartProcess(cfg, dir)
 	if err != nil {

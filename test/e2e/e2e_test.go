@@ -199,6 +199,8 @@ func TestE2E(t *testing.T) {
 	t.Run("external", testExternal)
 	t.Run("restart", testRestart)
 	t.Run("auth", testAuth)
+	t.Run("security", testSecurity)
+	t.Run("no password leaks", testNoPasswordLeaks)
 }
 
 func testQuickstart(t *testing.T) {
@@ -221,7 +223,10 @@ func testQuickstart(t *testing.T) {
 	items := list.body["proxies"].([]any)
 	require.Len(t, items, 1)
 	assert.Equal(t, ns+"/quickstart", items[0].(map[string]any)["id"])
-	assert.Equal(t, fmt.Sprintf("http://%s:3128", pod.Status.PodIP), items[0].(map[string]any)["url"])
+	item := items[0].(map[string]any)
+	notePassword(item["password"].(string))
+	assert.Equal(t, fmt.Sprintf("http://%s:%s@%s:3128", item["username"], item["password"], pod.Status.PodIP), item["url"],
+		"an authenticated API hands out the URL with the proxy's credentials")
 
 	lease := api(t, "POST", "/v1/leases", fmt.Sprintf(`{"selector":{"suite":%q},"ttlSeconds":300,"target":"example.com"}`, ns))
 	require.Equal(t, http.StatusCreated, lease.status)

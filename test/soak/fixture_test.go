@@ -10,12 +10,14 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"cloud.google.com/go/compute/apiv1/computepb"
+	"golang.org/x/crypto/bcrypt"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
@@ -109,6 +111,8 @@ func newWorld(t *testing.T) *world {
     endpoint: %s
     withoutAuthentication: true
     requestTimeout: 5s
+    firewall:
+      sourceRanges: [127.0.0.0/8]
 `, name, gcpZone, fake.URL)
 	}
 	c, err := cluster.Start(dir, cluster.Options{ExtraProviders: gcpSettings(gcpProvider) + gcpSettings(gcpProviderB) + `- name: ` + kubernetesProviderB + `
@@ -306,7 +310,7 @@ func (r *vmRunner) sync() {
 		if running || crashed {
 			continue
 		}
-		p, err := cluster.StartConnectProxy(addr)
+		p, err := cluster.StartAuthenticatingProxy(addr, passwordFileCheck(vm))
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "vm runner: %v\n", err)
 			continue
@@ -367,6 +371,21 @@ func (r *vmRunner) closeAll() {
 // httpClient is what the soak's crawlers use; each restart closes its idle
 // connections.
 var httpClient = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+
+// passwordFileCheck checks credentials against the password file the
+// provider put in a VM's metadata, as the VM's Squid does.
+func passwordFileCheck(vm *computepb.Instance) func(user, password string) bool {
+	var line string
+	for _, item := range vm.GetMetadata().GetItems() {
+		if item.GetKey() == "egress-proxy-password-file" {
+			line = strings.TrimSpace(item.GetValue())
+		}
+	}
+	wantUser, hash, _ := strings.Cut(line, ":")
+	return func(user, password string) bool {
+		return line != "" && user == wantUser && bcrypt.CompareHashAndPassword([]byte(hash), []byte(password)) == nil
+	}
+}
 
 // vmAddr is where a VM's proxy listens: its external (NAT) address and the
 // port the provider labelled it with.

@@ -1,6 +1,7 @@
 // Package fakecompute is an in-process fake of the Compute Engine REST API
 // subset the gcp provider uses (instances insert/get/delete/list/
-// aggregatedList, zone operations get/wait). The real client library talks to
+// aggregatedList, zone operations get/wait, firewalls insert/get/patch/
+// delete/list). The real client library talks to
 // it over HTTP, so tests exercise the real wire protocol: JSON bodies,
 // requestId de-duplication, error payloads, lost replies. VMs move
 // PROVISIONING -> STAGING -> RUNNING on a clock the test controls. It is
@@ -72,6 +73,7 @@ type Server struct {
 	created       int
 	stuckStopping bool
 	requests      map[string]int
+	firewalls     map[firewallKey]*computepb.Firewall
 }
 
 type vm struct {
@@ -90,7 +92,7 @@ func New(clk clock.PassiveClock, timings Timings) *Server {
 	s := &Server{
 		clock: clk, timings: timings,
 		vms: map[string]*vm{}, ops: map[string]*computepb.Operation{}, requestIDs: map[string]string{},
-		requests: map[string]int{},
+		requests: map[string]int{}, firewalls: map[firewallKey]*computepb.Firewall{},
 	}
 	mux := http.NewServeMux()
 	const zone = "/compute/v1/projects/{project}/zones/{zone}"
@@ -101,6 +103,7 @@ func New(clk clock.PassiveClock, timings Timings) *Server {
 	mux.HandleFunc("GET /compute/v1/projects/{project}/aggregated/instances", s.aggregatedList)
 	mux.HandleFunc("GET "+zone+"/operations/{op}", s.getOperation)
 	mux.HandleFunc("POST "+zone+"/operations/{op}/wait", s.getOperation)
+	s.registerFirewalls(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("fakecompute does not serve %s %s", r.Method, r.URL.Path))
 	})

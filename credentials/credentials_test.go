@@ -1,0 +1,65 @@
+package credentials
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestGenerateValidates(t *testing.T) {
+	a, b := Generate(), Generate()
+	require.NoError(t, a.Validate())
+	assert.NotEqual(t, a.Password, b.Password)
+	assert.NotEqual(t, a.Fingerprint(), b.Fingerprint(), "a new password changes the spec hash")
+}
+
+func TestValidateNamesTheKey(t *testing.T) {
+	for _, tc := range []struct {
+		c    Credentials
+		want string
+	}{
+		{Credentials{Username: "", Password: strings.Repeat("x", 20)}, "username must be"},
+		{Credentials{Username: "a:b", Password: strings.Repeat("x", 20)}, "username must be"},
+		{Credentials{Username: "crawler", Password: "short"}, "password must be 16-72 characters, has 5"},
+		{Credentials{Username: "crawler", Password: strings.Repeat("x", 73)}, "password must be 16-72"},
+		{Credentials{Username: "crawler", Password: "has a space in it ok"}, "printable ASCII"},
+	} {
+		assert.ErrorContains(t, tc.c.Validate(), tc.want)
+	}
+}
+
+func TestNeverPrintsThePassword(t *testing.T) {
+	c := Credentials{Username: "crawler", Password: "do-not-print-me-please"}
+	for _, s := range []string{fmt.Sprint(c), fmt.Sprintf("%v %+v %#v %s", c, c, c, c)} {
+		assert.NotContains(t, s, c.Password)
+	}
+}
+
+// TestPasswordFileWorksWithSquidsHelper runs Debian's basic_ncsa_auth on the
+// file: the right password is OK, a wrong one ERR.
+func TestPasswordFileWorksWithSquidsHelper(t *testing.T) {
+	const helper = "/usr/lib/squid/basic_ncsa_auth"
+	if _, err := os.Stat(helper); err != nil {
+		t.Fatalf("%s not found: install Debian's squid package (sudo apt-get install -y squid; .ci/run does this)", helper)
+	}
+	c := Generate()
+	line, err := c.PasswordFile()
+	require.NoError(t, err)
+	assert.NotContains(t, line, c.Password)
+	path := filepath.Join(t.TempDir(), "passwd")
+	require.NoError(t, os.WriteFile(path, []byte(line), 0o600))
+	cmd := exec.Command(helper, path)
+	cmd.Stdin = strings.NewReader(c.Username + " " + c.Password + "\n" + c.Username + " wrong-password-000000\n")
+	out, err := cmd.Output()
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	require.Len(t, lines, 2, "%s", out)
+	assert.Equal(t, "OK", strings.TrimSpace(lines[0]))
+	assert.True(t, strings.HasPrefix(lines[1], "ERR"), "a wrong password: %q", lines[1])
+}

@@ -1,0 +1,95 @@
+package credentials
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+)
+
+// Roles of the operator's own credentials Secrets (LabelCredentialsRole).
+const (
+	// RoleProvider marks the Secret generated for a provider instance.
+	RoleProvider = "provider"
+	// RoleInstance marks the record of what one Managed instance was built
+	// with. During a rotation old instances still take the old password
+	// and new ones the new: probes and discovery read this record, never
+	// the Secret the credentials came from.
+	RoleInstance = "instance"
+)
+
+// ProviderSecretName is the Secret, in the operator's namespace, holding the
+// credentials generated for a provider instance.
+func ProviderSecretName(provider string) string { return "proxy-credentials-" + provider }
+
+// RecordName is the record Secret, in the operator's namespace, of the
+// instance called instanceName (unique in the cluster, see
+// providers.InstanceName).
+func RecordName(instanceName string) string { return instanceName }
+
+// Ref says where one proxy's credentials are now.
+type Ref struct {
+	Namespace, Name string
+	// SpecHash, when set, is the spec hash the Secret must carry: the
+	// record of a Managed proxy, valid for the instance built from it only.
+	SpecHash string
+}
+
+// RefFor is where the credentials of p's current instance are: a Managed
+// proxy's record in namespace (the operator's), an External proxy's
+// spec.external.credentials. ok is false when there are none.
+func RefFor(p *crawlv1alpha1.Proxy, namespace string) (Ref, bool) {
+	switch {
+	case p.Spec.Mode == crawlv1alpha1.ModeManaged && p.Status.InstanceName != "":
+		return Ref{Namespace: namespace, Name: RecordName(p.Status.InstanceName), SpecHash: p.Status.SpecHash}, true
+	case p.Spec.Mode == crawlv1alpha1.ModeExternal && p.Spec.External != nil && p.Spec.External.Credentials != nil:
+		return Ref{Namespace: p.Namespace, Name: p.Spec.External.Credentials.SecretRef.Name}, true
+	}
+	return Ref{}, false
+}
+
+// ErrNotFound means a proxy's credentials are not (or no longer) where its
+// Ref points.
+var ErrNotFound = errors.New("proxy credentials not found")
+
+// Reader looks credentials up through a cache of credentials Secrets (see
+// CacheOptions), never the API server.
+type Reader struct {
+	Client client.Reader
+}
+
+// Lookup reads the credentials ref points at. It fails with ErrNotFound
+// when the Secret is missing or records another instance's spec.
+func (r Reader) Lookup(ctx context.Context, ref Ref) (Credentials, error) {
+	var secret corev1.Secret
+	err := r.Client.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &secret)
+	switch {
+	case apierrors.IsNotFound(err):
+		return Credentials{}, fmt.Errorf("%w: Secret %s/%s (it must carry the label %s: \"true\")", ErrNotFound, ref.Namespace, ref.Name, crawlv1alpha1.LabelCredentials)
+	case err != nil:
+		return Credentials{}, fmt.Errorf("reading credentials Secret %s/%s: %w", ref.Namespace, ref.Name, err)
+	case ref.SpecHash != "" && secret.Labels[crawlv1alpha1.LabelSpecHash] != ref.SpecHash:
+		return Credentials{}, fmt.Errorf("%w: Secret %s/%s records spec %s, the instance is %s", ErrNotFound, ref.Namespace, ref.Name,
+			secret.Labels[crawlv1alpha1.LabelSpecHash], ref.SpecHash)
+	}
+	return FromSecret(&secret)
+}
+
+// CacheOptions make a cache that holds credentials Secrets only (labelled
+// crawl.example.com/proxy-credentials=true), without managedFields. The
+// manager's own cache keeps to cloud-init Secrets; a Secret the operator may
+// read carries one label or the other, never needs both.
+func CacheOptions(base cache.Options) cache.Options {
+	base.ByObject = map[client.Object]cache.ByObject{
+		&corev1.Secret{}: {Label: labels.SelectorFromSet(labels.Set{crawlv1alpha1.LabelCredentials: "true"})},
+	}
+	base.DefaultTransform = cache.TransformStripManagedFields()
+	return base
+}

@@ -150,11 +150,7 @@ func (r *ProxyReconciler) proxiesUsingCredentials(ctx context.Context, secret cl
 		logf.FromContext(ctx).Error(err, "listing Proxies for a credentials Secret", "secret", client.ObjectKeyFromObject(secret))
 		return nil
 	}
-	reqs := make([]reconcile.Request, 0, len(list.Items))
-	for i := range list.Items {
-		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
-	}
-	return reqs
+	return requestsFor(&list)
 }
 
 func mergeLabels(sets ...map[string]string) map[string]string {

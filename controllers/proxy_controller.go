@@ -442,6 +442,11 @@ func (r *ProxyReconciler) proxiesUsingSecret(ctx context.Context, secret client.
 		logf.FromContext(ctx).Error(err, "listing Proxies for Secret", "secret", client.ObjectKeyFromObject(secret))
 		return nil
 	}
+	return requestsFor(&list)
+}
+
+// requestsFor is a reconcile request for each listed Proxy.
+func requestsFor(list *crawlv1alpha1.ProxyList) []reconcile.Request {
 	reqs := make([]reconcile.Request, 0, len(list.Items))
 	for i := range list.Items {
 		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})

@@ -382,8 +382,21 @@ func passwordFileCheck(vm *computepb.Instance) func(user, password string) bool 
 		}
 	}
 	wantUser, hash, _ := strings.Cut(line, ":")
+	// Squid checks a password once per credentialsttl, not per request;
+	// so does this, or bcrypt would cost every crawler request 60ms of CPU.
+	var verified sync.Map
 	return func(user, password string) bool {
-		return line != "" && user == wantUser && bcrypt.CompareHashAndPassword([]byte(hash), []byte(password)) == nil
+		if line == "" || user != wantUser {
+			return false
+		}
+		if _, ok := verified.Load(password); ok {
+			return true
+		}
+		if bcrypt.CompareHashAndPassword([]byte(hash), []byte(password)) != nil {
+			return false
+		}
+		verified.Store(password, true)
+		return true
 	}
 }
 

@@ -115,7 +115,7 @@ func (s *Server) getFirewall(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Unlock()
 	if !ok {
-		writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("The resource 'projects/%s/global/firewalls/%s' was not found", r.PathValue("project"), r.PathValue("name")))
+		firewallNotFound(w, r.PathValue("project"), r.PathValue("name"))
 		return
 	}
 	writeProto(w, fw)
@@ -135,7 +135,7 @@ func (s *Server) patchFirewall(w http.ResponseWriter, r *http.Request) {
 	defer s.mu.Unlock()
 	fw, exists := s.firewalls[firewallKey{project, name}]
 	if !exists {
-		writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("The resource 'projects/%s/global/firewalls/%s' was not found", project, name))
+		firewallNotFound(w, project, name)
 		return
 	}
 	if patch.SourceRanges != nil {
@@ -159,7 +159,7 @@ func (s *Server) deleteFirewall(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, exists := s.firewalls[firewallKey{project, name}]; !exists {
-		writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("The resource 'projects/%s/global/firewalls/%s' was not found", project, name))
+		firewallNotFound(w, project, name)
 		return
 	}
 	delete(s.firewalls, firewallKey{project, name})
@@ -187,4 +187,9 @@ func (s *Server) globalOperationLocked(project, opType, target string) *computep
 	}
 	s.ops[name] = op
 	return op
+}
+
+// firewallNotFound is GCE's 404 for a rule.
+func firewallNotFound(w http.ResponseWriter, project, name string) {
+	writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("The resource 'projects/%s/global/firewalls/%s' was not found", project, name))
 }

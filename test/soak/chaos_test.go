@@ -92,7 +92,7 @@ func (c *chaos) run(ctx context.Context, duration time.Duration) {
 	for {
 		select {
 		case <-ctx.Done():
-			c.outageStep(time.Now()) // never end with the target down
+			c.endOutage() // never end with the target down
 			return
 		case now := <-ticker.C:
 			c.revive(now)

@@ -75,6 +75,16 @@ func (c *chaos) outageStep(now time.Time) {
 	}
 }
 
+// endOutage brings the probe target back if the run ends during the
+// outage; the phase then stays unjudged, and the run says so.
+func (c *chaos) endOutage() {
+	if o := &c.outage; o.began && !o.ended {
+		o.ended = true
+		c.w.cluster.Target.SetDown(false)
+		c.count("probe target back (run ended during the outage)")
+	}
+}
+
 func (c *chaos) outageCounters() (replaced, held float64) {
 	r, err := c.w.replacementsNow()
 	if err != nil {

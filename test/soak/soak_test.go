@@ -327,7 +327,7 @@ func (w *world) verdictCheck(ctx context.Context) ([]string, int) {
 	if err := w.cluster.Env.Client.List(ctx, &list, client.InNamespace(namespace)); err != nil {
 		return []string{err.Error()}, 0
 	}
-	listed, err := w.discoveryHealth()
+	listed, err := w.discovered()
 	if err != nil {
 		return []string{err.Error()}, 0
 	}
@@ -338,7 +338,8 @@ func (w *world) verdictCheck(ctx context.Context) ([]string, int) {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			reallyHealthy[i] = w.probe(list.Items[i].Status.IP, list.Items[i].Status.Port)
+			p := &list.Items[i]
+			reallyHealthy[i] = w.probe(p.Status.IP, p.Status.Port, listed[p.Namespace+"/"+p.Name].userinfo())
 		})
 	}
 	wg.Wait()
@@ -350,15 +351,17 @@ func (w *world) verdictCheck(ctx context.Context) ([]string, int) {
 		}
 		status := meta.IsStatusConditionTrue(p.Status.Conditions, crawlv1alpha1.ConditionHealthy)
 		id := p.Namespace + "/" + p.Name
-		if status != reallyHealthy[i] || listed[id] != reallyHealthy[i] {
-			problems = append(problems, fmt.Sprintf("%s: really healthy %t, Healthy condition %t, discovery %t", id, reallyHealthy[i], status, listed[id]))
+		if status != reallyHealthy[i] || listed[id].Healthy != reallyHealthy[i] {
+			problems = append(problems, fmt.Sprintf("%s: really healthy %t, Healthy condition %t, discovery %t", id, reallyHealthy[i], status, listed[id].Healthy))
 		}
 	}
 	return problems, down
 }
 
-// probe fetches the probe target through a proxy: true when it answers 2xx.
-func (w *world) probe(ip string, port int32) bool {
+// probe fetches the probe target through a proxy, with the credentials
+// discovery handed out for it (nil for none), as a crawler would: true
+// when it answers 2xx.
+func (w *world) probe(ip string, port int32, user *url.Userinfo) bool {
 	if ip == "" {
 		return false
 	}
@@ -368,7 +371,7 @@ func (w *world) probe(ip string, port int32) bool {
 	}
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(pem)
-	proxyURL := &url.URL{Scheme: "http", Host: net.JoinHostPort(ip, strconv.Itoa(int(port)))}
+	proxyURL := &url.URL{Scheme: "http", User: user, Host: net.JoinHostPort(ip, strconv.Itoa(int(port)))}
 	c := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{
 		Proxy: http.ProxyURL(proxyURL), TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}, DisableKeepAlives: true,
 	}}
@@ -380,15 +383,15 @@ func (w *world) probe(ip string, port int32) bool {
 	return res.StatusCode >= 200 && res.StatusCode < 300
 }
 
-// discoveryHealth is each proxy's healthy flag as the discovery API lists it.
-func (w *world) discoveryHealth() (map[string]bool, error) {
+// discovered is each proxy as the discovery API lists it, by ID.
+func (w *world) discovered() (map[string]listedProxy, error) {
 	proxies, err := w.listProxies()
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]bool{}
+	out := map[string]listedProxy{}
 	for _, p := range proxies {
-		out[p.ID] = p.Healthy
+		out[p.ID] = p
 	}
 	return out, nil
 }
@@ -410,6 +413,17 @@ type listedProxy struct {
 	ID           string `json:"id"`
 	Healthy      bool   `json:"healthy"`
 	ActiveLeases int    `json:"activeLeases"`
+	Username     string `json:"username"`
+	Password     string `json:"password"`
+}
+
+// userinfo is the proxy's credentials for a proxy URL, nil when discovery
+// gave none.
+func (p listedProxy) userinfo() *url.Userinfo {
+	if p.Username == "" {
+		return nil
+	}
+	return url.UserPassword(p.Username, p.Password)
 }
 
 func (w *world) listProxies() ([]listedProxy, error) {

@@ -43,6 +43,7 @@ import (
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/controllers"
+	"github.com/example/egress-proxies-operator/controllers/pool"
 	"github.com/example/egress-proxies-operator/credentials"
 	"github.com/example/egress-proxies-operator/discovery"
 	"github.com/example/egress-proxies-operator/health"
@@ -109,7 +110,9 @@ type options struct {
 	unhealthyReplaceAfter   time.Duration
 	maxUnhealthyShare       float64
 	maxReplacementsInFlight int
-	zap                     zap.Options
+	// ProxyPools.
+	poolAutoscaleInterval time.Duration
+	zap                   zap.Options
 }
 
 // parseFlags turns the command line into options, rejecting anything the
@@ -171,6 +174,8 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 		"How often the manager's informers resync every cached object, reconciling every Proxy again.")
 	fs.DurationVar(&o.unhealthyReplaceAfter, "unhealthy-replace-after", controllers.DefaultUnhealthyReplaceAfter,
 		"How long a Managed proxy may stay Unhealthy without a break before its instance is replaced; 0 never replaces for failing probes. A Proxy's spec.healthCheck.replaceAfter overrides it.")
+	fs.DurationVar(&o.poolAutoscaleInterval, "pool-autoscale-interval", pool.DefaultAutoscaleInterval,
+		"How often an autoscaled ProxyPool reads its demand from the discovery API and resizes.")
 	fs.Float64Var(&o.maxUnhealthyShare, "max-unhealthy-share", controllers.DefaultMaxUnhealthyShare,
 		"When more than this share (0-1] of the Managed proxies probed against one URL are Unhealthy at once (3 at least), the probe target is suspected and none of them is replaced.")
 	fs.IntVar(&o.maxReplacementsInFlight, "max-replacements-in-flight", controllers.DefaultMaxReplacementsInFlight,
@@ -235,7 +240,7 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	for _, d := range []struct {
 		flag  string
 		value time.Duration
-	}{{"instance-resync-interval", o.instanceResyncInterval}, {"sync-period", o.syncPeriod}} {
+	}{{"instance-resync-interval", o.instanceResyncInterval}, {"sync-period", o.syncPeriod}, {"pool-autoscale-interval", o.poolAutoscaleInterval}} {
 		if d.value <= 0 {
 			errs = append(errs, fmt.Errorf("%w: --%s must be positive, got %s", errUsage, d.flag, d.value))
 		}
@@ -412,10 +417,20 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 	if err := ctrlmetrics.Registry.Register(health.ProxiesCollector{Reader: mgr.GetClient()}); err != nil {
 		return fmt.Errorf("registering the proxies metric: %w", err)
 	}
+	pools := &pool.Reconciler{
+		Client:            mgr.GetClient(),
+		Recorder:          recorder,
+		AutoscaleInterval: opts.poolAutoscaleInterval,
+	}
 	if opts.discoveryAddr != "0" {
-		if err := addDiscovery(ctx, mgr, restConfig, engine, creds, opts); err != nil {
+		server, err := addDiscovery(ctx, mgr, restConfig, engine, creds, opts)
+		if err != nil {
 			return err
 		}
+		pools.Demand = poolDemand{server}
+	}
+	if err := pools.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the ProxyPool controller: %w", err)
 	}
 	log.Info("starting manager", "clusterID", clusterID, "providers", providerSet.Names())
 	if err := mgr.Start(ctx); err != nil {
@@ -435,24 +450,24 @@ var providerRegistry = providers.Registry{
 // manager's informer, the health engine's verdicts, an in-memory lease
 // store, and a bearer token followed through a cache that holds only the
 // token Secret.
-func addDiscovery(ctx context.Context, mgr manager.Manager, restConfig *rest.Config, engine *health.Engine, creds credentials.Reader, opts options) error {
+func addDiscovery(ctx context.Context, mgr manager.Manager, restConfig *rest.Config, engine *health.Engine, creds credentials.Reader, opts options) (*discovery.Server, error) {
 	view := discovery.NewView(engineHealth{engine}, opts.credentialsNamespace)
 	proxyInformer, err := mgr.GetCache().GetInformer(ctx, &crawlv1alpha1.Proxy{})
 	if err != nil {
-		return fmt.Errorf("getting the Proxy informer for discovery: %w", err)
+		return nil, fmt.Errorf("getting the Proxy informer for discovery: %w", err)
 	}
 	reg, err := proxyInformer.AddEventHandler(view.Handler())
 	if err != nil {
-		return fmt.Errorf("feeding the discovery view: %w", err)
+		return nil, fmt.Errorf("feeding the discovery view: %w", err)
 	}
 
 	ns, name, _ := strings.Cut(opts.tokenSecret, "/")
 	token, tokenCache, err := discovery.WatchTokenSecret(ctx, restConfig, mgr.GetScheme(), ns, name)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := mgr.Add(tokenCache); err != nil {
-		return fmt.Errorf("adding the discovery token cache: %w", err)
+		return nil, fmt.Errorf("adding the discovery token cache: %w", err)
 	}
 
 	store := discovery.NewMemoryStore()
@@ -471,13 +486,22 @@ func addDiscovery(ctx context.Context, mgr manager.Manager, restConfig *rest.Con
 	})
 	for _, c := range discovery.Collectors(store, clock.RealClock{}) {
 		if err := ctrlmetrics.Registry.Register(c); err != nil {
-			return fmt.Errorf("registering discovery metrics: %w", err)
+			return nil, fmt.Errorf("registering discovery metrics: %w", err)
 		}
 	}
 	if err := mgr.Add(server); err != nil {
-		return fmt.Errorf("adding the discovery API: %w", err)
+		return nil, fmt.Errorf("adding the discovery API: %w", err)
 	}
-	return nil
+	return server, nil
+}
+
+// poolDemand lets the pool controller read discovery's demand signals;
+// neither package imports the other.
+type poolDemand struct{ server *discovery.Server }
+
+func (d poolDemand) PoolDemand(namespace, name string) pool.Demand {
+	got := d.server.PoolDemand(namespace, name)
+	return pool.Demand{ActiveLeases: got.ActiveLeases, LastRefused: got.LastRefused}
 }
 
 // engineHealth lets discovery read the health engine's verdicts. On a

@@ -41,6 +41,7 @@ func TestPlanHealing(t *testing.T) {
 		instance    *providers.Instance
 		health      *ProxyHealth
 		policy      ReplacementPolicy
+		pool        string
 		wantType    ActionType
 		wantPhase   crawlv1alpha1.ProxyPhase
 		wantReason  string
@@ -106,11 +107,20 @@ func TestPlanHealing(t *testing.T) {
 		{name: "a spec change of an instance not serving yet is not budgeted", proxy: proxyFixture(phase(crawlv1alpha1.PhaseProvisioning)),
 			instance: instance(providers.StatePending, "hash-old", testUID), policy: policy,
 			wantType: ActionDelete, wantPhase: crawlv1alpha1.PhaseReplacing, wantReason: ReasonSpecChanged, wantCause: ReasonSpecChanged},
+		{name: "a pool member Unhealthy too long is marked, not replaced: its pool replaces it under the pool's budget", proxy: proxyFixture(phase(crawlv1alpha1.PhaseReady)),
+			instance: running, health: unhealthyFor(11*time.Minute, 1, 10), policy: policy, pool: "eu",
+			wantType: ActionMarkReady, wantPhase: crawlv1alpha1.PhaseReady, wantReason: ReasonUnhealthy, wantRecheck: DefaultHeldRecheck},
+		{name: "a pool member in a suspected outage is held like any proxy", proxy: proxyFixture(phase(crawlv1alpha1.PhaseReady)),
+			instance: running, health: unhealthyFor(time.Hour, 4, 10), policy: policy, pool: "eu",
+			wantType: ActionMarkReady, wantPhase: crawlv1alpha1.PhaseReady, wantReason: ReasonProbeTargetSuspect, wantRecheck: DefaultHeldRecheck},
+		{name: "a pool member whose instance is lost is still recreated in place: it serves nothing", proxy: proxyFixture(phase(crawlv1alpha1.PhaseReady)),
+			policy: policy, pool: "eu",
+			wantType: ActionCreate, wantPhase: crawlv1alpha1.PhaseReplacing, wantReason: ReasonInstanceLost, wantCause: ReasonInstanceLost},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			got := plan(observation{proxy: tc.proxy, instance: tc.instance, instanceProvider: "gcp-eu", desiredHash: testHash,
-				now: healingNow, health: tc.health, replacement: tc.policy})
+				now: healingNow, health: tc.health, replacement: tc.policy, pool: tc.pool})
 			assert.Equal(t, tc.wantType, got.Type)
 			assert.Equal(t, tc.wantPhase, got.Phase)
 			assert.Equal(t, tc.wantReason, got.Reason)

@@ -75,7 +75,7 @@ const (
 	ReasonInstanceLost = "InstanceLost"
 	// ReasonUnhealthy: the proxy failed its probes for longer than its
 	// replacement period.
-	ReasonUnhealthy = "UnhealthyTooLong"
+	ReasonUnhealthy = crawlv1alpha1.ReasonUnhealthyTooLong
 	// ReasonProbeTargetSuspect: the replacement is held because too many
 	// proxies probed against the same URL fail at once.
 	ReasonProbeTargetSuspect = "ProbeTargetSuspect"
@@ -126,6 +126,9 @@ type observation struct {
 	lastSuspect time.Time
 	// replacement are the rules for replacing an Unhealthy proxy.
 	replacement ReplacementPolicy
+	// pool is the ProxyPool the proxy belongs to ("" for none): a member
+	// Unhealthy too long is marked, and its pool replaces it.
+	pool string
 }
 
 // ProxyHealth is the health engine's in-memory view of one proxy, fresher
@@ -292,6 +295,15 @@ func planRunning(o observation) Action {
 	unhealthyFor := o.now.Sub(since)
 	if unhealthyFor < after {
 		ready.Recheck = after - unhealthyFor
+		return ready
+	}
+	if o.pool != "" {
+		// A member is not replaced in place: its pool surges a successor
+		// and retires it under the pool's budget. No duration in the
+		// message: it is written to status, and must not change per pass.
+		ready.Reason = ReasonUnhealthy
+		ready.Message = fmt.Sprintf("instance %s has been Unhealthy for longer than %s: ProxyPool %s replaces this member", inst.Name, after, o.pool)
+		ready.Recheck = o.replacement.heldRecheck()
 		return ready
 	}
 	return Action{Type: ActionDelete, Phase: crawlv1alpha1.PhaseReplacing, Reason: ReasonUnhealthy, Cause: ReasonUnhealthy, Budgeted: true,

@@ -143,7 +143,7 @@ func (r *ProxyReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 // instance (nil if none could be reached), which execute needs for Create
 // and Delete.
 func (r *ProxyReconciler) observe(ctx context.Context, p *crawlv1alpha1.Proxy) (observation, providers.Provider) {
-	o := observation{proxy: p, now: r.clock().Now(), replacement: r.Replacement}
+	o := observation{proxy: p, now: r.clock().Now(), replacement: r.Replacement, pool: p.PoolName()}
 	if p.Spec.Mode == crawlv1alpha1.ModeExternal {
 		return o, nil
 	}

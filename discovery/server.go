@@ -143,6 +143,8 @@ type Server struct {
 	router *httprouter.Router
 	// authState remembers the last auth state, to log its changes.
 	authState atomic.Int32
+	// refused is the last refused lease request per pool, for PoolDemand.
+	refused refusals
 }
 
 // NewServer builds the API.
@@ -298,6 +300,9 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request, _ httproute
 	candidates := s.opts.View.candidates(req.Selector)
 	lease, err := s.opts.Store.Acquire(candidates, req.Target, ttl, now)
 	if errors.Is(err, ErrNoProxyAvailable) {
+		if pool := req.Selector[attrPool]; pool != "" {
+			s.refused.note(pool, now)
+		}
 		retry := retryAfterNoProxyBase
 		if end := s.opts.Store.NextCooldownEnd(candidates, req.Target, now); !end.IsZero() && len(candidates) > 0 {
 			retry = end.Sub(now)

@@ -130,14 +130,20 @@ const (
 	attrMode     = "mode"
 	attrZone     = "zone"
 	attrRegion   = "region"
+	// attrPool is the name of the ProxyPool a member belongs to, so
+	// crawlers lease from a pool by name.
+	attrPool = "pool"
 )
 
 func entryOf(p *crawlv1alpha1.Proxy) *entry {
-	attrs := make(map[string]string, len(p.Spec.Attributes)+4)
+	attrs := make(map[string]string, len(p.Spec.Attributes)+5)
 	for k, val := range p.Spec.Attributes {
 		attrs[k] = val
 	}
 	attrs[attrMode] = string(p.Spec.Mode)
+	if pool := p.PoolName(); pool != "" {
+		attrs[attrPool] = pool
+	}
 	if p.Spec.Provider != "" {
 		attrs[attrProvider] = p.Spec.Provider
 	}
@@ -336,4 +342,17 @@ func validateSelector(field string, s Selector) error {
 		}
 	}
 	return nil
+}
+
+// poolMembers are the ids of the Proxies of one pool, serving or not.
+func (v *View) poolMembers(namespace, pool string) []string {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	var ids []string
+	for id, e := range v.entries {
+		if e.key.Namespace == namespace && e.attributes[attrPool] == pool {
+			ids = append(ids, id)
+		}
+	}
+	return ids
 }

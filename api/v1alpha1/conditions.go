@@ -16,7 +16,22 @@ const (
 	ReasonNotProvisioned = "NotProvisioned"
 	// ReasonNotHealthy: the instance runs but probes through it do not pass.
 	ReasonNotHealthy = "NotHealthy"
+	// ReasonUnhealthyTooLong: the proxy failed its probes for longer than
+	// its replacement period. On a pool member the Proxy reconciler writes
+	// it to the Provisioned condition instead of replacing the instance,
+	// and the pool replaces the member under its disruption budget.
+	ReasonUnhealthyTooLong = "UnhealthyTooLong"
 )
+
+// PoolName is the name of the ProxyPool that controls the Proxy (its
+// controller owner reference), "" for a stand-alone Proxy.
+func (p *Proxy) PoolName() string {
+	ref := metav1.GetControllerOf(p)
+	if ref == nil || ref.Kind != "ProxyPool" || ref.APIVersion != GroupVersion.String() {
+		return ""
+	}
+	return ref.Name
+}
 
 // Serving says whether a Proxy has an instance that runs as specified, with
 // an address: what the health engine probes and discovery may hand out once

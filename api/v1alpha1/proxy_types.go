@@ -82,13 +82,14 @@ type ProxySpec struct {
 
 	// attributes are free-form labels that crawler clients select proxies by
 	// through the discovery API, for example geo: eu or tier: residential.
-	// The keys healthy, provider, mode, zone and region are reserved: the
-	// operator derives them.
+	// The keys healthy, provider, mode, zone, region and pool are reserved:
+	// the operator derives them (pool is the name of the ProxyPool a member
+	// belongs to).
 	// +optional
 	// +kubebuilder:validation:MaxProperties=32
 	// +kubebuilder:validation:XValidation:rule="self.all(k, size(k) <= 63 && k.matches('^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$'))",message="spec.attributes keys must be 1-63 characters of letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
 	// +kubebuilder:validation:XValidation:rule="self.all(k, size(self[k]) <= 253)",message="spec.attributes values must be at most 253 characters"
-	// +kubebuilder:validation:XValidation:rule="!self.exists(k, k in ['healthy', 'provider', 'mode', 'zone', 'region'])",message="spec.attributes must not set the reserved keys healthy, provider, mode, zone or region: the operator derives them"
+	// +kubebuilder:validation:XValidation:rule="!self.exists(k, k in ['healthy', 'provider', 'mode', 'zone', 'region', 'pool'])",message="spec.attributes must not set the reserved keys healthy, provider, mode, zone, region or pool: the operator derives them"
 	Attributes map[string]string `json:"attributes,omitempty"`
 
 	// placement says where a Managed proxy runs. Which fields are required

@@ -53,8 +53,8 @@ type Options struct {
 	Kustomization string // the kustomize directory the bundle is made from
 	BaseCSV       string
 	Icon          string
-	CRD           string // controller-gen's CRD, copied byte for byte
-	Samples       string // directory of samples; its Proxies become alm-examples
+	CRDs          []string // controller-gen's CRDs, copied byte for byte
+	Samples       string   // directory of samples; its Proxies and ProxyPools become alm-examples
 	OutDir        string
 	Dockerfile    string
 }
@@ -64,7 +64,7 @@ func main() {
 		Kustomization: "config/default",
 		BaseCSV:       "config/manifests/bases/egress-proxies-operator.clusterserviceversion.yaml",
 		Icon:          "config/manifests/icon.svg",
-		CRD:           "config/crd/bases/crawl.example.com_proxies.yaml",
+		CRDs:          []string{"config/crd/bases/crawl.example.com_proxies.yaml", "config/crd/bases/crawl.example.com_proxypools.yaml"},
 		Samples:       "config/samples",
 		OutDir:        "bundle",
 		Dockerfile:    "bundle.Dockerfile",
@@ -125,10 +125,6 @@ func Generate(o Options) (map[string][]byte, error) {
 	if err := readYAML(o.BaseCSV, &csv); err != nil {
 		return nil, err
 	}
-	crd, err := os.ReadFile(o.CRD)
-	if err != nil {
-		return nil, fmt.Errorf("reading the CRD: %w", err)
-	}
 	icon, err := os.ReadFile(o.Icon)
 	if err != nil {
 		return nil, fmt.Errorf("reading the icon: %w", err)
@@ -139,7 +135,14 @@ func Generate(o Options) (map[string][]byte, error) {
 	}
 
 	manifests := filepath.Join(o.OutDir, "manifests")
-	files := map[string][]byte{filepath.Join(manifests, filepath.Base(o.CRD)): crd}
+	files := map[string][]byte{}
+	for _, path := range o.CRDs {
+		crd, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("reading the CRD: %w", err)
+		}
+		files[filepath.Join(manifests, filepath.Base(path))] = crd
+	}
 	strategy, extra, err := place(objs)
 	if err != nil {
 		return nil, err
@@ -321,8 +324,8 @@ func checkOwned(csv operatorsv1alpha1.ClusterServiceVersion, objs []*unstructure
 	return nil
 }
 
-// almExamples is the JSON list of the sample Proxies, the objects a catalog
-// offers to create.
+// almExamples is the JSON list of the sample Proxies and ProxyPools, the
+// objects a catalog offers to create.
 func almExamples(dir string) (string, error) {
 	paths, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
 	if err != nil {
@@ -336,7 +339,7 @@ func almExamples(dir string) (string, error) {
 			return "", err
 		}
 		for _, u := range objs {
-			if u.GetKind() == "Proxy" {
+			if u.GetKind() == "Proxy" || u.GetKind() == "ProxyPool" {
 				examples = append(examples, u.Object)
 			}
 		}

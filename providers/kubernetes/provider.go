@@ -144,8 +144,9 @@ func New(name string, raw map[string]any, deps providers.Dependencies) (provider
 // InstanceObject makes the reconciler watch Pods.
 func (p *Provider) InstanceObject() client.Object { return &corev1.Pod{} }
 
-// Validate rejects placement fields a pod cannot honour. Zone and region are
-// accepted as attributes for discovery; nothing else means anything here.
+// Validate rejects placement fields a pod cannot honour. A zone pins the
+// pod to nodes labelled topology.kubernetes.io/zone with it; region is an
+// attribute for discovery only; nothing else means anything here.
 func (p *Provider) Validate(proxy *crawlv1alpha1.Proxy) error {
 	pl := proxy.Spec.Placement
 	if pl == nil {
@@ -360,9 +361,16 @@ func (p *Provider) pod(req providers.CreateRequest) *corev1.Pod {
 	emptyDir := func(name string) corev1.Volume {
 		return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}
 	}
+	// A zone pins the pod to that zone's nodes, as a pool's spread asks;
+	// a cluster whose nodes carry no zone label leaves it Pending.
+	var nodeSelector map[string]string
+	if pl := req.Proxy.Spec.Placement; pl != nil && pl.Zone != "" {
+		nodeSelector = map[string]string{corev1.LabelTopologyZone: pl.Zone}
+	}
 	return &corev1.Pod{
 		ObjectMeta: p.objectMeta(req),
 		Spec: corev1.PodSpec{
+			NodeSelector:                  nodeSelector,
 			AutomountServiceAccountToken:  ptr.To(false),
 			EnableServiceLinks:            ptr.To(false),
 			TerminationGracePeriodSeconds: ptr.To[int64](10),

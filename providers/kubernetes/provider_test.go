@@ -112,3 +112,17 @@ func TestInstanceOf(t *testing.T) {
 		})
 	}
 }
+
+// TestZonePinsThePod: a pool spreads members over zones; on the kubernetes
+// provider a member's zone is a node constraint, and a proxy without one
+// may run on any node.
+func TestZonePinsThePod(t *testing.T) {
+	p := newTestProvider(t, nil)
+	proxy := &crawlv1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "eu-abcde", Namespace: "crawl"},
+		Spec: crawlv1alpha1.ProxySpec{Port: 3128, Placement: &crawlv1alpha1.Placement{Zone: "europe-west1-c"}}}
+	pod := p.pod(providers.CreateRequest{Proxy: proxy, Name: "px-crawl-eu-abcde"})
+	assert.Equal(t, map[string]string{corev1.LabelTopologyZone: "europe-west1-c"}, pod.Spec.NodeSelector)
+
+	proxy.Spec.Placement = nil
+	assert.Empty(t, p.pod(providers.CreateRequest{Proxy: proxy, Name: "px-crawl-eu-abcde"}).Spec.NodeSelector)
+}

@@ -74,7 +74,8 @@ func runMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "e2e: creating the token Secret:", err)
 		return 1
 	}
-	world.opts = cluster.OperatorOptions{DiscoveryAddr: cluster.FreeAddr(), ProbeAddr: cluster.FreeAddr()}
+	world.opts = cluster.OperatorOptions{DiscoveryAddr: cluster.FreeAddr(), ProbeAddr: cluster.FreeAddr(),
+		ExtraArgs: []string{"--pool-autoscale-interval=1s"}}
 	world.discovery = "http://" + world.opts.DiscoveryAddr
 	if world.operator, err = world.cluster.StartOperator(world.bin, world.opts); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
@@ -196,6 +197,8 @@ func TestE2E(t *testing.T) {
 	t.Run("quickstart", testQuickstart)
 	t.Run("replacement", testReplacement)
 	t.Run("self-healing", testSelfHealing)
+	t.Run("pool", testPool)
+	t.Run("pool autoscaling", testPoolAutoscaling)
 	t.Run("external", testExternal)
 	t.Run("restart", testRestart)
 	t.Run("auth", testAuth)

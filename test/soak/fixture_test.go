@@ -60,9 +60,10 @@ const (
 	resyncInterval = 5 * time.Second
 )
 
-// pool is the attribute that tells the three kinds of Proxy apart, for the
-// load's selectors and the checks.
-const poolKey = "pool"
+// poolKey is the attribute that tells the three kinds of Proxy apart, for
+// the load's selectors and the checks ("pool" itself is derived: the
+// ProxyPool a member belongs to).
+const poolKey = "group"
 
 const (
 	poolKubernetes = "k8s"

@@ -1,0 +1,450 @@
+package pool
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	utilrand "k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+)
+
+// +kubebuilder:rbac:groups=crawl.example.com,resources=proxypools,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=crawl.example.com,resources=proxypools/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=crawl.example.com,resources=proxypools/finalizers,verbs=update
+// +kubebuilder:rbac:groups=crawl.example.com,resources=proxies,verbs=get;list;watch;create;delete
+
+// Finalizer keeps a ProxyPool until its members are gone: the pool deletes
+// them itself, so no member outlives its pool even where no garbage
+// collector runs, and each member's own finalizer removes its instance.
+const Finalizer = "crawl.example.com/members-cleanup"
+
+// Defaults of the rolling strategy, as a Deployment's but with no member
+// down for a replacement.
+var (
+	DefaultMaxSurge       = intstr.FromInt32(1)
+	DefaultMaxUnavailable = intstr.FromInt32(0)
+)
+
+// DefaultAutoscaleInterval is how often an autoscaled pool reads its
+// demand with no event of its own, as an HPA's sync period.
+const DefaultAutoscaleInterval = 15 * time.Second
+
+// Reconciler keeps each ProxyPool's members as its spec says: one decide
+// per pass, its creations and deletions carried out, and the status
+// written from the same counts.
+type Reconciler struct {
+	Client   client.Client
+	Recorder events.EventRecorder
+	// Clock is the time for decide; nil means the real clock.
+	Clock clock.PassiveClock
+	// Demand is where autoscaled pools read their use; nil: autoscaling
+	// pools keep their size and say why (no discovery API runs).
+	Demand DemandSource
+	// AutoscaleInterval: zero means DefaultAutoscaleInterval.
+	AutoscaleInterval time.Duration
+	// Workers is how many pools are reconciled at once; zero means 2.
+	Workers int
+
+	expect expectations
+}
+
+// Reconcile performs one pass for one pool.
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	log := logf.FromContext(ctx)
+	var pool crawlv1alpha1.ProxyPool
+	if err := r.Client.Get(ctx, req.NamespacedName, &pool); err != nil {
+		if apierrors.IsNotFound(err) {
+			forgetMetrics(req.NamespacedName)
+			r.expect.forget(req.NamespacedName)
+		}
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	var list crawlv1alpha1.ProxyList
+	if err := r.Client.List(ctx, &list, client.InNamespace(pool.Namespace), client.MatchingLabels{crawlv1alpha1.LabelPool: pool.Name}); err != nil {
+		return reconcile.Result{}, fmt.Errorf("listing the members of ProxyPool %s: %w", req, err)
+	}
+	members := owned(&pool, list.Items)
+
+	if !pool.DeletionTimestamp.IsZero() {
+		return r.deleteMembers(ctx, &pool, members)
+	}
+	if !controllerutil.ContainsFinalizer(&pool, Finalizer) {
+		patch := client.MergeFrom(pool.DeepCopy())
+		controllerutil.AddFinalizer(&pool, Finalizer)
+		if err := r.Client.Patch(ctx, &pool, patch); err != nil {
+			return reconcile.Result{}, fmt.Errorf("adding the finalizer to ProxyPool %s: %w", req, err)
+		}
+	}
+	now := r.clock().Now()
+	if wait, ok := r.expect.pending(req.NamespacedName, members, now); ok {
+		// The cache has not caught up with the last pass's writes: acting
+		// on it would create or delete twice.
+		return reconcile.Result{RequeueAfter: wait}, nil
+	}
+
+	status := pool.Status.DeepCopy()
+	replicas := ptr.Deref(pool.Spec.Replicas, 1)
+	if as := pool.Spec.Autoscaling; as != nil {
+		scaled, err := r.autoscale(ctx, &pool, status, members, now)
+		if err != nil || scaled {
+			return reconcile.Result{}, err
+		}
+	} else {
+		status.Autoscaling = nil
+		setCondition(status, pool.Generation, crawlv1alpha1.ConditionScalingLimited, metav1.ConditionFalse, "AutoscalingOff", "spec.autoscaling is not set: the pool keeps spec.replicas")
+	}
+
+	hash := TemplateHash(&pool.Spec.Template)
+	in := inputOf(&pool, replicas, members, hash, now)
+	d := decide(in)
+	if err := r.carryOut(ctx, &pool, hash, d, members, now); err != nil {
+		return reconcile.Result{}, err
+	}
+	writeStatus(status, &pool, d, hash)
+	recordMetrics(req.NamespacedName, replicas, d)
+	if !equality.Semantic.DeepEqual(*status, pool.Status) {
+		patch := client.MergeFrom(pool.DeepCopy())
+		pool.Status = *status
+		if err := r.Client.Status().Patch(ctx, &pool, patch); err != nil {
+			return reconcile.Result{}, fmt.Errorf("writing the status of ProxyPool %s: %w", req, err)
+		}
+	}
+	result := reconcile.Result{RequeueAfter: d.Recheck}
+	if pool.Spec.Autoscaling != nil {
+		result.RequeueAfter = sooner(result.RequeueAfter, r.autoscaleInterval())
+	}
+	log.V(1).Info("pool pass", "created", len(d.Create), "deleted", len(d.Delete), "available", d.Available, "replicas", replicas)
+	return result, nil
+}
+
+// owned keeps the listed Proxies that this pool controls: a Proxy that
+// only carries the label (or an earlier pool's of the same name) is not
+// a member.
+func owned(pool *crawlv1alpha1.ProxyPool, proxies []crawlv1alpha1.Proxy) []crawlv1alpha1.Proxy {
+	var out []crawlv1alpha1.Proxy
+	for _, p := range proxies {
+		if ref := metav1.GetControllerOf(&p); ref != nil && ref.UID == pool.UID {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// autoscale writes the autoscaler's recommendation to spec.replicas when
+// it differs; scaled is true when it did (the update brings a new pass).
+func (r *Reconciler) autoscale(ctx context.Context, pool *crawlv1alpha1.ProxyPool, status *crawlv1alpha1.ProxyPoolStatus, members []crawlv1alpha1.Proxy, now time.Time) (scaled bool, err error) {
+	if r.Demand == nil {
+		setCondition(status, pool.Generation, crawlv1alpha1.ConditionScalingLimited, metav1.ConditionTrue, "DemandUnavailable",
+			"the operator runs without the discovery API (--discovery-bind-address=0), so the pool has no demand to scale by: it keeps spec.replicas")
+		return false, nil
+	}
+	current := ptr.Deref(pool.Spec.Replicas, 1)
+	available := int32(decide(inputOf(pool, current, members, TemplateHash(&pool.Spec.Template), now)).Available)
+	d := r.Demand.PoolDemand(pool.Namespace, pool.Name)
+	rec := recommend(pool.Spec.Autoscaling, current, available, d, status.Autoscaling, now)
+	status.Autoscaling = &rec.Status
+	limited := metav1.ConditionFalse
+	if rec.Limited != ReasonDesiredWithin {
+		limited = metav1.ConditionTrue
+	}
+	setCondition(status, pool.Generation, crawlv1alpha1.ConditionScalingLimited, limited, rec.Limited,
+		fmt.Sprintf("demand asks for %d members (%d active leases at %d per member), bounded to [%d, %d]",
+			rec.Wanted, d.ActiveLeases, pool.Spec.Autoscaling.TargetLeasesPerMember, pool.Spec.Autoscaling.MinReplicas, pool.Spec.Autoscaling.MaxReplicas))
+	if rec.Replicas == current {
+		return false, nil
+	}
+	// The status first: a crash between the two writes then scales no
+	// sooner than the delay allows.
+	patch := client.MergeFrom(pool.DeepCopy())
+	pool.Status = *status
+	if err := r.Client.Status().Patch(ctx, pool, patch); err != nil {
+		return false, fmt.Errorf("writing the autoscaler's status of ProxyPool %s/%s: %w", pool.Namespace, pool.Name, err)
+	}
+	patch = client.MergeFrom(pool.DeepCopy())
+	pool.Spec.Replicas = ptr.To(rec.Replicas)
+	if err := r.Client.Patch(ctx, pool, patch); err != nil {
+		return false, fmt.Errorf("scaling ProxyPool %s/%s to %d: %w", pool.Namespace, pool.Name, rec.Replicas, err)
+	}
+	logf.FromContext(ctx).Info("autoscaled", "from", current, "to", rec.Replicas, "activeLeases", d.ActiveLeases)
+	r.Recorder.Eventf(pool, nil, corev1.EventTypeNormal, "Autoscaled", "Scale",
+		"scaled from %d to %d members: %d active leases, target %d per member", current, rec.Replicas, d.ActiveLeases, pool.Spec.Autoscaling.TargetLeasesPerMember)
+	return true, nil
+}
+
+// carryOut creates and deletes what decide said, and expects to see it in
+// the cache before the next pass acts.
+func (r *Reconciler) carryOut(ctx context.Context, pool *crawlv1alpha1.ProxyPool, hash string, d Decision, members []crawlv1alpha1.Proxy, now time.Time) error {
+	log := logf.FromContext(ctx)
+	key := client.ObjectKeyFromObject(pool)
+	byName := map[string]*crawlv1alpha1.Proxy{}
+	for i := range members {
+		byName[members[i].Name] = &members[i]
+	}
+	for _, zone := range d.Create {
+		m, err := newMember(pool, zone, hash, r.Client.Scheme())
+		if err != nil {
+			return err
+		}
+		r.expect.create(key, m.Name, now)
+		if err := r.Client.Create(ctx, m); err != nil {
+			r.expect.forget(key)
+			return fmt.Errorf("creating member %s of ProxyPool %s: %w", m.Name, key, err)
+		}
+		log.Info("member created", "member", m.Name, "zone", zone)
+	}
+	for _, ret := range d.Delete {
+		m := byName[ret.Name]
+		r.expect.delete(key, m.Name, now)
+		if err := r.Client.Delete(ctx, m, client.Preconditions{UID: &m.UID}); client.IgnoreNotFound(err) != nil {
+			r.expect.forget(key)
+			return fmt.Errorf("deleting member %s of ProxyPool %s: %w", m.Name, key, err)
+		}
+		replacementsTotal.WithLabelValues(pool.Namespace, pool.Name, ret.Cause).Inc()
+		log.Info("member retired", "member", m.Name, "cause", ret.Cause)
+		r.Recorder.Eventf(pool, m, corev1.EventTypeNormal, "MemberRetired", "Delete", "retired member %s: %s", m.Name, causeText(ret.Cause))
+	}
+	return nil
+}
+
+// causeText says a cause in words, for the Event.
+func causeText(cause string) string {
+	switch cause {
+	case CauseUnhealthy:
+		return "Unhealthy for longer than its replacement period, its successor available"
+	case CauseTemplateChanged:
+		return "made from an earlier template, its successor available"
+	case CauseMaxAge:
+		return "older than spec.maxAge, its successor available"
+	case CauseZoneRemoved:
+		return "its zone is no longer in spec.zones"
+	case CauseZoneRebalance:
+		return "its zone has more members than its share"
+	}
+	return "the pool has more members than spec.replicas"
+}
+
+// deleteMembers deletes every member of a pool being deleted and keeps
+// the pool's finalizer until they are gone.
+func (r *Reconciler) deleteMembers(ctx context.Context, pool *crawlv1alpha1.ProxyPool, members []crawlv1alpha1.Proxy) (reconcile.Result, error) {
+	if !controllerutil.ContainsFinalizer(pool, Finalizer) {
+		return reconcile.Result{}, nil
+	}
+	for i := range members {
+		if m := &members[i]; m.DeletionTimestamp.IsZero() {
+			if err := r.Client.Delete(ctx, m); client.IgnoreNotFound(err) != nil {
+				return reconcile.Result{}, fmt.Errorf("deleting member %s of ProxyPool %s/%s: %w", m.Name, pool.Namespace, pool.Name, err)
+			}
+		}
+	}
+	if len(members) > 0 {
+		// The members' deletions bring the next pass; this is a backstop.
+		return reconcile.Result{RequeueAfter: 10 * time.Second}, nil
+	}
+	patch := client.MergeFrom(pool.DeepCopy())
+	controllerutil.RemoveFinalizer(pool, Finalizer)
+	if err := r.Client.Patch(ctx, pool, patch); err != nil {
+		return reconcile.Result{}, fmt.Errorf("removing the finalizer of ProxyPool %s/%s: %w", pool.Namespace, pool.Name, err)
+	}
+	forgetMetrics(client.ObjectKeyFromObject(pool))
+	return reconcile.Result{}, nil
+}
+
+// inputOf turns a pool and its members into decide's input.
+func inputOf(pool *crawlv1alpha1.ProxyPool, replicas int32, members []crawlv1alpha1.Proxy, hash string, now time.Time) Input {
+	surge, unavailable := budget(pool.Spec.Strategy, int(replicas))
+	in := Input{
+		Replicas: int(replicas), Zones: pool.Spec.Zones, MaxSurge: surge, MaxUnavailable: unavailable,
+		JitterPercent: int(pool.Spec.MaxAgeJitterPercent), MinReady: time.Duration(pool.Spec.MinReadySeconds) * time.Second, Now: now,
+	}
+	if pool.Spec.MaxAge != nil {
+		in.MaxAge = pool.Spec.MaxAge.Duration
+	}
+	for i := range members {
+		in.Members = append(in.Members, memberOf(&members[i], hash))
+	}
+	return in
+}
+
+// budget resolves maxSurge (rounded up) and maxUnavailable (rounded down)
+// against replicas, as a Deployment does: when both come to zero, one
+// member may be unavailable, or nothing could ever be replaced.
+func budget(s crawlv1alpha1.PoolStrategy, replicas int) (surge, unavailable int) {
+	surgeV, unavailableV := ptr.Deref(s.MaxSurge, DefaultMaxSurge), ptr.Deref(s.MaxUnavailable, DefaultMaxUnavailable)
+	surge, err := intstr.GetScaledValueFromIntOrPercent(&surgeV, replicas, true)
+	if err != nil {
+		surge = 1
+	}
+	unavailable, err = intstr.GetScaledValueFromIntOrPercent(&unavailableV, replicas, false)
+	if err != nil {
+		unavailable = 0
+	}
+	if surge == 0 && unavailable == 0 {
+		unavailable = 1
+	}
+	return surge, unavailable
+}
+
+// memberOf is what decide needs of one member.
+func memberOf(p *crawlv1alpha1.Proxy, hash string) Member {
+	m := Member{
+		Name: p.Name, Zone: p.Labels[crawlv1alpha1.LabelZone], Updated: p.Labels[crawlv1alpha1.LabelPoolTemplateHash] == hash,
+		Created: p.CreationTimestamp.Time, Deleting: !p.DeletionTimestamp.IsZero(), Jitter: jitterOf(p.UID),
+	}
+	if ready := meta.FindStatusCondition(p.Status.Conditions, crawlv1alpha1.ConditionReady); ready != nil && ready.Status == metav1.ConditionTrue {
+		m.Ready, m.ReadySince = true, ready.LastTransitionTime.Time
+	}
+	prov := meta.FindStatusCondition(p.Status.Conditions, crawlv1alpha1.ConditionProvisioned)
+	m.Sick = prov != nil && prov.Reason == crawlv1alpha1.ReasonUnhealthyTooLong && p.Status.Phase == crawlv1alpha1.PhaseReady
+	return m
+}
+
+// jitterOf is a member's fixed share of the age jitter, in [0, 1), from
+// its UID: the same on every pass and after a restart.
+func jitterOf(uid types.UID) float64 {
+	sum := sha256.Sum256([]byte(uid))
+	return float64(binary.BigEndian.Uint64(sum[:8])>>11) / (1 << 53)
+}
+
+// TemplateHash is a short hash of a pool's template: every member made
+// from it carries it in its LabelPoolTemplateHash label.
+func TemplateHash(t *crawlv1alpha1.ProxyTemplate) string {
+	data, err := json.Marshal(t)
+	if err != nil {
+		// A template that came from the API always marshals.
+		panic(fmt.Sprintf("marshalling a ProxyPool template: %v", err))
+	}
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])[:10]
+}
+
+// newMember is a Proxy made from the pool's template for one zone, named
+// from the pool, labelled with it and controlled by it.
+func newMember(pool *crawlv1alpha1.ProxyPool, zone, hash string, scheme *runtime.Scheme) (*crawlv1alpha1.Proxy, error) {
+	t := pool.Spec.Template
+	p := &crawlv1alpha1.Proxy{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        pool.Name + "-" + utilrand.String(5),
+			Namespace:   pool.Namespace,
+			Labels:      map[string]string{},
+			Annotations: t.Metadata.Annotations,
+		},
+		Spec: *t.Spec.DeepCopy(),
+	}
+	for k, v := range t.Metadata.Labels {
+		p.Labels[k] = v
+	}
+	p.Labels[crawlv1alpha1.LabelPool] = pool.Name
+	p.Labels[crawlv1alpha1.LabelPoolTemplateHash] = hash
+	if zone != "" {
+		p.Labels[crawlv1alpha1.LabelZone] = zone
+		if p.Spec.Placement == nil {
+			p.Spec.Placement = &crawlv1alpha1.Placement{}
+		}
+		p.Spec.Placement.Zone = zone
+	}
+	if err := controllerutil.SetControllerReference(pool, p, scheme); err != nil {
+		return nil, fmt.Errorf("owning member %s by ProxyPool %s/%s: %w", p.Name, pool.Namespace, pool.Name, err)
+	}
+	return p, nil
+}
+
+// Selector is the label selector of a pool's members, as the scale
+// subresource reports it.
+func Selector(pool *crawlv1alpha1.ProxyPool) string {
+	return labels.SelectorFromSet(labels.Set{crawlv1alpha1.LabelPool: pool.Name}).String()
+}
+
+// writeStatus records decide's counts and the conditions they imply.
+func writeStatus(s *crawlv1alpha1.ProxyPoolStatus, pool *crawlv1alpha1.ProxyPool, d Decision, hash string) {
+	s.Replicas, s.ReadyReplicas, s.AvailableReplicas = int32(d.Replicas), int32(d.Ready), int32(d.Available)
+	s.UpdatedReplicas, s.Recycling = int32(d.Updated), int32(d.Recycling)
+	s.Selector, s.TemplateHash, s.ObservedGeneration = Selector(pool), hash, pool.Generation
+	if d.Available >= d.MinAvailable {
+		setCondition(s, pool.Generation, crawlv1alpha1.ConditionAvailable, metav1.ConditionTrue, "MinimumMembersAvailable",
+			fmt.Sprintf("%d members available, at least the floor of %d (replicas - maxUnavailable)", d.Available, d.MinAvailable))
+	} else {
+		setCondition(s, pool.Generation, crawlv1alpha1.ConditionAvailable, metav1.ConditionFalse, "MinimumMembersUnavailable",
+			fmt.Sprintf("%d members available, below the floor of %d (replicas - maxUnavailable)", d.Available, d.MinAvailable))
+	}
+	if d.Settled {
+		setCondition(s, pool.Generation, crawlv1alpha1.ConditionProgressing, metav1.ConditionTrue, "PoolSettled",
+			"every member is made from the current template, available, and within its zone's share")
+		return
+	}
+	var parts []string
+	if n := ptr.Deref(pool.Spec.Replicas, 1) - int32(d.Updated); n > 0 {
+		parts = append(parts, fmt.Sprintf("%d members still to make from the current template", n))
+	}
+	if d.Recycling > 0 {
+		parts = append(parts, fmt.Sprintf("%d being replaced", d.Recycling))
+	}
+	if d.Deleting > 0 {
+		parts = append(parts, fmt.Sprintf("%d being deleted", d.Deleting))
+	}
+	if d.Available < d.Replicas {
+		parts = append(parts, fmt.Sprintf("%d of %d not available yet", d.Replicas-d.Available, d.Replicas))
+	}
+	if len(parts) == 0 {
+		parts = append(parts, "scaling")
+	}
+	setCondition(s, pool.Generation, crawlv1alpha1.ConditionProgressing, metav1.ConditionTrue, "MembersChanging", strings.Join(parts, "; "))
+}
+
+func setCondition(s *crawlv1alpha1.ProxyPoolStatus, generation int64, typ string, status metav1.ConditionStatus, reason, message string) {
+	meta.SetStatusCondition(&s.Conditions, metav1.Condition{Type: typ, Status: status, Reason: reason, Message: message, ObservedGeneration: generation})
+}
+
+func (r *Reconciler) clock() clock.PassiveClock {
+	if r.Clock == nil {
+		return clock.RealClock{}
+	}
+	return r.Clock
+}
+
+func (r *Reconciler) autoscaleInterval() time.Duration {
+	if r.AutoscaleInterval > 0 {
+		return r.AutoscaleInterval
+	}
+	return DefaultAutoscaleInterval
+}
+
+// SetupWithManager runs the pool controller on the leader: a pass for a
+// pool on its own changes and on any change of one of its members.
+func (r *Reconciler) SetupWithManager(mgr manager.Manager) error {
+	workers := r.Workers
+	if workers == 0 {
+		workers = 2
+	}
+	return builder.ControllerManagedBy(mgr).
+		Named("proxypool").
+		For(&crawlv1alpha1.ProxyPool{}).
+		Owns(&crawlv1alpha1.Proxy{}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: workers}).
+		Complete(r)
+}

@@ -1,0 +1,344 @@
+package pool
+
+import (
+	"cmp"
+	"slices"
+	"time"
+)
+
+// Member is what decide needs to know of one Proxy of a pool.
+type Member struct {
+	Name string
+	// Zone the pool gave the member ("" when the pool has no zones).
+	Zone string
+	// Updated: made from the pool's current template.
+	Updated bool
+	// Created is the member's creation time: its age counts from it.
+	Created time.Time
+	// Ready: provisioned and healthy (the Proxy's Ready condition); since
+	// ReadySince, the condition's last transition.
+	Ready      bool
+	ReadySince time.Time
+	// Sick: Unhealthy for longer than its replacement period, as the Proxy
+	// reconciler judged it (outage guard included); its pool replaces it.
+	Sick bool
+	// Deleting: already on its way out; counted apart from the live ones.
+	Deleting bool
+	// Jitter in [0, 1), fixed per member: how much of the pool's age jitter
+	// shortens its life.
+	Jitter float64
+}
+
+// Input is a pool's desired shape, its members and the time.
+type Input struct {
+	Replicas int
+	Zones    []string
+	// MaxSurge and MaxUnavailable are resolved to counts (see budget).
+	MaxSurge, MaxUnavailable int
+	// MaxAge zero: members are never recycled for age.
+	MaxAge        time.Duration
+	JitterPercent int
+	MinReady      time.Duration
+	Members       []Member
+	Now           time.Time
+}
+
+// Why a member is replaced or removed, counted in
+// proxy_operator_pool_replacements_total.
+const (
+	CauseUnhealthy       = "UnhealthyTooLong"
+	CauseTemplateChanged = "TemplateChanged"
+	CauseMaxAge          = "MaxAge"
+	CauseZoneRemoved     = "ZoneRemoved"
+	CauseZoneRebalance   = "ZoneRebalance"
+	CauseScaleDown       = "ScaleDown"
+)
+
+// Retirement is a member to delete, and why.
+type Retirement struct {
+	Name  string
+	Cause string
+}
+
+// Decision is what one pass does, and the counts the status reports.
+type Decision struct {
+	// Create is one zone per member to create ("" for none).
+	Create []string
+	// Delete are the members to delete now.
+	Delete []Retirement
+	// Recheck, when positive, is how soon the clock alone changes the
+	// decision: a member's minReadySeconds or maxAge running out.
+	Recheck time.Duration
+
+	Replicas, Ready, Available, Updated, Recycling int
+	// Deleting counts the members already being deleted.
+	Deleting int
+	// MinAvailable is the floor the budget keeps: replicas - maxUnavailable.
+	MinAvailable int
+	// Settled: the pool has its replicas, all updated, none to replace,
+	// all available, nothing to do.
+	Settled bool
+}
+
+// candidate is a live member with what decide found out about it.
+type candidate struct {
+	Member
+	available bool
+	// cause is why it is to be replaced; empty for a member to keep.
+	cause string
+}
+
+// decide maps a pool's state to what to create and delete now. It is pure,
+// so every case is a table row in decide_test.go. The rules are a
+// Deployment's rolling update, per member:
+//
+//   - members outdated, too old, Unhealthy too long or in a zone no longer
+//     listed are replaced; zones are kept within one of each other;
+//   - up to replicas + maxSurge live members exist at once (the successors
+//     are created first);
+//   - a member is deleted only while live - (replicas - maxUnavailable) -
+//     (kept members not yet available) stays positive, which retires an
+//     old member only once its successor is available, and never takes the
+//     pool below replicas - maxUnavailable available members.
+func decide(in Input) Decision {
+	var d Decision
+	d.MinAvailable = max(0, in.Replicas-in.MaxUnavailable)
+	var live []candidate
+	for _, m := range in.Members {
+		if m.Deleting {
+			d.Deleting++
+			continue
+		}
+		c := candidate{Member: m, available: m.Ready && !in.Now.Before(m.ReadySince.Add(in.MinReady))}
+		c.cause = replacementCause(in, m)
+		live = append(live, c)
+		d.count(c)
+		d.Recheck = sooner(d.Recheck, recheckFor(in, c))
+	}
+
+	kept, quotas := markSurplus(in, live)
+	d.Create = zonesToCreate(in, quotas, kept, len(live))
+	d.Delete = retire(in, live, len(live)-d.MinAvailable-unavailable(kept))
+	for _, c := range live {
+		if c.cause != "" && c.cause != CauseScaleDown {
+			d.Recycling++
+		}
+	}
+	d.Settled = len(d.Create) == 0 && len(d.Delete) == 0 && d.Deleting == 0 &&
+		d.Replicas == in.Replicas && d.Updated == in.Replicas && d.Available == in.Replicas && d.Recycling == 0
+	return d
+}
+
+func (d *Decision) count(c candidate) {
+	d.Replicas++
+	if c.Ready {
+		d.Ready++
+	}
+	if c.available {
+		d.Available++
+	}
+	if c.Updated {
+		d.Updated++
+	}
+}
+
+// replacementCause says why a live member must be replaced, most urgent
+// first; empty when it may stay.
+func replacementCause(in Input, m Member) string {
+	switch {
+	case m.Sick:
+		return CauseUnhealthy
+	case !m.Updated:
+		return CauseTemplateChanged
+	case in.MaxAge > 0 && !in.Now.Before(expiry(in, m)):
+		return CauseMaxAge
+	case len(in.Zones) > 0 && !slices.Contains(in.Zones, m.Zone):
+		return CauseZoneRemoved
+	}
+	return ""
+}
+
+// expiry is when a member reaches its maxAge, shortened by its share of
+// the jitter.
+func expiry(in Input, m Member) time.Time {
+	life := float64(in.MaxAge) * (1 - m.Jitter*float64(in.JitterPercent)/100)
+	return m.Created.Add(time.Duration(life))
+}
+
+// recheckFor is how long until the clock alone changes what decide says of
+// c: it becomes available, or too old.
+func recheckFor(in Input, c candidate) time.Duration {
+	var next time.Duration
+	if c.Ready && !c.available {
+		next = sooner(next, c.ReadySince.Add(in.MinReady).Sub(in.Now))
+	}
+	if in.MaxAge > 0 && c.cause == "" {
+		next = sooner(next, expiry(in, c.Member).Sub(in.Now))
+	}
+	return next
+}
+
+// sooner is the smaller positive duration of a and b (zero: none).
+func sooner(a, b time.Duration) time.Duration {
+	switch {
+	case b <= 0:
+		return a
+	case a <= 0 || b < a:
+		return b
+	}
+	return a
+}
+
+// zoneQuotas splits replicas over the zones, at most one apart. The zones
+// that have most members now take the odd ones, so a scale does not move
+// members between zones; ties go to the listing order. With no zones, one
+// quota of "" holds them all.
+func zoneQuotas(in Input, kept map[string]int) map[string]int {
+	if len(in.Zones) == 0 {
+		return map[string]int{"": in.Replicas}
+	}
+	zones := slices.Clone(in.Zones)
+	slices.SortStableFunc(zones, func(a, b string) int { return cmp.Compare(kept[b], kept[a]) })
+	quotas := make(map[string]int, len(zones))
+	for i, z := range zones {
+		quotas[z] = in.Replicas / len(zones)
+		if i < in.Replicas%len(zones) {
+			quotas[z]++
+		}
+	}
+	return quotas
+}
+
+// markSurplus gives a cause to the members beyond their zone's quota (the
+// unavailable and the oldest first) and returns the members kept, by zone,
+// with the quotas.
+func markSurplus(in Input, live []candidate) (map[string][]*candidate, map[string]int) {
+	counts := map[string]int{}
+	for _, c := range live {
+		if c.cause == "" {
+			counts[c.Zone]++
+		}
+	}
+	quotas := zoneQuotas(in, counts)
+	byZone := map[string][]*candidate{}
+	for i := range live {
+		if c := &live[i]; c.cause == "" {
+			byZone[c.Zone] = append(byZone[c.Zone], c)
+		}
+	}
+	// Surplus is a scale-down unless another zone lacks members: then it
+	// is moved there.
+	cause := CauseScaleDown
+	for zone, quota := range quotas {
+		if counts[zone] < quota {
+			cause = CauseZoneRebalance
+		}
+	}
+	for zone, members := range byZone {
+		slices.SortFunc(members, retireFirst)
+		surplus := len(members) - quotas[zone]
+		for _, c := range members[:max(0, surplus)] {
+			c.cause = cause
+		}
+		byZone[zone] = members[max(0, surplus):]
+	}
+	return byZone, quotas
+}
+
+// zonesToCreate fills each zone's quota, the emptiest zone first, within
+// the surge: at most replicas + maxSurge live members.
+func zonesToCreate(in Input, quotas map[string]int, kept map[string][]*candidate, live int) []string {
+	deficit := map[string]int{}
+	order := in.Zones
+	if len(order) == 0 {
+		order = []string{""}
+	}
+	for _, z := range order {
+		deficit[z] = quotas[z] - len(kept[z])
+	}
+	room := in.Replicas + in.MaxSurge - live
+	var create []string
+	for len(create) < room {
+		best := ""
+		found := false
+		for _, z := range order {
+			if deficit[z] > 0 && (!found || deficit[z] > deficit[best]) {
+				best, found = z, true
+			}
+		}
+		if !found {
+			break
+		}
+		deficit[best]--
+		create = append(create, best)
+	}
+	return create
+}
+
+func unavailable(kept map[string][]*candidate) int {
+	n := 0
+	for _, members := range kept {
+		for _, c := range members {
+			if !c.available {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// retire picks the members to delete within budget: the unavailable first
+// (deleting them costs no availability), then the most urgent and oldest,
+// never below minAvailable available members.
+func retire(in Input, live []candidate, budget int) []Retirement {
+	var out []candidate
+	for _, c := range live {
+		if c.cause != "" {
+			out = append(out, c)
+		}
+	}
+	slices.SortFunc(out, func(a, b candidate) int { return retireFirst(&a, &b) })
+	available := 0
+	for _, c := range live {
+		if c.available {
+			available++
+		}
+	}
+	var retired []Retirement
+	for _, c := range out {
+		if budget <= 0 {
+			break
+		}
+		if c.available {
+			if available-1 < max(0, in.Replicas-in.MaxUnavailable) {
+				continue
+			}
+			available--
+		}
+		budget--
+		retired = append(retired, Retirement{Name: c.Name, Cause: c.cause})
+	}
+	return retired
+}
+
+// retireFirst orders members for removal: unavailable before available,
+// sick before the rest, then oldest first, then by name.
+func retireFirst(a, b *candidate) int {
+	return cmp.Or(
+		boolOrder(!a.available, !b.available),
+		boolOrder(a.Sick, b.Sick),
+		a.Created.Compare(b.Created),
+		cmp.Compare(a.Name, b.Name),
+	)
+}
+
+// boolOrder sorts true before false.
+func boolOrder(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return -1
+	}
+	return 1
+}

@@ -1,0 +1,216 @@
+package pool_test
+
+import (
+	"context"
+	"os"
+	"path"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/api/option"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/controllers"
+	"github.com/example/egress-proxies-operator/controllers/pool"
+	"github.com/example/egress-proxies-operator/credentials"
+	"github.com/example/egress-proxies-operator/providers"
+	"github.com/example/egress-proxies-operator/providers/gcp"
+	"github.com/example/egress-proxies-operator/providers/gcp/fakecompute"
+	"github.com/example/egress-proxies-operator/test/testenv"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testenv.StopShared()
+	os.Exit(code)
+}
+
+var zones = []string{"europe-west1-b", "europe-west1-c", "europe-west1-d"}
+
+// TestGCPPoolSpreadsAndRecycles runs the pool controller beside the real
+// Proxy reconciler and gcp provider, whose real Compute client talks to the
+// fake Compute API: a pool of 6 over three zones gets two VMs in each, and
+// with a maxAge every member is recycled (a new VM, the old one deleted)
+// while never fewer than 6 are available.
+//
+// Probes are not the subject here (the e2e suite probes real Squid through
+// real pods): a stand-in marks each Ready member's Healthy condition True
+// once its VM runs, as the engine would once its first probe passed.
+func TestGCPPoolSpreadsAndRecycles(t *testing.T) {
+	env := testenv.Shared(t)
+	fake := fakecompute.New(clock.RealClock{}, fakecompute.Timings{
+		Provisioning: 100 * time.Millisecond, Staging: 100 * time.Millisecond, Stopping: 100 * time.Millisecond,
+	})
+	t.Cleanup(fake.Close)
+	prov, err := gcp.NewWithClientOptions("gcp-eu", gcp.Settings{
+		Project: "crawl-prod", Zone: zones[0], Image: "projects/debian-cloud/global/images/family/debian-12", MachineType: "e2-small",
+		RequestTimeout: "2s", Firewall: &gcp.FirewallSettings{SourceRanges: []string{"127.0.0.0/8"}},
+	}, option.WithEndpoint(fake.URL), option.WithoutAuthentication())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = prov.Close() })
+
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+		Scheme: env.Scheme, Cache: cache.Options{ByObject: controllers.CacheByObject()},
+		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	require.NoError(t, err)
+	credsCache, err := cache.New(mgr.GetConfig(), credentials.CacheOptions(cache.Options{Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper()}))
+	require.NoError(t, err)
+	require.NoError(t, mgr.Add(credsCache))
+	recorder := mgr.GetEventRecorder("egress-proxies-operator")
+	require.NoError(t, (&controllers.ProxyReconciler{
+		Client: mgr.GetClient(), Providers: providers.Set{"gcp-eu": prov}, ClusterID: "test-cluster", Recorder: recorder,
+		PollInterval: 100 * time.Millisecond, CredentialsCache: credsCache, CredentialsNamespace: "default",
+	}).SetupWithManager(mgr))
+	require.NoError(t, (&pool.Reconciler{Client: mgr.GetClient(), Recorder: recorder}).SetupWithManager(mgr))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	require.True(t, mgr.GetCache().WaitForCacheSync(ctx))
+
+	c := env.Client
+	ns := env.Namespace(t)
+	go markHealthy(ctx, c, ns)
+
+	p := &crawlv1alpha1.ProxyPool{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "eu"},
+		Spec: crawlv1alpha1.ProxyPoolSpec{
+			Replicas: ptr.To[int32](6), Zones: zones,
+			MaxAge:   &metav1.Duration{Duration: 30 * time.Second}, MaxAgeJitterPercent: 0,
+			Strategy: crawlv1alpha1.PoolStrategy{MaxSurge: ptr.To(intstr.FromInt32(2))},
+			Template: crawlv1alpha1.ProxyTemplate{Spec: crawlv1alpha1.ProxySpec{
+				Mode: crawlv1alpha1.ModeManaged, Provider: "gcp-eu", Port: 3128,
+				Placement: &crawlv1alpha1.Placement{Region: "europe-west1"},
+			}},
+		},
+	}
+	require.NoError(t, c.Create(ctx, p))
+
+	var first map[string]bool
+	require.Eventually(t, func() bool {
+		ms := listMembers(t, c, p)
+		first = map[string]bool{}
+		for _, m := range ms {
+			first[m.Name] = true
+		}
+		return len(ms) == 6 && available(ms) == 6
+	}, 20*time.Second, 100*time.Millisecond, "6 members available")
+	assert.Equal(t, map[string]int{zones[0]: 2, zones[1]: 2, zones[2]: 2}, vmsPerZone(fake), "two VMs in each zone")
+
+	// Sample the floor until every first member is gone.
+	fewest := 1 << 30
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		ms := listMembers(t, c, p)
+		fewest = min(fewest, available(ms))
+		recycled := available(ms) >= 6
+		for _, m := range ms {
+			recycled = recycled && !first[m.Name]
+		}
+		if recycled {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "every member was never recycled; members now: %v", memberNames(ms))
+		time.Sleep(200 * time.Millisecond)
+	}
+	assert.GreaterOrEqual(t, fewest, 6, "never below replicas - maxUnavailable available while recycling")
+	// Stop the next round, then let the last deletions finish.
+	require.NoError(t, patch(ctx, c, p, func(p *crawlv1alpha1.ProxyPool) { p.Spec.MaxAge = nil }))
+	require.Eventually(t, func() bool {
+		per := vmsPerZone(fake)
+		return per[zones[0]] == 2 && per[zones[1]] == 2 && per[zones[2]] == 2 && len(fake.Instances()) == 6
+	}, 30*time.Second, 100*time.Millisecond, "the old VMs are deleted and the spread kept: %v", vmsPerZone(fake))
+
+	require.NoError(t, c.Delete(ctx, p))
+	require.Eventually(t, func() bool {
+		return apierrors.IsNotFound(c.Get(ctx, client.ObjectKeyFromObject(p), &crawlv1alpha1.ProxyPool{})) && len(fake.Instances()) == 0
+	}, 30*time.Second, 100*time.Millisecond, "deleting the pool deletes every member's VM")
+}
+
+func listMembers(t *testing.T, c client.Client, p *crawlv1alpha1.ProxyPool) []crawlv1alpha1.Proxy {
+	t.Helper()
+	var list crawlv1alpha1.ProxyList
+	require.NoError(t, c.List(context.Background(), &list, client.InNamespace(p.Namespace), client.MatchingLabels{crawlv1alpha1.LabelPool: p.Name}))
+	return list.Items
+}
+
+func available(ms []crawlv1alpha1.Proxy) int {
+	n := 0
+	for _, m := range ms {
+		if m.DeletionTimestamp.IsZero() && meta.IsStatusConditionTrue(m.Status.Conditions, crawlv1alpha1.ConditionReady) {
+			n++
+		}
+	}
+	return n
+}
+
+func memberNames(ms []crawlv1alpha1.Proxy) []string {
+	var out []string
+	for _, m := range ms {
+		out = append(out, m.Name)
+	}
+	return out
+}
+
+// vmsPerZone counts the fake's running or starting VMs by zone.
+func vmsPerZone(fake *fakecompute.Server) map[string]int {
+	out := map[string]int{}
+	for _, vm := range fake.Instances() {
+		if !strings.HasPrefix(vm.GetStatus(), "STOP") && vm.GetStatus() != "TERMINATED" {
+			out[path.Base(vm.GetZone())]++
+		}
+	}
+	return out
+}
+
+// markHealthy plays the health engine's first passing probe: each Ready
+// proxy with an address whose Healthy condition is not True gets it.
+func markHealthy(ctx context.Context, c client.Client, ns string) {
+	for ctx.Err() == nil {
+		var list crawlv1alpha1.ProxyList
+		if err := c.List(ctx, &list, client.InNamespace(ns)); err == nil {
+			for i := range list.Items {
+				px := &list.Items[i]
+				if !px.Serving() || meta.IsStatusConditionTrue(px.Status.Conditions, crawlv1alpha1.ConditionHealthy) {
+					continue
+				}
+				meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionTrue,
+					Reason: "ProbeSucceeded", Message: "stand-in for the engine's first passing probe", ObservedGeneration: px.Generation})
+				px.Status.SetReadyCondition(px.Generation)
+				_ = c.Status().Update(ctx, px) // a conflict: the next round
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func patch(ctx context.Context, c client.Client, p *crawlv1alpha1.ProxyPool, edit func(*crawlv1alpha1.ProxyPool)) error {
+	var err error
+	for range 20 {
+		var cur crawlv1alpha1.ProxyPool
+		if err = c.Get(ctx, client.ObjectKeyFromObject(p), &cur); err != nil {
+			return err
+		}
+		edit(&cur)
+		if err = c.Update(ctx, &cur); !apierrors.IsConflict(err) {
+			return err
+		}
+	}
+	return err
+}

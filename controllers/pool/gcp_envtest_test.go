@@ -92,7 +92,7 @@ func TestGCPPoolSpreadsAndRecycles(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "eu"},
 		Spec: crawlv1alpha1.ProxyPoolSpec{
 			Replicas: ptr.To[int32](6), Zones: zones,
-			MaxAge:   &metav1.Duration{Duration: 30 * time.Second}, MaxAgeJitterPercent: 0,
+			MaxAge: &metav1.Duration{Duration: 30 * time.Second}, MaxAgeJitterPercent: 0,
 			Strategy: crawlv1alpha1.PoolStrategy{MaxSurge: ptr.To(intstr.FromInt32(2))},
 			Template: crawlv1alpha1.ProxyTemplate{Spec: crawlv1alpha1.ProxySpec{
 				Mode: crawlv1alpha1.ModeManaged, Provider: "gcp-eu", Port: 3128,

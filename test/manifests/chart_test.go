@@ -20,7 +20,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
@@ -40,6 +39,8 @@ const (
 	releaseNamespace = "crawl-system"
 	// serviceMonitorAPI is what the Prometheus Operator serves.
 	serviceMonitorAPI = "monitoring.coreos.com/v1/ServiceMonitor"
+	// prometheusRuleAPI is what the Prometheus Operator serves for alerts.
+	prometheusRuleAPI = "monitoring.coreos.com/v1/PrometheusRule"
 )
 
 // chartInstall says how to render the chart: values files (relative to the
@@ -164,9 +165,11 @@ func TestChartRendersForEachRegion(t *testing.T) {
 				}
 			}
 
-			var crd apiextensionsv1.CustomResourceDefinition
-			require.True(t, r.objects.one(t, "CustomResourceDefinition", &crd))
-			assert.Equal(t, "keep", crd.Annotations["helm.sh/resource-policy"], "crds.keep defaults to true")
+			crds := crdsByName(t, r.objects)
+			require.Len(t, crds, len(crdFiles), "the chart installs every CRD")
+			for name, crd := range crds {
+				assert.Equal(t, "keep", crd.Annotations["helm.sh/resource-policy"], "%s: crds.keep defaults to true", name)
+			}
 
 			assert.Contains(t, r.notes, "port-forward svc/egress-proxies-operator-discovery 8090:8090")
 			assert.Contains(t, r.notes, "provider: "+tc.provider, "NOTES show a first Proxy for the configured provider")
@@ -184,9 +187,11 @@ func TestChartToggles(t *testing.T) {
 	})
 	t.Run("crds.keep=false lets uninstall delete the CRD", func(t *testing.T) {
 		r := chartInstall{set: map[string]any{"crds": map[string]any{"keep": false}}}.mustRender(t)
-		var crd apiextensionsv1.CustomResourceDefinition
-		require.True(t, r.objects.one(t, "CustomResourceDefinition", &crd))
-		assert.NotContains(t, crd.Annotations, "helm.sh/resource-policy")
+		crds := crdsByName(t, r.objects)
+		require.Len(t, crds, len(crdFiles))
+		for name, crd := range crds {
+			assert.NotContains(t, crd.Annotations, "helm.sh/resource-policy", name)
+		}
 	})
 	t.Run("networkPolicy.enabled=false", func(t *testing.T) {
 		r := chartInstall{set: map[string]any{"networkPolicy": map[string]any{"enabled": false}}}.mustRender(t)
@@ -238,6 +243,38 @@ func TestChartToggles(t *testing.T) {
 		require.Len(t, sm.Spec.Endpoints, 1)
 		assert.Equal(t, metrics.Spec.Ports[0].Name, sm.Spec.Endpoints[0].Port)
 		assert.Equal(t, "https", sm.Spec.Endpoints[0].Scheme)
+	})
+	t.Run("the PrometheusRule needs the toggle and the API, and carries the checked rules file", func(t *testing.T) {
+		on := map[string]any{"metrics": map[string]any{"prometheusRule": map[string]any{"enabled": true, "labels": map[string]any{"release": "kube-prometheus"}}}}
+		r := chartInstall{set: on}.mustRender(t)
+		assert.Empty(t, r.objects.ofKind("PrometheusRule"), "not served: skipped")
+		assert.Contains(t, r.notes, "WARNING: metrics.prometheusRule.enabled is true")
+		r = chartInstall{apiVersions: []string{prometheusRuleAPI}}.mustRender(t)
+		assert.Empty(t, r.objects.ofKind("PrometheusRule"), "served but not enabled")
+
+		r = chartInstall{set: on, apiVersions: []string{prometheusRuleAPI}}.mustRender(t)
+		var rule struct {
+			Metadata struct {
+				Labels map[string]string `json:"labels"`
+			} `json:"metadata"`
+			Spec map[string]any `json:"spec"`
+		}
+		require.True(t, r.objects.one(t, "PrometheusRule", &rule))
+		assert.Equal(t, "kube-prometheus", rule.Metadata.Labels["release"], "the labels a Prometheus selects rules by")
+		var file map[string]any
+		require.NoError(t, yaml.Unmarshal(repoFile(t, "charts/egress-proxies-operator/monitoring/alerts.yaml"), &file))
+		assert.Equal(t, file, rule.Spec, "the spec is the rules file promtool checks, unchanged")
+	})
+	t.Run("the Grafana dashboard is a ConfigMap for the sidecar, when asked for", func(t *testing.T) {
+		plain := chartInstall{}.mustRender(t)
+		for _, cm := range plain.objects.ofKind("ConfigMap") {
+			assert.NotEqual(t, "egress-proxies-operator-dashboard", cm.GetName(), "off by default")
+		}
+		r := chartInstall{set: map[string]any{"metrics": map[string]any{"grafanaDashboard": map[string]any{"enabled": true}}}}.mustRender(t)
+		var cm corev1.ConfigMap
+		r.objects.named(t, "ConfigMap", "egress-proxies-operator-dashboard", &cm)
+		assert.Equal(t, "1", cm.Labels["grafana_dashboard"])
+		assert.JSONEq(t, string(repoFile(t, "charts/egress-proxies-operator/monitoring/dashboard.json")), cm.Data["egress-proxies-operator.json"])
 	})
 	t.Run("an image digest wins over the tag", func(t *testing.T) {
 		digest := "sha256:" + strings.Repeat("ab", 32)

@@ -1,6 +1,7 @@
 package manifests
 
 import (
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -9,29 +10,55 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// crdFile is the CRD controller-gen writes; every other copy must be it.
-const crdFile = "config/crd/bases/crawl.example.com_proxies.yaml"
+// crdFiles are the CRDs controller-gen writes; every other copy must be them.
+var crdFiles = []string{
+	"config/crd/bases/crawl.example.com_proxies.yaml",
+	"config/crd/bases/crawl.example.com_proxypools.yaml",
+}
 
 // TestCRDCopiesAreTheGeneratedOne: the chart and the bundle ship
-// controller-gen's file byte for byte (make manifests and make bundle copy
-// it), and what the chart and every overlay render is that CRD.
+// controller-gen's files byte for byte (make manifests and make bundle copy
+// them), and what the chart and every overlay render are those CRDs, no
+// more and no fewer.
 func TestCRDCopiesAreTheGeneratedOne(t *testing.T) {
-	want := repoFile(t, crdFile)
-	for _, copied := range []string{chartDir + "/files/crds/crawl.example.com_proxies.yaml", bundleDir + "/manifests/crawl.example.com_proxies.yaml"} {
-		assert.Equal(t, string(want), string(repoFile(t, copied)), "%s must be a copy of %s: run make manifests bundle", copied, crdFile)
+	generated := map[string]apiextensionsv1.CustomResourceDefinition{}
+	for _, file := range crdFiles {
+		want := repoFile(t, file)
+		base := filepath.Base(file)
+		for _, copied := range []string{chartDir + "/files/crds/" + base, bundleDir + "/manifests/" + base} {
+			assert.Equal(t, string(want), string(repoFile(t, copied)), "%s must be a copy of %s: run make manifests bundle", copied, file)
+		}
+		var crd apiextensionsv1.CustomResourceDefinition
+		require.NoError(t, yaml.Unmarshal(want, &crd), file)
+		generated[crd.Name] = crd
 	}
 
-	var generated apiextensionsv1.CustomResourceDefinition
-	require.NoError(t, yaml.Unmarshal(want, &generated))
 	check := func(what string, o objects) {
-		var got apiextensionsv1.CustomResourceDefinition
-		require.True(t, o.one(t, "CustomResourceDefinition", &got), what)
-		assert.Equal(t, generated.Name, got.Name, what)
-		assert.Equal(t, generated.Spec, got.Spec, what)
-		assert.Equal(t, generated.Annotations["controller-gen.kubebuilder.io/version"], got.Annotations["controller-gen.kubebuilder.io/version"], what)
+		got := crdsByName(t, o)
+		require.Len(t, got, len(generated), "%s renders every CRD, and only those", what)
+		for name, want := range generated {
+			crd, ok := got[name]
+			if !assert.True(t, ok, "%s lacks the CRD %s", what, name) {
+				continue
+			}
+			assert.Equal(t, want.Spec, crd.Spec, "%s: %s", what, name)
+			assert.Equal(t, want.Annotations["controller-gen.kubebuilder.io/version"], crd.Annotations["controller-gen.kubebuilder.io/version"], "%s: %s", what, name)
+		}
 	}
 	for _, dir := range []string{"config/default", "overlays/kind", "overlays/gcp-eu", "overlays/gcp-us"} {
 		check(dir, build(t, dir))
 	}
 	check("the chart", chartInstall{}.mustRender(t).objects)
+}
+
+// crdsByName decodes every CustomResourceDefinition among o.
+func crdsByName(t *testing.T, o objects) map[string]apiextensionsv1.CustomResourceDefinition {
+	t.Helper()
+	out := map[string]apiextensionsv1.CustomResourceDefinition{}
+	for _, u := range o.ofKind("CustomResourceDefinition") {
+		var crd apiextensionsv1.CustomResourceDefinition
+		decode(t, u, &crd)
+		out[crd.Name] = crd
+	}
+	return out
 }

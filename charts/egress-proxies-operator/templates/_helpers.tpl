@@ -69,3 +69,12 @@ app.kubernetes.io/component: controller-manager
 {{- define "epo.serviceMonitorServed" -}}
 {{- if and .Values.metrics.enabled .Values.metrics.serviceMonitor.enabled (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1/ServiceMonitor") }}true{{ end }}
 {{- end }}
+
+{{/*
+epo.prometheusRuleServed is "true" when the PrometheusRule is asked for and
+the cluster serves its API, as epo.serviceMonitorServed for the
+ServiceMonitor.
+*/}}
+{{- define "epo.prometheusRuleServed" -}}
+{{- if and .Values.metrics.enabled .Values.metrics.prometheusRule.enabled (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1/PrometheusRule") }}true{{ end }}
+{{- end }}

@@ -84,7 +84,7 @@ func knownFalseWarning(msg string, eventsRule int) bool {
 // eventsRuleIndex is where the manager's ClusterRole grants events.k8s.io.
 func eventsRuleIndex(t *testing.T, b *manifests.Bundle) int {
 	t.Helper()
-	var spec operatorsv1alpha1.StrategyDetailsDeployment = b.CSV.Spec.InstallStrategy.StrategySpec
+	spec := b.CSV.Spec.InstallStrategy.StrategySpec
 	require.NotEmpty(t, spec.ClusterPermissions)
 	for i, r := range spec.ClusterPermissions[0].Rules {
 		if slices.Contains(r.APIGroups, "events.k8s.io") {

@@ -120,7 +120,7 @@ fuzz: ## Run each fuzz target for FUZZ_TIME (their seed corpora run in make test
 	go test -run '^$$' -fuzz '^FuzzParseListQuery$$' -fuzztime $(FUZZ_TIME) ./discovery/
 
 .PHONY: demo
-demo: envtest squid ## Run the operator locally with real Squid proxies; stays up until Ctrl-C.
+demo: envtest squid ## Run the operator locally with real Squid proxies and a pool; Ctrl-C ends it (status 0).
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go run ./hack/demo
 
 .PHONY: squid

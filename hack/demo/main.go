@@ -1,8 +1,10 @@
 // Command demo runs the whole operator on this machine, no Docker needed: a
 // real API server, the operator binary, real Squid proxies and a local HTTPS
 // probe target (the test/cluster harness). It applies a Managed and an
-// External proxy, waits until both are Ready and Healthy, prints how to use
-// the discovery API, and stays up until interrupted. Run it with make demo.
+// External proxy and a small ProxyPool spread over three zones, waits until
+// all of them serve, prints how to use the discovery API and scale the
+// pool, and stays up until interrupted. Ctrl-C ends it, and make demo, with
+// status 0. Run it with make demo.
 package main
 
 import (
@@ -17,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,7 +30,10 @@ import (
 	"github.com/example/egress-proxies-operator/test/squid"
 )
 
-const discoveryAddr = "127.0.0.1:8090"
+const (
+	discoveryAddr = "127.0.0.1:8090"
+	demoPool      = "demo-pool"
+)
 
 func main() {
 	if err := run(); err != nil {
@@ -37,6 +43,7 @@ func main() {
 }
 
 func run() error {
+	defer takeTerminal()()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	dir, err := filepath.Abs("tmp/demo")
@@ -90,46 +97,74 @@ func run() error {
 			return fmt.Errorf("creating Proxy %s: %w", p.Name, err)
 		}
 	}
-	fmt.Println("waiting for both proxies to be Ready and Healthy...")
-	if err := waitReady(ctx, c.Env.Client, proxies); err != nil {
+	pool := &crawlv1alpha1.ProxyPool{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: demoPool},
+		Spec: crawlv1alpha1.ProxyPoolSpec{
+			Replicas: ptr(int32(3)),
+			Zones:    []string{"local-a", "local-b", "local-c"},
+			Template: crawlv1alpha1.ProxyTemplate{Spec: crawlv1alpha1.ProxySpec{
+				Mode: crawlv1alpha1.ModeManaged, Provider: cluster.ProviderName, Port: 3128,
+				Attributes: map[string]string{"geo": "local"},
+			}},
+		},
+	}
+	if err := c.Env.Client.Create(ctx, pool); err != nil {
+		return fmt.Errorf("creating ProxyPool %s: %w", pool.Name, err)
+	}
+	fmt.Println("waiting for both proxies and the pool's 3 members to be Ready and Healthy...")
+	if err := waitServing(ctx, c.Env.Client, proxies, pool); err != nil {
 		return fmt.Errorf("%w (operator log: %s)", err, op.Log)
 	}
 
 	kubectl := fmt.Sprintf("bin/k8s/*/kubectl --kubeconfig %s", c.Kubeconfig)
 	fmt.Printf(`
-Both proxies are Ready and Healthy.
+Both proxies and the pool %[8]s (3 members, one per zone) are Ready and Healthy.
 
   kubeconfig: %[1]s
   token:      %[2]s
   operator log: %[3]s
 
-  %[4]s get px
+  %[4]s get px,pxp,pods
   export TOKEN=%[2]s
   curl -s -H "Authorization: Bearer $TOKEN" 'http://%[5]s/v1/proxies?healthy=true'
   curl -s -H "Authorization: Bearer $TOKEN" -XPOST http://%[5]s/v1/leases -d '{"selector":{"geo":"local"},"ttlSeconds":300}'
-  curl -s -x http://<proxy ip>:3128 --cacert %[6]s %[7]s -o /dev/null -w '%%{http_code}\n'   # through the leased proxy
+  curl -s -H "Authorization: Bearer $TOKEN" -XPOST http://%[5]s/v1/leases -d '{"selector":{"pool":"%[8]s"},"ttlSeconds":300}'
+  curl -s -x '<the lease's proxy.url, credentials included>' --cacert %[6]s %[7]s -o /dev/null -w '%%{http_code}\n'   # through the leased proxy
   curl -s -H "Authorization: Bearer $TOKEN" -XPOST http://%[5]s/v1/leases/<leaseID>/report -d '{"result":"rate_limited","target":"example.com"}'
   curl -si -H "Authorization: Bearer $TOKEN" -XDELETE http://%[5]s/v1/leases/<leaseID>
 
+Scale the pool, and watch it spread over its zones:
+
+  %[4]s scale pxp/%[8]s --replicas=5
+  %[4]s get pxp %[8]s -w
+
 Press Ctrl-C to stop everything.
-`, c.Kubeconfig, token, op.Log, kubectl, discoveryAddr, c.Target.CAFile, c.Target.URL)
+`, c.Kubeconfig, token, op.Log, kubectl, discoveryAddr, c.Target.CAFile, c.Target.URL, demoPool)
 	<-ctx.Done()
 	fmt.Println("\nstopping...")
 	return nil
 }
 
-func waitReady(ctx context.Context, c client.Client, proxies []*crawlv1alpha1.Proxy) error {
+// waitServing waits until every proxy is Ready and Healthy and the pool
+// has all its members available.
+func waitServing(ctx context.Context, c client.Client, proxies []*crawlv1alpha1.Proxy, pool *crawlv1alpha1.ProxyPool) error {
 	deadline := time.Now().Add(2 * time.Minute)
 	for time.Now().Before(deadline) {
-		ready := 0
+		serving := 0
 		for _, p := range proxies {
 			var got crawlv1alpha1.Proxy
 			if err := c.Get(ctx, client.ObjectKeyFromObject(p), &got); err == nil &&
-				meta.IsStatusConditionTrue(got.Status.Conditions, crawlv1alpha1.ConditionReady) {
-				ready++
+				meta.IsStatusConditionTrue(got.Status.Conditions, crawlv1alpha1.ConditionReady) &&
+				meta.IsStatusConditionTrue(got.Status.Conditions, crawlv1alpha1.ConditionHealthy) {
+				serving++
 			}
 		}
-		if ready == len(proxies) {
+		var got crawlv1alpha1.ProxyPool
+		if err := c.Get(ctx, client.ObjectKeyFromObject(pool), &got); err == nil &&
+			got.Status.ObservedGeneration == got.Generation && got.Status.AvailableReplicas == *pool.Spec.Replicas {
+			serving++
+		}
+		if serving == len(proxies)+1 {
 			return nil
 		}
 		select {
@@ -138,8 +173,33 @@ func waitReady(ctx context.Context, c client.Client, proxies []*crawlv1alpha1.Pr
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-	return errors.New("the proxies did not become Ready and Healthy within 2 minutes")
+	return errors.New("the proxies and the pool did not serve within 2 minutes")
 }
+
+// takeTerminal makes the demo the terminal's foreground process group, so
+// Ctrl-C interrupts the demo (and the processes it started) but not make:
+// make then sees the demo exit 0 and exits 0 itself, instead of dying of
+// the signal with its "Interrupt" error line. The returned func hands the
+// terminal back. Without a terminal (CI, a pipe) it does nothing.
+func takeTerminal() (restore func()) {
+	fd := int(os.Stdin.Fd())
+	previous, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP)
+	if err != nil {
+		return func() {} // not a terminal
+	}
+	if err := syscall.Setpgid(0, 0); err != nil {
+		return func() {}
+	}
+	// A background process group may take the terminal only with SIGTTOU
+	// ignored, as shells do.
+	signal.Ignore(syscall.SIGTTOU)
+	if err := unix.IoctlSetPointerInt(fd, unix.TIOCSPGRP, syscall.Getpgrp()); err != nil {
+		return func() {}
+	}
+	return func() { _ = unix.IoctlSetPointerInt(fd, unix.TIOCSPGRP, previous) }
+}
+
+func ptr[T any](v T) *T { return &v }
 
 func randomToken() string {
 	b := make([]byte, 24)

@@ -148,8 +148,18 @@ type readyWatch struct {
 	once  sync.Once
 }
 
-// watchReady starts the watch; its informer ends with the benchmark.
+// watchReady starts the watch for n Ready Proxies; its informer ends with
+// the benchmark.
 func watchReady(b *testing.B, c *cluster.Cluster, namespace string, n int) *readyWatch {
+	b.Helper()
+	return watchProxies(b, c, namespace, n, func(p *crawlv1alpha1.Proxy) bool {
+		return meta.IsStatusConditionTrue(p.Status.Conditions, crawlv1alpha1.ConditionReady)
+	})
+}
+
+// watchProxies starts a watch for n Proxies that are done by the measure
+// of done; its informer ends with the benchmark.
+func watchProxies(b *testing.B, c *cluster.Cluster, namespace string, n int, done func(*crawlv1alpha1.Proxy) bool) *readyWatch {
 	b.Helper()
 	ctx := b.Context()
 	informers, err := cache.New(c.Env.Config, cache.Options{Scheme: c.Env.Scheme, DefaultNamespaces: map[string]cache.Config{namespace: {}}})
@@ -166,7 +176,7 @@ func watchReady(b *testing.B, c *cluster.Cluster, namespace string, n int) *read
 		if !ok {
 			return
 		}
-		ready := meta.IsStatusConditionTrue(p.Status.Conditions, crawlv1alpha1.ConditionReady)
+		ready := done(p)
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		switch was := w.ready[p.Name]; {
@@ -197,12 +207,17 @@ func (w *readyWatch) wait(b *testing.B, timeout time.Duration, op *cluster.Opera
 	select {
 	case <-w.done:
 	case <-time.After(timeout):
-		if log, err := os.ReadFile(op.Log); err == nil {
-			b.Logf("the operator's log ends:\n%s", log[max(0, len(log)-8000):])
-		}
+		logTail(b, op)
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		b.Fatalf("only %d of %d Proxies Ready after %s", w.count, w.n, timeout)
+	}
+}
+
+// logTail logs the end of the operator's log, for a benchmark that failed.
+func logTail(b *testing.B, op *cluster.Operator) {
+	if log, err := os.ReadFile(op.Log); err == nil {
+		b.Logf("the operator's log ends:\n%s", log[max(0, len(log)-8000):])
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -234,10 +235,7 @@ func (r *PodRunner) start(ctx context.Context, pod *corev1.Pod) error {
 	if err != nil {
 		return err
 	}
-	pod.Status = corev1.PodStatus{
-		Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}},
-		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}},
-	}
+	pod.Status = RunningStatus(pod, ip, time.Now())
 	if err := r.client.Status().Update(ctx, pod); err != nil {
 		sq.Stop()
 		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
@@ -249,4 +247,31 @@ func (r *PodRunner) start(ctx context.Context, pod *corev1.Pod) error {
 	r.running[pod.UID] = &runningPod{key: client.ObjectKeyFromObject(pod), ip: ip, squid: sq, cfg: cfg, dir: dir}
 	r.mu.Unlock()
 	return nil
+}
+
+// RunningStatus is the status a kubelet reports for pod once its containers
+// run at ip: phase Running, the four pod conditions True, and a ready,
+// started status per container, so `kubectl get pods` shows READY 1/1 as
+// on a real cluster.
+func RunningStatus(pod *corev1.Pod, ip string, now time.Time) corev1.PodStatus {
+	since := metav1.NewTime(now)
+	status := corev1.PodStatus{
+		Phase:  corev1.PodRunning,
+		HostIP: "127.0.0.1", HostIPs: []corev1.HostIP{{IP: "127.0.0.1"}},
+		PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}},
+		StartTime: &since,
+		QOSClass:  pod.Status.QOSClass, // the API server sets it at create; it is immutable
+	}
+	for _, t := range []corev1.PodConditionType{corev1.PodScheduled, corev1.PodInitialized, corev1.ContainersReady, corev1.PodReady} {
+		status.Conditions = append(status.Conditions, corev1.PodCondition{Type: t, Status: corev1.ConditionTrue, LastTransitionTime: since})
+	}
+	started := true
+	for _, c := range pod.Spec.Containers {
+		status.ContainerStatuses = append(status.ContainerStatuses, corev1.ContainerStatus{
+			Name: c.Name, Image: c.Image, ImageID: c.Image,
+			Ready: true, Started: &started,
+			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: since}},
+		})
+	}
+	return status
 }

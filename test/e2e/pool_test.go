@@ -182,6 +182,12 @@ func testPool(t *testing.T) {
 	for _, col := range []string{"NAME", "PROVIDER", "DESIRED", "READY", "AVAILABLE", "AGE"} {
 		assert.Contains(t, columns, col, "printer columns")
 	}
+	// The pods look as they would on a real cluster: every container ready.
+	podLines := strings.Split(strings.TrimSpace(kubectl(t, "get", "pods", "-n", ns, "--no-headers")), "\n")
+	assert.Len(t, podLines, 6, "one pod per member")
+	for _, line := range podLines {
+		assert.Regexp(t, `^\S+\s+1/1\s+Running\s`, line, "kubectl get pods")
+	}
 
 	t.Run("lease by pool name", func(t *testing.T) {
 		lease := api(t, "POST", "/v1/leases", `{"selector":{"pool":"fleet"},"ttlSeconds":60}`)

@@ -30,8 +30,8 @@ const (
 
 // chaos breaks things on every tick: it kills Squids (in pods, behind
 // External Proxies, on VMs) and brings them back later, makes the fake
-// Compute API fail, terminates VMs, deletes and adds Proxies, changes specs
-// that force a replacement, and kills the operator a few times.
+// Compute API fail, terminates VMs, deletes and adds Proxies, changes pool
+// templates (which roll the pool), and kills the operator a few times.
 type chaos struct {
 	w   *world
 	rng *rand.Rand
@@ -110,7 +110,9 @@ func (c *chaos) run(ctx context.Context, duration time.Duration) {
 				c.count("operator killed and restarted")
 				continue
 			}
-			c.act(ctx)
+			// An action started just before the run ends is let finish:
+			// its API calls must not fail for the run's deadline.
+			c.act(context.WithoutCancel(ctx))
 		}
 	}
 }
@@ -214,17 +216,22 @@ func (c *chaos) terminateVM() {
 	c.count("VM terminated behind the operator's back")
 }
 
-// churn deletes a random Proxy and adds a new one to the same pool.
+// churn deletes a random Proxy. A pool member's pool replaces it; an
+// External Proxy is replaced by a new one, as a user would.
 func (c *chaos) churn(ctx context.Context) {
 	p, ok := c.pickProxy(ctx)
 	if !ok {
 		return
 	}
-	pool := p.Spec.Attributes[poolKey]
 	if err := c.w.cluster.Env.Client.Delete(ctx, p); err != nil && !apierrors.IsNotFound(err) {
 		c.fail("deleting Proxy %s: %v", p.Name, err)
 		return
 	}
+	if p.PoolName() != "" {
+		c.count("pool member deleted (its pool replaces it)")
+		return
+	}
+	pool := p.Spec.Attributes[poolKey]
 	c.mu.Lock()
 	i := c.next[pool]
 	c.next[pool]++
@@ -236,34 +243,15 @@ func (c *chaos) churn(ctx context.Context) {
 	c.count("Proxy deleted and another added")
 }
 
-// replace changes a Managed Proxy's spec in a way that replaces its
-// instance: the port of a pod, the machine type of a VM.
+// replace changes what a Managed proxy's instances boot with, forcing
+// replacements: every Managed proxy is a pool member, so the change is to
+// its pool's template, and the pool rolls.
 func (c *chaos) replace(ctx context.Context) {
 	p, ok := c.pickProxy(ctx)
-	if !ok || p.Spec.Mode != crawlv1alpha1.ModeManaged || p.DeletionTimestamp != nil {
+	if !ok || p.PoolName() == "" {
 		return
 	}
-	switch p.Spec.Attributes[poolKey] {
-	case poolKubernetes:
-		if p.Spec.Port == 3129 {
-			p.Spec.Port = crawlv1alpha1.DefaultPort
-		} else {
-			p.Spec.Port = 3129
-		}
-	case poolGCP:
-		if p.Spec.Placement.MachineType == "e2-medium" {
-			p.Spec.Placement.MachineType = "e2-small"
-		} else {
-			p.Spec.Placement.MachineType = "e2-medium"
-		}
-	}
-	if err := c.w.cluster.Env.Client.Update(ctx, p); err != nil {
-		if !apierrors.IsConflict(err) {
-			c.fail("changing Proxy %s: %v", p.Name, err)
-		}
-		return
-	}
-	c.count("Managed Proxy changed (replaced)")
+	c.changeTemplate(ctx, p.PoolName())
 }
 
 func (c *chaos) pickProxy(ctx context.Context) (*crawlv1alpha1.Proxy, bool) {

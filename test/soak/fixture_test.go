@@ -60,9 +60,9 @@ const (
 	resyncInterval = 5 * time.Second
 )
 
-// poolKey is the attribute that tells the three kinds of Proxy apart, for
+// poolKey is the attribute that tells the three groups of Proxy apart, for
 // the load's selectors and the checks ("pool" itself is derived: the
-// ProxyPool a member belongs to).
+// ProxyPool a member belongs to, of which each Managed group has two).
 const poolKey = "group"
 
 const (
@@ -218,24 +218,14 @@ func (w *world) currentOperator() *cluster.Operator {
 	return w.operator
 }
 
-// newProxy is Proxy number i of a pool.
-func (w *world) newProxy(pool string, i int) *crawlv1alpha1.Proxy {
-	p := &crawlv1alpha1.Proxy{
-		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: fmt.Sprintf("%s-%04d", pool, i)},
-		Spec:       crawlv1alpha1.ProxySpec{Attributes: map[string]string{poolKey: pool}},
+// newProxy is External Proxy number i (the Managed ones are pool members).
+func (w *world) newProxy(group string, i int) *crawlv1alpha1.Proxy {
+	s := w.squids[i%len(w.squids)]
+	return &crawlv1alpha1.Proxy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: fmt.Sprintf("%s-%04d", group, i)},
+		Spec: crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeExternal, Attributes: map[string]string{poolKey: group},
+			External: &crawlv1alpha1.ExternalEndpoint{Address: s.cfg.Address, Port: int32(s.cfg.Port)}},
 	}
-	switch pool {
-	case poolKubernetes:
-		p.Spec.Mode, p.Spec.Provider = crawlv1alpha1.ModeManaged, []string{cluster.ProviderName, kubernetesProviderB}[i%2]
-	case poolGCP:
-		p.Spec.Mode, p.Spec.Provider = crawlv1alpha1.ModeManaged, []string{gcpProvider, gcpProviderB}[i%2]
-		p.Spec.Placement = &crawlv1alpha1.Placement{Zone: gcpZone, MachineType: "e2-small"}
-	case poolExternal:
-		s := w.squids[i%len(w.squids)]
-		p.Spec.Mode = crawlv1alpha1.ModeExternal
-		p.Spec.External = &crawlv1alpha1.ExternalEndpoint{Address: s.cfg.Address, Port: int32(s.cfg.Port)}
-	}
-	return p
 }
 
 // externalSquid is a Squid an External Proxy points at; the soak kills and
@@ -415,10 +405,25 @@ func vmAddr(ifaces []*computepb.NetworkInterface, port string) string {
 }
 
 // replacementsNow is the running operator's proxy_operator_replacements_total
-// by cause.
+// by cause, beside its pools' proxy_operator_pool_replacements_total by
+// cause with the prefix "pool/".
 func (w *world) replacementsNow() (map[string]float64, error) {
-	return w.metricByLabel("proxy_operator_replacements_total", "cause")
+	out, err := w.metricByLabel("proxy_operator_replacements_total", "cause")
+	if err != nil {
+		return nil, err
+	}
+	pools, err := w.metricByLabel("proxy_operator_pool_replacements_total", "cause")
+	if err != nil {
+		return nil, err
+	}
+	for cause, n := range pools {
+		out[poolCause(cause)] = n
+	}
+	return out, nil
 }
+
+// poolCause is how the soak's figures name a pool's replacement cause.
+func poolCause(cause string) string { return "pool/" + cause }
 
 // metricByLabel sums a counter of the running operator by one label.
 func (w *world) metricByLabel(name, label string) (map[string]float64, error) {

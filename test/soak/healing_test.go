@@ -94,7 +94,8 @@ func (c *chaos) outageCounters() (replaced, held float64) {
 	if err != nil {
 		c.outage.errs = append(c.outage.errs, "reading held replacements: "+err.Error())
 	}
-	return r["UnhealthyTooLong"], h["ProbeTargetSuspect"]
+	// Pool members Unhealthy too long are replaced by their pool.
+	return r["UnhealthyTooLong"] + r[poolCause("UnhealthyTooLong")], h["ProbeTargetSuspect"]
 }
 
 func (c *chaos) hold(addr string) {

@@ -36,7 +36,9 @@ var (
 	soakSeed     = flag.Uint64("soak.seed", 0, "seed of the random choices; 0 takes one from the clock (the run prints it, to replay a run's choices)")
 )
 
-// sizes is how many Proxies of each pool the soak keeps: 500 in all.
+// sizes is how many Proxies of each group the soak keeps, 500 in all: the
+// Managed ones as members of two ProxyPools per group (pools_test.go), the
+// External ones as single Proxies.
 var sizes = map[string]int{poolKubernetes: 100, poolGCP: 200, poolExternal: 200}
 
 const (
@@ -73,11 +75,14 @@ func TestSoak(t *testing.T) {
 	ctx := context.Background()
 
 	start := time.Now()
-	for pool, n := range sizes {
-		for i := range n {
-			if err := c.Create(ctx, w.newProxy(pool, i)); err != nil {
-				t.Fatal(err)
-			}
+	for i := range sizes[poolExternal] {
+		if err := c.Create(ctx, w.newProxy(poolExternal, i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, pool := range newPools(sizes) {
+		if err := c.Create(ctx, pool); err != nil {
+			t.Fatal(err)
 		}
 	}
 	waitFor(t, bringUpTimeout, "every Proxy Ready", func() []string { return w.notReady(ctx) })
@@ -94,6 +99,9 @@ func TestSoak(t *testing.T) {
 	wg.Go(func() { s.run(runCtx) })
 	wg.Wait()
 	soakEnd := time.Now()
+	if err := w.stopRecycling(ctx); err != nil {
+		t.Fatal(err)
+	}
 	leftDown := ch.leaveSomeDown()
 
 	// Every Proxy converges on an instance of its own, and nothing else
@@ -122,6 +130,11 @@ func TestSoak(t *testing.T) {
 		return problems
 	})
 	recovered := time.Since(recoveryStart)
+	// Every pool is whole again: its replicas, all available and of its
+	// current template, spread over its zones.
+	poolsStart := time.Now()
+	poolProblems := eventually(convergeWithin, func() []string { return w.poolProblems(ctx) })
+	poolsSettled := time.Since(poolsStart)
 	gcDeleted, gcLive, gcErr := w.gcAudit(ctx)
 	replacements := w.totalReplacements()
 	recoveryMedian, recoveryMax, recoveries, recoveriesWaiting := ch.recoveryTimes()
@@ -144,6 +157,7 @@ discovery: %d answered, %.0f/s, p50 %s, p99 %s; unexpected statuses: %d; unanswe
 %sleases granted: %d; abandoned leases audited after their TTL: %d, still alive: %d; active leases counted at the end: %d
 operator over the last half (%d samples, one process: %t): RSS median %s -> %s MiB, goroutines median %s -> %s
 self-healing: Managed proxies not Ready and Healthy at the end: %d (held down by the chaos at that moment: %d), recovered within %s
+pools: %d, recycled by age every %s during the faults; not whole at the end: %d, settled within %s
 replacements by cause:%s
 VM killed behind the operator's back -> successor Healthy: %d measured, median %s, max %s (still waiting: %d)
 probe target outage of %s: replacements for being Unhealthy during it %.0f, passes that held one back %.0f
@@ -156,7 +170,8 @@ orphan GC: %d instances deleted, %d of them live
 		len(l.unexpected), len(l.failedWhileUp), l.failedWhileDown, l.statusTable(),
 		l.granted, l.audited, len(l.outlivedTTL), leftLeases,
 		s.count(soakStart.Add(*soakDuration/2), soakEnd), sameProcess, mib(rss[0]), mib(rss[1]), strconv.Itoa(int(goroutines[0])), strconv.Itoa(int(goroutines[1])),
-		len(unrecovered), heldDown, recovered.Round(time.Second), formatCauses(replacements),
+		len(unrecovered), heldDown, recovered.Round(time.Second),
+		len(soakPools), poolMaxAge, len(poolProblems), poolsSettled.Round(time.Second), formatCauses(replacements),
 		recoveries, recoveryMedian.Round(time.Second), recoveryMax.Round(time.Second), recoveriesWaiting,
 		outageLength, ch.outage.replacedDuring, ch.outage.heldDuring,
 		gcDeleted, len(gcLive))
@@ -185,10 +200,14 @@ orphan GC: %d instances deleted, %d of them live
 	case ch.outage.heldDuring == 0:
 		t.Error("no replacement was held back during the outage: the outage guard was never tested")
 	}
-	for _, cause := range []string{"InstanceFailed", "InstanceLost", "UnhealthyTooLong"} {
+	report(t, "ProxyPool not whole after the faults", poolProblems)
+	for _, cause := range []string{"InstanceFailed", "InstanceLost", poolCause("UnhealthyTooLong"), poolCause("MaxAge")} {
 		if replacements[cause] == 0 {
 			t.Errorf("no replacement with cause %s: that path went untested", cause)
 		}
+	}
+	if ch.counts["pool template changed (the pool rolls)"] > 0 && replacements[poolCause("TemplateChanged")] == 0 {
+		t.Error("a pool template changed, but no member was replaced for it")
 	}
 	if recoveries == 0 {
 		t.Error("no VM death was followed to a Healthy successor")

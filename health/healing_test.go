@@ -103,7 +103,14 @@ func TestEngineTellsTheReconciler(t *testing.T) {
 		}
 	}
 	require.Eventually(t, func() bool { drain(); return got[keyA] >= 1 && got[keyB] >= 1 }, 5*time.Second, time.Millisecond)
-	require.Eventually(t, func() bool { v, _ := engine.Verdict(keyExt); return v == Unhealthy }, 5*time.Second, time.Millisecond, "the External one fails too")
+	// Its probes run on their own jittered schedule: it may need more time.
+	require.Eventually(t, func() bool {
+		if v, _ := engine.Verdict(keyExt); v == Unhealthy {
+			return true
+		}
+		clk.Step(time.Second)
+		return false
+	}, 5*time.Second, time.Millisecond, "the External one fails too")
 	drain()
 	assert.Zero(t, got[keyExt], "External proxies are never replaced: no notification")
 

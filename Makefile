@@ -112,6 +112,10 @@ soak: envtest squid ## Run the operator for SOAK_DURATION under faults and load,
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test -tags soak -count=1 -timeout 60m -v -run '^TestSoak$$' ./test/soak/ \
 		-args -soak.duration=$(SOAK_DURATION) $(SOAK_FLAGS)
 
+.PHONY: soak-ha
+soak-ha: ## The soak with two operator replicas sharing a real Redis, the second killed again and again (needs redis-server).
+	$(MAKE) soak SOAK_FLAGS='-soak.replicas=2 $(SOAK_FLAGS)'
+
 FUZZ_TIME ?= 30s
 
 .PHONY: fuzz

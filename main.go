@@ -20,6 +20,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -46,6 +47,7 @@ import (
 	"github.com/example/egress-proxies-operator/controllers/pool"
 	"github.com/example/egress-proxies-operator/credentials"
 	"github.com/example/egress-proxies-operator/discovery"
+	"github.com/example/egress-proxies-operator/discovery/redisstore"
 	"github.com/example/egress-proxies-operator/health"
 	"github.com/example/egress-proxies-operator/providers"
 	"github.com/example/egress-proxies-operator/providers/gcp"
@@ -96,6 +98,10 @@ type options struct {
 	leaseMaxTTL     time.Duration
 	cooldown        time.Duration
 	tokenSecret     string
+	// leaseStore is memory (one replica) or redis (shared by replicas).
+	leaseStore     string
+	redis          redisstore.Connection
+	redisKeyPrefix string
 	// credentialsNamespace keeps the generated proxy credentials and the
 	// record of each instance's.
 	credentialsNamespace string
@@ -158,6 +164,21 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 		"Longest lease the discovery API grants; longer requests are capped.")
 	fs.DurationVar(&o.cooldown, "rate-limit-cooldown", discovery.DefaultCooldown,
 		"How long a proxy reported rate_limited for a target is not leased for it (a longer retryAfterSeconds wins).")
+	fs.StringVar(&o.leaseStore, "lease-store", leaseStoreMemory,
+		"Where discovery keeps leases, cooldowns and refused requests: memory (this process only; lost on restart; one replica) or redis (shared by every replica, survives restarts).")
+	fs.DurationVar(&o.redis.Timeout, "lease-store-timeout", discovery.DefaultStoreTimeout,
+		"Bound on each lease store call: with the store away, discovery answers 503 store_unavailable within it.")
+	fs.StringVar(&o.redis.Address, "redis-address", "",
+		"host:port of the Redis server (standalone or primary; not Redis Cluster), with --lease-store=redis.")
+	fs.StringVar(&o.redis.Username, "redis-username", "", "Redis ACL user; empty: the default user.")
+	fs.StringVar(&o.redis.PasswordFile, "redis-password-file", "",
+		"File holding the Redis password (a mounted Secret key), read again for every new connection so a rotated Secret needs no restart.")
+	fs.BoolVar(&o.redis.TLS, "redis-tls", false, "Connect to Redis over TLS.")
+	fs.StringVar(&o.redis.CAFile, "redis-tls-ca-file", "", "PEM file of CAs trusted for Redis's certificate, added to the system roots.")
+	fs.StringVar(&o.redis.ServerName, "redis-tls-server-name", "", "Name checked in Redis's certificate; default: the host of --redis-address.")
+	fs.IntVar(&o.redis.DB, "redis-db", 0, "Redis database number.")
+	fs.StringVar(&o.redisKeyPrefix, "redis-key-prefix", redisstore.DefaultKeyPrefix,
+		"Prefix of every key the operator writes in Redis; operators sharing one Redis need prefixes of their own.")
 	fs.StringVar(&o.credentialsNamespace, "credentials-namespace", "",
 		"namespace where the operator keeps the proxy credentials it generates per provider instance and the record of each instance's. Default: the operator's namespace.")
 	fs.StringVar(&o.tokenSecret, "discovery-token-secret", "",
@@ -254,6 +275,7 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	if o.maxReplacementsInFlight < 1 {
 		errs = append(errs, fmt.Errorf("%w: --max-replacements-in-flight must be at least 1, got %d", errUsage, o.maxReplacementsInFlight))
 	}
+	errs = append(errs, checkLeaseStore(fs, o))
 	if o.tokenSecret == "" {
 		o.tokenSecret = operatorNamespace() + "/discovery-token"
 	}
@@ -270,6 +292,46 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 		errs = append(errs, fmt.Errorf("%w: --cluster-id %q must be 1-63 lowercase letters, digits, '-' or '_': it is a label value on every instance, in Kubernetes and in GCE", errUsage, o.clusterID))
 	}
 	return o, errors.Join(errs...)
+}
+
+// Lease store backends.
+const (
+	leaseStoreMemory = "memory"
+	leaseStoreRedis  = "redis"
+)
+
+// checkLeaseStore checks --lease-store and the Redis flags together: a
+// Redis flag given with the memory store is a mistake worth naming, not a
+// setting to ignore.
+func checkLeaseStore(fs *flag.FlagSet, o options) error {
+	switch o.leaseStore {
+	case leaseStoreMemory:
+		var set []string
+		fs.Visit(func(f *flag.Flag) {
+			if strings.HasPrefix(f.Name, "redis-") {
+				set = append(set, "--"+f.Name)
+			}
+		})
+		if len(set) > 0 {
+			return fmt.Errorf("%w: %s given with --lease-store=memory: add --lease-store=redis", errUsage, strings.Join(set, ", "))
+		}
+		if o.redis.Timeout <= 0 {
+			return fmt.Errorf("%w: --lease-store-timeout must be positive, got %s", errUsage, o.redis.Timeout)
+		}
+	case leaseStoreRedis:
+		if o.redis.Address == "" {
+			return fmt.Errorf("%w: --lease-store=redis needs --redis-address host:port", errUsage)
+		}
+		if o.redisKeyPrefix == "" {
+			return fmt.Errorf("%w: --redis-key-prefix must not be empty", errUsage)
+		}
+		if err := o.redis.Check(); err != nil {
+			return fmt.Errorf("%w: %w", errUsage, err)
+		}
+	default:
+		return fmt.Errorf("%w: --lease-store must be %s or %s, got %q", errUsage, leaseStoreMemory, leaseStoreRedis, o.leaseStore)
+	}
+	return nil
 }
 
 // clusterIDPattern accepts what is a valid label value both in Kubernetes and
@@ -344,7 +406,7 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("creating the credentials cache: %w", err)
 	}
-	if err := mgr.Add(credentialsCache); err != nil {
+	if err := mgr.Add(everyReplica{credentialsCache}); err != nil {
 		return fmt.Errorf("adding the credentials cache: %w", err)
 	}
 	creds := credentials.Reader{Client: credentialsCache}
@@ -446,10 +508,11 @@ var providerRegistry = providers.Registry{
 	gcp.Type:        gcp.New,
 }
 
-// addDiscovery adds the discovery API: a view of Proxies fed by the
-// manager's informer, the health engine's verdicts, an in-memory lease
-// store, and a bearer token followed through a cache that holds only the
-// token Secret.
+// addDiscovery adds the discovery API on every replica: a view of Proxies
+// fed by the manager's informer, the health engine's verdicts, the lease
+// store (memory, or Redis shared by the replicas), and a bearer token
+// followed through a cache that holds only the token Secret. The manager's
+// /readyz then also waits for the view and the store.
 func addDiscovery(ctx context.Context, mgr manager.Manager, restConfig *rest.Config, engine *health.Engine, creds credentials.Reader, opts options) (*discovery.Server, error) {
 	view := discovery.NewView(engineHealth{engine}, opts.credentialsNamespace)
 	proxyInformer, err := mgr.GetCache().GetInformer(ctx, &crawlv1alpha1.Proxy{})
@@ -466,17 +529,21 @@ func addDiscovery(ctx context.Context, mgr manager.Manager, restConfig *rest.Con
 	if err != nil {
 		return nil, err
 	}
-	if err := mgr.Add(tokenCache); err != nil {
+	if err := mgr.Add(everyReplica{tokenCache}); err != nil {
 		return nil, fmt.Errorf("adding the discovery token cache: %w", err)
 	}
 
-	store := discovery.NewMemoryStore()
+	store, storeMetrics, err := newLeaseStore(opts)
+	if err != nil {
+		return nil, err
+	}
 	server := discovery.NewServer(discovery.Options{
 		Addr:            opts.discoveryAddr,
 		DefaultTTL:      discovery.DefaultTTL,
 		MaxTTL:          opts.leaseMaxTTL,
 		DefaultCooldown: opts.cooldown,
 		Store:           store,
+		StoreTimeout:    opts.redis.Timeout,
 		View:            view,
 		Tokens:          token,
 		Ready:           reg.HasSynced,
@@ -484,7 +551,7 @@ func addDiscovery(ctx context.Context, mgr manager.Manager, restConfig *rest.Con
 		Clock:           clock.RealClock{},
 		Credentials:     creds,
 	})
-	for _, c := range discovery.Collectors(store, clock.RealClock{}) {
+	for _, c := range append(discovery.Collectors(), storeMetrics...) {
 		if err := ctrlmetrics.Registry.Register(c); err != nil {
 			return nil, fmt.Errorf("registering discovery metrics: %w", err)
 		}
@@ -492,16 +559,43 @@ func addDiscovery(ctx context.Context, mgr manager.Manager, restConfig *rest.Con
 	if err := mgr.Add(server); err != nil {
 		return nil, fmt.Errorf("adding the discovery API: %w", err)
 	}
+	if err := mgr.AddReadyzCheck("discovery", server.ReadyCheck); err != nil {
+		return nil, fmt.Errorf("adding the discovery readiness check: %w", err)
+	}
 	return server, nil
 }
+
+// newLeaseStore builds the store --lease-store names, with its metrics.
+func newLeaseStore(opts options) (discovery.Store, []prometheus.Collector, error) {
+	if opts.leaseStore != leaseStoreRedis {
+		store := discovery.NewMemoryStore(clock.RealClock{})
+		return store, store.Collectors(), nil
+	}
+	client, err := redisstore.NewClient(opts.redis)
+	if err != nil {
+		return nil, nil, err
+	}
+	store := redisstore.New(redisstore.Options{Client: client, KeyPrefix: opts.redisKeyPrefix})
+	return store, store.Collectors(opts.redis.Timeout), nil
+}
+
+// everyReplica makes a cache of the operator's own start on every replica,
+// before leader election, as the manager's cache does. Added bare,
+// controller-runtime would start it on the leader only, and a replica that
+// does not lead would never serve discovery (it waits for the token
+// Secret's cache) nor hand out credentials.
+type everyReplica struct{ cache.Cache }
+
+// GetCache puts it in the manager's group of caches.
+func (c everyReplica) GetCache() cache.Cache { return c.Cache }
 
 // poolDemand lets the pool controller read discovery's demand signals;
 // neither package imports the other.
 type poolDemand struct{ server *discovery.Server }
 
-func (d poolDemand) PoolDemand(namespace, name string) pool.Demand {
-	got := d.server.PoolDemand(namespace, name)
-	return pool.Demand{ActiveLeases: got.ActiveLeases, LastRefused: got.LastRefused}
+func (d poolDemand) PoolDemand(ctx context.Context, namespace, name string) (pool.Demand, error) {
+	got, err := d.server.PoolDemand(ctx, namespace, name)
+	return pool.Demand{ActiveLeases: got.ActiveLeases, LastRefused: got.LastRefused}, err
 }
 
 // engineHealth lets discovery read the health engine's verdicts. On a
@@ -605,6 +699,9 @@ func newManager(restConfig *rest.Config, opts options) (manager.Manager, error) 
 		HealthProbeBindAddress: opts.probeAddr,
 		LeaderElection:         opts.leaderElect,
 		LeaderElectionID:       "egress-proxies-operator.crawl.example.com",
+		// In the operator's namespace: controller-runtime would otherwise
+		// find it only in-cluster, and --leader-elect would fail on a laptop.
+		LeaderElectionNamespace: operatorNamespace(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating manager: %w", err)

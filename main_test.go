@@ -36,6 +36,23 @@ func TestParseFlags(t *testing.T) {
 		assert.Equal(t, 10*time.Minute, o.unhealthyReplaceAfter)
 		assert.InDelta(t, 0.3, o.maxUnhealthyShare, 0)
 		assert.Equal(t, 5, o.maxReplacementsInFlight)
+		assert.Equal(t, "memory", o.leaseStore)
+		assert.Equal(t, time.Second, o.redis.Timeout)
+	})
+
+	t.Run("the redis lease store", func(t *testing.T) {
+		password := filepath.Join(t.TempDir(), "password")
+		require.NoError(t, os.WriteFile(password, []byte("s3cret\n"), 0o600))
+		o, err := parseFlags([]string{"--lease-store=redis", "--redis-address=redis.crawl.svc:6379", "--redis-password-file=" + password,
+			"--redis-tls", "--redis-tls-server-name=redis.internal", "--redis-db=2", "--redis-username=operator",
+			"--lease-store-timeout=250ms", "--redis-key-prefix=eu:"}, &bytes.Buffer{})
+		require.NoError(t, err)
+		assert.Equal(t, "redis", o.leaseStore)
+		assert.Equal(t, "redis.crawl.svc:6379", o.redis.Address)
+		assert.Equal(t, 250*time.Millisecond, o.redis.Timeout)
+		assert.True(t, o.redis.TLS)
+		assert.Equal(t, 2, o.redis.DB)
+		assert.Equal(t, "eu:", o.redisKeyPrefix)
 	})
 
 	t.Run("self-healing flags", func(t *testing.T) {
@@ -92,6 +109,13 @@ func TestParseFlags(t *testing.T) {
 		{"share above one", []string{"--max-unhealthy-share=1.5"}, "--max-unhealthy-share"},
 		{"zero share", []string{"--max-unhealthy-share=0"}, "--max-unhealthy-share"},
 		{"no replacements in flight", []string{"--max-replacements-in-flight=0"}, "--max-replacements-in-flight"},
+		{"unknown lease store", []string{"--lease-store=etcd"}, "--lease-store must be memory or redis"},
+		{"redis store without an address", []string{"--lease-store=redis"}, "--redis-address"},
+		{"redis address without a port", []string{"--lease-store=redis", "--redis-address=redis"}, "--redis-address"},
+		{"redis flags with the memory store", []string{"--redis-address=redis:6379"}, "--redis-address given with --lease-store=memory"},
+		{"zero store timeout", []string{"--lease-store-timeout=0"}, "--lease-store-timeout"},
+		{"missing password file", []string{"--lease-store=redis", "--redis-address=redis:6379", "--redis-password-file=/nonexistent/password"}, "--redis-password-file"},
+		{"CA without TLS", []string{"--lease-store=redis", "--redis-address=redis:6379", "--redis-tls-ca-file=/etc/ca.pem"}, "--redis-tls"},
 	}
 	for _, tc := range bad {
 		t.Run(tc.name, func(t *testing.T) {

@@ -100,7 +100,7 @@ func BenchmarkLeaseRelease10k(b *testing.B) {
 		meta.SetStatusCondition(&p.Status.Conditions, metav1.Condition{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: "x"})
 		view.upsert(p)
 	}
-	api := serve(b, NewServer(Options{Store: NewMemoryStore(), View: view, Tokens: StaticToken("bench-token"), Clock: clock.RealClock{},
+	api := serve(b, NewServer(Options{Store: NewMemoryStore(nil), View: view, Tokens: StaticToken("bench-token"), Clock: clock.RealClock{},
 		DefaultTTL: DefaultTTL, MaxTTL: DefaultMaxTTL, DefaultCooldown: DefaultCooldown}).Handler())
 
 	fixed, _ := json.Marshal(leaseResponse{LeaseID: "00000000-0000-0000-0000-000000000000",

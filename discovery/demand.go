@@ -1,7 +1,8 @@
 package discovery
 
 import (
-	"sync"
+	"context"
+	"fmt"
 	"time"
 )
 
@@ -11,40 +12,24 @@ type PoolDemand struct {
 	// ActiveLeases are the leases its members hold now.
 	ActiveLeases int
 	// LastRefused is when a lease request selecting the pool was last
-	// answered 503 no_proxy_available (zero: never since the process
-	// started).
+	// answered 503 no_proxy_available, on any replica sharing the store
+	// (zero: never since the store began). A selector names a pool by name
+	// only, so two pools of one name in different namespaces share it.
 	LastRefused time.Time
 }
 
-// refusals remembers, per pool name, the last lease refused for want of a
-// proxy. A selector names a pool by name only, so two pools of one name in
-// different namespaces share it.
-type refusals struct {
-	mu   sync.Mutex
-	last map[string]time.Time
-}
-
-func (r *refusals) note(pool string, at time.Time) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.last == nil {
-		r.last = map[string]time.Time{}
+// PoolDemand reads one pool's demand from the store. It only reads.
+func (s *Server) PoolDemand(ctx context.Context, namespace, pool string) (PoolDemand, error) {
+	leases, err := s.store.ActiveLeases(ctx, s.opts.View.poolMembers(namespace, pool))
+	if err != nil {
+		return PoolDemand{}, fmt.Errorf("counting the leases of pool %s/%s: %w", namespace, pool, err)
 	}
-	r.last[pool] = at
-}
-
-func (r *refusals) lastFor(pool string) time.Time {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.last[pool]
-}
-
-// PoolDemand reads one pool's demand: the leases its members hold in this
-// process's store and its last refused lease request. It only reads.
-func (s *Server) PoolDemand(namespace, pool string) PoolDemand {
-	d := PoolDemand{LastRefused: s.refused.lastFor(pool)}
-	for _, id := range s.opts.View.poolMembers(namespace, pool) {
-		d.ActiveLeases += s.opts.Store.Leases(id)
+	d := PoolDemand{}
+	for _, n := range leases {
+		d.ActiveLeases += n
 	}
-	return d
+	if d.LastRefused, err = s.store.LastRefused(ctx, pool); err != nil {
+		return PoolDemand{}, fmt.Errorf("reading when a lease of pool %s/%s was last refused: %w", namespace, pool, err)
+	}
+	return d, nil
 }

@@ -17,7 +17,7 @@ func FuzzDecodeLeaseRequest(f *testing.F) {
 	} {
 		f.Add([]byte(seed))
 	}
-	srv := NewServer(Options{Store: NewMemoryStore(), View: NewView(nil, "operator-ns"), Tokens: StaticToken(""),
+	srv := NewServer(Options{Store: NewMemoryStore(nil), View: NewView(nil, "operator-ns"), Tokens: StaticToken(""),
 		DefaultTTL: DefaultTTL, MaxTTL: DefaultMaxTTL, DefaultCooldown: DefaultCooldown})
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var req leaseRequest

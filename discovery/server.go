@@ -54,7 +54,15 @@ const (
 	// CodeProxyUnavailable: the lease's proxy is no longer healthy or no
 	// longer exists; lease another.
 	CodeProxyUnavailable = "proxy_unavailable"
+	// CodeStoreUnavailable: the lease store (Redis) did not answer within
+	// its timeout; retry after Retry-After. Nothing was leased, renewed,
+	// released or reported unless the response says so.
+	CodeStoreUnavailable = "store_unavailable"
 )
+
+// retryAfterStoreUnavailable is the Retry-After of a store_unavailable
+// answer: long enough not to hammer a Redis that is coming back.
+const retryAfterStoreUnavailable = 2 * time.Second
 
 // TokenSource supplies the bearer token. required false means no token was
 // ever configured, and the API serves unauthenticated (as the README says);
@@ -82,10 +90,13 @@ type Options struct {
 	// rate_limited cooldown when the client asks for less.
 	DefaultTTL, MaxTTL, DefaultCooldown time.Duration
 	// Store keeps leases; View lists proxies; Tokens authenticates.
-	Store  Store
-	View   *View
-	Tokens TokenSource
-	// Ready says whether the view is fed (the cache synced).
+	Store Store
+	// StoreTimeout bounds each store call (DefaultStoreTimeout when 0).
+	StoreTimeout time.Duration
+	View         *View
+	Tokens       TokenSource
+	// Ready says whether the view is fed (the cache synced); /readyz also
+	// asks the store.
 	Ready func() bool
 	// WaitForTokens blocks until the token source knows whether a token
 	// exists; until then the API does not listen, so it never serves
@@ -141,10 +152,10 @@ func (s *Server) withCredentials(ctx context.Context, info *ProxyInfo) {
 type Server struct {
 	opts   Options
 	router *httprouter.Router
+	// store is opts.Store, bounded and measured.
+	store Store
 	// authState remembers the last auth state, to log its changes.
 	authState atomic.Int32
-	// refused is the last refused lease request per pool, for PoolDemand.
-	refused refusals
 }
 
 // NewServer builds the API.
@@ -155,7 +166,10 @@ func NewServer(opts Options) *Server {
 	if opts.Ready == nil {
 		opts.Ready = func() bool { return true }
 	}
-	s := &Server{opts: opts, router: httprouter.New()}
+	if opts.StoreTimeout <= 0 {
+		opts.StoreTimeout = DefaultStoreTimeout
+	}
+	s := &Server{opts: opts, router: httprouter.New(), store: boundedStore{store: opts.Store, timeout: opts.StoreTimeout}}
 	s.authState.Store(authUnknown)
 	r := s.router
 	r.GET("/healthz", s.plain("/healthz", func(w http.ResponseWriter, _ *http.Request, _ httprouter.Params) {
@@ -190,8 +204,7 @@ func (s *Server) Handler() http.Handler { return s.router }
 // NeedLeaderElection is false: every replica serves discovery.
 func (s *Server) NeedLeaderElection() bool { return false }
 
-// Start serves until ctx ends, then shuts down gracefully; it also expires
-// leases and cooldowns every second.
+// Start serves until ctx ends, then shuts down gracefully.
 func (s *Server) Start(ctx context.Context) error {
 	log := logf.FromContext(ctx).WithName("discovery")
 	if s.opts.WaitForTokens != nil && !s.opts.WaitForTokens(ctx) {
@@ -203,18 +216,6 @@ func (s *Server) Start(ctx context.Context) error {
 		return fmt.Errorf("discovery API listening on %s: %w", s.opts.Addr, err)
 	}
 	srv := &http.Server{Handler: s.router, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
-	go func() {
-		ticker := s.opts.Clock.NewTicker(time.Second)
-		defer ticker.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-ticker.C():
-				s.opts.Store.Expire(s.opts.Clock.Now())
-			}
-		}
-	}()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
 	log.Info("discovery API serving", "addr", l.Addr().String())
@@ -233,12 +234,32 @@ func (s *Server) Start(ctx context.Context) error {
 
 // --- handlers ---
 
-func (s *Server) readyz(w http.ResponseWriter, _ *http.Request, _ httprouter.Params) {
-	if !s.opts.Ready() {
-		writeError(w, http.StatusServiceUnavailable, CodeNotReady, "the proxy cache has not synced yet")
+// readyz is ready only once the view has synced and the store answers, so
+// a Service never routes crawlers to a replica that would wrongly say "no
+// proxy available" or fail every lease.
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request, _ httprouter.Params) {
+	if code, err := s.ready(r.Context()); err != nil {
+		writeError(w, http.StatusServiceUnavailable, code, err.Error())
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// ReadyCheck is readyz as a healthz.Checker, for the manager's /readyz,
+// which the pod's readiness probe reads.
+func (s *Server) ReadyCheck(r *http.Request) error {
+	_, err := s.ready(r.Context())
+	return err
+}
+
+func (s *Server) ready(ctx context.Context) (code string, err error) {
+	if !s.opts.Ready() {
+		return CodeNotReady, errors.New("the proxy cache has not synced yet")
+	}
+	if err := s.store.Ping(ctx); err != nil {
+		return CodeStoreUnavailable, fmt.Errorf("the lease store does not answer: %w", err)
+	}
+	return "", nil
 }
 
 func (s *Server) listProxies(w http.ResponseWriter, r *http.Request, _ httprouter.Params) int {
@@ -246,9 +267,17 @@ func (s *Server) listProxies(w http.ResponseWriter, r *http.Request, _ httproute
 	if err != nil {
 		return writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
 	}
-	snap := s.opts.Store.Snapshot(s.opts.Clock.Now())
-	proxies := s.opts.View.list(sel, healthy, snap.Leases)
+	proxies := s.opts.View.list(sel, healthy)
+	ids := make([]string, len(proxies))
 	for i := range proxies {
+		ids[i] = proxies[i].ID
+	}
+	leases, err := s.store.ActiveLeases(r.Context(), ids)
+	if err != nil {
+		return storeUnavailable(w, err)
+	}
+	for i := range proxies {
+		proxies[i].ActiveLeases = leases[i]
 		s.withCredentials(r.Context(), &proxies[i])
 	}
 	return writeJSON(w, http.StatusOK, map[string]any{"proxies": proxies})
@@ -296,41 +325,44 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request, _ httproute
 		return writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
 	}
 	req.Target = normalizeTarget(req.Target)
-	now := s.opts.Clock.Now()
 	candidates := s.opts.View.candidates(req.Selector)
-	lease, err := s.opts.Store.Acquire(candidates, req.Target, ttl, now)
-	if errors.Is(err, ErrNoProxyAvailable) {
+	lease, err := s.store.Acquire(r.Context(), AcquireRequest{Candidates: candidates, Target: req.Target, TTL: ttl})
+	var none *NoProxyAvailableError
+	if errors.As(err, &none) {
 		if pool := req.Selector[attrPool]; pool != "" {
-			s.refused.note(pool, now)
+			if err := s.store.NoteRefused(r.Context(), pool); err != nil {
+				warn(logf.FromContext(r.Context()), "could not record a refused lease for the pool's autoscaler", "pool", pool, "error", err.Error())
+			}
 		}
 		retry := retryAfterNoProxyBase
-		if end := s.opts.Store.NextCooldownEnd(candidates, req.Target, now); !end.IsZero() && len(candidates) > 0 {
-			retry = end.Sub(now)
+		if none.RetryAfter > 0 && len(candidates.IDs) > 0 {
+			retry = none.RetryAfter
 		}
-		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(retry.Seconds()))))
+		setRetryAfter(w, retry)
 		msg := fmt.Sprintf("no healthy proxy matches selector %v", map[string]string(req.Selector))
-		if len(candidates) > 0 {
-			msg = fmt.Sprintf("all %d healthy proxies matching selector %v are cooling down for target %q", len(candidates), map[string]string(req.Selector), req.Target)
+		if len(candidates.IDs) > 0 {
+			msg = fmt.Sprintf("all %d healthy proxies matching selector %v are cooling down for target %q", len(candidates.IDs), map[string]string(req.Selector), req.Target)
 		}
 		return writeError(w, http.StatusServiceUnavailable, CodeNoProxyAvailable, msg)
 	}
 	if err != nil {
-		return writeError(w, http.StatusInternalServerError, "internal", err.Error())
+		return storeUnavailable(w, err)
 	}
 	return writeJSON(w, http.StatusCreated, s.leaseView(r.Context(), lease))
 }
 
 func (s *Server) getLease(w http.ResponseWriter, r *http.Request, ps httprouter.Params) int {
-	now := s.opts.Clock.Now()
-	lease, err := s.opts.Store.Get(ps.ByName("id"), now)
+	lease, err := s.store.Get(r.Context(), ps.ByName("id"))
 	if err != nil {
-		return leaseNotFound(w, ps.ByName("id"))
+		return leaseError(w, ps.ByName("id"), err)
 	}
 	return writeJSON(w, http.StatusOK, s.leaseView(r.Context(), lease))
 }
 
-func (s *Server) releaseLease(w http.ResponseWriter, _ *http.Request, ps httprouter.Params) int {
-	s.opts.Store.Release(ps.ByName("id"))
+func (s *Server) releaseLease(w http.ResponseWriter, r *http.Request, ps httprouter.Params) int {
+	if err := s.store.Release(r.Context(), ps.ByName("id")); err != nil {
+		return storeUnavailable(w, err)
+	}
 	w.WriteHeader(http.StatusNoContent)
 	return http.StatusNoContent
 }
@@ -351,10 +383,9 @@ func (s *Server) renewLease(w http.ResponseWriter, r *http.Request, ps httproute
 	if err != nil {
 		return writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
 	}
-	now := s.opts.Clock.Now()
-	lease, err := s.opts.Store.Get(ps.ByName("id"), now)
+	lease, err := s.store.Get(r.Context(), ps.ByName("id"))
 	if err != nil {
-		return leaseNotFound(w, ps.ByName("id"))
+		return leaseError(w, ps.ByName("id"), err)
 	}
 	// A lease on a proxy that went away is not extended: the client should
 	// lease another. The lease itself lives on until its TTL, so a report
@@ -363,8 +394,8 @@ func (s *Server) renewLease(w http.ResponseWriter, r *http.Request, ps httproute
 		return writeError(w, http.StatusConflict, CodeProxyUnavailable,
 			fmt.Sprintf("lease %q is not renewed: %s; release it and lease another", lease.ID, why))
 	}
-	if lease, err = s.opts.Store.Renew(lease.ID, ttl, now); err != nil {
-		return leaseNotFound(w, ps.ByName("id"))
+	if lease, err = s.store.Renew(r.Context(), lease.ID, ttl); err != nil {
+		return leaseError(w, ps.ByName("id"), err)
 	}
 	return writeJSON(w, http.StatusOK, s.leaseView(r.Context(), lease))
 }
@@ -397,8 +428,8 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request, ps httprouter.Pa
 		return writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
 	}
 	cooldown := max(s.opts.DefaultCooldown, time.Duration(req.RetryAfterSeconds)*time.Second)
-	if err := s.opts.Store.Report(ps.ByName("id"), req.Result, normalizeTarget(req.Target), cooldown, s.opts.Clock.Now()); err != nil {
-		return leaseNotFound(w, ps.ByName("id"))
+	if err := s.store.Report(r.Context(), ps.ByName("id"), req.Result, normalizeTarget(req.Target), cooldown); err != nil {
+		return leaseError(w, ps.ByName("id"), err)
 	}
 	reportsTotal.WithLabelValues(req.Result).Inc()
 	w.WriteHeader(http.StatusNoContent)
@@ -408,7 +439,7 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request, ps httprouter.Pa
 // leaseView shows a lease with its proxy as it is now; a proxy deleted since
 // shows its id only, and healthy false.
 func (s *Server) leaseView(ctx context.Context, l Lease) leaseResponse {
-	info, ok := s.opts.View.lookup(l.ProxyID, s.opts.Store.Leases(l.ProxyID))
+	info, ok := s.opts.View.lookup(l.ProxyID, l.ProxyLeases)
 	if !ok {
 		info = ProxyInfo{ID: l.ProxyID, Attributes: map[string]string{}}
 	}
@@ -645,8 +676,24 @@ func writeError(w http.ResponseWriter, status int, code, message string) int {
 	return writeJSON(w, status, body)
 }
 
-func leaseNotFound(w http.ResponseWriter, id string) int {
-	return writeError(w, http.StatusNotFound, CodeLeaseNotFound, fmt.Sprintf("lease %q does not exist: it was released, expired, or lost when the operator restarted", id))
+// leaseError answers a store error about one lease: 404 when the store
+// says it is not live, 503 when the store did not answer.
+func leaseError(w http.ResponseWriter, id string, err error) int {
+	if errors.Is(err, ErrLeaseNotFound) {
+		return writeError(w, http.StatusNotFound, CodeLeaseNotFound, fmt.Sprintf("lease %q does not exist: it was released or expired (or, with the in-memory lease store, lost when the operator restarted)", id))
+	}
+	return storeUnavailable(w, err)
+}
+
+// storeUnavailable answers 503 store_unavailable with a Retry-After.
+func storeUnavailable(w http.ResponseWriter, err error) int {
+	setRetryAfter(w, retryAfterStoreUnavailable)
+	return writeError(w, http.StatusServiceUnavailable, CodeStoreUnavailable,
+		"the lease store did not answer in time; retry after Retry-After seconds ("+err.Error()+")")
+}
+
+func setRetryAfter(w http.ResponseWriter, d time.Duration) {
+	w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(d.Seconds()))))
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) int {
@@ -682,18 +729,8 @@ var (
 	})
 )
 
-// Collectors are the discovery metrics, for registration; leases and
-// cooldowns are counted from store at scrape time.
-func Collectors(store Store, clk clock.PassiveClock) []prometheus.Collector {
-	return []prometheus.Collector{
-		requestsTotal, requestDuration, reportsTotal, authEnabled, authLockedGauge,
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "proxy_operator_discovery_leases_active",
-			Help: "Leases not yet released or expired.",
-		}, func() float64 { return float64(store.Snapshot(clk.Now()).ActiveLeases) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "proxy_operator_discovery_cooldowns_active",
-			Help: "(proxy, target) pairs cooling down after a rate_limited report.",
-		}, func() float64 { return float64(store.Snapshot(clk.Now()).ActiveCooldowns) }),
-	}
+// Collectors are the discovery metrics, for registration; the store's own
+// counts come from its Collectors.
+func Collectors() []prometheus.Collector {
+	return []prometheus.Collector{requestsTotal, requestDuration, reportsTotal, authEnabled, authLockedGauge, storeDuration, storeErrors}
 }

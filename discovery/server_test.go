@@ -1,11 +1,14 @@
 package discovery
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -35,7 +38,8 @@ type tokenVar struct{ value string }
 func (v *tokenVar) Token() (string, bool) { return v.value, v.value != "" }
 
 func newFixture(t *testing.T) *fixture {
-	f := &fixture{t: t, view: NewView(nil, "operator-ns"), store: NewMemoryStore(), clock: clocktesting.NewFakeClock(time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)), token: &tokenVar{}}
+	f := &fixture{t: t, view: NewView(nil, "operator-ns"), clock: clocktesting.NewFakeClock(time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)), token: &tokenVar{}}
+	f.store = NewMemoryStore(f.clock)
 	f.srv = NewServer(Options{
 		DefaultTTL: DefaultTTL, MaxTTL: DefaultMaxTTL, DefaultCooldown: DefaultCooldown,
 		Store: f.store, View: f.view, Tokens: f.token, Clock: f.clock,
@@ -333,22 +337,143 @@ func TestAuth(t *testing.T) {
 
 func TestReadyz(t *testing.T) {
 	synced := false
-	srv := NewServer(Options{Store: NewMemoryStore(), View: NewView(nil, "operator-ns"), Tokens: StaticToken(""), Ready: func() bool { return synced },
+	store := &downStore{Store: NewMemoryStore(nil)}
+	srv := NewServer(Options{Store: store, View: NewView(nil, "operator-ns"), Tokens: StaticToken(""), Ready: func() bool { return synced },
 		DefaultTTL: DefaultTTL, MaxTTL: DefaultMaxTTL, DefaultCooldown: DefaultCooldown})
-	rec := httptest.NewRecorder()
-	srv.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
-	assert.Equal(t, http.StatusServiceUnavailable, rec.Code)
+	readyz := func() (int, string) {
+		rec := httptest.NewRecorder()
+		srv.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+		var body errorBody
+		_ = json.Unmarshal(rec.Body.Bytes(), &body)
+		return rec.Code, body.Error.Code
+	}
+	code, why := readyz()
+	assert.Equal(t, http.StatusServiceUnavailable, code)
+	assert.Equal(t, CodeNotReady, why, "the view has not synced")
 	synced = true
-	rec = httptest.NewRecorder()
-	srv.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
-	assert.Equal(t, http.StatusOK, rec.Code)
+	code, _ = readyz()
+	assert.Equal(t, http.StatusOK, code)
+	assert.NoError(t, srv.ReadyCheck(httptest.NewRequest("GET", "/readyz", nil)), "the manager's readiness check agrees")
+	store.down.Store(true)
+	code, why = readyz()
+	assert.Equal(t, http.StatusServiceUnavailable, code)
+	assert.Equal(t, CodeStoreUnavailable, why, "the store does not answer")
+	assert.Error(t, srv.ReadyCheck(httptest.NewRequest("GET", "/readyz", nil)))
+}
+
+// downStore is a Store that stops answering when down is set, as a Redis
+// that went away does.
+type downStore struct {
+	Store
+	down atomic.Bool
+}
+
+var errDown = errors.New("dial tcp 127.0.0.1:6379: connect: connection refused")
+
+func (d *downStore) check() error {
+	if d.down.Load() {
+		return errDown
+	}
+	return nil
+}
+
+func (d *downStore) Acquire(ctx context.Context, req AcquireRequest) (Lease, error) {
+	if err := d.check(); err != nil {
+		return Lease{}, err
+	}
+	return d.Store.Acquire(ctx, req)
+}
+
+func (d *downStore) Get(ctx context.Context, id string) (Lease, error) {
+	if err := d.check(); err != nil {
+		return Lease{}, err
+	}
+	return d.Store.Get(ctx, id)
+}
+
+func (d *downStore) Release(ctx context.Context, id string) error {
+	if err := d.check(); err != nil {
+		return err
+	}
+	return d.Store.Release(ctx, id)
+}
+
+func (d *downStore) ActiveLeases(ctx context.Context, ids []string) ([]int, error) {
+	if err := d.check(); err != nil {
+		return nil, err
+	}
+	return d.Store.ActiveLeases(ctx, ids)
+}
+
+func (d *downStore) Ping(ctx context.Context) error {
+	if err := d.check(); err != nil {
+		return err
+	}
+	return d.Store.Ping(ctx)
+}
+
+// TestStoreUnavailable: while the store does not answer, every route that
+// needs it answers 503 store_unavailable with a Retry-After, never a 404 or
+// a "no proxy available" that would mislead a crawler, and the errors are
+// counted; once it answers again, so does the API.
+func TestStoreUnavailable(t *testing.T) {
+	f := newFixture(t)
+	store := &downStore{Store: f.store}
+	f.srv = NewServer(Options{DefaultTTL: DefaultTTL, MaxTTL: DefaultMaxTTL, DefaultCooldown: DefaultCooldown,
+		Store: store, View: f.view, Tokens: f.token, Clock: f.clock})
+	f.proxy("eu-1", "127.0.0.11", true, nil)
+	r := f.do("POST", "/v1/leases", `{}`)
+	require.Equal(t, http.StatusCreated, r.status)
+	id := r.body["leaseID"].(string)
+
+	store.down.Store(true)
+	before := testutil.ToFloat64(storeErrors.WithLabelValues("acquire"))
+	for _, req := range [][2]string{{"POST", "/v1/leases"}, {"GET", "/v1/leases/" + id}, {"DELETE", "/v1/leases/" + id}, {"GET", "/v1/proxies"}} {
+		body := ""
+		if req[0] == "POST" {
+			body = `{}`
+		}
+		r := f.do(req[0], req[1], body)
+		assert.Equal(t, http.StatusServiceUnavailable, r.status, "%s %s", req[0], req[1])
+		assert.Equal(t, CodeStoreUnavailable, errorCode(r), "%s %s", req[0], req[1])
+		assert.Equal(t, "2", r.header.Get("Retry-After"), "%s %s", req[0], req[1])
+		assert.Contains(t, errorMessage(r), "connection refused", "the cause is named")
+	}
+	assert.Equal(t, before+1, testutil.ToFloat64(storeErrors.WithLabelValues("acquire")))
+
+	store.down.Store(false)
+	assert.Equal(t, http.StatusOK, f.do("GET", "/v1/leases/"+id, "").status, "the lease survived the outage")
+	assert.Equal(t, http.StatusNoContent, f.do("DELETE", "/v1/leases/"+id, "").status)
+}
+
+// TestStoreTimeout: a store that hangs is cut off at the store timeout.
+func TestStoreTimeout(t *testing.T) {
+	f := newFixture(t)
+	f.srv = NewServer(Options{DefaultTTL: DefaultTTL, MaxTTL: DefaultMaxTTL, DefaultCooldown: DefaultCooldown,
+		Store: hangingStore{f.store}, StoreTimeout: 50 * time.Millisecond, View: f.view, Tokens: f.token, Clock: f.clock})
+	f.proxy("eu-1", "127.0.0.11", true, nil)
+	start := time.Now()
+	r := f.do("POST", "/v1/leases", `{}`)
+	assert.Less(t, time.Since(start), time.Second)
+	assert.Equal(t, http.StatusServiceUnavailable, r.status)
+	assert.Equal(t, CodeStoreUnavailable, errorCode(r))
+	assert.Contains(t, errorMessage(r), "deadline exceeded")
+}
+
+// hangingStore's Acquire waits until its context ends, as a call to a
+// Redis that stopped answering does.
+type hangingStore struct{ Store }
+
+func (h hangingStore) Acquire(ctx context.Context, _ AcquireRequest) (Lease, error) {
+	<-ctx.Done()
+	return Lease{}, ctx.Err()
 }
 
 func TestMetricsLint(t *testing.T) {
 	f := newFixture(t)
 	f.proxy("eu-1", "127.0.0.11", true, nil)
 	f.do("POST", "/v1/leases", `{}`)
-	for _, c := range Collectors(f.store, f.clock) {
+	for _, c := range append(Collectors(), f.store.Collectors()...) {
 		problems, err := testutil.CollectAndLint(c)
 		require.NoError(t, err)
 		assert.Empty(t, problems)

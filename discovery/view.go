@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -65,11 +66,13 @@ type View struct {
 	// attributes on every lease would dominate the cost of a lease.
 	cacheMu sync.Mutex
 	cache   map[string]cachedCandidates
+	// candidatesVersion numbers every distinct candidate list built.
+	candidatesVersion atomic.Uint64
 }
 
 type cachedCandidates struct {
 	viewGen, healthGen uint64
-	ids                []string
+	candidates         Candidates
 }
 
 // NewView returns an empty view; feed it with Handler. credentialsNamespace
@@ -212,8 +215,8 @@ func (v *View) info(e *entry, leases int) ProxyInfo {
 }
 
 // list returns the proxies matching sel (and, when healthyOnly, healthy),
-// sorted by id.
-func (v *View) list(sel Selector, healthyOnly *bool, leases map[string]int) []ProxyInfo {
+// sorted by id, without their lease counts (see withLeases).
+func (v *View) list(sel Selector, healthyOnly *bool) []ProxyInfo {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
 	out := []ProxyInfo{}
@@ -222,7 +225,7 @@ func (v *View) list(sel Selector, healthyOnly *bool, leases map[string]int) []Pr
 		if !sel.Matches(e.attributes) {
 			continue
 		}
-		info := v.info(e, leases[id])
+		info := v.info(e, 0)
 		if healthyOnly != nil && info.Healthy != *healthyOnly {
 			continue
 		}
@@ -231,10 +234,11 @@ func (v *View) list(sel Selector, healthyOnly *bool, leases map[string]int) []Pr
 	return out
 }
 
-// candidates returns the ids of the healthy proxies matching sel. The list
-// is cached per selector until the view or any health verdict changes;
-// callers must not modify it.
-func (v *View) candidates(sel Selector) []string {
+// candidates returns the healthy proxies matching sel. The list is cached
+// per selector until the view or any health verdict changes, and its
+// Version moves only when the ids themselves do, so a store's index of it
+// survives verdicts that change nothing here. Callers must not modify it.
+func (v *View) candidates(sel Selector) Candidates {
 	var healthGen uint64
 	if v.health != nil {
 		healthGen = v.health.Generation()
@@ -246,22 +250,28 @@ func (v *View) candidates(sel Selector) []string {
 	c, ok := v.cache[key]
 	v.cacheMu.Unlock()
 	if ok && c.viewGen == v.generation && c.healthGen == healthGen {
-		return c.ids
+		return c.candidates
 	}
-	var out []string
+	var ids []string
 	for _, id := range v.ids {
 		e := v.entries[id]
 		if sel.Matches(e.attributes) && v.healthy(e) {
-			out = append(out, id)
+			ids = append(ids, id)
 		}
+	}
+	fresh := Candidates{Key: key, IDs: ids}
+	if ok && slices.Equal(c.candidates.IDs, ids) {
+		fresh.Version = c.candidates.Version
+	} else {
+		fresh.Version = v.candidatesVersion.Add(1)
 	}
 	v.cacheMu.Lock()
 	if len(v.cache) >= maxCachedSelectors {
 		clear(v.cache) // selectors are few in practice; bound them anyway
 	}
-	v.cache[key] = cachedCandidates{viewGen: v.generation, healthGen: healthGen, ids: out}
+	v.cache[key] = cachedCandidates{viewGen: v.generation, healthGen: healthGen, candidates: fresh}
 	v.cacheMu.Unlock()
-	return out
+	return fresh
 }
 
 // maxCachedSelectors bounds the candidate cache.

@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"context"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -17,9 +18,10 @@ type Demand struct {
 }
 
 // DemandSource reads a pool's demand. The operator's discovery server is
-// one; the pool package never imports it.
+// one; the pool package never imports it. An error (the lease store does not
+// answer) leaves the pool at its size.
 type DemandSource interface {
-	PoolDemand(namespace, pool string) Demand
+	PoolDemand(ctx context.Context, namespace, pool string) (Demand, error)
 }
 
 // DefaultScaleDownDelay is how long demand must stay low before a pool

@@ -166,7 +166,15 @@ func (r *Reconciler) autoscale(ctx context.Context, pool *crawlv1alpha1.ProxyPoo
 	}
 	current := ptr.Deref(pool.Spec.Replicas, 1)
 	available := int32(decide(inputOf(pool, current, members, TemplateHash(&pool.Spec.Template), now)).Available)
-	d := r.Demand.PoolDemand(pool.Namespace, pool.Name)
+	d, err := r.Demand.PoolDemand(ctx, pool.Namespace, pool.Name)
+	if err != nil {
+		// Without demand the pool keeps its size: a store outage must
+		// neither grow nor shrink a fleet.
+		setCondition(status, pool.Generation, crawlv1alpha1.ConditionScalingLimited, metav1.ConditionTrue, "DemandUnavailable",
+			fmt.Sprintf("the discovery API's demand cannot be read (%v): the pool keeps spec.replicas until it can", err))
+		logf.FromContext(ctx).Info("pool demand unavailable; keeping the pool's size", "error", err.Error())
+		return false, nil
+	}
 	rec := recommend(pool.Spec.Autoscaling, current, available, d, status.Autoscaling, now)
 	status.Autoscaling = &rec.Status
 	limited := metav1.ConditionFalse

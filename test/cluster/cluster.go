@@ -9,12 +9,12 @@ package cluster
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -208,7 +208,9 @@ func (c *Cluster) StartOperator(bin string, opts OperatorOptions) (*Operator, er
 		time.Sleep(100 * time.Millisecond)
 	}
 	op.Kill()
-	return nil, errors.New("the operator did not become ready within 60s; log: " + logPath)
+	out, _ := os.ReadFile(logPath)
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	return nil, fmt.Errorf("the operator did not become ready within 60s; the last lines of %s:\n%s", logPath, strings.Join(lines[max(0, len(lines)-25):], "\n"))
 }
 
 // PID is the operator process's id, for reading its resource use.

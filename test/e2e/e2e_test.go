@@ -201,6 +201,7 @@ func TestE2E(t *testing.T) {
 	t.Run("pool autoscaling", testPoolAutoscaling)
 	t.Run("external", testExternal)
 	t.Run("restart", testRestart)
+	t.Run("shared leases on redis", testSharedLeases)
 	t.Run("auth", testAuth)
 	t.Run("security", testSecurity)
 	t.Run("no password leaks", testNoPasswordLeaks)

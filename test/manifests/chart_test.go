@@ -2,7 +2,9 @@ package manifests
 
 import (
 	"encoding/json"
+	"fmt"
 	"maps"
+	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -20,7 +22,12 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 
 	"github.com/example/egress-proxies-operator/controllers"
@@ -443,7 +450,12 @@ func TestChartSchemaRejectsBadValues(t *testing.T) {
 		set  map[string]any
 		want string // where the schema points
 	}{
-		{"unknown top-level key", map[string]any{"replicaCount": 2}, "replicaCount"},
+		{"unknown top-level key", map[string]any{"replicas": 2}, "replicas"},
+		{"two replicas on the memory store", map[string]any{"replicaCount": 2}, "/leaseStore/type"},
+		{"redis without an address", map[string]any{"leaseStore": map[string]any{"type": "redis"}}, "/leaseStore/redis"},
+		{"redis address without a port", map[string]any{"leaseStore": map[string]any{"type": "redis", "redis": map[string]any{"address": "redis"}}}, "/leaseStore/redis/address"},
+		{"unknown lease store", map[string]any{"leaseStore": map[string]any{"type": "etcd"}}, "/leaseStore/type"},
+		{"zero replicas", map[string]any{"replicaCount": 0}, "/replicaCount"},
 		{"unknown nested key", map[string]any{"operator": map[string]any{"health": map[string]any{"intervall": "5s"}}}, "intervall"},
 		{"wrong type", map[string]any{"image": map[string]any{"tag": 5}}, "/image/tag"},
 		{"not a duration", map[string]any{"operator": map[string]any{"gc": map[string]any{"interval": "ten minutes"}}}, "/operator/gc/interval"},
@@ -559,4 +571,124 @@ func policyPorts(np networkingv1.NetworkPolicy) []string {
 		}
 	}
 	return names
+}
+
+// TestChartHighAvailability: several replicas only on the redis lease store
+// (the schema refuses otherwise), and then a PodDisruptionBudget, pods
+// spread over nodes, rolling updates, and the Redis flags with the password
+// mounted from its Secret; the kustomize component gives overlay users the
+// same.
+func TestChartHighAvailability(t *testing.T) {
+	ha := map[string]any{
+		"replicaCount": 3,
+		"leaseStore": map[string]any{"type": "redis", "timeout": "500ms", "redis": map[string]any{
+			"address": "redis-master.data.svc:6379", "passwordSecret": map[string]any{"name": "redis-auth", "key": "redis-password"},
+			"tls": map[string]any{"enabled": true, "serverName": "redis.internal", "caSecret": map[string]any{"name": "redis-ca"}},
+		}},
+	}
+	r := chartInstall{set: ha}.mustRender(t)
+	var deploy appsv1.Deployment
+	require.True(t, r.objects.one(t, "Deployment", &deploy))
+	assert.Equal(t, int32(3), *deploy.Spec.Replicas)
+	assert.Equal(t, appsv1.RollingUpdateDeploymentStrategyType, deploy.Spec.Strategy.Type)
+	assert.Equal(t, "0", deploy.Spec.Strategy.RollingUpdate.MaxUnavailable.String(), "a new pod is ready before an old one goes")
+	assert.Equal(t, "redis", managerArg(t, deploy, "--lease-store"))
+	assert.Equal(t, "500ms", managerArg(t, deploy, "--lease-store-timeout"))
+	assert.Equal(t, "redis-master.data.svc:6379", managerArg(t, deploy, "--redis-address"))
+	assert.Equal(t, "redis.internal", managerArg(t, deploy, "--redis-tls-server-name"))
+	assert.Contains(t, deploy.Spec.Template.Spec.Containers[0].Args, "--redis-tls")
+	assertMountedSecretFile(t, deploy, managerArg(t, deploy, "--redis-password-file"), "redis-auth", "redis-password")
+	assertMountedSecretFile(t, deploy, managerArg(t, deploy, "--redis-tls-ca-file"), "redis-ca", "ca.crt")
+	assert.Empty(t, restrictedViolations(deploy.Spec.Template.Spec))
+	aff := deploy.Spec.Template.Spec.Affinity
+	require.NotNil(t, aff, "replicas spread over nodes")
+	require.Len(t, aff.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution, 1)
+	term := aff.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution[0].PodAffinityTerm
+	assert.Equal(t, "kubernetes.io/hostname", term.TopologyKey)
+	assert.Equal(t, deploy.Spec.Selector.MatchLabels, term.LabelSelector.MatchLabels, "it keeps apart the operator's own pods")
+	var pdb policyv1.PodDisruptionBudget
+	require.True(t, r.objects.one(t, "PodDisruptionBudget", &pdb))
+	assert.Equal(t, deploy.Spec.Selector.MatchLabels, pdb.Spec.Selector.MatchLabels)
+	assert.Equal(t, "1", pdb.Spec.MaxUnavailable.String())
+	assert.Contains(t, r.notes, "shared by 3 replica(s)")
+
+	one := chartInstall{set: map[string]any{"leaseStore": map[string]any{"type": "redis", "redis": map[string]any{"address": "redis:6379"}}}}.mustRender(t)
+	assert.Empty(t, one.objects.ofKind("PodDisruptionBudget"), "one replica: nothing to budget")
+	require.True(t, one.objects.one(t, "Deployment", &deploy))
+	assert.Nil(t, deploy.Spec.Template.Spec.Affinity)
+	assert.False(t, hasArg(deploy, "--redis-password-file"), "no password Secret named: no password")
+
+	def := chartInstall{}.mustRender(t)
+	require.True(t, def.objects.one(t, "Deployment", &deploy))
+	assert.Equal(t, "memory", managerArg(t, deploy, "--lease-store"))
+	assert.False(t, hasArg(deploy, "--redis-address"))
+	assert.Equal(t, appsv1.RecreateDeploymentStrategyType, deploy.Spec.Strategy.Type, "memory: never two operators at once")
+	assert.Contains(t, def.notes, "a restart drops them")
+
+	t.Run("the kustomize component", func(t *testing.T) {
+		// An overlay of the user's own, outside the repository: kustomize
+		// takes relative paths only.
+		dir := t.TempDir()
+		repo, err := filepath.Rel(dir, testenv.RepoRoot())
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+- %[1]s/overlays/kind
+components:
+- %[1]s/config/components/redis-ha
+`, repo)), 0o644))
+		k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
+		m, err := k.Run(filesys.MakeFsOnDisk(), dir)
+		require.NoError(t, err)
+		data, err := m.AsYaml()
+		require.NoError(t, err)
+		objs := parseManifests(t, data)
+		var deploy appsv1.Deployment
+		require.True(t, objs.one(t, "Deployment", &deploy))
+		assert.Equal(t, int32(2), *deploy.Spec.Replicas)
+		assert.Equal(t, appsv1.RollingUpdateDeploymentStrategyType, deploy.Spec.Strategy.Type)
+		assert.Equal(t, "redis", managerArg(t, deploy, "--lease-store"))
+		assert.Equal(t, "redis:6379", managerArg(t, deploy, "--redis-address"))
+		assertMountedSecretFile(t, deploy, managerArg(t, deploy, "--redis-password-file"), "redis-password", "password")
+		require.NotNil(t, deploy.Spec.Template.Spec.Affinity)
+		assert.Empty(t, restrictedViolations(deploy.Spec.Template.Spec))
+		var pdb policyv1.PodDisruptionBudget
+		require.True(t, objs.one(t, "PodDisruptionBudget", &pdb))
+		assert.Equal(t, deploy.Namespace, pdb.Namespace)
+		sel, err := metav1.LabelSelectorAsSelector(pdb.Spec.Selector)
+		require.NoError(t, err)
+		assert.True(t, sel.Matches(labels.Set(deploy.Spec.Template.Labels)), "the budget covers the operator's pods")
+		for _, a := range []string{"--leader-elect", "--providers-config"} {
+			assert.True(t, hasArg(deploy, a), "the base's %s is kept", a)
+		}
+	})
+}
+
+// hasArg says whether the manager has the flag, with or without a value.
+func hasArg(d appsv1.Deployment, flag string) bool {
+	return slices.ContainsFunc(d.Spec.Template.Spec.Containers[0].Args, func(a string) bool { return a == flag || strings.HasPrefix(a, flag+"=") })
+}
+
+// assertMountedSecretFile: path is a file the pod mounts from key of the
+// Secret secretName.
+func assertMountedSecretFile(t *testing.T, d appsv1.Deployment, path, secretName, key string) {
+	t.Helper()
+	require.NotEmpty(t, path)
+	spec := d.Spec.Template.Spec
+	for _, m := range spec.Containers[0].VolumeMounts {
+		if !strings.HasPrefix(path, m.MountPath+"/") {
+			continue
+		}
+		for _, v := range spec.Volumes {
+			if v.Name == m.Name && v.Secret != nil && v.Secret.SecretName == secretName {
+				for _, item := range v.Secret.Items {
+					if item.Key == key && m.MountPath+"/"+item.Path == path {
+						return
+					}
+				}
+			}
+		}
+	}
+	t.Errorf("%s is not key %q of Secret %q mounted into the pod", path, key, secretName)
 }

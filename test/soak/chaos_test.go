@@ -86,6 +86,10 @@ func (c *chaos) run(ctx context.Context, duration time.Duration) {
 	c.outage.end = c.outage.start.Add(outageLength)
 	sickPause := [2]time.Time{c.outage.start.Add(-sickQuiet), c.outage.end.Add(replaceAfter + outageSettle)}
 	sickStop := start.Add(duration - sickQuiet)
+	// The second replica (two-replica soak) is killed again and again, but
+	// not around the outage, whose judgement reads its counters, nor near
+	// the end.
+	nextSecondKill := start.Add(c.secondKillGap())
 	go c.trackRecoveries(ctx)
 	ticker := time.NewTicker(chaosTick)
 	defer ticker.Stop()
@@ -110,11 +114,26 @@ func (c *chaos) run(ctx context.Context, duration time.Duration) {
 				c.count("operator killed and restarted")
 				continue
 			}
+			if c.w.second != nil && now.After(nextSecondKill) && now.Before(sickStop) && (now.Before(sickPause[0]) || now.After(sickPause[1])) {
+				nextSecondKill = now.Add(c.secondKillGap())
+				pause := time.Second + time.Duration(c.rng.Int64N(int64(2*time.Second)))
+				if err := c.w.second.killAndRestart(pause, httpClient.CloseIdleConnections); err != nil {
+					c.fail("restarting the second replica: %v", err)
+					return
+				}
+				c.count("second replica killed (SIGKILL) and restarted")
+				continue
+			}
 			// An action started just before the run ends is let finish:
 			// its API calls must not fail for the run's deadline.
 			c.act(context.WithoutCancel(ctx))
 		}
 	}
+}
+
+// secondKillGap is the time to the second replica's next kill.
+func (c *chaos) secondKillGap() time.Duration {
+	return secondKillEvery + time.Duration(c.rng.Int64N(int64(secondKillEvery)))
 }
 
 // act does one random thing, weighted toward the common failures.

@@ -25,6 +25,7 @@ import (
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/providers/gcp/fakecompute"
 	"github.com/example/egress-proxies-operator/test/cluster"
+	"github.com/example/egress-proxies-operator/test/redisserver"
 	"github.com/example/egress-proxies-operator/test/squid"
 )
 
@@ -82,6 +83,10 @@ type world struct {
 	bin     string
 
 	discoveryURL, probeAddr, metricsAddr string
+	// redis is the shared lease store, and second the other replica, when
+	// the soak runs two operators (-soak.replicas=2); nil otherwise.
+	redis  *redisserver.Server
+	second *replica
 
 	mu       sync.Mutex
 	operator *cluster.Operator
@@ -155,6 +160,9 @@ func newWorld(t *testing.T) *world {
 	}
 	discovery := cluster.FreeAddr()
 	w.discoveryURL, w.probeAddr, w.metricsAddr = "http://"+discovery, cluster.FreeAddr(), cluster.FreeAddr()
+	if *soakReplicas > 1 {
+		w.redis = redisserver.Start(t, "")
+	}
 	if err := w.startOperator(); err != nil {
 		t.Fatal(err)
 	}
@@ -163,20 +171,36 @@ func newWorld(t *testing.T) *world {
 		defer w.mu.Unlock()
 		w.operator.Stop()
 	})
+	if w.redis != nil {
+		w.second = &replica{w: w, discoveryURL: "http://" + cluster.FreeAddr(), probeAddr: cluster.FreeAddr(), metricsAddr: cluster.FreeAddr()}
+		if err := w.second.start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(w.second.stop)
+	}
 	return w
+}
+
+// operatorArgs are the flags every operator process of the soak runs with.
+func (w *world) operatorArgs(metricsAddr string) []string {
+	args := []string{
+		"--metrics-bind-address=" + metricsAddr, "--metrics-secure=false",
+		"--health-interval=" + healthInterval.String(), "--health-timeout=2s",
+		"--health-failure-threshold=" + strconv.Itoa(failureThreshold),
+		"--rate-limit-cooldown=" + cooldown.String(), "--lease-max-ttl=" + leaseMaxTTL.String(),
+		"--gc-interval=" + gcInterval.String(), "--gc-grace-period=" + gcGracePeriod.String(),
+		"--unhealthy-replace-after=" + replaceAfter.String(), "--instance-resync-interval=" + resyncInterval.String(),
+	}
+	if w.redis != nil {
+		args = append(args, "--leader-elect", "--lease-store=redis", "--redis-address="+w.redis.Addr, "--lease-store-timeout=500ms")
+	}
+	return args
 }
 
 func (w *world) startOperator() error {
 	op, err := w.cluster.StartOperator(w.bin, cluster.OperatorOptions{
 		DiscoveryAddr: w.discoveryURL[len("http://"):], ProbeAddr: w.probeAddr,
-		ExtraArgs: []string{
-			"--metrics-bind-address=" + w.metricsAddr, "--metrics-secure=false",
-			"--health-interval=" + healthInterval.String(), "--health-timeout=2s",
-			"--health-failure-threshold=" + strconv.Itoa(failureThreshold),
-			"--rate-limit-cooldown=" + cooldown.String(), "--lease-max-ttl=" + leaseMaxTTL.String(),
-			"--gc-interval=" + gcInterval.String(), "--gc-grace-period=" + gcGracePeriod.String(),
-			"--unhealthy-replace-after=" + replaceAfter.String(), "--instance-resync-interval=" + resyncInterval.String(),
-		},
+		ExtraArgs: w.operatorArgs(w.metricsAddr),
 	})
 	if err != nil {
 		return err
@@ -193,13 +217,7 @@ func (w *world) startOperator() error {
 // after pause; idle drops the crawlers' connections to the dead process.
 func (w *world) restartOperator(pause time.Duration, idle func()) error {
 	// What it replaced dies with it: count it first.
-	if now, err := w.replacementsNow(); err == nil {
-		w.mu.Lock()
-		for cause, n := range now {
-			w.replacements[cause] += n
-		}
-		w.mu.Unlock()
-	}
+	w.keepReplacements(w.metricsAddr)
 	w.operatorUp.Store(false)
 	w.mu.Lock()
 	w.operator.Kill()
@@ -404,15 +422,45 @@ func vmAddr(ifaces []*computepb.NetworkInterface, port string) string {
 	return ""
 }
 
-// replacementsNow is the running operator's proxy_operator_replacements_total
-// by cause, beside its pools' proxy_operator_pool_replacements_total by
-// cause with the prefix "pool/".
+// keepReplacements adds the replacements of the process serving metrics on
+// addr to those of processes gone, before it is killed.
+func (w *world) keepReplacements(addr string) {
+	now, err := replacementsAt(addr)
+	if err != nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for cause, n := range now {
+		w.replacements[cause] += n
+	}
+}
+
+// replacementsNow is the running operators' proxy_operator_replacements_total
+// by cause, beside their pools' proxy_operator_pool_replacements_total by
+// cause with the prefix "pool/". With two replicas, whichever leads does
+// the replacing: both are added up.
 func (w *world) replacementsNow() (map[string]float64, error) {
-	out, err := w.metricByLabel("proxy_operator_replacements_total", "cause")
+	out, err := replacementsAt(w.metricsAddr)
+	if err != nil || w.second == nil {
+		return out, err
+	}
+	second, err := replacementsAt(w.second.metricsAddr)
 	if err != nil {
 		return nil, err
 	}
-	pools, err := w.metricByLabel("proxy_operator_pool_replacements_total", "cause")
+	for cause, n := range second {
+		out[cause] += n
+	}
+	return out, nil
+}
+
+func replacementsAt(metricsAddr string) (map[string]float64, error) {
+	out, err := metricByLabel(metricsAddr, "proxy_operator_replacements_total", "cause")
+	if err != nil {
+		return nil, err
+	}
+	pools, err := metricByLabel(metricsAddr, "proxy_operator_pool_replacements_total", "cause")
 	if err != nil {
 		return nil, err
 	}
@@ -425,9 +473,10 @@ func (w *world) replacementsNow() (map[string]float64, error) {
 // poolCause is how the soak's figures name a pool's replacement cause.
 func poolCause(cause string) string { return "pool/" + cause }
 
-// metricByLabel sums a counter of the running operator by one label.
-func (w *world) metricByLabel(name, label string) (map[string]float64, error) {
-	families, err := cluster.ScrapeMetrics("http://" + w.metricsAddr + "/metrics")
+// metricByLabel sums a counter of the operator serving metrics on addr by
+// one label.
+func metricByLabel(addr, name, label string) (map[string]float64, error) {
+	families, err := cluster.ScrapeMetrics("http://" + addr + "/metrics")
 	if err != nil {
 		return nil, err
 	}

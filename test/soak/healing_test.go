@@ -90,9 +90,19 @@ func (c *chaos) outageCounters() (replaced, held float64) {
 	if err != nil {
 		c.outage.errs = append(c.outage.errs, "reading replacements: "+err.Error())
 	}
-	h, err := c.w.metricByLabel("proxy_operator_replacements_held_total", "reason")
+	h, err := metricByLabel(c.w.metricsAddr, "proxy_operator_replacements_held_total", "reason")
 	if err != nil {
 		c.outage.errs = append(c.outage.errs, "reading held replacements: "+err.Error())
+	}
+	if h == nil {
+		h = map[string]float64{}
+	}
+	if c.w.second != nil { // whichever replica leads holds them back
+		h2, err := metricByLabel(c.w.second.metricsAddr, "proxy_operator_replacements_held_total", "reason")
+		if err != nil {
+			c.outage.errs = append(c.outage.errs, "reading the second replica's held replacements: "+err.Error())
+		}
+		h["ProbeTargetSuspect"] += h2["ProbeTargetSuspect"]
 	}
 	// Pool members Unhealthy too long are replaced by their pool.
 	return r["UnhealthyTooLong"] + r[poolCause("UnhealthyTooLong")], h["ProbeTargetSuspect"]

@@ -62,6 +62,9 @@ type load struct {
 	abandoned   []abandonedLease
 	audited     int
 	outlivedTTL []string
+	// shared is checked in the two-replica soak only: with one operator on
+	// the memory store, a restart rightly forgets leases and cooldowns.
+	shared sharedState
 }
 
 type abandonedLease struct {
@@ -72,6 +75,9 @@ type abandonedLease struct {
 type leaseAnswer struct {
 	LeaseID   string    `json:"leaseID"`
 	ExpiresAt time.Time `json:"expiresAt"`
+	Proxy     struct {
+		ID string `json:"id"`
+	} `json:"proxy"`
 }
 
 // maxRequestedTTL is the longest TTL a crawler asks for.
@@ -98,8 +104,9 @@ func (l *load) run(ctx context.Context, seed uint64) {
 
 // do sends one request and records its answer against route.
 func (l *load) do(route, method, path, body string) (int, []byte) {
-	upBefore := l.w.operatorUp.Load()
-	req, err := http.NewRequest(method, l.w.discoveryURL+path, strings.NewReader(body))
+	base, upFlag := l.w.pickDiscovery()
+	upBefore := upFlag.Load()
+	req, err := http.NewRequest(method, base+path, strings.NewReader(body))
 	if err != nil {
 		panic(err) // the soak builds its own requests
 	}
@@ -112,7 +119,7 @@ func (l *load) do(route, method, path, body string) (int, []byte) {
 		_ = res.Body.Close()
 	}
 	elapsed := time.Since(start)
-	up := upBefore && l.w.operatorUp.Load()
+	up := upBefore && upFlag.Load()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err != nil {
@@ -145,6 +152,7 @@ func (l *load) crawler(ctx context.Context, rng *rand.Rand) {
 		}
 		target := fmt.Sprintf("site-%d.example", rng.IntN(5))
 		body, _ := json.Marshal(map[string]any{"selector": selector, "ttlSeconds": ttlSeconds(rng), "target": target})
+		sent := time.Now()
 		status, raw := l.do("lease", http.MethodPost, "/v1/leases", string(body))
 		if status == http.StatusCreated {
 			var lease leaseAnswer
@@ -155,6 +163,9 @@ func (l *load) crawler(ctx context.Context, rng *rand.Rand) {
 			l.mu.Lock()
 			l.granted++
 			l.mu.Unlock()
+			if l.w.second != nil {
+				l.shared.granted(lease.Proxy.ID, target, sent, time.Now())
+			}
 			l.use(rng, lease, target)
 		}
 		switch n := rng.IntN(100); {
@@ -174,17 +185,30 @@ func (l *load) use(rng *rand.Rand, lease leaseAnswer, target string) {
 	path := "/v1/leases/" + lease.LeaseID
 	if rng.IntN(2) == 0 {
 		status, raw := l.do("renew", http.MethodPost, path+"/renew", fmt.Sprintf(`{"ttlSeconds":%d}`, ttlSeconds(rng)))
-		if status == http.StatusOK {
+		switch status {
+		case http.StatusOK:
 			var renewed leaseAnswer
 			if err := json.Unmarshal(raw, &renewed); err == nil {
 				lease.ExpiresAt = renewed.ExpiresAt
 			}
+		case http.StatusNotFound:
+			if l.w.second != nil {
+				l.shared.lostLease("renew", lease.LeaseID, time.Now(), lease.ExpiresAt)
+			}
 		}
 	}
 	if rng.IntN(10) < 3 {
-		results := []string{"ok", "error", "rate_limited"}
-		l.do("report", http.MethodPost, path+"/report",
-			fmt.Sprintf(`{"result":%q,"target":%q,"retryAfterSeconds":%d}`, results[rng.IntN(3)], target, rng.IntN(10)))
+		result := []string{"ok", "error", "rate_limited"}[rng.IntN(3)]
+		sent := time.Now()
+		status, _ := l.do("report", http.MethodPost, path+"/report",
+			fmt.Sprintf(`{"result":%q,"target":%q,"retryAfterSeconds":%d}`, result, target, rng.IntN(10)))
+		switch {
+		case l.w.second == nil:
+		case status == http.StatusNotFound:
+			l.shared.lostLease("report", lease.LeaseID, time.Now(), lease.ExpiresAt)
+		case status == http.StatusNoContent && result == "rate_limited":
+			l.shared.reported(lease.Proxy.ID, target, sent, time.Now())
+		}
 	}
 	if rng.IntN(5) == 0 {
 		l.mu.Lock()

@@ -155,6 +155,7 @@ convergence after the chaos: %s (problems left: %d)
 health verdicts against our own probes: %d mismatched after %s, %d proxies really down at the end
 discovery: %d answered, %.0f/s, p50 %s, p99 %s; unexpected statuses: %d; unanswered while the operator was up: %d (while it was down: %d)
 %sleases granted: %d; abandoned leases audited after their TTL: %d, still alive: %d; active leases counted at the end: %d
+replicas: %s
 operator over the last half (%d samples, one process: %t): RSS median %s -> %s MiB, goroutines median %s -> %s
 self-healing: Managed proxies not Ready and Healthy at the end: %d (held down by the chaos at that moment: %d), recovered within %s
 pools: %d, recycled by age every %s during the faults; not whole at the end: %d, settled within %s
@@ -168,7 +169,7 @@ orphan GC: %d instances deleted, %d of them live
 		convergence.Round(time.Second), len(converged), len(mismatched), verdictsAgreed.Round(time.Second), wantUnhealthy,
 		l.requests(), float64(l.requests())/soakEnd.Sub(soakStart).Seconds(), l.latency(0.5).Round(time.Microsecond), l.latency(0.99).Round(time.Microsecond),
 		len(l.unexpected), len(l.failedWhileUp), l.failedWhileDown, l.statusTable(),
-		l.granted, l.audited, len(l.outlivedTTL), leftLeases,
+		l.granted, l.audited, len(l.outlivedTTL), leftLeases, w.replicasFigure(l),
 		s.count(soakStart.Add(*soakDuration/2), soakEnd), sameProcess, mib(rss[0]), mib(rss[1]), strconv.Itoa(int(goroutines[0])), strconv.Itoa(int(goroutines[1])),
 		len(unrecovered), heldDown, recovered.Round(time.Second),
 		len(soakPools), poolMaxAge, len(poolProblems), poolsSettled.Round(time.Second), formatCauses(replacements),
@@ -215,6 +216,16 @@ orphan GC: %d instances deleted, %d of them live
 	report(t, "discovery answered with an undocumented status", l.unexpected)
 	report(t, "discovery did not answer while the operator was up", l.failedWhileUp)
 	report(t, "a lease outlived its TTL", l.outlivedTTL)
+	if w.second != nil {
+		report(t, "a lease was lost before its TTL (the shared store forgot it)", l.shared.lost)
+		report(t, "a cooldown was forgotten (a proxy leased for a target it was cooling down for)", l.shared.forgotten)
+		if w.second.killCount() == 0 {
+			t.Error("the second replica was never killed: the shared store went untested")
+		}
+		if l.shared.checked == 0 {
+			t.Error("no lease was checked against a reported cooldown: the cooldown check proved nothing")
+		}
+	}
 	if l.audited == 0 {
 		t.Error("no abandoned lease was audited: the TTL check proved nothing")
 	}
@@ -615,4 +626,16 @@ func formatCauses(byCause map[string]float64) string {
 		fmt.Fprintf(&b, " %s %.0f,", c, byCause[c])
 	}
 	return strings.TrimSuffix(b.String(), ",")
+}
+
+// replicasFigure says how discovery's state was kept, and in the
+// two-replica soak what the shared store kept through the kills.
+func (w *world) replicasFigure(l *load) string {
+	if w.second == nil {
+		return "1 (memory lease store)"
+	}
+	l.shared.mu.Lock()
+	defer l.shared.mu.Unlock()
+	return fmt.Sprintf("2 on a shared Redis; second replica killed %d times; leases lost before their TTL: %d; cooldowns forgotten: %d (leases checked against a reported cooldown: %d)",
+		w.second.killCount(), len(l.shared.lost), len(l.shared.forgotten), l.shared.checked)
 }

@@ -1,0 +1,94 @@
+package discovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// DefaultStoreTimeout bounds each store call when Options.StoreTimeout is
+// not set: far above a healthy Redis round trip, far below a client's
+// patience.
+const DefaultStoreTimeout = time.Second
+
+// boundedStore is how the server reaches its Store: every call is bounded
+// by a timeout and measured, and any failure that is not an answer
+// (ErrLeaseNotFound, no proxy available) becomes ErrStoreUnavailable, so
+// the handlers tell "the store said no" from "the store did not answer" in
+// one place, whatever the backend.
+type boundedStore struct {
+	store   Store
+	timeout time.Duration
+}
+
+func (b boundedStore) do(ctx context.Context, op string, call func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	start := time.Now()
+	err := call(ctx)
+	storeDuration.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	if err == nil || errors.Is(err, ErrLeaseNotFound) || errors.Is(err, ErrNoProxyAvailable) {
+		return err
+	}
+	storeErrors.WithLabelValues(op).Inc()
+	if errors.Is(err, ErrStoreUnavailable) {
+		return err
+	}
+	return fmt.Errorf("%w: %s: %w", ErrStoreUnavailable, op, err)
+}
+
+func (b boundedStore) Acquire(ctx context.Context, req AcquireRequest) (l Lease, err error) {
+	err = b.do(ctx, "acquire", func(ctx context.Context) error { l, err = b.store.Acquire(ctx, req); return err })
+	return l, err
+}
+
+func (b boundedStore) Get(ctx context.Context, id string) (l Lease, err error) {
+	err = b.do(ctx, "get", func(ctx context.Context) error { l, err = b.store.Get(ctx, id); return err })
+	return l, err
+}
+
+func (b boundedStore) Renew(ctx context.Context, id string, ttl time.Duration) (l Lease, err error) {
+	err = b.do(ctx, "renew", func(ctx context.Context) error { l, err = b.store.Renew(ctx, id, ttl); return err })
+	return l, err
+}
+
+func (b boundedStore) Release(ctx context.Context, id string) error {
+	return b.do(ctx, "release", func(ctx context.Context) error { return b.store.Release(ctx, id) })
+}
+
+func (b boundedStore) Report(ctx context.Context, id, result, target string, cooldown time.Duration) error {
+	return b.do(ctx, "report", func(ctx context.Context) error { return b.store.Report(ctx, id, result, target, cooldown) })
+}
+
+func (b boundedStore) ActiveLeases(ctx context.Context, ids []string) (n []int, err error) {
+	err = b.do(ctx, "active_leases", func(ctx context.Context) error { n, err = b.store.ActiveLeases(ctx, ids); return err })
+	return n, err
+}
+
+func (b boundedStore) NoteRefused(ctx context.Context, pool string) error {
+	return b.do(ctx, "note_refused", func(ctx context.Context) error { return b.store.NoteRefused(ctx, pool) })
+}
+
+func (b boundedStore) LastRefused(ctx context.Context, pool string) (t time.Time, err error) {
+	err = b.do(ctx, "last_refused", func(ctx context.Context) error { t, err = b.store.LastRefused(ctx, pool); return err })
+	return t, err
+}
+
+func (b boundedStore) Ping(ctx context.Context) error {
+	return b.do(ctx, "ping", b.store.Ping)
+}
+
+var (
+	storeDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "proxy_operator_discovery_store_duration_seconds",
+		Help:    "Lease store call latency by operation, failures included.",
+		Buckets: prometheus.ExponentialBuckets(0.00005, 2, 16),
+	}, []string{"op"})
+	storeErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "proxy_operator_discovery_store_errors_total",
+		Help: "Lease store calls that did not answer (timeout, connection refused, script error), by operation.",
+	}, []string{"op"})
+)

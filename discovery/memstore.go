@@ -1,0 +1,445 @@
+package discovery
+
+import (
+	"container/heap"
+	"context"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/utils/clock"
+)
+
+// MemoryStore is the embedded Store: exact least-loaded, fast, and gone
+// with the process (see the README's restart caveat); one replica only.
+//
+// Its cost per lease does not grow with the candidates: each candidate set
+// (one selector's healthy proxies) keeps a heap of its members ordered by
+// (active leases, last leased), so Acquire pops the least-loaded member and
+// skips only those cooling down for the target. A lease or release moves its
+// proxy in every set that holds it. Leases and cooldowns also sit in heaps by
+// their end, so expiry is exact at every call without a sweep, and a proxy
+// with no lease has no record at all.
+type MemoryStore struct {
+	clock clock.PassiveClock
+
+	mu sync.Mutex
+	// leases by id, and ordered by ExpiresAt.
+	leases   map[string]*memLease
+	expiries leaseHeap
+	// loads: active leases per proxy; absent at zero.
+	loads map[string]int
+	// cooldowns: proxy -> target -> until, dropped when they end; coolEnds
+	// holds every end ever set (stale ones are skipped when popped).
+	cooldowns map[string]map[string]time.Time
+	coolEnds  cooldownHeap
+	nCooling  int
+	// sets: one index per candidate set, by Candidates.Key.
+	sets    map[string]*candidateSet
+	refused map[string]time.Time
+}
+
+var _ Store = (*MemoryStore)(nil)
+
+// maxCandidateSets bounds the indexes kept: every lease and release updates
+// each set holding its proxy. Selectors in use are few; the least recently
+// used set goes first.
+const maxCandidateSets = 64
+
+// NewMemoryStore returns an empty store on clk (nil: the real clock).
+func NewMemoryStore(clk clock.PassiveClock) *MemoryStore {
+	if clk == nil {
+		clk = clock.RealClock{}
+	}
+	return &MemoryStore{
+		clock:     clk,
+		leases:    map[string]*memLease{},
+		loads:     map[string]int{},
+		cooldowns: map[string]map[string]time.Time{},
+		sets:      map[string]*candidateSet{},
+		refused:   map[string]time.Time{},
+	}
+}
+
+// Acquire implements Store: exact least-loaded, ties to the candidate
+// leased least recently in this set.
+func (m *MemoryStore) Acquire(_ context.Context, req AcquireRequest) (Lease, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.expireLocked()
+	set := m.setLocked(req.Candidates, now)
+	best, soonest := set.pick(func(id string) (time.Time, bool) {
+		if req.Target == "" {
+			return time.Time{}, false
+		}
+		until, ok := m.cooldowns[id][req.Target]
+		return until, ok
+	})
+	if best == "" {
+		e := &NoProxyAvailableError{}
+		if !soonest.IsZero() {
+			e.RetryAfter = soonest.Sub(now)
+		}
+		return Lease{}, e
+	}
+	l := &memLease{Lease: Lease{ID: uuid.NewString(), ProxyID: best, Target: req.Target, CreatedAt: now, ExpiresAt: now.Add(req.TTL)}}
+	m.leases[l.ID] = l
+	heap.Push(&m.expiries, l)
+	m.loads[best]++
+	m.moveLocked(best, +1, now)
+	return m.withLoadLocked(l), nil
+}
+
+// Get implements Store.
+func (m *MemoryStore) Get(_ context.Context, id string) (Lease, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.expireLocked()
+	l, ok := m.leases[id]
+	if !ok {
+		return Lease{}, ErrLeaseNotFound
+	}
+	return m.withLoadLocked(l), nil
+}
+
+// Renew implements Store.
+func (m *MemoryStore) Renew(_ context.Context, id string, ttl time.Duration) (Lease, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.expireLocked()
+	l, ok := m.leases[id]
+	if !ok {
+		return Lease{}, ErrLeaseNotFound
+	}
+	l.ExpiresAt = now.Add(ttl)
+	heap.Fix(&m.expiries, l.index)
+	return m.withLoadLocked(l), nil
+}
+
+// Release implements Store.
+func (m *MemoryStore) Release(_ context.Context, id string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.expireLocked()
+	if l, ok := m.leases[id]; ok {
+		heap.Remove(&m.expiries, l.index)
+		m.dropLocked(l, now)
+	}
+	return nil
+}
+
+// Report implements Store.
+func (m *MemoryStore) Report(_ context.Context, id, result, target string, cooldown time.Duration) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.expireLocked()
+	l, ok := m.leases[id]
+	if !ok {
+		return ErrLeaseNotFound
+	}
+	if result != ResultRateLimited {
+		return nil
+	}
+	targets := m.cooldowns[l.ProxyID]
+	if targets == nil {
+		targets = map[string]time.Time{}
+		m.cooldowns[l.ProxyID] = targets
+	}
+	until := now.Add(cooldown)
+	old, cooling := targets[target]
+	if cooling && !until.After(old) {
+		return nil
+	}
+	if !cooling {
+		m.nCooling++
+	}
+	targets[target] = until
+	heap.Push(&m.coolEnds, cooldownEnd{proxy: l.ProxyID, target: target, until: until})
+	return nil
+}
+
+// ActiveLeases implements Store: one map lookup per id, whatever the
+// number of leases.
+func (m *MemoryStore) ActiveLeases(_ context.Context, ids []string) ([]int, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.expireLocked()
+	out := make([]int, len(ids))
+	for i, id := range ids {
+		out[i] = m.loads[id]
+	}
+	return out, nil
+}
+
+// NoteRefused implements Store.
+func (m *MemoryStore) NoteRefused(_ context.Context, pool string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.refused[pool] = m.clock.Now()
+	return nil
+}
+
+// LastRefused implements Store.
+func (m *MemoryStore) LastRefused(_ context.Context, pool string) (time.Time, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.refused[pool], nil
+}
+
+// Ping implements Store: memory always answers.
+func (m *MemoryStore) Ping(context.Context) error { return nil }
+
+// Counts are the live leases and (proxy, target) cooldowns, for metrics.
+func (m *MemoryStore) Counts() (leases, cooldowns int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.expireLocked()
+	return len(m.leases), m.nCooling
+}
+
+// Collectors are the store's gauges, read at scrape time.
+func (m *MemoryStore) Collectors() []prometheus.Collector {
+	return CountCollectors(func() (int, int, error) {
+		l, c := m.Counts()
+		return l, c, nil
+	})
+}
+
+func (m *MemoryStore) withLoadLocked(l *memLease) Lease {
+	out := l.Lease
+	out.ProxyLeases = m.loads[l.ProxyID]
+	return out
+}
+
+// expireLocked drops every lease and cooldown that ended by now, and
+// returns now.
+func (m *MemoryStore) expireLocked() time.Time {
+	now := m.clock.Now()
+	for len(m.expiries) > 0 && !now.Before(m.expiries[0].ExpiresAt) {
+		m.dropLocked(heap.Pop(&m.expiries).(*memLease), now)
+	}
+	for len(m.coolEnds) > 0 && !now.Before(m.coolEnds[0].until) {
+		end := heap.Pop(&m.coolEnds).(cooldownEnd)
+		targets := m.cooldowns[end.proxy]
+		if until, ok := targets[end.target]; !ok || !until.Equal(end.until) {
+			continue // extended since: a later end is queued
+		}
+		delete(targets, end.target)
+		m.nCooling--
+		if len(targets) == 0 {
+			delete(m.cooldowns, end.proxy)
+		}
+	}
+	return now
+}
+
+// dropLocked forgets a lease already out of the expiry heap.
+func (m *MemoryStore) dropLocked(l *memLease, now time.Time) {
+	delete(m.leases, l.ID)
+	if m.loads[l.ProxyID] <= 1 {
+		delete(m.loads, l.ProxyID)
+	} else {
+		m.loads[l.ProxyID]--
+	}
+	m.moveLocked(l.ProxyID, -1, now)
+}
+
+// moveLocked changes proxy's load by delta in every set that holds it; a
+// lease (delta > 0) also makes it the most recently leased.
+func (m *MemoryStore) moveLocked(proxy string, delta int, now time.Time) {
+	for _, s := range m.sets {
+		if it, ok := s.items[proxy]; ok {
+			it.load += delta
+			if delta > 0 {
+				it.lastLeased = now
+			}
+			heap.Fix(&s.heap, it.index)
+		}
+	}
+}
+
+// setLocked returns the index for c, building it when it is new or its
+// version moved.
+func (m *MemoryStore) setLocked(c Candidates, now time.Time) *candidateSet {
+	s, ok := m.sets[c.Key]
+	if ok && s.version == c.Version && len(s.items) == len(c.IDs) {
+		s.used = now
+		return s
+	}
+	if !ok && c.Key != "" && len(m.sets) >= maxCandidateSets {
+		var oldest string
+		for k, other := range m.sets {
+			if oldest == "" || other.used.Before(m.sets[oldest].used) {
+				oldest = k
+			}
+		}
+		delete(m.sets, oldest)
+	}
+	fresh := &candidateSet{version: c.Version, used: now, items: make(map[string]*setItem, len(c.IDs)), heap: make(setHeap, 0, len(c.IDs))}
+	for _, id := range c.IDs {
+		it := &setItem{id: id, load: m.loads[id]}
+		if s != nil {
+			if prev, ok := s.items[id]; ok {
+				it.lastLeased = prev.lastLeased
+			}
+		}
+		it.index = len(fresh.heap)
+		fresh.items[id] = it
+		fresh.heap = append(fresh.heap, it)
+	}
+	heap.Init(&fresh.heap)
+	if c.Key != "" { // no key: an index for this call only
+		m.sets[c.Key] = fresh
+	}
+	return fresh
+}
+
+// candidateSet indexes one set of candidates by load.
+type candidateSet struct {
+	version uint64
+	used    time.Time
+	items   map[string]*setItem
+	heap    setHeap
+}
+
+// pick returns the least-loaded member for which cooling says false; when
+// every member is cooling, "" and the soonest end of their cooldowns.
+// Members popped while skipping are pushed back.
+func (s *candidateSet) pick(cooling func(id string) (time.Time, bool)) (best string, soonest time.Time) {
+	var skipped []*setItem
+	for len(s.heap) > 0 {
+		top := s.heap[0]
+		until, cool := cooling(top.id)
+		if !cool {
+			best = top.id
+			break
+		}
+		if soonest.IsZero() || until.Before(soonest) {
+			soonest = until
+		}
+		skipped = append(skipped, heap.Pop(&s.heap).(*setItem))
+	}
+	for _, it := range skipped {
+		heap.Push(&s.heap, it)
+	}
+	return best, soonest
+}
+
+type setItem struct {
+	id         string
+	load       int
+	lastLeased time.Time
+	index      int
+}
+
+// setHeap orders members by load, then by least recently leased, then by
+// id (so a new set's ties are stable).
+type setHeap []*setItem
+
+func (h setHeap) Len() int { return len(h) }
+func (h setHeap) Less(i, j int) bool {
+	a, b := h[i], h[j]
+	if a.load != b.load {
+		return a.load < b.load
+	}
+	if !a.lastLeased.Equal(b.lastLeased) {
+		return a.lastLeased.Before(b.lastLeased)
+	}
+	return a.id < b.id
+}
+func (h setHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
+}
+func (h *setHeap) Push(x any) {
+	it := x.(*setItem)
+	it.index = len(*h)
+	*h = append(*h, it)
+}
+func (h *setHeap) Pop() any {
+	old := *h
+	it := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return it
+}
+
+type memLease struct {
+	Lease
+	index int
+}
+
+// leaseHeap orders leases by their end.
+type leaseHeap []*memLease
+
+func (h leaseHeap) Len() int           { return len(h) }
+func (h leaseHeap) Less(i, j int) bool { return h[i].ExpiresAt.Before(h[j].ExpiresAt) }
+func (h leaseHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
+}
+func (h *leaseHeap) Push(x any) {
+	l := x.(*memLease)
+	l.index = len(*h)
+	*h = append(*h, l)
+}
+func (h *leaseHeap) Pop() any {
+	old := *h
+	l := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return l
+}
+
+type cooldownEnd struct {
+	proxy, target string
+	until         time.Time
+}
+
+// cooldownHeap orders cooldown ends, the soonest first.
+type cooldownHeap []cooldownEnd
+
+func (h cooldownHeap) Len() int           { return len(h) }
+func (h cooldownHeap) Less(i, j int) bool { return h[i].until.Before(h[j].until) }
+func (h cooldownHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *cooldownHeap) Push(x any)        { *h = append(*h, x.(cooldownEnd)) }
+func (h *cooldownHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
+}
+
+// CountCollectors are the leases_active and cooldowns_active gauges over a
+// store's counts, read at scrape time, for every backend alike; a store
+// that cannot count then reports them invalid rather than a wrong zero.
+func CountCollectors(counts func() (leases, cooldowns int, err error)) []prometheus.Collector {
+	return []prometheus.Collector{&countCollector{counts: counts}}
+}
+
+var (
+	leasesActiveDesc = prometheus.NewDesc("proxy_operator_discovery_leases_active",
+		"Leases not yet released or expired.", nil, nil)
+	cooldownsActiveDesc = prometheus.NewDesc("proxy_operator_discovery_cooldowns_active",
+		"(proxy, target) pairs cooling down after a rate_limited report.", nil, nil)
+)
+
+type countCollector struct {
+	counts func() (int, int, error)
+}
+
+func (c *countCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- leasesActiveDesc
+	ch <- cooldownsActiveDesc
+}
+
+func (c *countCollector) Collect(ch chan<- prometheus.Metric) {
+	leases, cooldowns, err := c.counts()
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(leasesActiveDesc, err)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(leasesActiveDesc, prometheus.GaugeValue, float64(leases))
+	ch <- prometheus.MustNewConstMetric(cooldownsActiveDesc, prometheus.GaugeValue, float64(cooldowns))
+}

@@ -1,0 +1,278 @@
+// Package redisstore is the discovery API's lease store on Redis, shared by
+// every replica that serves discovery, so leases and cooldowns outlive any
+// one process. Each operation is one Lua script, atomic and on the Redis
+// server's clock; leases and cooldowns are keys that expire by themselves.
+//
+// Least-loaded is exact up to SampleSize candidates and sampled beyond: the
+// store then looks at SampleSize candidates drawn at random and leases the
+// least loaded of those that are not cooling down (falling back to every
+// candidate only when all of the sample are). A client can observe a lease
+// on a proxy that holds one or two leases more than the least-loaded one of
+// a large set; no lease ever goes to a proxy cooling down for its target.
+//
+// It implements discovery.Store and imports nothing of the operator but
+// discovery's types: it never reads or writes the Kubernetes API.
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	mathrand "math/rand/v2"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/example/egress-proxies-operator/discovery"
+)
+
+// SampleSize is how many candidates Acquire weighs at most in one script.
+const SampleSize = 64
+
+// DefaultKeyPrefix starts every key the store writes, so one Redis can
+// serve other uses (or, with other prefixes, several operators).
+const DefaultKeyPrefix = "egress-proxies-operator:"
+
+// Options configure a Store.
+type Options struct {
+	// Client talks to Redis. Its timeouts should be no longer than the
+	// discovery API's store timeout, which bounds every call anyway.
+	Client redis.UniversalClient
+	// KeyPrefix starts every key (DefaultKeyPrefix when empty).
+	KeyPrefix string
+	// TimeOffset, when set, is added to the Redis server's TIME: tests move
+	// the store's clock with it. Nil in production.
+	TimeOffset func() time.Duration
+}
+
+// Store is the Redis lease store.
+type Store struct {
+	client redis.UniversalClient
+	prefix string
+	offset func() time.Duration
+}
+
+var _ discovery.Store = (*Store)(nil)
+
+// New returns a store over opts.Client; it does not connect until used.
+func New(opts Options) *Store {
+	s := &Store{client: opts.Client, prefix: opts.KeyPrefix, offset: opts.TimeOffset}
+	if s.prefix == "" {
+		s.prefix = DefaultKeyPrefix
+	}
+	if s.offset == nil {
+		s.offset = func() time.Duration { return 0 }
+	}
+	return s
+}
+
+// run runs a script with the preamble's arguments first.
+func (s *Store) run(ctx context.Context, script *redis.Script, args ...any) *redis.Cmd {
+	all := make([]any, 0, len(args)+2)
+	all = append(all, s.prefix, s.offset().Milliseconds())
+	all = append(all, args...)
+	return script.Run(ctx, s.client, nil, all...)
+}
+
+// Acquire implements discovery.Store.
+func (s *Store) Acquire(ctx context.Context, req discovery.AcquireRequest) (discovery.Lease, error) {
+	ids := req.Candidates.IDs
+	if len(ids) == 0 {
+		return discovery.Lease{}, &discovery.NoProxyAvailableError{}
+	}
+	if len(ids) > SampleSize {
+		l, err := s.acquire(ctx, req, sample(ids, SampleSize))
+		if !errors.Is(err, discovery.ErrNoProxyAvailable) {
+			return l, err
+		}
+		// The whole sample is cooling down: only every candidate can say
+		// whether any is not, and when the first cooldown ends.
+	}
+	return s.acquire(ctx, req, ids)
+}
+
+func (s *Store) acquire(ctx context.Context, req discovery.AcquireRequest, ids []string) (discovery.Lease, error) {
+	id := uuid.NewString()
+	args := make([]any, 0, len(ids)+3)
+	args = append(args, req.TTL.Milliseconds(), req.Target, id)
+	for _, c := range ids {
+		args = append(args, c)
+	}
+	res, err := s.run(ctx, acquireScript, args...).Slice()
+	if err != nil {
+		return discovery.Lease{}, fmt.Errorf("acquire script: %w", err)
+	}
+	if len(res) == 2 {
+		wait, _ := res[1].(int64)
+		return discovery.Lease{}, &discovery.NoProxyAvailableError{RetryAfter: time.Duration(wait) * time.Millisecond}
+	}
+	if len(res) != 5 {
+		return discovery.Lease{}, fmt.Errorf("acquire script answered %d values, want 5", len(res))
+	}
+	return leaseOf(id, req.Target, res[1], res[2], res[3], res[4])
+}
+
+// sample draws n distinct ids at random (a partial Fisher-Yates shuffle of
+// a copy: the caller's slice is shared and must not change).
+func sample(ids []string, n int) []string {
+	cp := append([]string(nil), ids...)
+	for i := range n {
+		j := i + mathrand.IntN(len(cp)-i)
+		cp[i], cp[j] = cp[j], cp[i]
+	}
+	return cp[:n]
+}
+
+// Get implements discovery.Store.
+func (s *Store) Get(ctx context.Context, id string) (discovery.Lease, error) {
+	return s.leaseFrom(id, s.run(ctx, getScript, id))
+}
+
+// Renew implements discovery.Store.
+func (s *Store) Renew(ctx context.Context, id string, ttl time.Duration) (discovery.Lease, error) {
+	return s.leaseFrom(id, s.run(ctx, renewScript, id, ttl.Milliseconds()))
+}
+
+// leaseFrom reads a get or renew script's answer.
+func (s *Store) leaseFrom(id string, cmd *redis.Cmd) (discovery.Lease, error) {
+	res, err := cmd.Slice()
+	if errors.Is(err, redis.Nil) {
+		return discovery.Lease{}, discovery.ErrLeaseNotFound
+	}
+	if err != nil {
+		return discovery.Lease{}, fmt.Errorf("lease script: %w", err)
+	}
+	if len(res) != 5 {
+		return discovery.Lease{}, fmt.Errorf("lease script answered %d values, want 5", len(res))
+	}
+	target, _ := res[1].(string)
+	return leaseOf(id, target, res[0], res[2], res[3], res[4])
+}
+
+func leaseOf(id, target string, proxy, created, expires, load any) (discovery.Lease, error) {
+	p, ok1 := proxy.(string)
+	c, ok2 := created.(int64)
+	e, ok3 := expires.(int64)
+	n, ok4 := load.(int64)
+	if !ok1 || !ok2 || !ok3 || !ok4 {
+		return discovery.Lease{}, fmt.Errorf("lease script answered %T %T %T %T, want string and three integers", proxy, created, expires, load)
+	}
+	return discovery.Lease{ID: id, ProxyID: p, Target: target, CreatedAt: time.UnixMilli(c).UTC(), ExpiresAt: time.UnixMilli(e).UTC(), ProxyLeases: int(n)}, nil
+}
+
+// Release implements discovery.Store.
+func (s *Store) Release(ctx context.Context, id string) error {
+	if err := s.run(ctx, releaseScript, id).Err(); err != nil {
+		return fmt.Errorf("release script: %w", err)
+	}
+	return nil
+}
+
+// Report implements discovery.Store.
+func (s *Store) Report(ctx context.Context, id, result, target string, cooldown time.Duration) error {
+	live, err := s.run(ctx, reportScript, id, result, target, cooldown.Milliseconds()).Int()
+	if err != nil {
+		return fmt.Errorf("report script: %w", err)
+	}
+	if live == 0 {
+		return discovery.ErrLeaseNotFound
+	}
+	return nil
+}
+
+// loadsChunk bounds one script's proxies, so that listing a large fleet
+// never holds Redis for long in one go.
+const loadsChunk = 1000
+
+// ActiveLeases implements discovery.Store: one script per thousand ids,
+// sent in one pipeline.
+func (s *Store) ActiveLeases(ctx context.Context, ids []string) ([]int, error) {
+	out := make([]int, 0, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	// Scripts are loaded first: a NOSCRIPT inside a pipeline is not retried.
+	if err := loadsScript.Load(ctx, s.client).Err(); err != nil {
+		return nil, fmt.Errorf("loading the loads script: %w", err)
+	}
+	pipe := s.client.Pipeline()
+	var cmds []*redis.Cmd
+	for start := 0; start < len(ids); start += loadsChunk {
+		chunk := ids[start:min(start+loadsChunk, len(ids))]
+		args := make([]any, 0, len(chunk)+2)
+		args = append(args, s.prefix, s.offset().Milliseconds())
+		for _, id := range chunk {
+			args = append(args, id)
+		}
+		cmds = append(cmds, loadsScript.EvalSha(ctx, pipe, nil, args...))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, fmt.Errorf("loads script: %w", err)
+	}
+	for _, cmd := range cmds {
+		counts, err := cmd.Int64Slice()
+		if err != nil {
+			return nil, fmt.Errorf("loads script: %w", err)
+		}
+		for _, n := range counts {
+			out = append(out, int(n))
+		}
+	}
+	if len(out) != len(ids) {
+		return nil, fmt.Errorf("loads script answered %d counts for %d proxies", len(out), len(ids))
+	}
+	return out, nil
+}
+
+// NoteRefused implements discovery.Store.
+func (s *Store) NoteRefused(ctx context.Context, pool string) error {
+	if err := s.run(ctx, noteRefusedScript, pool).Err(); err != nil {
+		return fmt.Errorf("note-refused script: %w", err)
+	}
+	return nil
+}
+
+// LastRefused implements discovery.Store.
+func (s *Store) LastRefused(ctx context.Context, pool string) (time.Time, error) {
+	ms, err := s.client.HGet(ctx, s.prefix+"refused", pool).Int64()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return time.Time{}, nil
+	case err != nil:
+		return time.Time{}, fmt.Errorf("reading when pool %s was last refused: %w", pool, err)
+	}
+	return time.UnixMilli(ms).UTC(), nil
+}
+
+// Ping implements discovery.Store.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.client.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("redis PING: %w", err)
+	}
+	return nil
+}
+
+// Counts are the live leases and cooldowns, for metrics.
+func (s *Store) Counts(ctx context.Context) (leases, cooldowns int, err error) {
+	n, err := s.run(ctx, countsScript).Int64Slice()
+	if err != nil {
+		return 0, 0, fmt.Errorf("counts script: %w", err)
+	}
+	if len(n) != 2 {
+		return 0, 0, fmt.Errorf("counts script answered %d values, want 2", len(n))
+	}
+	return int(n[0]), int(n[1]), nil
+}
+
+// Collectors are the store's gauges, counted in Redis at scrape time
+// (bounded by timeout); a scrape while Redis is away reports them invalid
+// rather than zero.
+func (s *Store) Collectors(timeout time.Duration) []prometheus.Collector {
+	return discovery.CountCollectors(func() (int, int, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		return s.Counts(ctx)
+	})
+}

@@ -1,0 +1,101 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/example/egress-proxies-operator/discovery"
+	"github.com/example/egress-proxies-operator/discovery/redisstore"
+	"github.com/example/egress-proxies-operator/discovery/storetest"
+	"github.com/example/egress-proxies-operator/test/redisserver"
+)
+
+// TestConformance runs the store suite on a real redis-server: each test
+// gets a key prefix of its own, and moves the store's clock with the
+// store's time offset.
+func TestConformance(t *testing.T) {
+	srv := redisserver.Start(t, "")
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 64})
+	t.Cleanup(func() { _ = client.Close() })
+	var n atomic.Int64
+	storetest.Run(t, func(*testing.T) storetest.Harness {
+		var offset atomic.Int64
+		store := redisstore.New(redisstore.Options{
+			Client:     client,
+			KeyPrefix:  fmt.Sprintf("conformance-%d:", n.Add(1)),
+			TimeOffset: func() time.Duration { return time.Duration(offset.Load()) },
+		})
+		return storetest.Harness{Store: store, Advance: func(d time.Duration) { offset.Add(int64(d)) }}
+	})
+}
+
+// TestKeysExpireByThemselves: nothing sweeps Redis; once every lease and
+// cooldown has ended, the store's keys are gone but for the metrics'
+// indexes, which the counts trim.
+func TestKeysExpireByThemselves(t *testing.T) {
+	srv := redisserver.Start(t, "")
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = client.Close() })
+	ctx := context.Background()
+	store := redisstore.New(redisstore.Options{Client: client, KeyPrefix: "exp:"})
+	l, err := store.Acquire(ctx, discovery.AcquireRequest{Candidates: storetest.Of("ns/a"), Target: "x.com", TTL: 300 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, store.Report(ctx, l.ID, discovery.ResultRateLimited, "x.com", 400*time.Millisecond))
+	leases, cooldowns, err := store.Counts(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, [2]int{1, 1}, [2]int{leases, cooldowns})
+
+	assert.Eventually(t, func() bool {
+		keys, err := client.Keys(ctx, "exp:*").Result()
+		require.NoError(t, err)
+		for _, k := range keys {
+			if k != "exp:leases" && k != "exp:cooldowns" && k != "exp:last:ns/a" {
+				return false
+			}
+		}
+		return true
+	}, 5*time.Second, 50*time.Millisecond, "lease, load and cooldown keys expire with their TTLs")
+	leases, cooldowns, err = store.Counts(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, [2]int{0, 0}, [2]int{leases, cooldowns})
+}
+
+// TestUnavailable: with Redis gone every call fails within its context's
+// bound instead of hanging, with Redis paused (a hung server) too, and the
+// store works again once Redis is back, with no restart of the client.
+func TestUnavailable(t *testing.T) {
+	srv := redisserver.Start(t, "s3cret")
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr, Password: "s3cret", MaxRetries: -1,
+		DialTimeout: 200 * time.Millisecond, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = client.Close() })
+	store := redisstore.New(redisstore.Options{Client: client})
+	bounded := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		_, err := store.Acquire(ctx, discovery.AcquireRequest{Candidates: storetest.Of("ns/a"), TTL: time.Minute})
+		assert.Less(t, time.Since(start), time.Second, "bounded by the context")
+		return err
+	}
+	require.NoError(t, bounded())
+
+	srv.Pause()
+	assert.Error(t, bounded(), "a hung Redis")
+	srv.Resume()
+
+	srv.Stop()
+	err := bounded()
+	require.Error(t, err, "Redis is down")
+	assert.NotErrorIs(t, err, discovery.ErrNoProxyAvailable)
+	assert.NotErrorIs(t, err, discovery.ErrLeaseNotFound)
+
+	require.NoError(t, srv.Start())
+	assert.Eventually(t, func() bool { return bounded() == nil }, 5*time.Second, 50*time.Millisecond, "recovers by itself")
+}

@@ -1,0 +1,359 @@
+// Package storetest is the conformance suite of discovery.Store: every
+// backend (memory, Redis) runs the same tests unchanged, which is what keeps
+// two backends honest. It is test support: only _test files import it.
+package storetest
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/example/egress-proxies-operator/discovery"
+)
+
+// Harness is one fresh, empty store under test.
+type Harness struct {
+	Store discovery.Store
+	// Advance moves the store's clock forward by d.
+	Advance func(d time.Duration)
+}
+
+// Run runs the whole suite; newHarness gives each test an empty store of
+// its own.
+func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
+	tests := []struct {
+		name string
+		test func(t *testing.T, h Harness)
+	}{
+		{"AgainstAModel", againstAModel},
+		{"Concurrently", concurrently},
+		{"Expiry", expiry},
+		{"RenewAndReport", renewAndReport},
+		{"NoProxyAvailable", noProxyAvailable},
+		{"ActiveLeases", activeLeases},
+		{"Refusals", refusals},
+		{"LargeCandidateSets", largeCandidateSets},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) { tc.test(t, newHarness(t)) })
+	}
+}
+
+// Of makes a candidate set for ids, with no index kept (Key "").
+func Of(ids ...string) discovery.Candidates { return discovery.Candidates{IDs: ids} }
+
+// indexed is a candidate set as the view hands it out: a key and version.
+func indexed(key string, version uint64, ids ...string) discovery.Candidates {
+	return discovery.Candidates{Key: key, Version: version, IDs: ids}
+}
+
+func acquire(h Harness, c discovery.Candidates, target string, ttl time.Duration) (discovery.Lease, error) {
+	return h.Store.Acquire(context.Background(), discovery.AcquireRequest{Candidates: c, Target: target, TTL: ttl})
+}
+
+func total(t *testing.T, h Harness, ids []string) int {
+	t.Helper()
+	n, err := h.Store.ActiveLeases(context.Background(), ids)
+	require.NoError(t, err)
+	sum := 0
+	for _, x := range n {
+		sum += x
+	}
+	return sum
+}
+
+// againstAModel runs random operations one at a time and checks every
+// Acquire against a simple model: the chosen proxy is not cooling for the
+// target, and has the fewest active leases among those that are not.
+func againstAModel(t *testing.T, h Harness) {
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(1, 2))
+	proxies := []string{"a", "b", "c", "d"}
+	set := indexed("model", 1, proxies...)
+	targets := []string{"", "x.com", "y.com"}
+	active := map[string]int{}
+	cooling := map[[2]string]time.Duration{}
+	leases := map[string]discovery.Lease{}
+	var now time.Duration // the model's time since the start
+	for step := range 5000 {
+		d := time.Duration(rng.IntN(3)) * time.Second
+		h.Advance(d)
+		now += d
+		switch op := rng.IntN(10); {
+		case op < 5:
+			target := targets[rng.IntN(len(targets))]
+			got, err := acquire(h, set, target, 24*time.Hour) // outlives the run: expiry has its own test
+			fewest := -1
+			for _, p := range proxies {
+				if target != "" && now < cooling[[2]string{p, target}] {
+					continue
+				}
+				if fewest == -1 || active[p] < fewest {
+					fewest = active[p]
+				}
+			}
+			if fewest == -1 {
+				require.ErrorIs(t, err, discovery.ErrNoProxyAvailable, "step %d", step)
+				continue
+			}
+			require.NoError(t, err, "step %d", step)
+			assert.False(t, target != "" && now < cooling[[2]string{got.ProxyID, target}], "step %d: leased a cooling proxy", step)
+			assert.Equal(t, fewest, active[got.ProxyID], "step %d: not the least-loaded proxy", step)
+			active[got.ProxyID]++
+			assert.Equal(t, active[got.ProxyID], got.ProxyLeases, "step %d: the lease's count of its proxy's leases", step)
+			leases[got.ID] = got
+		case op < 8 && len(leases) > 0:
+			for id, l := range leases {
+				require.NoError(t, h.Store.Release(ctx, id))
+				active[l.ProxyID]--
+				delete(leases, id)
+				break
+			}
+		case len(leases) > 0:
+			for id, l := range leases {
+				target := targets[1+rng.IntN(2)]
+				require.NoError(t, h.Store.Report(ctx, id, discovery.ResultRateLimited, target, time.Minute))
+				key := [2]string{l.ProxyID, target}
+				cooling[key] = max(cooling[key], now+time.Minute)
+				break
+			}
+		}
+		require.Equal(t, len(leases), total(t, h, proxies), "step %d", step)
+	}
+}
+
+// concurrently hammers the store from many goroutines (run with -race): a
+// proxy a goroutine reported rate-limited is never leased to it again for
+// that target, and the counts return to zero.
+func concurrently(t *testing.T, h Harness) {
+	ctx := context.Background()
+	var proxies []string
+	for i := range 16 {
+		proxies = append(proxies, fmt.Sprintf("crawl/px-%d", i))
+	}
+	set := indexed("all", 1, proxies...)
+	var wg sync.WaitGroup
+	for g := range 64 {
+		wg.Go(func() {
+			target := fmt.Sprintf("site-%d.example", g)
+			banned := map[string]bool{}
+			for i := range 300 {
+				l, err := acquire(h, set, target, time.Hour)
+				if err != nil {
+					assert.ErrorIs(t, err, discovery.ErrNoProxyAvailable)
+					assert.Len(t, banned, len(proxies), "503 only once every proxy is cooling for the target")
+					continue
+				}
+				assert.False(t, banned[l.ProxyID], "leased %s for %s after reporting it rate-limited", l.ProxyID, target)
+				if i%7 == 0 {
+					assert.NoError(t, h.Store.Report(ctx, l.ID, discovery.ResultRateLimited, target, time.Hour))
+					banned[l.ProxyID] = true
+				}
+				if _, err := h.Store.Renew(ctx, l.ID, time.Hour); err != nil {
+					t.Errorf("renewing a live lease: %v", err)
+				}
+				assert.NoError(t, h.Store.Release(ctx, l.ID))
+				assert.NoError(t, h.Store.Release(ctx, l.ID), "idempotent")
+			}
+		})
+	}
+	wg.Wait()
+	assert.Zero(t, total(t, h, proxies), "every lease was released")
+	// Cooldowns hold: a goroutine's banned proxies stay banned for its site.
+	_, err := acquire(h, set, "site-0.example", time.Hour)
+	if err == nil {
+		return // site-0 did not ban them all; enough was asserted inside
+	}
+	assert.ErrorIs(t, err, discovery.ErrNoProxyAvailable)
+}
+
+func expiry(t *testing.T, h Harness) {
+	ctx := context.Background()
+	short, err := acquire(h, Of("a"), "", time.Minute)
+	require.NoError(t, err)
+	long, err := acquire(h, Of("a"), "", time.Hour)
+	require.NoError(t, err)
+	assert.Equal(t, 2, long.ProxyLeases)
+	require.NoError(t, h.Store.Report(ctx, long.ID, discovery.ResultRateLimited, "x.com", 10*time.Minute))
+
+	h.Advance(2 * time.Minute)
+	_, err = h.Store.Get(ctx, short.ID)
+	assert.ErrorIs(t, err, discovery.ErrLeaseNotFound, "gone once its TTL is up")
+	assert.Equal(t, 1, total(t, h, []string{"a"}), "an expired lease no longer counts")
+	_, err = acquire(h, Of("a"), "x.com", time.Hour)
+	assert.ErrorIs(t, err, discovery.ErrNoProxyAvailable, "still cooling for x.com")
+
+	h.Advance(2 * time.Hour)
+	assert.Zero(t, total(t, h, []string{"a"}), "no lease outlives its TTL")
+	_, err = h.Store.Renew(ctx, long.ID, time.Hour)
+	assert.ErrorIs(t, err, discovery.ErrLeaseNotFound)
+	assert.ErrorIs(t, h.Store.Report(ctx, long.ID, discovery.ResultOK, "", 0), discovery.ErrLeaseNotFound)
+	l, err := acquire(h, Of("a"), "x.com", time.Hour)
+	require.NoError(t, err, "the cooldown ended too")
+	assert.Equal(t, "a", l.ProxyID)
+	assert.Equal(t, 1, l.ProxyLeases)
+}
+
+func renewAndReport(t *testing.T, h Harness) {
+	ctx := context.Background()
+	l, err := acquire(h, Of("a", "b"), "Example.com", time.Minute)
+	require.NoError(t, err)
+	assert.Equal(t, "Example.com", l.Target, "the target is kept as given")
+	assert.Equal(t, time.Minute, l.ExpiresAt.Sub(l.CreatedAt))
+
+	h.Advance(50 * time.Second)
+	renewed, err := h.Store.Renew(ctx, l.ID, time.Minute)
+	require.NoError(t, err)
+	assert.Equal(t, l.CreatedAt, renewed.CreatedAt)
+	assert.WithinDuration(t, l.ExpiresAt.Add(50*time.Second), renewed.ExpiresAt, time.Second, "now+ttl on the store's clock")
+	h.Advance(50 * time.Second)
+	got, err := h.Store.Get(ctx, l.ID)
+	require.NoError(t, err, "renewed past its first expiry")
+	assert.Equal(t, renewed.ExpiresAt, got.ExpiresAt)
+	assert.Equal(t, l.ProxyID, got.ProxyID)
+
+	// ok and error reports cool nothing; rate_limited cools for its target
+	// only, and a shorter cooldown never cuts a longer one short.
+	require.NoError(t, h.Store.Report(ctx, l.ID, discovery.ResultOK, "x.com", time.Hour))
+	require.NoError(t, h.Store.Report(ctx, l.ID, discovery.ResultError, "x.com", time.Hour))
+	other, err := acquire(h, Of(l.ProxyID), "x.com", time.Minute)
+	require.NoError(t, err, "ok and error reports put nothing in cooldown")
+	require.NoError(t, h.Store.Release(ctx, other.ID))
+	require.NoError(t, h.Store.Report(ctx, l.ID, discovery.ResultRateLimited, "x.com", 10*time.Minute))
+	require.NoError(t, h.Store.Report(ctx, l.ID, discovery.ResultRateLimited, "x.com", time.Minute))
+	_, err = acquire(h, Of(l.ProxyID), "x.com", time.Minute)
+	var none *discovery.NoProxyAvailableError
+	require.ErrorAs(t, err, &none)
+	assert.InDelta(t, (10 * time.Minute).Seconds(), none.RetryAfter.Seconds(), 1, "the longer cooldown is kept")
+	_, err = acquire(h, Of(l.ProxyID), "y.com", time.Minute)
+	assert.NoError(t, err, "another target is not cooling")
+
+	require.NoError(t, h.Store.Release(ctx, l.ID))
+	_, err = h.Store.Get(ctx, l.ID)
+	assert.ErrorIs(t, err, discovery.ErrLeaseNotFound)
+	assert.ErrorIs(t, h.Store.Report(ctx, l.ID, discovery.ResultRateLimited, "x.com", time.Minute), discovery.ErrLeaseNotFound,
+		"a released lease reports nothing")
+	require.NoError(t, h.Store.Release(ctx, "never-existed"), "releasing an unknown lease is not an error")
+}
+
+func noProxyAvailable(t *testing.T, h Harness) {
+	ctx := context.Background()
+	_, err := acquire(h, Of(), "", time.Minute)
+	var none *discovery.NoProxyAvailableError
+	require.ErrorAs(t, err, &none, "no candidate at all")
+	assert.Zero(t, none.RetryAfter, "nothing is cooling, so no time to wait for")
+
+	a, err := acquire(h, Of("a", "b"), "", time.Hour)
+	require.NoError(t, err)
+	b, err := acquire(h, Of("a", "b"), "", time.Hour)
+	require.NoError(t, err)
+	assert.NotEqual(t, a.ProxyID, b.ProxyID, "the least-loaded goes first")
+	require.NoError(t, h.Store.Report(ctx, a.ID, discovery.ResultRateLimited, "x.com", 3*time.Minute))
+	require.NoError(t, h.Store.Report(ctx, b.ID, discovery.ResultRateLimited, "x.com", 2*time.Minute))
+	_, err = acquire(h, Of("a", "b"), "x.com", time.Minute)
+	require.ErrorAs(t, err, &none)
+	assert.InDelta(t, (2 * time.Minute).Seconds(), none.RetryAfter.Seconds(), 1, "until the first cooldown ends")
+
+	h.Advance(2*time.Minute + time.Second)
+	l, err := acquire(h, Of("a", "b"), "x.com", time.Minute)
+	require.NoError(t, err)
+	assert.Equal(t, b.ProxyID, l.ProxyID, "the proxy whose cooldown ended")
+}
+
+func activeLeases(t *testing.T, h Harness) {
+	ctx := context.Background()
+	var ids []string
+	for i := range 2500 { // more than one Redis script's chunk
+		ids = append(ids, fmt.Sprintf("ns/px-%04d", i))
+	}
+	want := make([]int, len(ids))
+	for _, i := range []int{0, 7, 7, 1999, 2499, 2499, 2499} {
+		l, err := acquire(h, Of(ids[i]), "", time.Hour)
+		require.NoError(t, err)
+		assert.Equal(t, ids[i], l.ProxyID)
+		want[i]++
+	}
+	got, err := h.Store.ActiveLeases(ctx, ids)
+	require.NoError(t, err)
+	assert.Equal(t, want, got)
+	got, err = h.Store.ActiveLeases(ctx, nil)
+	require.NoError(t, err)
+	assert.Empty(t, got)
+}
+
+func refusals(t *testing.T, h Harness) {
+	ctx := context.Background()
+	last, err := h.Store.LastRefused(ctx, "eu")
+	require.NoError(t, err)
+	assert.True(t, last.IsZero(), "never refused")
+	require.NoError(t, h.Store.NoteRefused(ctx, "eu"))
+	first, err := h.Store.LastRefused(ctx, "eu")
+	require.NoError(t, err)
+	assert.False(t, first.IsZero())
+	h.Advance(time.Minute)
+	require.NoError(t, h.Store.NoteRefused(ctx, "eu"))
+	second, err := h.Store.LastRefused(ctx, "eu")
+	require.NoError(t, err)
+	assert.InDelta(t, time.Minute.Seconds(), second.Sub(first).Seconds(), 1, "on the store's clock")
+	other, err := h.Store.LastRefused(ctx, "us")
+	require.NoError(t, err)
+	assert.True(t, other.IsZero(), "per pool")
+	require.NoError(t, h.Store.Ping(ctx))
+}
+
+// largeCandidateSets: with many candidates (beyond any sampling), a lease
+// never goes to a proxy cooling for its target, a set whose members all
+// cool answers no-proxy-available, and leases spread: no proxy holds more
+// than two leases above the least-loaded one's.
+func largeCandidateSets(t *testing.T, h Harness) {
+	ctx := context.Background()
+	var ids []string
+	for i := range 300 {
+		ids = append(ids, fmt.Sprintf("ns/px-%03d", i))
+	}
+	set := indexed("large", 1, ids...)
+	count := map[string]int{}
+	for range 900 {
+		l, err := acquire(h, set, "", time.Hour)
+		require.NoError(t, err)
+		count[l.ProxyID]++
+	}
+	loads, err := h.Store.ActiveLeases(ctx, ids)
+	require.NoError(t, err)
+	assert.LessOrEqual(t, slices.Max(loads)-slices.Min(loads), 2, "leases spread over the set")
+	for _, id := range ids {
+		assert.Equal(t, count[id], loads[slices.Index(ids, id)])
+	}
+
+	// Cool all but one proxy for x.com: every lease for x.com goes to it.
+	leaseOn := map[string]string{}
+	for len(leaseOn) < len(ids) {
+		l, err := acquire(h, set, "", time.Hour)
+		require.NoError(t, err)
+		leaseOn[l.ProxyID] = l.ID
+	}
+	spared := ids[123]
+	for proxy, lease := range leaseOn {
+		if proxy != spared {
+			require.NoError(t, h.Store.Report(ctx, lease, discovery.ResultRateLimited, "x.com", time.Hour))
+		}
+	}
+	for range 5 {
+		l, err := acquire(h, set, "x.com", time.Hour)
+		require.NoError(t, err)
+		assert.Equal(t, spared, l.ProxyID, "the only proxy not cooling for x.com")
+	}
+	require.NoError(t, h.Store.Report(ctx, leaseOn[spared], discovery.ResultRateLimited, "x.com", 30*time.Minute))
+	_, err = acquire(h, set, "x.com", time.Hour)
+	var none *discovery.NoProxyAvailableError
+	require.ErrorAs(t, err, &none)
+	assert.InDelta(t, (30 * time.Minute).Seconds(), none.RetryAfter.Seconds(), 1)
+	assert.ErrorIs(t, err, discovery.ErrNoProxyAvailable)
+}

@@ -87,9 +87,11 @@ func (c *chaos) run(ctx context.Context, duration time.Duration) {
 	sickPause := [2]time.Time{c.outage.start.Add(-sickQuiet), c.outage.end.Add(replaceAfter + outageSettle)}
 	sickStop := start.Add(duration - sickQuiet)
 	// The second replica (two-replica soak) is killed again and again, but
-	// not around the outage, whose judgement reads its counters, nor near
-	// the end.
+	// not from just before the outage until it is judged (the judgement
+	// reads both processes' counters), nor in the last minute.
 	nextSecondKill := start.Add(c.secondKillGap())
+	secondQuiet := [2]time.Time{c.outage.start.Add(-5 * time.Second), sickPause[1]}
+	secondStop := start.Add(duration - time.Minute)
 	go c.trackRecoveries(ctx)
 	ticker := time.NewTicker(chaosTick)
 	defer ticker.Stop()
@@ -114,7 +116,7 @@ func (c *chaos) run(ctx context.Context, duration time.Duration) {
 				c.count("operator killed and restarted")
 				continue
 			}
-			if c.w.second != nil && now.After(nextSecondKill) && now.Before(sickStop) && (now.Before(sickPause[0]) || now.After(sickPause[1])) {
+			if c.w.second != nil && now.After(nextSecondKill) && now.Before(secondStop) && (now.Before(secondQuiet[0]) || now.After(secondQuiet[1])) {
 				nextSecondKill = now.Add(c.secondKillGap())
 				pause := time.Second + time.Duration(c.rng.Int64N(int64(2*time.Second)))
 				if err := c.w.second.killAndRestart(pause, httpClient.CloseIdleConnections); err != nil {

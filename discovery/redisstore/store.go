@@ -29,7 +29,7 @@ import (
 )
 
 // SampleSize is how many candidates Acquire weighs at most in one script.
-const SampleSize = 64
+const SampleSize = 16
 
 // DefaultKeyPrefix starts every key the store writes, so one Redis can
 // serve other uses (or, with other prefixes, several operators).

@@ -102,7 +102,7 @@ type Options struct {
 	// exists; until then the API does not listen, so it never serves
 	// unauthenticated by mistake at startup. Nil: nothing to wait for.
 	WaitForTokens func(ctx context.Context) bool
-	// Clock stamps leases; tests inject a fake one.
+	// Clock times requests for the metrics (leases are on the store's clock).
 	Clock clock.WithTicker
 	// Credentials reads proxies' credentials, which leases and listings
 	// carry when the API is authenticated. Nil: shown without them.

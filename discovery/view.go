@@ -215,7 +215,8 @@ func (v *View) info(e *entry, leases int) ProxyInfo {
 }
 
 // list returns the proxies matching sel (and, when healthyOnly, healthy),
-// sorted by id, without their lease counts (see withLeases).
+// sorted by id, without their lease counts (the server adds them from the
+// store).
 func (v *View) list(sel Selector, healthyOnly *bool) []ProxyInfo {
 	v.mu.RLock()
 	defer v.mu.RUnlock()

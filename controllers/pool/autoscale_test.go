@@ -1,11 +1,16 @@
 package pool
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 )
@@ -81,4 +86,34 @@ func TestRecommendGrowsThenShrinksAfterTheDelay(t *testing.T) {
 	assert.Equal(t, int32(5), step(20*time.Second, 0), "burst over: held")
 	assert.Equal(t, int32(5), step(69*time.Second, 0), "still within the delay since the last high demand (10s)")
 	assert.Equal(t, int32(1), step(71*time.Second, 0), "delay over: down")
+}
+
+// unreachableDemand is a DemandSource whose store does not answer.
+type unreachableDemand struct{}
+
+func (unreachableDemand) PoolDemand(context.Context, string, string) (Demand, error) {
+	return Demand{}, errors.New("lease store unavailable: dial tcp 127.0.0.1:6379: connect: connection refused")
+}
+
+// TestAutoscaleKeepsTheSizeWithoutDemand: when discovery's store does not
+// answer, an autoscaled pool neither grows nor shrinks, writes nothing, and
+// says why in ScalingLimited.
+func TestAutoscaleKeepsTheSizeWithoutDemand(t *testing.T) {
+	r := &Reconciler{Demand: unreachableDemand{}} // no client: any write would panic
+	pool := &crawlv1alpha1.ProxyPool{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "crawl", Name: "eu", Generation: 3},
+		Spec: crawlv1alpha1.ProxyPoolSpec{Replicas: ptr.To(int32(6)),
+			Autoscaling: &crawlv1alpha1.PoolAutoscaling{MinReplicas: 2, MaxReplicas: 10, TargetLeasesPerMember: 4}},
+	}
+	status := &crawlv1alpha1.ProxyPoolStatus{}
+	scaled, err := r.autoscale(context.Background(), pool, status, nil, t0)
+	require.NoError(t, err)
+	assert.False(t, scaled)
+	assert.Equal(t, int32(6), *pool.Spec.Replicas)
+	c := meta.FindStatusCondition(status.Conditions, crawlv1alpha1.ConditionScalingLimited)
+	require.NotNil(t, c)
+	assert.Equal(t, metav1.ConditionTrue, c.Status)
+	assert.Equal(t, "DemandUnavailable", c.Reason)
+	assert.Contains(t, c.Message, "connection refused")
+	assert.Equal(t, int64(3), c.ObservedGeneration)
 }

@@ -239,7 +239,14 @@ func (s *Server) Start(ctx context.Context) error {
 // proxy available" or fail every lease.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request, _ httprouter.Params) {
 	if code, err := s.ready(r.Context()); err != nil {
-		writeError(w, http.StatusServiceUnavailable, code, err.Error())
+		// Unauthenticated: the cause (a Redis address) goes to the log,
+		// not to whoever asks.
+		logf.FromContext(r.Context()).V(1).Info("discovery not ready", "reason", err.Error())
+		msg := "the proxy cache has not synced yet"
+		if code == CodeStoreUnavailable {
+			msg = "the lease store does not answer"
+		}
+		writeError(w, http.StatusServiceUnavailable, code, msg)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})

@@ -114,15 +114,19 @@ func (s *Store) acquire(ctx context.Context, req discovery.AcquireRequest, ids [
 	return leaseOf(id, req.Target, res[1], res[2], res[3], res[4])
 }
 
-// sample draws n distinct ids at random (a partial Fisher-Yates shuffle of
-// a copy: the caller's slice is shared and must not change).
+// sample draws n distinct ids at random, n < len(ids), in O(n): the
+// caller's slice is shared, so it is neither copied nor shuffled.
 func sample(ids []string, n int) []string {
-	cp := append([]string(nil), ids...)
-	for i := range n {
-		j := i + mathrand.IntN(len(cp)-i)
-		cp[i], cp[j] = cp[j], cp[i]
+	out := make([]string, 0, n)
+	picked := make(map[int]bool, n)
+	for len(out) < n {
+		i := mathrand.IntN(len(ids))
+		if !picked[i] {
+			picked[i] = true
+			out = append(out, ids[i])
+		}
 	}
-	return cp[:n]
+	return out
 }
 
 // Get implements discovery.Store.
@@ -193,22 +197,16 @@ func (s *Store) ActiveLeases(ctx context.Context, ids []string) ([]int, error) {
 	if len(ids) == 0 {
 		return out, nil
 	}
-	// Scripts are loaded first: a NOSCRIPT inside a pipeline is not retried.
-	if err := loadsScript.Load(ctx, s.client).Err(); err != nil {
-		return nil, fmt.Errorf("loading the loads script: %w", err)
-	}
-	pipe := s.client.Pipeline()
-	var cmds []*redis.Cmd
-	for start := 0; start < len(ids); start += loadsChunk {
-		chunk := ids[start:min(start+loadsChunk, len(ids))]
-		args := make([]any, 0, len(chunk)+2)
-		args = append(args, s.prefix, s.offset().Milliseconds())
-		for _, id := range chunk {
-			args = append(args, id)
+	cmds, err := s.loads(ctx, ids)
+	if redis.HasErrorPrefix(err, "NOSCRIPT") {
+		// A pipeline does not fall back to EVAL: load the script (a new or
+		// restarted Redis has none) and send it once more.
+		if err := loadsScript.Load(ctx, s.client).Err(); err != nil {
+			return nil, fmt.Errorf("loading the loads script: %w", err)
 		}
-		cmds = append(cmds, loadsScript.EvalSha(ctx, pipe, nil, args...))
+		cmds, err = s.loads(ctx, ids)
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	if err != nil {
 		return nil, fmt.Errorf("loads script: %w", err)
 	}
 	for _, cmd := range cmds {
@@ -224,6 +222,23 @@ func (s *Store) ActiveLeases(ctx context.Context, ids []string) ([]int, error) {
 		return nil, fmt.Errorf("loads script answered %d counts for %d proxies", len(out), len(ids))
 	}
 	return out, nil
+}
+
+// loads sends the loads script over ids in chunks, in one pipeline.
+func (s *Store) loads(ctx context.Context, ids []string) ([]*redis.Cmd, error) {
+	pipe := s.client.Pipeline()
+	var cmds []*redis.Cmd
+	for start := 0; start < len(ids); start += loadsChunk {
+		chunk := ids[start:min(start+loadsChunk, len(ids))]
+		args := make([]any, 0, len(chunk)+2)
+		args = append(args, s.prefix, s.offset().Milliseconds())
+		for _, id := range chunk {
+			args = append(args, id)
+		}
+		cmds = append(cmds, loadsScript.EvalSha(ctx, pipe, nil, args...))
+	}
+	_, err := pipe.Exec(ctx)
+	return cmds, err
 }
 
 // NoteRefused implements discovery.Store.

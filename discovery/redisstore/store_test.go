@@ -99,3 +99,24 @@ func TestUnavailable(t *testing.T) {
 	require.NoError(t, srv.Start())
 	assert.Eventually(t, func() bool { return bounded() == nil }, 5*time.Second, 50*time.Millisecond, "recovers by itself")
 }
+
+// TestScriptsSurviveAFlush: a restarted or new Redis has no scripts; every
+// operation loads its own again, the pipelined counts included.
+func TestScriptsSurviveAFlush(t *testing.T) {
+	srv := redisserver.Start(t, "")
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = client.Close() })
+	ctx := context.Background()
+	store := redisstore.New(redisstore.Options{Client: client, KeyPrefix: "flush:"})
+	for range 2 {
+		require.NoError(t, client.ScriptFlush(ctx).Err())
+		l, err := store.Acquire(ctx, discovery.AcquireRequest{Candidates: storetest.Of("ns/a", "ns/b"), TTL: time.Minute})
+		require.NoError(t, err)
+		require.NoError(t, client.ScriptFlush(ctx).Err())
+		n, err := store.ActiveLeases(ctx, []string{"ns/a", "ns/b"})
+		require.NoError(t, err)
+		assert.Equal(t, 1, n[0]+n[1])
+		require.NoError(t, client.ScriptFlush(ctx).Err())
+		require.NoError(t, store.Release(ctx, l.ID))
+	}
+}

@@ -345,6 +345,7 @@ func TestReadyz(t *testing.T) {
 		srv.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
 		var body errorBody
 		_ = json.Unmarshal(rec.Body.Bytes(), &body)
+		assert.NotContains(t, body.Error.Message, "127.0.0.1", "unauthenticated: the store's address stays in the log")
 		return rec.Code, body.Error.Code
 	}
 	code, why := readyz()

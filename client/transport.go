@@ -1,0 +1,184 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+)
+
+// Transport is an http.RoundTripper that sends each request through a
+// leased proxy for its host: one lease per host, kept renewed, so a host's
+// requests stick to one proxy. A 429 or 403 from a site is reported
+// rate_limited with its Retry-After and the next request to that host goes
+// through another proxy; a proxy that fails (the tunnel cannot be opened,
+// the proxy is deleted or stops being healthy) is released and the request
+// is sent once more through a new lease, when its body can be sent again.
+//
+// Set Client; the rest is optional. Close releases every lease.
+type Transport struct {
+	Client *Client
+	// Selector and TTL are those of every lease it takes.
+	Selector map[string]string
+	TTL      time.Duration
+	// Base sends the requests; its Proxy is replaced by the lease's. Nil:
+	// a clone of http.DefaultTransport.
+	Base *http.Transport
+
+	once  sync.Once
+	inner *http.Transport
+	ctx   context.Context
+	stop  context.CancelFunc
+
+	mu     sync.Mutex
+	byHost map[string]*Held
+}
+
+var _ http.RoundTripper = (*Transport)(nil)
+
+type proxyKey struct{}
+
+func (t *Transport) init() {
+	t.once.Do(func() {
+		base := t.Base
+		if base == nil {
+			base = http.DefaultTransport.(*http.Transport)
+		}
+		t.inner = base.Clone()
+		t.inner.Proxy = func(req *http.Request) (*url.URL, error) {
+			u, _ := req.Context().Value(proxyKey{}).(*url.URL)
+			return u, nil
+		}
+		// Leases outlive any one request: they are renewed until Close.
+		t.ctx, t.stop = context.WithCancel(context.Background())
+		t.byHost = map[string]*Held{}
+	})
+}
+
+// RoundTrip implements http.RoundTripper.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	t.init()
+	host := req.URL.Hostname()
+	for attempt := 0; ; attempt++ {
+		held, err := t.heldFor(req.Context(), host)
+		if err != nil {
+			return nil, err
+		}
+		lease := held.Lease()
+		proxy, err := lease.ProxyURL()
+		if err != nil {
+			return nil, err
+		}
+		out := req.Clone(context.WithValue(req.Context(), proxyKey{}, proxy))
+		if attempt > 0 && req.Body != nil {
+			if out.Body, err = req.GetBody(); err != nil {
+				return nil, fmt.Errorf("sending %s again through another proxy: %w", req.URL.Redacted(), err)
+			}
+		}
+		resp, err := t.inner.RoundTrip(out)
+		if err != nil {
+			if req.Context().Err() != nil {
+				return nil, err
+			}
+			// The proxy may be gone: do not come back to it.
+			t.drop(host, held)
+			if attempt == 0 && (req.Body == nil || req.GetBody != nil) {
+				continue
+			}
+			return nil, fmt.Errorf("through proxy %s: %w", lease.Proxy.ID, err)
+		}
+		t.observe(req.Context(), host, held, resp)
+		return resp, nil
+	}
+}
+
+// Proxy is the proxy for req's host, leased and kept as RoundTrip does: for
+// http.Transport.Proxy or Colly's SetProxyFunc, where the crawler's own
+// transport sends the request (and nothing reports how the site answered).
+func (t *Transport) Proxy(req *http.Request) (*url.URL, error) {
+	t.init()
+	held, err := t.heldFor(req.Context(), req.URL.Hostname())
+	if err != nil {
+		return nil, err
+	}
+	lease := held.Lease()
+	return lease.ProxyURL()
+}
+
+// Current is the proxy id a host's requests go through now ("" when none).
+func (t *Transport) Current(host string) string {
+	t.init()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if h, ok := t.byHost[host]; ok {
+		return h.Lease().Proxy.ID
+	}
+	return ""
+}
+
+// Close releases every lease the transport holds.
+func (t *Transport) Close() error {
+	t.init()
+	t.mu.Lock()
+	held := t.byHost
+	t.byHost = map[string]*Held{}
+	t.mu.Unlock()
+	var errs []error
+	for _, h := range held {
+		errs = append(errs, h.Release(context.Background()))
+	}
+	t.stop()
+	t.inner.CloseIdleConnections()
+	return errors.Join(errs...)
+}
+
+// heldFor is the live lease for host, leasing a new one (for host as the
+// target) when there is none or the last was lost.
+func (t *Transport) heldFor(ctx context.Context, host string) (*Held, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if h, ok := t.byHost[host]; ok {
+		select {
+		case <-h.Lost():
+			go func() { _ = h.Release(context.WithoutCancel(ctx)) }()
+			delete(t.byHost, host)
+		default:
+			return h, nil
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	h, err := t.Client.Hold(t.ctx, LeaseRequest{Selector: t.Selector, Target: host, TTL: t.TTL})
+	if err != nil {
+		return nil, fmt.Errorf("leasing a proxy for %s: %w", host, err)
+	}
+	t.byHost[host] = h
+	return h, nil
+}
+
+// drop releases held and forgets it for host, if it is still host's.
+func (t *Transport) drop(host string, held *Held) {
+	t.mu.Lock()
+	if t.byHost[host] == held {
+		delete(t.byHost, host)
+	}
+	t.mu.Unlock()
+	go func() { _ = held.Release(context.Background()) }()
+}
+
+// observe reports a rate-limited answer and moves host to another proxy.
+func (t *Transport) observe(ctx context.Context, host string, held *Held, resp *http.Response) {
+	r := ReportOf(resp, time.Now())
+	if r.Result != ResultRateLimited {
+		return
+	}
+	// Reported before the release, since a report needs a live lease. A
+	// report that fails loses only the cooldown: the host moves to another
+	// proxy all the same, and the site's answer goes back to the caller.
+	_ = t.Client.Report(context.WithoutCancel(ctx), held.Lease().ID, r)
+	t.drop(host, held)
+}

@@ -27,13 +27,13 @@ type MemoryStore struct {
 	mu sync.Mutex
 	// leases by id, and ordered by ExpiresAt.
 	leases   map[string]*memLease
-	expiries leaseHeap
+	expiries heapOf[*memLease]
 	// loads: active leases per proxy; absent at zero.
 	loads map[string]int
 	// cooldowns: proxy -> target -> until, dropped when they end; coolEnds
 	// holds every end ever set (stale ones are skipped when popped).
 	cooldowns map[string]map[string]time.Time
-	coolEnds  cooldownHeap
+	coolEnds  heapOf[*cooldownEnd]
 	nCooling  int
 	// sets: one index per candidate set, by Candidates.Key.
 	sets    map[string]*candidateSet
@@ -54,6 +54,8 @@ func NewMemoryStore(clk clock.PassiveClock) *MemoryStore {
 	}
 	return &MemoryStore{
 		clock:     clk,
+		expiries:  heapOf[*memLease]{less: func(a, b *memLease) bool { return a.ExpiresAt.Before(b.ExpiresAt) }},
+		coolEnds:  heapOf[*cooldownEnd]{less: func(a, b *cooldownEnd) bool { return a.until.Before(b.until) }},
 		leases:    map[string]*memLease{},
 		loads:     map[string]int{},
 		cooldowns: map[string]map[string]time.Time{},
@@ -155,7 +157,7 @@ func (m *MemoryStore) Report(_ context.Context, id, result, target string, coold
 		m.nCooling++
 	}
 	targets[target] = until
-	heap.Push(&m.coolEnds, cooldownEnd{proxy: l.ProxyID, target: target, until: until})
+	heap.Push(&m.coolEnds, &cooldownEnd{proxy: l.ProxyID, target: target, until: until})
 	return nil
 }
 
@@ -216,11 +218,11 @@ func (m *MemoryStore) withLoadLocked(l *memLease) Lease {
 // returns now.
 func (m *MemoryStore) expireLocked() time.Time {
 	now := m.clock.Now()
-	for len(m.expiries) > 0 && !now.Before(m.expiries[0].ExpiresAt) {
+	for m.expiries.Len() > 0 && !now.Before(m.expiries.items[0].ExpiresAt) {
 		m.dropLocked(heap.Pop(&m.expiries).(*memLease), now)
 	}
-	for len(m.coolEnds) > 0 && !now.Before(m.coolEnds[0].until) {
-		end := heap.Pop(&m.coolEnds).(cooldownEnd)
+	for m.coolEnds.Len() > 0 && !now.Before(m.coolEnds.items[0].until) {
+		end := heap.Pop(&m.coolEnds).(*cooldownEnd)
 		targets := m.cooldowns[end.proxy]
 		if until, ok := targets[end.target]; !ok || !until.Equal(end.until) {
 			continue // extended since: a later end is queued
@@ -276,7 +278,8 @@ func (m *MemoryStore) setLocked(c Candidates, now time.Time) *candidateSet {
 		}
 		delete(m.sets, oldest)
 	}
-	fresh := &candidateSet{version: c.Version, used: now, items: make(map[string]*setItem, len(c.IDs)), heap: make(setHeap, 0, len(c.IDs))}
+	fresh := &candidateSet{version: c.Version, used: now, items: make(map[string]*setItem, len(c.IDs)),
+		heap: heapOf[*setItem]{items: make([]*setItem, 0, len(c.IDs)), less: leaseFirst}}
 	for _, id := range c.IDs {
 		it := &setItem{id: id, load: m.loads[id]}
 		if s != nil {
@@ -284,9 +287,9 @@ func (m *MemoryStore) setLocked(c Candidates, now time.Time) *candidateSet {
 				it.lastLeased = prev.lastLeased
 			}
 		}
-		it.index = len(fresh.heap)
+		it.index = len(fresh.heap.items)
 		fresh.items[id] = it
-		fresh.heap = append(fresh.heap, it)
+		fresh.heap.items = append(fresh.heap.items, it)
 	}
 	heap.Init(&fresh.heap)
 	if c.Key != "" { // no key: an index for this call only
@@ -300,7 +303,7 @@ type candidateSet struct {
 	version uint64
 	used    time.Time
 	items   map[string]*setItem
-	heap    setHeap
+	heap    heapOf[*setItem]
 }
 
 // pick returns the least-loaded member for which cooling says false; when
@@ -308,8 +311,8 @@ type candidateSet struct {
 // Members popped while skipping are pushed back.
 func (s *candidateSet) pick(cooling func(id string) (time.Time, bool)) (best string, soonest time.Time) {
 	var skipped []*setItem
-	for len(s.heap) > 0 {
-		top := s.heap[0]
+	for s.heap.Len() > 0 {
+		top := s.heap.items[0]
 		until, cool := cooling(top.id)
 		if !cool {
 			best = top.id
@@ -333,13 +336,9 @@ type setItem struct {
 	index      int
 }
 
-// setHeap orders members by load, then by least recently leased, then by
-// id (so a new set's ties are stable).
-type setHeap []*setItem
-
-func (h setHeap) Len() int { return len(h) }
-func (h setHeap) Less(i, j int) bool {
-	a, b := h[i], h[j]
+// leaseFirst orders a set's members: the fewest leases, then the least
+// recently leased, then by id (so a new set's ties are stable).
+func leaseFirst(a, b *setItem) bool {
 	if a.load != b.load {
 		return a.load < b.load
 	}
@@ -348,67 +347,53 @@ func (h setHeap) Less(i, j int) bool {
 	}
 	return a.id < b.id
 }
-func (h setHeap) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].index, h[j].index = i, j
-}
-func (h *setHeap) Push(x any) {
-	it := x.(*setItem)
-	it.index = len(*h)
-	*h = append(*h, it)
-}
-func (h *setHeap) Pop() any {
-	old := *h
-	it := old[len(old)-1]
-	old[len(old)-1] = nil
-	*h = old[:len(old)-1]
-	return it
-}
+
+func (it *setItem) setIndex(i int) { it.index = i }
 
 type memLease struct {
 	Lease
 	index int
 }
 
-// leaseHeap orders leases by their end.
-type leaseHeap []*memLease
-
-func (h leaseHeap) Len() int           { return len(h) }
-func (h leaseHeap) Less(i, j int) bool { return h[i].ExpiresAt.Before(h[j].ExpiresAt) }
-func (h leaseHeap) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].index, h[j].index = i, j
-}
-func (h *leaseHeap) Push(x any) {
-	l := x.(*memLease)
-	l.index = len(*h)
-	*h = append(*h, l)
-}
-func (h *leaseHeap) Pop() any {
-	old := *h
-	l := old[len(old)-1]
-	old[len(old)-1] = nil
-	*h = old[:len(old)-1]
-	return l
-}
+func (l *memLease) setIndex(i int) { l.index = i }
 
 type cooldownEnd struct {
 	proxy, target string
 	until         time.Time
 }
 
-// cooldownHeap orders cooldown ends, the soonest first.
-type cooldownHeap []cooldownEnd
+// setIndex: cooldown ends are only ever popped, never fixed in place.
+func (*cooldownEnd) setIndex(int) {}
 
-func (h cooldownHeap) Len() int           { return len(h) }
-func (h cooldownHeap) Less(i, j int) bool { return h[i].until.Before(h[j].until) }
-func (h cooldownHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *cooldownHeap) Push(x any)        { *h = append(*h, x.(cooldownEnd)) }
-func (h *cooldownHeap) Pop() any {
-	old := *h
-	e := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return e
+// heapOf is a container/heap of items that remember their place in it, for
+// heap.Fix and heap.Remove: the store's three heaps (set members, leases by
+// end, cooldowns by end) differ only in their order.
+type heapOf[T interface{ setIndex(int) }] struct {
+	items []T
+	less  func(a, b T) bool
+}
+
+func (h *heapOf[T]) Len() int           { return len(h.items) }
+func (h *heapOf[T]) Less(i, j int) bool { return h.less(h.items[i], h.items[j]) }
+func (h *heapOf[T]) Swap(i, j int) {
+	h.items[i], h.items[j] = h.items[j], h.items[i]
+	h.items[i].setIndex(i)
+	h.items[j].setIndex(j)
+}
+
+func (h *heapOf[T]) Push(x any) {
+	it := x.(T)
+	it.setIndex(len(h.items))
+	h.items = append(h.items, it)
+}
+
+func (h *heapOf[T]) Pop() any {
+	last := len(h.items) - 1
+	it := h.items[last]
+	var zero T
+	h.items[last] = zero // no reference kept past the heap
+	h.items = h.items[:last]
+	return it
 }
 
 // CountCollectors are the leases_active and cooldowns_active gauges over a

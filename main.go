@@ -98,8 +98,10 @@ type options struct {
 	leaseMaxTTL     time.Duration
 	cooldown        time.Duration
 	tokenSecret     string
-	// leaseStore is memory (one replica) or redis (shared by replicas).
+	// leaseStore is memory (one replica) or redis (shared by replicas);
+	// storeTimeout bounds each of its calls.
 	leaseStore     string
+	storeTimeout   time.Duration
 	redis          redisstore.Connection
 	redisKeyPrefix string
 	// credentialsNamespace keeps the generated proxy credentials and the
@@ -166,7 +168,7 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 		"How long a proxy reported rate_limited for a target is not leased for it (a longer retryAfterSeconds wins).")
 	fs.StringVar(&o.leaseStore, "lease-store", leaseStoreMemory,
 		"Where discovery keeps leases, cooldowns and refused requests: memory (this process only; lost on restart; one replica) or redis (shared by every replica, survives restarts).")
-	fs.DurationVar(&o.redis.Timeout, "lease-store-timeout", discovery.DefaultStoreTimeout,
+	fs.DurationVar(&o.storeTimeout, "lease-store-timeout", discovery.DefaultStoreTimeout,
 		"Bound on each lease store call: with the store away, discovery answers 503 store_unavailable within it.")
 	fs.StringVar(&o.redis.Address, "redis-address", "",
 		"host:port of the Redis server (standalone or primary; not Redis Cluster), with --lease-store=redis.")
@@ -275,6 +277,7 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	if o.maxReplacementsInFlight < 1 {
 		errs = append(errs, fmt.Errorf("%w: --max-replacements-in-flight must be at least 1, got %d", errUsage, o.maxReplacementsInFlight))
 	}
+	o.redis.Timeout = o.storeTimeout // Redis's dial, reads and writes share the bound
 	errs = append(errs, checkLeaseStore(fs, o))
 	if o.tokenSecret == "" {
 		o.tokenSecret = operatorNamespace() + "/discovery-token"
@@ -315,8 +318,8 @@ func checkLeaseStore(fs *flag.FlagSet, o options) error {
 		if len(set) > 0 {
 			return fmt.Errorf("%w: %s given with --lease-store=memory: add --lease-store=redis", errUsage, strings.Join(set, ", "))
 		}
-		if o.redis.Timeout <= 0 {
-			return fmt.Errorf("%w: --lease-store-timeout must be positive, got %s", errUsage, o.redis.Timeout)
+		if o.storeTimeout <= 0 {
+			return fmt.Errorf("%w: --lease-store-timeout must be positive, got %s", errUsage, o.storeTimeout)
 		}
 	case leaseStoreRedis:
 		if o.redis.Address == "" {
@@ -543,7 +546,7 @@ func addDiscovery(ctx context.Context, mgr manager.Manager, restConfig *rest.Con
 		MaxTTL:          opts.leaseMaxTTL,
 		DefaultCooldown: opts.cooldown,
 		Store:           store,
-		StoreTimeout:    opts.redis.Timeout,
+		StoreTimeout:    opts.storeTimeout,
 		View:            view,
 		Tokens:          token,
 		Ready:           reg.HasSynced,
@@ -576,7 +579,7 @@ func newLeaseStore(opts options) (discovery.Store, []prometheus.Collector, error
 		return nil, nil, err
 	}
 	store := redisstore.New(redisstore.Options{Client: client, KeyPrefix: opts.redisKeyPrefix})
-	return store, store.Collectors(opts.redis.Timeout), nil
+	return store, store.Collectors(opts.storeTimeout), nil
 }
 
 // everyReplica makes a cache of the operator's own start on every replica,

@@ -37,7 +37,7 @@ func TestParseFlags(t *testing.T) {
 		assert.InDelta(t, 0.3, o.maxUnhealthyShare, 0)
 		assert.Equal(t, 5, o.maxReplacementsInFlight)
 		assert.Equal(t, "memory", o.leaseStore)
-		assert.Equal(t, time.Second, o.redis.Timeout)
+		assert.Equal(t, time.Second, o.storeTimeout)
 	})
 
 	t.Run("the redis lease store", func(t *testing.T) {
@@ -49,7 +49,8 @@ func TestParseFlags(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, "redis", o.leaseStore)
 		assert.Equal(t, "redis.crawl.svc:6379", o.redis.Address)
-		assert.Equal(t, 250*time.Millisecond, o.redis.Timeout)
+		assert.Equal(t, 250*time.Millisecond, o.storeTimeout)
+		assert.Equal(t, 250*time.Millisecond, o.redis.Timeout, "Redis's dial, reads and writes share the bound")
 		assert.True(t, o.redis.TLS)
 		assert.Equal(t, 2, o.redis.DB)
 		assert.Equal(t, "eu:", o.redisKeyPrefix)

@@ -1,10 +1,12 @@
 package controllers
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"maps"
 	"os"
+	"runtime/pprof"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -48,6 +50,10 @@ func newManager(t *testing.T, env *testenv.Env) manager.Manager {
 		HealthProbeBindAddress: "0",
 		// Several managers run in one test binary, one after another.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+		// Under -race, with other packages' tests on the same two cores, a
+		// reconcile in flight may take a while to end; 30s once was not
+		// enough (see stopManager for what is printed when even this is).
+		GracefulShutdownTimeout: ptr.To(90 * time.Second),
 	})
 	require.NoError(t, err)
 	return mgr
@@ -78,7 +84,12 @@ func startManager(t *testing.T, mgr manager.Manager) (stop func()) {
 			return
 		}
 		cancel()
-		require.NoError(t, <-done)
+		if err := <-done; err != nil {
+			// Name what did not end: every goroutine's stack.
+			var stacks bytes.Buffer
+			_ = pprof.Lookup("goroutine").WriteTo(&stacks, 1)
+			t.Fatalf("the manager did not stop: %v\n%s", err, stacks.String())
+		}
 	}
 	t.Cleanup(stop)
 	return stop

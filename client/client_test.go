@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -281,4 +282,29 @@ func activeLeases(t *testing.T, f *fixture) int {
 		n += p.ActiveLeases
 	}
 	return n
+}
+
+// TestTransportRacingRequestsKeepOneLease: the first requests to a host, all
+// at once, each lease outside the transport's lock; one lease is kept and
+// the others are released.
+func TestTransportRacingRequestsKeepOneLease(t *testing.T) {
+	f := newFixture(t)
+	tr := f.transport(time.Minute)
+	defer tr.Close()
+	web := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			resp, err := web.Get(f.siteURL("/"))
+			if assert.NoError(t, err) {
+				_ = resp.Body.Close()
+				assert.Equal(t, http.StatusOK, resp.StatusCode)
+			}
+		})
+	}
+	wg.Wait()
+	host := strings.Split(strings.TrimPrefix(f.site.URL, "https://"), ":")[0]
+	assert.NotEmpty(t, tr.Current(host))
+	assert.Eventually(t, func() bool { return activeLeases(t, f) == 1 }, 5*time.Second, 50*time.Millisecond,
+		"one lease for the host; the racing ones released")
 }

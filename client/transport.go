@@ -136,18 +136,13 @@ func (t *Transport) Close() error {
 }
 
 // heldFor is the live lease for host, leasing a new one (for host as the
-// target) when there is none or the last was lost.
+// target) when there is none or the last was lost. The API call happens
+// outside the lock, so one slow lease holds up no other host; when two
+// requests for a host race, the first lease stored wins and the other is
+// released.
 func (t *Transport) heldFor(ctx context.Context, host string) (*Held, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if h, ok := t.byHost[host]; ok {
-		select {
-		case <-h.Lost():
-			go func() { _ = h.Release(context.WithoutCancel(ctx)) }()
-			delete(t.byHost, host)
-		default:
-			return h, nil
-		}
+	if h := t.live(host); h != nil {
+		return h, nil
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -156,8 +151,40 @@ func (t *Transport) heldFor(ctx context.Context, host string) (*Held, error) {
 	if err != nil {
 		return nil, fmt.Errorf("leasing a proxy for %s: %w", host, err)
 	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if other, ok := t.byHost[host]; ok && !lost(other) {
+		go func() { _ = h.Release(context.WithoutCancel(ctx)) }()
+		return other, nil
+	}
 	t.byHost[host] = h
 	return h, nil
+}
+
+// live is host's lease unless there is none or it was lost; a lost one is
+// forgotten and released.
+func (t *Transport) live(host string) *Held {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	h, ok := t.byHost[host]
+	if !ok {
+		return nil
+	}
+	if lost(h) {
+		delete(t.byHost, host)
+		go func() { _ = h.Release(context.Background()) }()
+		return nil
+	}
+	return h
+}
+
+func lost(h *Held) bool {
+	select {
+	case <-h.Lost():
+		return true
+	default:
+		return false
+	}
 }
 
 // drop releases held and forgets it for host, if it is still host's.

@@ -70,10 +70,15 @@ func New(opts Options) *Store {
 
 // run runs a script with the preamble's arguments first.
 func (s *Store) run(ctx context.Context, script *redis.Script, args ...any) *redis.Cmd {
+	return script.Run(ctx, s.client, nil, s.scriptArgs(args...)...)
+}
+
+// scriptArgs are the preamble's arguments (the key prefix, the time
+// offset), then args.
+func (s *Store) scriptArgs(args ...any) []any {
 	all := make([]any, 0, len(args)+2)
 	all = append(all, s.prefix, s.offset().Milliseconds())
-	all = append(all, args...)
-	return script.Run(ctx, s.client, nil, all...)
+	return append(all, args...)
 }
 
 // Acquire implements discovery.Store.
@@ -230,12 +235,11 @@ func (s *Store) loads(ctx context.Context, ids []string) ([]*redis.Cmd, error) {
 	var cmds []*redis.Cmd
 	for start := 0; start < len(ids); start += loadsChunk {
 		chunk := ids[start:min(start+loadsChunk, len(ids))]
-		args := make([]any, 0, len(chunk)+2)
-		args = append(args, s.prefix, s.offset().Milliseconds())
-		for _, id := range chunk {
-			args = append(args, id)
+		args := make([]any, len(chunk))
+		for i, id := range chunk {
+			args[i] = id
 		}
-		cmds = append(cmds, loadsScript.EvalSha(ctx, pipe, nil, args...))
+		cmds = append(cmds, loadsScript.EvalSha(ctx, pipe, nil, s.scriptArgs(args...)...))
 	}
 	_, err := pipe.Exec(ctx)
 	return cmds, err

@@ -705,6 +705,7 @@ func newManager(restConfig *rest.Config, opts options) (manager.Manager, error) 
 		// In the operator's namespace: controller-runtime would otherwise
 		// find it only in-cluster, and --leader-elect would fail on a laptop.
 		LeaderElectionNamespace: operatorNamespace(),
+		Controller:              controllers.ControllerDefaults(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating manager: %w", err)

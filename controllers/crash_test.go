@@ -59,12 +59,13 @@ func runCrashScenario(t *testing.T, newScenario func(t *testing.T, ns string) cr
 				if steps%2 == crashParity {
 					cl = crashBeforeRecord{cl}
 				}
+				creds := credentialsCache(t, mgr)
 				r := &ProxyReconciler{
 					Client: cl, Providers: sc.providers(t, cl), ClusterID: testClusterID,
 					Recorder:         events.NewFakeRecorder(100),
-					CredentialsCache: credentialsCache(t, mgr), CredentialsNamespace: testCredentialsNamespace,
+					CredentialsCache: creds, CredentialsNamespace: testCredentialsNamespace,
 				}
-				stop := startManager(t, mgr)
+				stop := startManager(t, mgr, creds)
 				_, _ = r.Reconcile(ctx, reconcile.Request{NamespacedName: key}) // half the steps crash: errors expected
 				stop()
 				sc.between(t)

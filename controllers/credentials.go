@@ -46,6 +46,9 @@ func (r *ProxyReconciler) resolveCredentials(ctx context.Context, p *crawlv1alph
 	reader := credentials.Reader{Client: r.CredentialsCache}
 	if ref := p.Spec.Credentials; ref != nil {
 		c, err := reader.Lookup(ctx, credentials.Ref{Namespace: p.Namespace, Name: ref.SecretRef.Name})
+		if errors.Is(err, credentials.ErrUnavailable) {
+			return credentials.Credentials{}, nil, err
+		}
 		if err != nil {
 			return credentials.Credentials{}, &specError{ReasonCredentialsError, fmt.Sprintf("spec.credentials.secretRef: %v", err)}, nil
 		}
@@ -56,6 +59,8 @@ func (r *ProxyReconciler) resolveCredentials(ctx context.Context, p *crawlv1alph
 	switch {
 	case err == nil:
 		return c, nil, nil
+	case errors.Is(err, credentials.ErrUnavailable):
+		return credentials.Credentials{}, nil, err
 	case !errors.Is(err, credentials.ErrNotFound):
 		return credentials.Credentials{}, &specError{ReasonCredentialsError, fmt.Sprintf("the credentials of provider %s: %v", p.Spec.Provider, err)}, nil
 	}
@@ -115,11 +120,19 @@ func (r *ProxyReconciler) writeRecord(ctx context.Context, p *crawlv1alpha1.Prox
 
 // recordCurrent says whether the record of the running instance is in the
 // cache; a pass that finds it missing (deleted by hand, or an instance made
-// before records existed whose spec has not changed) writes it again.
-func (r *ProxyReconciler) recordCurrent(ctx context.Context, o observation) bool {
+// before records existed whose spec has not changed) writes it again. A
+// cache that cannot answer is an error, not a missing record: rewriting on
+// every pass would be a write per pass for nothing.
+func (r *ProxyReconciler) recordCurrent(ctx context.Context, o observation) (bool, error) {
 	var secret corev1.Secret
-	err := r.CredentialsCache.Get(ctx, client.ObjectKey{Namespace: r.CredentialsNamespace, Name: credentials.RecordName(o.instanceName)}, &secret)
-	return err == nil && secret.Labels[crawlv1alpha1.LabelSpecHash] == o.desiredHash
+	key := client.ObjectKey{Namespace: r.CredentialsNamespace, Name: credentials.RecordName(o.instanceName)}
+	switch err := r.CredentialsCache.Get(ctx, key, &secret); {
+	case apierrors.IsNotFound(err):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("reading the credentials record %s: %w", key, err)
+	}
+	return secret.Labels[crawlv1alpha1.LabelSpecHash] == o.desiredHash, nil
 }
 
 // deleteRecord removes a deleted Proxy's record.

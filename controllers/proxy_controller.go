@@ -311,11 +311,17 @@ func (r *ProxyReconciler) execute(ctx context.Context, p *crawlv1alpha1.Proxy, o
 	if a.Type == ActionMarkReady && a.Reason == ReasonInstanceRunning {
 		r.budget.release(client.ObjectKeyFromObject(p))
 	}
-	if a.Type == ActionMarkReady && p.Spec.Mode == crawlv1alpha1.ModeManaged && o.instance.SpecHash() == o.desiredHash && !r.recordCurrent(ctx, o) {
-		if err := r.writeRecord(ctx, p, o); err != nil {
+	if a.Type == ActionMarkReady && p.Spec.Mode == crawlv1alpha1.ModeManaged && o.instance.SpecHash() == o.desiredHash {
+		current, err := r.recordCurrent(ctx, o)
+		if err != nil {
 			return reconcile.Result{}, err
 		}
-		log.Info("credentials record written again for the running instance", "instance", o.instanceName)
+		if !current {
+			if err := r.writeRecord(ctx, p, o); err != nil {
+				return reconcile.Result{}, err
+			}
+			log.Info("credentials record written again for the running instance", "instance", o.instanceName)
+		}
 	}
 	if a.Recheck > 0 && (result.RequeueAfter == 0 || a.Recheck < result.RequeueAfter) {
 		result.RequeueAfter = a.Recheck

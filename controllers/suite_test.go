@@ -48,8 +48,7 @@ func newManager(t *testing.T, env *testenv.Env) manager.Manager {
 		Cache:                  cache.Options{ByObject: byObject},
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
-		// Several managers run in one test binary, one after another.
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+		Controller: testControllerConfig(),
 		// Under -race, with other packages' tests on the same two cores, a
 		// reconcile in flight may take a while to end; 30s once was not
 		// enough (see stopManager for what is printed when even this is).
@@ -57,6 +56,15 @@ func newManager(t *testing.T, env *testenv.Env) manager.Manager {
 	})
 	require.NoError(t, err)
 	return mgr
+}
+
+// testControllerConfig is main's controller configuration, and lets several
+// managers in one test binary run controllers of the same name, one after
+// another.
+func testControllerConfig() config.Controller {
+	c := ControllerDefaults()
+	c.SkipNameValidation = ptr.To(true)
+	return c
 }
 
 // kubernetesProviders is the provider set the tests run: one kubernetes
@@ -72,12 +80,18 @@ func kubernetesProviders(t *testing.T, c client.Client) providers.Set {
 
 // startManager runs mgr until the test ends (or stop is called) and waits
 // for its cache.
-func startManager(t *testing.T, mgr manager.Manager) (stop func()) {
+func startManager(t *testing.T, mgr manager.Manager, alsoSynced ...cache.Cache) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
 	require.True(t, mgr.GetCache().WaitForCacheSync(ctx), "cache did not sync")
+	// The manager starts added caches on goroutines of their own: a reconcile
+	// called directly, not by a controller, may come first and find one not
+	// started yet (ErrCacheNotStarted).
+	for _, c := range alsoSynced {
+		require.True(t, c.WaitForCacheSync(ctx), "an added cache did not sync")
+	}
 	var stopped atomic.Bool
 	stop = func() {
 		if stopped.Swap(true) {

@@ -59,6 +59,10 @@ func RefFor(p *crawlv1alpha1.Proxy, namespace string) (Ref, bool) {
 // Ref points.
 var ErrNotFound = errors.New("proxy credentials not found")
 
+// ErrUnavailable says the Secret could not be read now (a cache not started
+// yet, a cancelled context): worth a retry, and no fault of the user's.
+var ErrUnavailable = errors.New("proxy credentials cannot be read now")
+
 // Reader looks credentials up through a cache of credentials Secrets (see
 // CacheOptions), never the API server.
 type Reader struct {
@@ -66,7 +70,8 @@ type Reader struct {
 }
 
 // Lookup reads the credentials ref points at. It fails with ErrNotFound
-// when the Secret is missing or records another instance's spec.
+// when the Secret is missing or records another instance's spec, and with
+// ErrUnavailable when it cannot be read at all.
 func (r Reader) Lookup(ctx context.Context, ref Ref) (Credentials, error) {
 	var secret corev1.Secret
 	err := r.Client.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &secret)
@@ -74,7 +79,7 @@ func (r Reader) Lookup(ctx context.Context, ref Ref) (Credentials, error) {
 	case apierrors.IsNotFound(err):
 		return Credentials{}, fmt.Errorf("%w: Secret %s/%s (it must carry the label %s: \"true\")", ErrNotFound, ref.Namespace, ref.Name, crawlv1alpha1.LabelCredentials)
 	case err != nil:
-		return Credentials{}, fmt.Errorf("reading credentials Secret %s/%s: %w", ref.Namespace, ref.Name, err)
+		return Credentials{}, fmt.Errorf("%w: reading Secret %s/%s: %w", ErrUnavailable, ref.Namespace, ref.Name, err)
 	case ref.SpecHash != "" && secret.Labels[crawlv1alpha1.LabelSpecHash] != ref.SpecHash:
 		return Credentials{}, fmt.Errorf("%w: Secret %s/%s records spec %s, the instance is %s", ErrNotFound, ref.Namespace, ref.Name,
 			secret.Labels[crawlv1alpha1.LabelSpecHash], ref.SpecHash)

@@ -66,7 +66,7 @@ func TestGCPPoolSpreadsAndRecycles(t *testing.T) {
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
 		Scheme: env.Scheme, Cache: cache.Options{ByObject: controllers.CacheByObject()},
 		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+		Controller: withSkipNameValidation(controllers.ControllerDefaults()),
 	})
 	require.NoError(t, err)
 	credsCache, err := cache.New(mgr.GetConfig(), credentials.CacheOptions(cache.Options{Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper()}))
@@ -213,4 +213,11 @@ func patch(ctx context.Context, c client.Client, p *crawlv1alpha1.ProxyPool, edi
 		}
 	}
 	return err
+}
+
+// withSkipNameValidation lets several managers in one test binary run
+// controllers of the same name, one after another.
+func withSkipNameValidation(c config.Controller) config.Controller {
+	c.SkipNameValidation = ptr.To(true)
+	return c
 }

@@ -59,6 +59,7 @@ func runCrashScenario(t *testing.T, newScenario func(t *testing.T, ns string) cr
 				if steps%2 == crashParity {
 					cl = crashBeforeRecord{cl}
 				}
+				require.NoError(t, indexProxies(mgr.GetFieldIndexer()))
 				creds := credentialsCache(t, mgr)
 				r := &ProxyReconciler{
 					Client: cl, Providers: sc.providers(t, cl), ClusterID: testClusterID,

@@ -374,17 +374,8 @@ func eventType(a Action) string {
 // deletion), the cloud-init Secrets they reference, and, for providers whose
 // instances are Kubernetes objects, those objects.
 func (r *ProxyReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &crawlv1alpha1.Proxy{}, secretRefIndex, func(obj client.Object) []string {
-		p := obj.(*crawlv1alpha1.Proxy)
-		if p.Spec.CloudInit == nil || p.Spec.CloudInit.SecretRef == nil {
-			return nil
-		}
-		return []string{p.Spec.CloudInit.SecretRef.Name}
-	}); err != nil {
-		return fmt.Errorf("indexing Proxies by cloud-init Secret: %w", err)
-	}
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &crawlv1alpha1.Proxy{}, credentialsIndex, credentialsSource); err != nil {
-		return fmt.Errorf("indexing Proxies by their credentials: %w", err)
+	if err := indexProxies(mgr.GetFieldIndexer()); err != nil {
+		return err
 	}
 	workers := r.Workers
 	if workers == 0 {
@@ -399,9 +390,6 @@ func (r *ProxyReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Triggers != nil {
 		b = b.WatchesRawSource(source.Channel(r.Triggers, &handler.EnqueueRequestForObject{}))
 	}
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &crawlv1alpha1.Proxy{}, replacingIndex, replacingProvider); err != nil {
-		return fmt.Errorf("indexing Proxies by the provider replacing them: %w", err)
-	}
 	watched := map[reflect.Type]bool{}
 	for _, prov := range r.Providers {
 		backed, ok := prov.(providers.ObjectBacked)
@@ -415,6 +403,28 @@ func (r *ProxyReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		}
 	}
 	return b.Complete(r)
+}
+
+// indexProxies registers the cache indexes the reconciler lists Proxies by:
+// the cloud-init Secret and the credentials they use, and the provider
+// instance replacing them.
+func indexProxies(indexer client.FieldIndexer) error {
+	if err := indexer.IndexField(context.Background(), &crawlv1alpha1.Proxy{}, secretRefIndex, func(obj client.Object) []string {
+		p := obj.(*crawlv1alpha1.Proxy)
+		if p.Spec.CloudInit == nil || p.Spec.CloudInit.SecretRef == nil {
+			return nil
+		}
+		return []string{p.Spec.CloudInit.SecretRef.Name}
+	}); err != nil {
+		return fmt.Errorf("indexing Proxies by cloud-init Secret: %w", err)
+	}
+	if err := indexer.IndexField(context.Background(), &crawlv1alpha1.Proxy{}, credentialsIndex, credentialsSource); err != nil {
+		return fmt.Errorf("indexing Proxies by their credentials: %w", err)
+	}
+	if err := indexer.IndexField(context.Background(), &crawlv1alpha1.Proxy{}, replacingIndex, replacingProvider); err != nil {
+		return fmt.Errorf("indexing Proxies by the provider replacing them: %w", err)
+	}
+	return nil
 }
 
 // CacheByObject scopes the manager's cache for what the reconciler reads

@@ -48,7 +48,7 @@ func newManager(t *testing.T, env *testenv.Env) manager.Manager {
 		Cache:                  cache.Options{ByObject: byObject},
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
-		Controller: testControllerConfig(),
+		Controller:             testControllerConfig(),
 		// Under -race, with other packages' tests on the same two cores, a
 		// reconcile in flight may take a while to end; 30s once was not
 		// enough (see stopManager for what is printed when even this is).

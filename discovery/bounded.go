@@ -30,7 +30,7 @@ func (b boundedStore) do(ctx context.Context, op string, call func(context.Conte
 	start := time.Now()
 	err := call(ctx)
 	storeDuration.WithLabelValues(op).Observe(time.Since(start).Seconds())
-	if err == nil || errors.Is(err, ErrLeaseNotFound) || errors.Is(err, ErrNoProxyAvailable) {
+	if err == nil || errors.Is(err, ErrLeaseNotFound) || errors.Is(err, ErrNoProxyAvailable) || errors.Is(err, ErrSessionNotFound) {
 		return err
 	}
 	storeErrors.WithLabelValues(op).Inc()
@@ -75,6 +75,23 @@ func (b boundedStore) NoteRefused(ctx context.Context, pool string) error {
 func (b boundedStore) LastRefused(ctx context.Context, pool string) (t time.Time, err error) {
 	err = b.do(ctx, "last_refused", func(ctx context.Context) error { t, err = b.store.LastRefused(ctx, pool); return err })
 	return t, err
+}
+
+func (b boundedStore) Route(ctx context.Context, session, host string) (r Route, err error) {
+	err = b.do(ctx, "route", func(ctx context.Context) error { r, err = b.store.Route(ctx, session, host); return err })
+	return r, err
+}
+
+func (b boundedStore) SetRoute(ctx context.Context, session, host, proxy string, own bool, idle time.Duration) error {
+	return b.do(ctx, "set_route", func(ctx context.Context) error { return b.store.SetRoute(ctx, session, host, proxy, own, idle) })
+}
+
+func (b boundedStore) ReportSession(ctx context.Context, session, result, target string, cooldown time.Duration) (proxy string, err error) {
+	err = b.do(ctx, "report_session", func(ctx context.Context) error {
+		proxy, err = b.store.ReportSession(ctx, session, result, target, cooldown)
+		return err
+	})
+	return proxy, err
 }
 
 func (b boundedStore) Ping(ctx context.Context) error {

@@ -38,7 +38,22 @@ type MemoryStore struct {
 	// sets: one index per candidate set, by Candidates.Key.
 	sets    map[string]*candidateSet
 	refused map[string]time.Time
+	// sessions: the gateway's routes by session, and ordered by the end of
+	// their idle time.
+	sessions    map[string]*memSession
+	sessionEnds heapOf[*memSession]
 }
+
+// memSession is one gateway session's routes.
+type memSession struct {
+	name    string
+	own     string
+	detours map[string]string // host -> proxy
+	until   time.Time
+	index   int
+}
+
+func (s *memSession) setIndex(i int) { s.index = i }
 
 var _ Store = (*MemoryStore)(nil)
 
@@ -53,14 +68,16 @@ func NewMemoryStore(clk clock.PassiveClock) *MemoryStore {
 		clk = clock.RealClock{}
 	}
 	return &MemoryStore{
-		clock:     clk,
-		expiries:  heapOf[*memLease]{less: func(a, b *memLease) bool { return a.ExpiresAt.Before(b.ExpiresAt) }},
-		coolEnds:  heapOf[*cooldownEnd]{less: func(a, b *cooldownEnd) bool { return a.until.Before(b.until) }},
-		leases:    map[string]*memLease{},
-		loads:     map[string]int{},
-		cooldowns: map[string]map[string]time.Time{},
-		sets:      map[string]*candidateSet{},
-		refused:   map[string]time.Time{},
+		clock:       clk,
+		expiries:    heapOf[*memLease]{less: func(a, b *memLease) bool { return a.ExpiresAt.Before(b.ExpiresAt) }},
+		coolEnds:    heapOf[*cooldownEnd]{less: func(a, b *cooldownEnd) bool { return a.until.Before(b.until) }},
+		leases:      map[string]*memLease{},
+		loads:       map[string]int{},
+		cooldowns:   map[string]map[string]time.Time{},
+		sets:        map[string]*candidateSet{},
+		refused:     map[string]time.Time{},
+		sessions:    map[string]*memSession{},
+		sessionEnds: heapOf[*memSession]{less: func(a, b *memSession) bool { return a.until.Before(b.until) }},
 	}
 }
 
@@ -140,25 +157,88 @@ func (m *MemoryStore) Report(_ context.Context, id, result, target string, coold
 	if !ok {
 		return ErrLeaseNotFound
 	}
-	if result != ResultRateLimited {
-		return nil
+	if result == ResultRateLimited {
+		m.coolLocked(l.ProxyID, target, now.Add(cooldown))
 	}
-	targets := m.cooldowns[l.ProxyID]
+	return nil
+}
+
+// coolLocked puts proxy in cooldown for target until then, unless a longer
+// one is running.
+func (m *MemoryStore) coolLocked(proxy, target string, until time.Time) {
+	targets := m.cooldowns[proxy]
 	if targets == nil {
 		targets = map[string]time.Time{}
-		m.cooldowns[l.ProxyID] = targets
+		m.cooldowns[proxy] = targets
 	}
-	until := now.Add(cooldown)
 	old, cooling := targets[target]
 	if cooling && !until.After(old) {
-		return nil
+		return
 	}
 	if !cooling {
 		m.nCooling++
 	}
 	targets[target] = until
-	heap.Push(&m.coolEnds, &cooldownEnd{proxy: l.ProxyID, target: target, until: until})
+	heap.Push(&m.coolEnds, &cooldownEnd{proxy: proxy, target: target, until: until})
+}
+
+// Route implements Store.
+func (m *MemoryStore) Route(_ context.Context, session, host string) (Route, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.expireLocked()
+	sess, ok := m.sessions[session]
+	if !ok {
+		return Route{}, nil
+	}
+	return Route{Own: sess.own, Detour: sess.detours[host]}, nil
+}
+
+// SetRoute implements Store.
+func (m *MemoryStore) SetRoute(_ context.Context, session, host, proxy string, own bool, idle time.Duration) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.expireLocked()
+	sess, ok := m.sessions[session]
+	if !ok {
+		sess = &memSession{name: session, detours: map[string]string{}}
+		m.sessions[session] = sess
+	}
+	if own {
+		sess.own = proxy
+		delete(sess.detours, host)
+	} else {
+		sess.detours[host] = proxy
+	}
+	sess.until = now.Add(idle)
+	if ok {
+		heap.Fix(&m.sessionEnds, sess.index)
+	} else {
+		heap.Push(&m.sessionEnds, sess)
+	}
 	return nil
+}
+
+// ReportSession implements Store.
+func (m *MemoryStore) ReportSession(_ context.Context, session, result, target string, cooldown time.Duration) (string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.expireLocked()
+	sess, ok := m.sessions[session]
+	if !ok {
+		return "", ErrSessionNotFound
+	}
+	proxy := sess.own
+	if detour := sess.detours[target]; detour != "" {
+		proxy = detour
+	}
+	if proxy == "" {
+		return "", ErrSessionNotFound
+	}
+	if result == ResultRateLimited {
+		m.coolLocked(proxy, target, now.Add(cooldown))
+	}
+	return proxy, nil
 }
 
 // ActiveLeases implements Store: one map lookup per id, whatever the
@@ -232,6 +312,9 @@ func (m *MemoryStore) expireLocked() time.Time {
 		if len(targets) == 0 {
 			delete(m.cooldowns, end.proxy)
 		}
+	}
+	for m.sessionEnds.Len() > 0 && !now.Before(m.sessionEnds.items[0].until) {
+		delete(m.sessions, heap.Pop(&m.sessionEnds).(*memSession).name)
 	}
 	return now
 }

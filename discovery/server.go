@@ -58,6 +58,9 @@ const (
 	// its timeout; retry after Retry-After. Nothing was leased, renewed,
 	// released or reported unless the response says so.
 	CodeStoreUnavailable = "store_unavailable"
+	// CodeSessionNotFound: no gateway session of that name has tunnelled
+	// lately.
+	CodeSessionNotFound = "session_not_found"
 )
 
 // retryAfterStoreUnavailable is the Retry-After of a store_unavailable
@@ -156,6 +159,8 @@ type Server struct {
 	store Store
 	// authState remembers the last auth state, to log its changes.
 	authState atomic.Int32
+	// listeners hear of session reports (the gateway).
+	listeners sessionListeners
 }
 
 // NewServer builds the API.
@@ -182,6 +187,7 @@ func NewServer(opts Options) *Server {
 	r.DELETE("/v1/leases/:id", s.authed("/v1/leases/:id", s.releaseLease))
 	r.POST("/v1/leases/:id/renew", s.authed("/v1/leases/:id/renew", s.renewLease))
 	r.POST("/v1/leases/:id/report", s.authed("/v1/leases/:id/report", s.report))
+	r.POST("/v1/sessions/:session/report", s.authed("/v1/sessions/:session/report", s.reportSession))
 	r.HandleMethodNotAllowed = true
 	r.MethodNotAllowed = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		// httprouter has set the Allow header.
@@ -415,11 +421,53 @@ type reportRequest struct {
 }
 
 func (s *Server) report(w http.ResponseWriter, r *http.Request, ps httprouter.Params) int {
-	var req reportRequest
-	if status, code, err := decode(w, r, &req); err != nil {
+	req, cooldown, status, code, err := s.decodeReport(w, r)
+	if err != nil {
 		return writeError(w, status, code, err.Error())
 	}
-	var err error
+	if err := s.store.Report(r.Context(), ps.ByName("id"), req.Result, normalizeTarget(req.Target), cooldown); err != nil {
+		return leaseError(w, ps.ByName("id"), err)
+	}
+	reportsTotal.WithLabelValues(req.Result).Inc()
+	w.WriteHeader(http.StatusNoContent)
+	return http.StatusNoContent
+}
+
+// reportSession takes a report on a gateway session's requests: a target
+// is required, since a session's route is per host.
+func (s *Server) reportSession(w http.ResponseWriter, r *http.Request, ps httprouter.Params) int {
+	session := ps.ByName("session")
+	if !ValidSessionName(session) {
+		return writeError(w, http.StatusBadRequest, CodeInvalidRequest, fmt.Sprintf("session %q must be 1-64 letters, digits, '-' or '_'", session))
+	}
+	req, cooldown, status, code, err := s.decodeReport(w, r)
+	if err == nil && req.Target == "" {
+		status, code, err = http.StatusBadRequest, CodeInvalidRequest, errors.New("target is required: a session's route is per host")
+	}
+	if err != nil {
+		return writeError(w, status, code, err.Error())
+	}
+	target := normalizeTarget(req.Target)
+	proxy, err := s.store.ReportSession(r.Context(), session, req.Result, target, cooldown)
+	switch {
+	case errors.Is(err, ErrSessionNotFound):
+		return writeError(w, http.StatusNotFound, CodeSessionNotFound,
+			fmt.Sprintf("no gateway session %q has tunnelled lately (it never did, or was idle past its time)", session))
+	case err != nil:
+		return storeUnavailable(w, err)
+	}
+	reportsTotal.WithLabelValues(req.Result).Inc()
+	s.listeners.notify(SessionReport{Session: session, Target: target, Result: req.Result, Proxy: proxy})
+	w.WriteHeader(http.StatusNoContent)
+	return http.StatusNoContent
+}
+
+// decodeReport reads and checks a report's body; cooldown is what a
+// rate_limited report sets.
+func (s *Server) decodeReport(w http.ResponseWriter, r *http.Request) (req reportRequest, cooldown time.Duration, status int, code string, err error) {
+	if status, code, err := decode(w, r, &req); err != nil {
+		return req, 0, status, code, err
+	}
 	switch req.Result {
 	case ResultOK, ResultError:
 		err = validateTarget(req.Target, false)
@@ -432,15 +480,9 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request, ps httprouter.Pa
 		err = fmt.Errorf("retryAfterSeconds must be between 0 and %d, got %d", int64(MaxReportRetryAfter/time.Second), req.RetryAfterSeconds)
 	}
 	if err != nil {
-		return writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
+		return req, 0, http.StatusBadRequest, CodeInvalidRequest, err
 	}
-	cooldown := max(s.opts.DefaultCooldown, time.Duration(req.RetryAfterSeconds)*time.Second)
-	if err := s.store.Report(r.Context(), ps.ByName("id"), req.Result, normalizeTarget(req.Target), cooldown); err != nil {
-		return leaseError(w, ps.ByName("id"), err)
-	}
-	reportsTotal.WithLabelValues(req.Result).Inc()
-	w.WriteHeader(http.StatusNoContent)
-	return http.StatusNoContent
+	return req, max(s.opts.DefaultCooldown, time.Duration(req.RetryAfterSeconds)*time.Second), 0, "", nil
 }
 
 // leaseView shows a lease with its proxy as it is now; a proxy deleted since

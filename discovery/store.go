@@ -38,7 +38,21 @@ var (
 	// or slow). Nothing is known about the request's effect beyond what the
 	// operation documents; the API answers 503 store_unavailable.
 	ErrStoreUnavailable = errors.New("lease store unavailable")
+	// ErrSessionNotFound: no gateway session of that name has tunnelled
+	// lately (it never did, or it was idle past its time).
+	ErrSessionNotFound = errors.New("session not found")
 )
+
+// Route is where a gateway session's tunnels to one host go.
+type Route struct {
+	// Own is the session's own proxy: its tunnels go there while it is
+	// healthy and not cooling down for their host. "" before the first.
+	Own string
+	// Detour is the proxy the session's tunnels to the host went through
+	// instead, while its own proxy was cooling down for that host. "" when
+	// there is none.
+	Detour string
+}
 
 // NoProxyAvailableError is Acquire's answer when every candidate is cooling
 // down for the target, or there is none.
@@ -113,6 +127,19 @@ type Store interface {
 	// not since the store began). Pools size themselves by it.
 	NoteRefused(ctx context.Context, pool string) error
 	LastRefused(ctx context.Context, pool string) (time.Time, error)
+	// Route reads a gateway session's route for host (the zero Route when
+	// the session is unknown).
+	Route(ctx context.Context, session, host string) (Route, error)
+	// SetRoute records that a session's tunnel to host went through proxy:
+	// as the session's own proxy (own true, which also ends host's detour)
+	// or as host's detour. The session is forgotten once idle for longer
+	// than idle.
+	SetRoute(ctx context.Context, session, host, proxy string, own bool, idle time.Duration) error
+	// ReportSession records the outcome of a session's requests to target:
+	// rate_limited puts the proxy they went through (target's detour, else
+	// the session's own) in cooldown for target, as Report does. It returns
+	// that proxy, or ErrSessionNotFound.
+	ReportSession(ctx context.Context, session, result, target string, cooldown time.Duration) (string, error)
 	// Ping says whether the store answers, for /readyz.
 	Ping(ctx context.Context) error
 }

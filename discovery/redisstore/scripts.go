@@ -17,6 +17,9 @@ import "github.com/redis/go-redis/v9"
 //	P leases, P cooldowns zsets of every lease and cooldown by end, for the
 //	                      metrics only
 //	P refused             hash pool -> last refused lease request
+//	P session:<session>   hash of a gateway session's routes: "own" -> its
+//	                      proxy, "d:<host>" -> the host's detour, "until"
+//	                      the end of its idle time; expires by itself
 //
 // A key is declared in no KEYS array, since the scripts compute them: the
 // store needs a standalone Redis (or a primary), not Redis Cluster.
@@ -113,21 +116,63 @@ redis.call('DEL', key)
 return 1
 `)
 
+// cool is the preamble's addition for the scripts that start cooldowns.
+const cool = `
+local function cool(proxy, target, ms)
+  local member = proxy .. '|' .. target
+  local key = P .. 'cool:' .. member
+  local untilv = now + ms
+  local old = tonumber(redis.call('GET', key) or '0')
+  if untilv > old then
+    redis.call('SET', key, untilv, 'PX', untilv - now)
+    redis.call('ZADD', P .. 'cooldowns', untilv, member)
+  end
+end
+`
+
 // reportScript: ARGV[3] the lease id, ARGV[4] result, ARGV[5] target,
 // ARGV[6] cooldown ms. Returns 0 when the lease is not live, 1 otherwise.
-var reportScript = redis.NewScript(preamble + `
+var reportScript = redis.NewScript(preamble + cool + `
 local l = live(ARGV[3])
 if not l then return 0 end
-if ARGV[4] ~= 'rate_limited' then return 1 end
-local member = l[1] .. '|' .. ARGV[5]
-local key = P .. 'cool:' .. member
-local untilv = now + tonumber(ARGV[6])
-local old = tonumber(redis.call('GET', key) or '0')
-if untilv > old then
-  redis.call('SET', key, untilv, 'PX', untilv - now)
-  redis.call('ZADD', P .. 'cooldowns', untilv, member)
-end
+if ARGV[4] == 'rate_limited' then cool(l[1], ARGV[5], tonumber(ARGV[6])) end
 return 1
+`)
+
+// setRouteScript: ARGV[3] the session, ARGV[4] host, ARGV[5] proxy,
+// ARGV[6] 1 for the session's own proxy, 0 for host's detour, ARGV[7] idle
+// ms.
+var setRouteScript = redis.NewScript(preamble + `
+local key = P .. 'session:' .. ARGV[3]
+if ARGV[6] == '1' then
+  redis.call('HSET', key, 'own', ARGV[5])
+  redis.call('HDEL', key, 'd:' .. ARGV[4])
+else
+  redis.call('HSET', key, 'd:' .. ARGV[4], ARGV[5])
+end
+redis.call('HSET', key, 'until', now + tonumber(ARGV[7]))
+redis.call('PEXPIRE', key, tonumber(ARGV[7]))
+return 1
+`)
+
+// routeScript: ARGV[3] the session, ARGV[4] host. Returns {own, detour},
+// empty for none.
+var routeScript = redis.NewScript(preamble + `
+local r = redis.call('HMGET', P .. 'session:' .. ARGV[3], 'until', 'own', 'd:' .. ARGV[4])
+if not r[1] or tonumber(r[1]) <= now then return {'', ''} end
+return {r[2] or '', r[3] or ''}
+`)
+
+// reportSessionScript: ARGV[3] the session, ARGV[4] result, ARGV[5]
+// target, ARGV[6] cooldown ms. Returns the proxy the session's requests to
+// target went through, or ” for an unknown session.
+var reportSessionScript = redis.NewScript(preamble + cool + `
+local r = redis.call('HMGET', P .. 'session:' .. ARGV[3], 'until', 'own', 'd:' .. ARGV[5])
+if not r[1] or tonumber(r[1]) <= now then return '' end
+local proxy = r[3] or r[2]
+if not proxy then return '' end
+if ARGV[4] == 'rate_limited' then cool(proxy, ARGV[5], tonumber(ARGV[6])) end
+return proxy
 `)
 
 // loadsScript: ARGV[3..] proxies. Returns each one's live leases.

@@ -191,6 +191,42 @@ func (s *Store) Report(ctx context.Context, id, result, target string, cooldown 
 	return nil
 }
 
+// Route implements discovery.Store.
+func (s *Store) Route(ctx context.Context, session, host string) (discovery.Route, error) {
+	vals, err := s.run(ctx, routeScript, session, host).StringSlice()
+	if err != nil {
+		return discovery.Route{}, fmt.Errorf("route script: %w", err)
+	}
+	if len(vals) != 2 {
+		return discovery.Route{}, fmt.Errorf("route script: %d values, want 2", len(vals))
+	}
+	return discovery.Route{Own: vals[0], Detour: vals[1]}, nil
+}
+
+// SetRoute implements discovery.Store.
+func (s *Store) SetRoute(ctx context.Context, session, host, proxy string, own bool, idle time.Duration) error {
+	ownArg := "0"
+	if own {
+		ownArg = "1"
+	}
+	if err := s.run(ctx, setRouteScript, session, host, proxy, ownArg, idle.Milliseconds()).Err(); err != nil {
+		return fmt.Errorf("set route script: %w", err)
+	}
+	return nil
+}
+
+// ReportSession implements discovery.Store.
+func (s *Store) ReportSession(ctx context.Context, session, result, target string, cooldown time.Duration) (string, error) {
+	proxy, err := s.run(ctx, reportSessionScript, session, result, target, cooldown.Milliseconds()).Text()
+	if err != nil {
+		return "", fmt.Errorf("report session script: %w", err)
+	}
+	if proxy == "" {
+		return "", discovery.ErrSessionNotFound
+	}
+	return proxy, nil
+}
+
 // loadsChunk bounds one script's proxies, so that listing a large fleet
 // never holds Redis for long in one go.
 const loadsChunk = 1000

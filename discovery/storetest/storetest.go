@@ -40,6 +40,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"ActiveLeases", activeLeases},
 		{"Refusals", refusals},
 		{"LargeCandidateSets", largeCandidateSets},
+		{"Sessions", sessions},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.test(t, newHarness(t)) })
@@ -356,4 +357,58 @@ func largeCandidateSets(t *testing.T, h Harness) {
 	require.ErrorAs(t, err, &none)
 	assert.InDelta(t, (30 * time.Minute).Seconds(), none.RetryAfter.Seconds(), 1)
 	assert.ErrorIs(t, err, discovery.ErrNoProxyAvailable)
+}
+
+// sessions: a gateway session's own proxy and per-host detours, what a
+// report by session cools down, and the session's end when idle.
+func sessions(t *testing.T, h Harness) {
+	ctx := context.Background()
+	route := func(session, host string) discovery.Route {
+		t.Helper()
+		r, err := h.Store.Route(ctx, session, host)
+		require.NoError(t, err)
+		return r
+	}
+	assert.Equal(t, discovery.Route{}, route("s1", "shop.example"), "unknown session")
+	_, err := h.Store.ReportSession(ctx, "s1", discovery.ResultRateLimited, "shop.example", time.Minute)
+	require.ErrorIs(t, err, discovery.ErrSessionNotFound)
+
+	require.NoError(t, h.Store.SetRoute(ctx, "s1", "shop.example", "p1", true, 10*time.Minute))
+	assert.Equal(t, discovery.Route{Own: "p1"}, route("s1", "shop.example"))
+	assert.Equal(t, discovery.Route{Own: "p1"}, route("s1", "news.example"), "own proxy for every host")
+	assert.Equal(t, discovery.Route{}, route("s2", "shop.example"), "per session")
+
+	// shop.example rate-limits s1 through p1: p1 cools for that host only.
+	proxy, err := h.Store.ReportSession(ctx, "s1", discovery.ResultRateLimited, "shop.example", 5*time.Minute)
+	require.NoError(t, err)
+	assert.Equal(t, "p1", proxy)
+	_, err = acquire(h, Of("p1"), "shop.example", time.Minute)
+	require.ErrorIs(t, err, discovery.ErrNoProxyAvailable, "p1 cools for shop.example")
+	l, err := acquire(h, Of("p1"), "news.example", time.Minute)
+	require.NoError(t, err, "and for that host only")
+	require.NoError(t, h.Store.Release(ctx, l.ID))
+
+	// The detour for shop.example is p2; a report now cools p2 for it.
+	require.NoError(t, h.Store.SetRoute(ctx, "s1", "shop.example", "p2", false, 10*time.Minute))
+	assert.Equal(t, discovery.Route{Own: "p1", Detour: "p2"}, route("s1", "shop.example"))
+	assert.Equal(t, discovery.Route{Own: "p1"}, route("s1", "news.example"))
+	proxy, err = h.Store.ReportSession(ctx, "s1", discovery.ResultOK, "shop.example", 0)
+	require.NoError(t, err)
+	assert.Equal(t, "p2", proxy, "ok is recorded against the detour, and cools nothing")
+	_, err = acquire(h, Of("p2"), "shop.example", time.Minute)
+	require.NoError(t, err)
+
+	// Back on its own proxy for shop.example: the detour ends.
+	require.NoError(t, h.Store.SetRoute(ctx, "s1", "shop.example", "p3", true, 10*time.Minute))
+	assert.Equal(t, discovery.Route{Own: "p3"}, route("s1", "shop.example"))
+
+	// Idle past its time, the session is gone; each route extends it.
+	h.Advance(9 * time.Minute)
+	require.NoError(t, h.Store.SetRoute(ctx, "s1", "news.example", "p3", true, 10*time.Minute))
+	h.Advance(9 * time.Minute)
+	assert.Equal(t, discovery.Route{Own: "p3"}, route("s1", "shop.example"), "extended by the last route")
+	h.Advance(2 * time.Minute)
+	assert.Equal(t, discovery.Route{}, route("s1", "shop.example"), "idle for 11 minutes")
+	_, err = h.Store.ReportSession(ctx, "s1", discovery.ResultRateLimited, "shop.example", time.Minute)
+	require.ErrorIs(t, err, discovery.ErrSessionNotFound)
 }

@@ -1,0 +1,253 @@
+package discovery
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"regexp"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+)
+
+// Errors of the gateway's side of discovery.
+var (
+	// ErrGatewayLocked: no discovery token is configured (or it was lost),
+	// so the gateway refuses everyone: without a token it would be an open
+	// proxy.
+	ErrGatewayLocked = errors.New("the gateway needs the discovery token: create its Secret (see docs/security.md)")
+	// ErrWrongToken: the client's password is not the discovery token.
+	ErrWrongToken = errors.New("the proxy password must be the discovery API token")
+	// ErrInvalidTunnel: the request cannot be served as asked (a bad
+	// session name or selector, no host).
+	ErrInvalidTunnel = errors.New("invalid tunnel request")
+)
+
+// sessionName is what a gateway session may be called: the proxy URL's
+// username carries it, and the API's path names it in reports.
+var sessionName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// ValidSessionName says whether name may name a gateway session.
+func ValidSessionName(name string) bool { return sessionName.MatchString(name) }
+
+// Tunnels is discovery's side of the rotating gateway: it checks the
+// gateway's clients against the discovery token and picks each tunnel's
+// upstream from the same view and lease store the lease API uses, so a
+// tunnel counts toward its proxy's load, avoids its cooldowns, and sticks to
+// its session's proxy across every replica sharing the store.
+type Tunnels struct {
+	s *Server
+}
+
+// Tunnels returns the server's side of the gateway.
+func (s *Server) Tunnels() *Tunnels { return &Tunnels{s: s} }
+
+// Authorize checks a gateway client's password against the discovery token.
+func (t *Tunnels) Authorize(password string) error {
+	token, required := t.s.opts.Tokens.Token()
+	switch {
+	case !required || token == "":
+		return ErrGatewayLocked
+	case subtle.ConstantTimeCompare([]byte(password), []byte(token)) != 1:
+		return ErrWrongToken
+	}
+	return nil
+}
+
+// TunnelRequest asks for an upstream for one tunnel.
+type TunnelRequest struct {
+	// Session sticks the tunnel to the session's own proxy; "" rotates:
+	// every tunnel goes to the least-loaded proxy.
+	Session string
+	// Selector restricts the upstreams, as a lease's does.
+	Selector Selector
+	// Host is the tunnel's target host (a port is ignored).
+	Host string
+	// Avoid are proxies that already failed this tunnel.
+	Avoid []string
+	// TTL is the tunnel lease's; the gateway renews it while the tunnel
+	// lasts. SessionIdle is how long a session's route outlives its last
+	// tunnel.
+	TTL, SessionIdle time.Duration
+}
+
+// Upstream is the proxy one tunnel goes through, on a lease of its own.
+type Upstream struct {
+	ProxyID string
+	// Address is the proxy's host:port.
+	Address string
+	// User are the proxy's credentials (nil: it needs none).
+	User    *url.Userinfo
+	LeaseID string
+	// Moved says the session's own proxy changed to this one.
+	Moved bool
+}
+
+// Pick leases the upstream for a tunnel: the session's own proxy while it
+// is healthy and not cooling down for the host; else the proxy the session
+// last took to that host instead, if it still may; else the least-loaded
+// healthy one not cooling down for the host. The session moves to that
+// last one only when its own proxy is gone, unhealthy or failed this
+// tunnel; a cooldown for one host leaves it where it is for the others.
+// With nothing available it returns a *NoProxyAvailableError.
+func (t *Tunnels) Pick(ctx context.Context, req TunnelRequest) (Upstream, error) {
+	if req.Session != "" && !ValidSessionName(req.Session) {
+		return Upstream{}, fmt.Errorf("%w: session %q must be 1-64 letters, digits, '-' or '_'", ErrInvalidTunnel, req.Session)
+	}
+	if err := validateSelector("selector", req.Selector); err != nil {
+		return Upstream{}, fmt.Errorf("%w: %w", ErrInvalidTunnel, err)
+	}
+	host := normalizeTarget(req.Host)
+	if err := validateTarget(host, true); err != nil {
+		return Upstream{}, fmt.Errorf("%w: %w", ErrInvalidTunnel, err)
+	}
+	store := t.s.store
+	candidates := t.s.opts.View.candidates(req.Selector)
+	avoid := slices.Clone(req.Avoid)
+	usable := func(id string) bool {
+		_, found := slices.BinarySearch(candidates.IDs, id)
+		return id != "" && found && !slices.Contains(avoid, id)
+	}
+	var route Route
+	if req.Session != "" {
+		var err error
+		if route, err = store.Route(ctx, req.Session, host); err != nil {
+			return Upstream{}, err
+		}
+	}
+	ownUsable := usable(route.Own)
+	// Each pass either leases or rules one proxy out (cooling down for the
+	// host, or its credentials unreadable): a few passes, then the tunnel
+	// fails.
+	for range 5 {
+		var (
+			lease Lease
+			err   error
+			own   bool
+		)
+		switch {
+		case ownUsable && !slices.Contains(avoid, route.Own):
+			lease, err = store.Acquire(ctx, AcquireRequest{Candidates: Candidates{IDs: []string{route.Own}}, Target: host, TTL: req.TTL})
+			own = true
+			if errors.Is(err, ErrNoProxyAvailable) {
+				avoid = append(avoid, route.Own) // cooling down for this host only
+				continue
+			}
+		case usable(route.Detour):
+			lease, err = store.Acquire(ctx, AcquireRequest{Candidates: Candidates{IDs: []string{route.Detour}}, Target: host, TTL: req.TTL})
+			if errors.Is(err, ErrNoProxyAvailable) {
+				avoid = append(avoid, route.Detour)
+				continue
+			}
+		default:
+			lease, err = store.Acquire(ctx, AcquireRequest{Candidates: without(candidates, avoid), Target: host, TTL: req.TTL})
+			own = !ownUsable
+		}
+		if err != nil {
+			return Upstream{}, err
+		}
+		up, err := t.upstream(ctx, lease)
+		if err != nil {
+			warn(logf.FromContext(ctx), "gateway: skipping an upstream", "proxy", lease.ProxyID, "error", err.Error())
+			t.Release(ctx, lease.ID)
+			avoid = append(avoid, lease.ProxyID)
+			continue
+		}
+		up.Moved = own && lease.ProxyID != route.Own
+		if req.Session != "" {
+			if err := store.SetRoute(ctx, req.Session, host, lease.ProxyID, own, req.SessionIdle); err != nil {
+				warn(logf.FromContext(ctx), "gateway: the session's route was not recorded; its next tunnel may go elsewhere",
+					"session", req.Session, "error", err.Error())
+			}
+		}
+		return up, nil
+	}
+	return Upstream{}, &NoProxyAvailableError{}
+}
+
+// upstream is where a leased proxy is, with its credentials.
+func (t *Tunnels) upstream(ctx context.Context, lease Lease) (Upstream, error) {
+	info, ok := t.s.opts.View.lookup(lease.ProxyID, 0)
+	if !ok || info.IP == "" || info.Port == 0 {
+		return Upstream{}, fmt.Errorf("proxy %s has no address", lease.ProxyID)
+	}
+	up := Upstream{ProxyID: lease.ProxyID, LeaseID: lease.ID, Address: net.JoinHostPort(info.IP, strconv.Itoa(int(info.Port)))}
+	if info.hasCreds {
+		if t.s.opts.Credentials == nil {
+			return Upstream{}, errors.New("its credentials cannot be read")
+		}
+		c, err := t.s.opts.Credentials.Lookup(ctx, info.creds)
+		if err != nil {
+			return Upstream{}, fmt.Errorf("reading its credentials: %w", err)
+		}
+		up.User = c.Userinfo()
+	}
+	return up, nil
+}
+
+// without returns candidates less the ids in drop, with no index when any
+// was dropped (a store indexes the view's own sets only).
+func without(c Candidates, drop []string) Candidates {
+	if !slices.ContainsFunc(drop, func(id string) bool { _, found := slices.BinarySearch(c.IDs, id); return found }) {
+		return c
+	}
+	ids := make([]string, 0, len(c.IDs))
+	for _, id := range c.IDs {
+		if !slices.Contains(drop, id) {
+			ids = append(ids, id)
+		}
+	}
+	return Candidates{IDs: ids}
+}
+
+// Renew extends a tunnel's lease while the tunnel lasts.
+func (t *Tunnels) Renew(ctx context.Context, leaseID string, ttl time.Duration) error {
+	_, err := t.s.store.Renew(ctx, leaseID, ttl)
+	return err
+}
+
+// Release ends a tunnel's lease; failures are logged (the lease expires by
+// itself).
+func (t *Tunnels) Release(ctx context.Context, leaseID string) {
+	if err := t.s.store.Release(ctx, leaseID); err != nil {
+		warn(logf.FromContext(ctx), "gateway: releasing a tunnel's lease failed; it expires by itself", "lease", leaseID, "error", err.Error())
+	}
+}
+
+// SessionReport is a client's report on a gateway session's requests to a
+// target, as the API took it.
+type SessionReport struct {
+	Session, Target, Result string
+	// Proxy is the one the session's requests to Target went through.
+	Proxy string
+}
+
+// sessionListeners hear of every session report this replica takes.
+type sessionListeners struct {
+	mu  sync.Mutex
+	fns []func(SessionReport)
+}
+
+// OnSessionReport calls fn with every session report this replica's API
+// takes: the gateway closes the session's open tunnels to a rate-limited
+// host, so its next request goes elsewhere at once.
+func (s *Server) OnSessionReport(fn func(SessionReport)) {
+	s.listeners.mu.Lock()
+	defer s.listeners.mu.Unlock()
+	s.listeners.fns = append(s.listeners.fns, fn)
+}
+
+func (l *sessionListeners) notify(r SessionReport) {
+	l.mu.Lock()
+	fns := slices.Clone(l.fns)
+	l.mu.Unlock()
+	for _, fn := range fns {
+		fn(r)
+	}
+}

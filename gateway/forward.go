@@ -1,0 +1,120 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/example/egress-proxies-operator/discovery"
+)
+
+// upstreamKey carries a forwarded request's upstream to the forwarder's
+// Proxy function.
+type upstreamKey struct{}
+
+// upstreamOf is the forwarder's Proxy: the upstream picked for the request,
+// with its credentials.
+func upstreamOf(r *http.Request) (*url.URL, error) {
+	up, ok := r.Context().Value(upstreamKey{}).(discovery.Upstream)
+	if !ok {
+		return nil, errors.New("no upstream picked for the request")
+	}
+	return &url.URL{Scheme: "http", Host: up.Address, User: up.User}, nil
+}
+
+// hopHeaders are the hop-by-hop headers (RFC 9110 7.6.1) a proxy must not
+// pass on; Proxy-Authorization above all carries the client's token.
+var hopHeaders = []string{
+	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
+	"Te", "Trailer", "Transfer-Encoding", "Upgrade",
+}
+
+func stripHop(h http.Header) {
+	for _, f := range h.Values("Connection") {
+		for _, name := range strings.Split(f, ",") {
+			h.Del(strings.TrimSpace(name))
+		}
+	}
+	for _, name := range hopHeaders {
+		h.Del(name)
+	}
+}
+
+// forward carries a plain-HTTP request through an upstream. A request
+// without a body is retried on another upstream when one cannot be reached
+// or refuses our credentials; any answer of the site's goes back as it is.
+func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, id Identity) {
+	ctx := r.Context()
+	if !g.takeSlot(ctx) {
+		requestsTotal.WithLabelValues(kindHTTP, outcomeBusy).Inc()
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, "the gateway is at its capacity; retry", http.StatusServiceUnavailable)
+		return
+	}
+	defer g.freeSlot()
+	out := r.Clone(ctx)
+	out.RequestURI = ""
+	stripHop(out.Header)
+	retryable := r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0
+	var avoid []string
+	lastFailure := ""
+	for attempt := range g.opts.Attempts {
+		up, err := g.opts.Upstreams.Pick(ctx, discovery.TunnelRequest{
+			Session: id.Session, Selector: id.Selector, Host: r.URL.Hostname(), Avoid: avoid,
+			TTL: g.opts.LeaseTTL, SessionIdle: g.opts.SessionIdle,
+		})
+		if err != nil {
+			pickError(w, r, err, lastFailure)
+			return
+		}
+		resp, err := g.forwarder.RoundTrip(out.WithContext(context.WithValue(ctx, upstreamKey{}, up)))
+		reason := ""
+		switch {
+		case err != nil:
+			reason = failDial
+		case resp.StatusCode == http.StatusProxyAuthRequired:
+			reason = failAuth
+			_ = resp.Body.Close()
+			err = errors.New("the upstream refused our credentials (407)")
+		}
+		if reason != "" && retryable && attempt+1 < g.opts.Attempts {
+			upstreamFailures.WithLabelValues(reason).Inc()
+			logf.FromContext(ctx).Info("upstream failed a request; trying another", "proxy", up.ProxyID, "reason", reason, "error", err.Error())
+			g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID)
+			avoid = append(avoid, up.ProxyID)
+			lastFailure = up.ProxyID + ": " + err.Error()
+			continue
+		}
+		if reason != "" {
+			upstreamFailures.WithLabelValues(reason).Inc()
+			g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID)
+			requestsTotal.WithLabelValues(kindHTTP, outcomeUpstreamFailed).Inc()
+			http.Error(w, "the upstream failed: "+err.Error(), http.StatusBadGateway)
+			return
+		}
+		g.relay(w, resp, up)
+		g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID)
+		return
+	}
+}
+
+// relay writes an upstream's response back to the client.
+func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, up discovery.Upstream) {
+	defer resp.Body.Close()
+	stripHop(resp.Header)
+	for k, vs := range resp.Header {
+		for _, v := range vs {
+			w.Header().Add(k, v)
+		}
+	}
+	w.Header().Set(HeaderUpstream, up.ProxyID)
+	w.WriteHeader(resp.StatusCode)
+	n, _ := io.Copy(w, resp.Body)
+	bytesTotal.WithLabelValues(directionDown).Add(float64(n))
+	requestsTotal.WithLabelValues(kindHTTP, outcomeOK).Inc()
+}

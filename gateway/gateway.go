@@ -1,0 +1,346 @@
+// Package gateway is the rotating gateway: an HTTP proxy any crawler can
+// point at (http://<session>:<token>@<gateway>:3128) that carries each
+// CONNECT tunnel, and each plain-HTTP request, through one of the fleet's
+// proxies. Discovery picks that proxy on the lease store the lease API
+// uses: the session's own while it is healthy and not cooling down for the
+// host, else the least-loaded one that is not. A failed upstream is retried
+// on another, a bounded number of times.
+//
+// It never looks inside a tunnel (no TLS interception), and bounds what it
+// holds: a cap on open tunnels (beyond it, clients wait briefly, then get
+// 503), idle and total timeouts, and no buffer for a tunnel with nothing
+// to carry.
+//
+// It reaches proxies and leases through discovery's Tunnels only: it never
+// reads or writes the Kubernetes API and never imports the controllers, the
+// providers or the health engine (depguard enforces the imports).
+package gateway
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/example/egress-proxies-operator/discovery"
+)
+
+// Defaults for the gateway's flags.
+const (
+	DefaultMaxTunnels        = 10000
+	DefaultAttempts          = 3
+	DefaultConnectTimeout    = 10 * time.Second
+	DefaultIdleTimeout       = 2 * time.Minute
+	DefaultMaxTunnelLifetime = time.Hour
+	DefaultSlotWait          = 2 * time.Second
+	DefaultLeaseTTL          = 2 * time.Minute
+	DefaultSessionIdle       = 30 * time.Minute
+)
+
+// HeaderUpstream names, in a CONNECT reply and a forwarded response, the
+// proxy that carried it (namespace/name).
+const HeaderUpstream = "X-Egress-Proxy"
+
+// realm is the Basic realm of the gateway's 407s.
+const realm = `Basic realm="egress-proxies-operator gateway"`
+
+// Upstreams is discovery's side of the gateway (*discovery.Tunnels).
+type Upstreams interface {
+	Authorize(password string) error
+	Pick(ctx context.Context, req discovery.TunnelRequest) (discovery.Upstream, error)
+	Renew(ctx context.Context, leaseID string, ttl time.Duration) error
+	Release(ctx context.Context, leaseID string)
+}
+
+// Options configure a Gateway; zero values take the defaults above.
+type Options struct {
+	// Addr is the listen address ("" or "0": no gateway).
+	Addr      string
+	Upstreams Upstreams
+	// MaxTunnels caps open tunnels and in-flight plain requests; a client
+	// beyond it waits up to SlotWait for a place, then gets 503.
+	MaxTunnels int
+	SlotWait   time.Duration
+	// Attempts bounds the upstreams one tunnel tries.
+	Attempts int
+	// ConnectTimeout bounds reaching an upstream and its CONNECT answer.
+	ConnectTimeout time.Duration
+	// IdleTimeout closes a tunnel that carried nothing either way for that
+	// long; MaxTunnelLifetime closes any tunnel that old.
+	IdleTimeout, MaxTunnelLifetime time.Duration
+	// LeaseTTL is a tunnel's lease, renewed while it lasts; SessionIdle is
+	// how long a session's route outlives its last tunnel.
+	LeaseTTL, SessionIdle time.Duration
+}
+
+func (o *Options) defaults() {
+	set := func(d *time.Duration, def time.Duration) {
+		if *d <= 0 {
+			*d = def
+		}
+	}
+	if o.MaxTunnels <= 0 {
+		o.MaxTunnels = DefaultMaxTunnels
+	}
+	if o.Attempts <= 0 {
+		o.Attempts = DefaultAttempts
+	}
+	set(&o.SlotWait, DefaultSlotWait)
+	set(&o.ConnectTimeout, DefaultConnectTimeout)
+	set(&o.IdleTimeout, DefaultIdleTimeout)
+	set(&o.MaxTunnelLifetime, DefaultMaxTunnelLifetime)
+	set(&o.LeaseTTL, DefaultLeaseTTL)
+	set(&o.SessionIdle, DefaultSessionIdle)
+}
+
+// Gateway is the rotating gateway's HTTP proxy server.
+type Gateway struct {
+	opts  Options
+	slots chan struct{}
+	// forwarder carries plain-HTTP requests through their upstream.
+	forwarder *http.Transport
+
+	mu      sync.Mutex
+	tunnels map[*tunnel]struct{}
+}
+
+// New builds a gateway; Start serves it.
+func New(opts Options) *Gateway {
+	opts.defaults()
+	g := &Gateway{opts: opts, slots: make(chan struct{}, opts.MaxTunnels), tunnels: map[*tunnel]struct{}{}}
+	g.forwarder = &http.Transport{
+		Proxy:                 upstreamOf,
+		DialContext:           (&net.Dialer{Timeout: opts.ConnectTimeout}).DialContext,
+		ResponseHeaderTimeout: opts.MaxTunnelLifetime,
+		IdleConnTimeout:       opts.IdleTimeout,
+		MaxIdleConnsPerHost:   8,
+		DisableCompression:    true, // the client's Accept-Encoding goes through as sent
+	}
+	return g
+}
+
+// NeedLeaderElection is false: every replica serves the gateway.
+func (g *Gateway) NeedLeaderElection() bool { return false }
+
+// Start serves until ctx ends, renewing open tunnels' leases meanwhile;
+// then it stops taking tunnels and closes those still open.
+func (g *Gateway) Start(ctx context.Context) error {
+	log := logf.FromContext(ctx).WithName("gateway")
+	lis, err := net.Listen("tcp", g.opts.Addr)
+	if err != nil {
+		return fmt.Errorf("gateway: listening on %s: %w", g.opts.Addr, err)
+	}
+	srv := &http.Server{
+		Handler:           g,
+		ReadHeaderTimeout: 10 * time.Second,
+		MaxHeaderBytes:    32 << 10,
+		BaseContext:       func(net.Listener) context.Context { return logf.IntoContext(context.Background(), log) },
+		ErrorLog:          nil,
+	}
+	go g.renewLeases(ctx, log)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(lis) }()
+	log.Info("rotating gateway listening", "addr", lis.Addr().String(), "maxTunnels", g.opts.MaxTunnels)
+	select {
+	case err := <-errc:
+		return fmt.Errorf("gateway: %w", err)
+	case <-ctx.Done():
+	}
+	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(shutdown) // hijacked tunnels are not the server's: closed below
+	g.closeAll()
+	g.forwarder.CloseIdleConnections()
+	return nil
+}
+
+// ServeHTTP authenticates the client, then tunnels a CONNECT or forwards a
+// plain-HTTP request.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	id, status, msg := g.authenticate(r)
+	if status != 0 {
+		if status == http.StatusProxyAuthRequired {
+			w.Header().Set("Proxy-Authenticate", realm)
+		}
+		requestsTotal.WithLabelValues(kindOf(r), outcomeRefused).Inc()
+		http.Error(w, msg, status)
+		return
+	}
+	switch {
+	case r.Method == http.MethodConnect:
+		g.tunnel(w, r, id)
+	case r.URL.IsAbs() && r.URL.Scheme == "http":
+		g.forward(w, r, id)
+	default:
+		requestsTotal.WithLabelValues(kindOf(r), outcomeRefused).Inc()
+		http.Error(w, "the gateway is an HTTP proxy: send CONNECT host:port for HTTPS, or an absolute http:// URL", http.StatusBadRequest)
+	}
+}
+
+// authenticate reads the client's Proxy-Authorization: the username is the
+// session and selector (ParseUsername), the password the discovery token.
+func (g *Gateway) authenticate(r *http.Request) (Identity, int, string) {
+	user, password, ok := proxyBasicAuth(r.Header.Get("Proxy-Authorization"))
+	if !ok {
+		return Identity{}, http.StatusProxyAuthRequired, "proxy credentials required: http://<session>:<discovery token>@<gateway>"
+	}
+	switch err := g.opts.Upstreams.Authorize(password); {
+	case errors.Is(err, discovery.ErrGatewayLocked):
+		return Identity{}, http.StatusServiceUnavailable, err.Error()
+	case err != nil:
+		return Identity{}, http.StatusProxyAuthRequired, err.Error()
+	}
+	id, err := ParseUsername(user)
+	if err != nil {
+		return Identity{}, http.StatusBadRequest, "proxy username: " + err.Error()
+	}
+	return id, 0, ""
+}
+
+// proxyBasicAuth parses a Proxy-Authorization header of the Basic scheme.
+func proxyBasicAuth(header string) (user, password string, ok bool) {
+	scheme, encoded, found := strings.Cut(strings.TrimSpace(header), " ")
+	if !found || !strings.EqualFold(scheme, "Basic") {
+		return "", "", false
+	}
+	raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(encoded))
+	if err != nil {
+		return "", "", false
+	}
+	return strings.Cut(string(raw), ":")
+}
+
+// takeSlot waits up to SlotWait for a place under MaxTunnels.
+func (g *Gateway) takeSlot(ctx context.Context) bool {
+	select {
+	case g.slots <- struct{}{}:
+		return true
+	default:
+	}
+	timer := time.NewTimer(g.opts.SlotWait)
+	defer timer.Stop()
+	select {
+	case g.slots <- struct{}{}:
+		return true
+	case <-timer.C:
+	case <-ctx.Done():
+	}
+	return false
+}
+
+func (g *Gateway) freeSlot() { <-g.slots }
+
+// pickError answers a client whose tunnel found no upstream.
+func pickError(w http.ResponseWriter, r *http.Request, err error, lastFailure string) {
+	var none *discovery.NoProxyAvailableError
+	switch {
+	case errors.Is(err, discovery.ErrInvalidTunnel):
+		requestsTotal.WithLabelValues(kindOf(r), outcomeRefused).Inc()
+		http.Error(w, err.Error(), http.StatusBadRequest)
+	case errors.As(err, &none) && lastFailure != "":
+		requestsTotal.WithLabelValues(kindOf(r), outcomeUpstreamFailed).Inc()
+		http.Error(w, "no upstream could reach the target; the last one: "+lastFailure, http.StatusBadGateway)
+	case errors.As(err, &none):
+		requestsTotal.WithLabelValues(kindOf(r), outcomeNoProxy).Inc()
+		retry := none.RetryAfter
+		if retry <= 0 {
+			retry = 5 * time.Second
+		}
+		w.Header().Set("Retry-After", strconv.Itoa(int((retry+time.Second-1)/time.Second)))
+		http.Error(w, "no healthy proxy matches, or every one is cooling down for this host", http.StatusServiceUnavailable)
+	default:
+		requestsTotal.WithLabelValues(kindOf(r), outcomeNoProxy).Inc()
+		w.Header().Set("Retry-After", "2")
+		http.Error(w, "the lease store did not answer; retry", http.StatusServiceUnavailable)
+	}
+}
+
+// renewLeases extends every open tunnel's lease at a third of its TTL, so a
+// tunnel keeps counting toward its proxy's load while it lasts and a
+// crashed gateway's leases end within a TTL.
+func (g *Gateway) renewLeases(ctx context.Context, log logr.Logger) {
+	ticker := time.NewTicker(g.opts.LeaseTTL / 3)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		for _, t := range g.open() {
+			if err := g.opts.Upstreams.Renew(ctx, t.up.LeaseID, g.opts.LeaseTTL); err != nil && ctx.Err() == nil {
+				log.V(1).Info("renewing a tunnel's lease failed", "proxy", t.up.ProxyID, "lease", t.up.LeaseID, "error", err.Error())
+			}
+		}
+	}
+}
+
+func (g *Gateway) open() []*tunnel {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]*tunnel, 0, len(g.tunnels))
+	for t := range g.tunnels {
+		out = append(out, t)
+	}
+	return out
+}
+
+// CloseTunnels closes a session's open tunnels to host through proxy: a
+// report that the host rate-limits the session there, so the client's
+// next request opens a tunnel that goes elsewhere. It returns how many it
+// closed. (A tunnel open on another replica is not closed; the client's
+// next connection is routed right wherever it lands.)
+func (g *Gateway) CloseTunnels(session, host, proxy string) int {
+	n := 0
+	for _, t := range g.open() {
+		if t.session == session && t.host == host && t.up.ProxyID == proxy {
+			t.close(closedReported)
+			n++
+		}
+	}
+	return n
+}
+
+// OnSessionReport is a discovery.Server session-report listener: a
+// rate_limited report closes the session's tunnels to that host.
+func (g *Gateway) OnSessionReport(r discovery.SessionReport) {
+	if r.Result == discovery.ResultRateLimited {
+		g.CloseTunnels(r.Session, r.Target, r.Proxy)
+	}
+}
+
+func (g *Gateway) closeAll() {
+	for _, t := range g.open() {
+		t.close(closedShutdown)
+	}
+}
+
+func (g *Gateway) register(t *tunnel) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.tunnels[t] = struct{}{}
+	tunnelsOpen.Set(float64(len(g.tunnels)))
+}
+
+func (g *Gateway) unregister(t *tunnel) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.tunnels, t)
+	tunnelsOpen.Set(float64(len(g.tunnels)))
+}
+
+// Open is the number of open tunnels.
+func (g *Gateway) Open() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.tunnels)
+}

@@ -1,0 +1,418 @@
+package gateway_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/base64"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/discovery"
+	"github.com/example/egress-proxies-operator/gateway"
+	"github.com/example/egress-proxies-operator/test/squid"
+)
+
+const token = "gateway-token"
+
+// fixture is the gateway in front of the real discovery server (memory
+// store) over three External proxies, each a real Squid on its own
+// loopback address that also leaves from it, so the local sites below see
+// which upstream carried a request by its source address.
+type fixture struct {
+	gw      *gateway.Gateway
+	gwAddr  string
+	api     *httptest.Server
+	view    *discovery.View
+	squids  map[string]*squid.Squid // by proxy id
+	byIP    map[string]string       // upstream source address -> proxy id
+	proxies []string
+	// sites are HTTPS sites on distinct loopback addresses (distinct hosts
+	// for cooldowns); each records who came through which upstream.
+	sites []*site
+	plain *site
+}
+
+// site is a local web site that records the upstream of every request.
+type site struct {
+	srv *httptest.Server
+	mu  sync.Mutex
+	// seen: upstream proxy id of each request, in order.
+	seen []string
+	// headers: the last request's headers.
+	headers http.Header
+	// limited answers 429 to requests through this upstream.
+	limited string
+}
+
+func (s *site) host() string { return s.srv.Listener.Addr().(*net.TCPAddr).IP.String() }
+
+func (s *site) upstreams() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.seen...)
+}
+
+func newFixture(t *testing.T, opts gateway.Options) *fixture {
+	t.Helper()
+	f := &fixture{view: discovery.NewView(nil, "operator-ns"), squids: map[string]*squid.Squid{}, byIP: map[string]string{}}
+	server := discovery.NewServer(discovery.Options{
+		Store: discovery.NewMemoryStore(nil), View: f.view, Tokens: discovery.StaticToken(token),
+		DefaultTTL: discovery.DefaultTTL, MaxTTL: discovery.DefaultMaxTTL, DefaultCooldown: time.Minute,
+	})
+	f.api = httptest.NewServer(server.Handler())
+	t.Cleanup(f.api.Close)
+	for i, name := range []string{"a", "b", "c"} {
+		ip := fmt.Sprintf("127.0.0.%d", 71+i)
+		sq := squid.Start(t, squid.Config{Address: ip, Port: 3128, Rules: squid.DefaultRules + "tcp_outgoing_address " + ip + "\n"})
+		id := "crawl/" + name
+		f.addProxy(t, name, ip)
+		f.squids[id], f.byIP[ip] = sq, id
+		f.proxies = append(f.proxies, id)
+	}
+	for i := range 2 {
+		f.sites = append(f.sites, f.startSite(t, fmt.Sprintf("127.0.0.%d", 81+i), true))
+	}
+	f.plain = f.startSite(t, "127.0.0.83", false)
+
+	opts.Upstreams = server.Tunnels()
+	opts.Addr = "127.0.0.1:0"
+	f.gw = gateway.New(opts)
+	server.OnSessionReport(f.gw.OnSessionReport)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	f.gwAddr = lis.Addr().String()
+	srv := &http.Server{Handler: f.gw, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return f
+}
+
+func (f *fixture) addProxy(t *testing.T, name, ip string) {
+	t.Helper()
+	p := &crawlv1alpha1.Proxy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "crawl", Name: name},
+		Spec: crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeExternal, Attributes: map[string]string{"geo": "local"},
+			External: &crawlv1alpha1.ExternalEndpoint{Address: ip}},
+		Status: crawlv1alpha1.ProxyStatus{Phase: crawlv1alpha1.PhaseReady, IP: ip, Port: 3128},
+	}
+	meta.SetStatusCondition(&p.Status.Conditions, metav1.Condition{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: "ProbeSucceeded"})
+	f.view.Handler().OnAdd(p, false)
+}
+
+func (f *fixture) startSite(t *testing.T, ip string, https bool) *site {
+	t.Helper()
+	s := &site{}
+	s.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		from, _, _ := net.SplitHostPort(r.RemoteAddr)
+		up := f.byIP[from]
+		s.mu.Lock()
+		s.seen = append(s.seen, up)
+		s.headers = r.Header.Clone()
+		limited := s.limited != "" && s.limited == up
+		s.mu.Unlock()
+		if limited {
+			w.Header().Set("Retry-After", "600")
+			w.Header().Set("Connection", "close")
+			w.WriteHeader(http.StatusTooManyRequests)
+			return
+		}
+		_, _ = fmt.Fprintf(w, "page %s from %s", r.URL.Path, r.Host)
+	}))
+	lis, err := net.Listen("tcp", ip+":0")
+	require.NoError(t, err)
+	s.srv.Listener = lis
+	if https {
+		s.srv.StartTLS()
+	} else {
+		s.srv.Start()
+	}
+	t.Cleanup(s.srv.Close)
+	return s
+}
+
+// proxyURL is the gateway's URL for a session (and selector terms).
+func (f *fixture) proxyURL(username string) *url.URL {
+	return &url.URL{Scheme: "http", User: url.UserPassword(username, token), Host: f.gwAddr}
+}
+
+// client is a Go client of the gateway for username; every request gets
+// its own tunnel, and upstream records each tunnel's X-Egress-Proxy.
+func (f *fixture) client(username string) (*http.Client, *[]string) {
+	var mu sync.Mutex
+	upstreams := &[]string{}
+	tr := &http.Transport{
+		Proxy:             http.ProxyURL(f.proxyURL(username)),
+		TLSClientConfig:   &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // the local test site's certificate
+		DisableKeepAlives: true,
+		OnProxyConnectResponse: func(_ context.Context, _ *url.URL, _ *http.Request, resp *http.Response) error {
+			mu.Lock()
+			defer mu.Unlock()
+			*upstreams = append(*upstreams, resp.Header.Get(gateway.HeaderUpstream))
+			return nil
+		},
+	}
+	return &http.Client{Transport: tr, Timeout: 20 * time.Second}, upstreams
+}
+
+func get(t *testing.T, c *http.Client, rawURL string) (int, string) {
+	t.Helper()
+	resp, err := c.Get(rawURL)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(body)
+}
+
+// reportSession reports a session's requests to host through the API.
+func (f *fixture) reportSession(t *testing.T, session, result, host string, retryAfter int) {
+	t.Helper()
+	body := fmt.Sprintf(`{"result":%q,"target":%q,"retryAfterSeconds":%d}`, result, host, retryAfter)
+	req, err := http.NewRequest(http.MethodPost, f.api.URL+"/v1/sessions/"+session+"/report", strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(resp.Body)
+	require.Equal(t, http.StatusNoContent, resp.StatusCode, "%s", msg)
+}
+
+func only(t *testing.T, ids []string) string {
+	t.Helper()
+	require.NotEmpty(t, ids)
+	for _, id := range ids {
+		require.Equal(t, ids[0], id, "one upstream expected, got %v", ids)
+	}
+	return ids[0]
+}
+
+func TestCurlAndGoFetchThroughTheGateway(t *testing.T) {
+	curl, err := exec.LookPath("curl")
+	require.NoError(t, err, "curl is missing: apt-get install -y curl")
+	f := newFixture(t, gateway.Options{})
+	target := f.sites[0].srv.URL + "/hello"
+
+	out, err := exec.Command(curl, "-sS", "-k", "--max-time", "20", "-D", "-", "--proxy", f.proxyURL("curl-1").String(), target).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.Contains(t, string(out), "page /hello from "+f.sites[0].srv.Listener.Addr().String())
+	// curl prints the CONNECT reply's headers too: the upstream is named.
+	assert.Regexp(t, `(?i)`+gateway.HeaderUpstream+`: crawl/[abc]`, string(out))
+
+	c, ups := f.client("go-1")
+	status, body := get(t, c, target)
+	assert.Equal(t, http.StatusOK, status)
+	assert.Equal(t, "page /hello from "+f.sites[0].srv.Listener.Addr().String(), body)
+	assert.Equal(t, f.sites[0].upstreams()[1], only(t, *ups), "the reply names the upstream the site saw")
+
+	// Plain HTTP too; the client's token never leaves the gateway.
+	status, body = get(t, c, f.plain.srv.URL+"/plain")
+	assert.Equal(t, http.StatusOK, status)
+	assert.Equal(t, "page /plain from "+f.plain.srv.Listener.Addr().String(), body)
+	assert.Empty(t, f.plain.headers.Get("Proxy-Authorization"), "the client's token is not forwarded")
+	assert.NotEmpty(t, f.plain.upstreams()[0], "through an upstream")
+}
+
+func TestASessionSticksAndAnEmptyOneRotates(t *testing.T) {
+	f := newFixture(t, gateway.Options{})
+	c, ups := f.client("sticky-1.geo-local")
+	for i := range 6 {
+		status, _ := get(t, c, fmt.Sprintf("%s/%d", f.sites[i%2].srv.URL, i))
+		require.Equal(t, http.StatusOK, status)
+	}
+	own := only(t, *ups)
+	assert.Equal(t, own, only(t, append(f.sites[0].upstreams(), f.sites[1].upstreams()...)))
+
+	// Another session's tunnels go to the least-loaded proxies: while one
+	// tunnel of each is held open, three sessions take three upstreams.
+	held := map[string]bool{}
+	for i := range 3 {
+		conn := f.openTunnel(t, fmt.Sprintf("holder-%d", i), f.sites[0].srv.Listener.Addr().String())
+		held[conn.upstream] = true
+	}
+	assert.Len(t, held, 3, "least-loaded spreads open tunnels over every proxy: %v", held)
+
+	rot, rotUps := f.client("")
+	for i := range 6 {
+		status, _ := get(t, rot, fmt.Sprintf("%s/r%d", f.sites[0].srv.URL, i))
+		require.Equal(t, http.StatusOK, status)
+	}
+	distinct := map[string]bool{}
+	for _, id := range *rotUps {
+		distinct[id] = true
+	}
+	assert.Greater(t, len(distinct), 1, "no session: tunnels rotate, got %v", *rotUps)
+}
+
+func TestAKilledUpstreamMovesTheSessionWithinOneRequest(t *testing.T) {
+	f := newFixture(t, gateway.Options{})
+	c, ups := f.client("mover")
+	status, _ := get(t, c, f.sites[0].srv.URL+"/1")
+	require.Equal(t, http.StatusOK, status)
+	own := only(t, *ups)
+
+	f.squids[own].Stop() // health has not noticed: discovery still lists it
+	status, body := get(t, c, f.sites[0].srv.URL+"/2")
+	require.Equal(t, http.StatusOK, status, "the very next request succeeds: %s", body)
+	moved := (*ups)[1]
+	assert.NotEqual(t, own, moved)
+	for i := range 4 {
+		status, _ = get(t, c, fmt.Sprintf("%s/after-%d", f.sites[1].srv.URL, i))
+		require.Equal(t, http.StatusOK, status)
+	}
+	assert.Equal(t, moved, only(t, (*ups)[1:]), "and sticks to its new proxy")
+}
+
+func TestARateLimitedHostIsAvoidedForThatHostOnly(t *testing.T) {
+	f := newFixture(t, gateway.Options{})
+	c, ups := f.client("limited")
+	status, _ := get(t, c, f.sites[0].srv.URL+"/1")
+	require.Equal(t, http.StatusOK, status)
+	own := only(t, *ups)
+
+	// Held open through own, the tunnel to site 0 is closed by the report.
+	held := f.openTunnel(t, "limited", f.sites[0].srv.Listener.Addr().String())
+	require.Equal(t, own, held.upstream)
+	f.sites[0].mu.Lock()
+	f.sites[0].limited = own
+	f.sites[0].mu.Unlock()
+	status, _ = get(t, c, f.sites[0].srv.URL+"/2")
+	require.Equal(t, http.StatusTooManyRequests, status)
+	f.reportSession(t, "limited", discovery.ResultRateLimited, f.sites[0].host(), 600)
+	_ = held.conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err := held.conn.Read(make([]byte, 1))
+	assert.ErrorIs(t, err, io.EOF, "the session's open tunnel to the reported host was closed")
+
+	*ups = nil
+	for i := range 4 {
+		status, _ = get(t, c, fmt.Sprintf("%s/after-%d", f.sites[0].srv.URL, i))
+		require.Equal(t, http.StatusOK, status)
+	}
+	detour := only(t, *ups)
+	assert.NotEqual(t, own, detour, "the reported host goes elsewhere")
+	*ups = nil
+	status, _ = get(t, c, f.sites[1].srv.URL+"/other")
+	require.Equal(t, http.StatusOK, status)
+	assert.Equal(t, own, only(t, *ups), "other hosts stay on the session's own proxy")
+	seen := f.sites[0].upstreams()
+	for _, id := range seen[2:] {
+		assert.NotEqual(t, own, id, "no request to the reported host through the cooling upstream: %v", seen)
+	}
+}
+
+func TestTheGatewayIsNeverOpen(t *testing.T) {
+	f := newFixture(t, gateway.Options{})
+	target := f.sites[0].srv.Listener.Addr().String()
+	for _, tc := range []struct {
+		name, auth string
+		want       int
+	}{
+		{"no credentials", "", http.StatusProxyAuthRequired},
+		{"wrong token", basic("s1", "nope"), http.StatusProxyAuthRequired},
+		{"bad session", basic("bad session!", token), http.StatusBadRequest},
+		{"bad selector term", basic("s1.geo", token), http.StatusBadRequest},
+		{"not bearer", "Bearer " + token, http.StatusProxyAuthRequired},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp := rawConnect(t, f.gwAddr, target, tc.auth)
+			assert.Equal(t, tc.want, resp.StatusCode)
+			if tc.want == http.StatusProxyAuthRequired {
+				assert.Contains(t, resp.Header.Get("Proxy-Authenticate"), "Basic")
+			}
+		})
+	}
+	// A selector nothing matches: 503 with a Retry-After, not a hang.
+	resp := rawConnect(t, f.gwAddr, target, basic("s1.geo-mars", token))
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	assert.NotEmpty(t, resp.Header.Get("Retry-After"))
+
+	// With no token configured, the gateway refuses everyone.
+	locked := gateway.New(gateway.Options{Upstreams: discovery.NewServer(discovery.Options{
+		Store: discovery.NewMemoryStore(nil), View: f.view, Tokens: discovery.StaticToken(""),
+	}).Tunnels()})
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodConnect, "http://"+target, nil)
+	req.Host = target
+	req.Header.Set("Proxy-Authorization", basic("s1", ""))
+	locked.ServeHTTP(rec, req)
+	assert.Equal(t, http.StatusServiceUnavailable, rec.Code)
+	assert.Contains(t, rec.Body.String(), "needs the discovery token")
+}
+
+func TestBoundedTunnels(t *testing.T) {
+	f := newFixture(t, gateway.Options{MaxTunnels: 1, SlotWait: 200 * time.Millisecond, IdleTimeout: time.Second})
+	target := f.sites[0].srv.Listener.Addr().String()
+	first := f.openTunnel(t, "cap", target)
+	resp := rawConnect(t, f.gwAddr, target, basic("cap", token))
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "beyond the cap: 503, not a queue")
+	assert.Equal(t, "1", resp.Header.Get("Retry-After"))
+
+	// Idle for a second: closed, and its place is free again.
+	_ = first.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	start := time.Now()
+	_, err := first.conn.Read(make([]byte, 1))
+	assert.ErrorIs(t, err, io.EOF)
+	assert.Less(t, time.Since(start), 8*time.Second)
+	require.Eventually(t, func() bool { return f.gw.Open() == 0 }, 5*time.Second, 20*time.Millisecond)
+	second := f.openTunnel(t, "cap", target)
+	assert.NotEmpty(t, second.upstream)
+}
+
+// openTunnel opens a CONNECT through the gateway and leaves it open.
+type openTunnel struct {
+	conn     net.Conn
+	upstream string
+}
+
+func (f *fixture) openTunnel(t *testing.T, session, target string) openTunnel {
+	t.Helper()
+	conn, err := net.Dial("tcp", f.gwAddr)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: %s\r\n\r\n", target, target, basic(session, token))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), &http.Request{Method: http.MethodConnect})
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	return openTunnel{conn: conn, upstream: resp.Header.Get(gateway.HeaderUpstream)}
+}
+
+func rawConnect(t *testing.T, gw, target, auth string) *http.Response {
+	t.Helper()
+	conn, err := net.Dial("tcp", gw)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n", target, target)
+	if auth != "" {
+		fmt.Fprintf(&b, "Proxy-Authorization: %s\r\n", auth)
+	}
+	b.WriteString("\r\n")
+	_, err = conn.Write(b.Bytes())
+	require.NoError(t, err)
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), &http.Request{Method: http.MethodConnect})
+	require.NoError(t, err)
+	return resp
+}
+
+func basic(user, password string) string {
+	return "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+password))
+}
+

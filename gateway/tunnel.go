@@ -1,0 +1,371 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/example/egress-proxies-operator/discovery"
+)
+
+// Why a tunnel ended, for the metrics.
+const (
+	closedDone     = "done"     // both sides finished
+	closedIdle     = "idle"     // nothing either way for IdleTimeout
+	closedLifetime = "lifetime" // MaxTunnelLifetime reached
+	closedError    = "error"    // a side reset or failed
+	closedReported = "reported" // the session reported the host rate-limiting it
+	closedShutdown = "shutdown" // the gateway stopped
+)
+
+// tunnel is one client's CONNECT, spliced to its upstream.
+type tunnel struct {
+	session, host string
+	up            discovery.Upstream
+	client, upstr net.Conn
+	started       time.Time
+	idle, life    time.Duration
+	// lastActive is when a byte last moved either way (UnixNano).
+	lastActive atomic.Int64
+	closeOnce  sync.Once
+	reason     string
+}
+
+// tunnel serves a CONNECT: an upstream that takes the tunnel (retrying
+// others), then the bytes both ways until either side is done.
+func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
+	ctx := r.Context()
+	hostport := r.Host
+	host, port, err := net.SplitHostPort(hostport)
+	if err != nil || host == "" || port == "" {
+		requestsTotal.WithLabelValues(kindConnect, outcomeRefused).Inc()
+		http.Error(w, fmt.Sprintf("CONNECT needs host:port, got %q", hostport), http.StatusBadRequest)
+		return
+	}
+	if !g.takeSlot(ctx) {
+		requestsTotal.WithLabelValues(kindConnect, outcomeBusy).Inc()
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, fmt.Sprintf("the gateway has its %d tunnels open; retry", g.opts.MaxTunnels), http.StatusServiceUnavailable)
+		return
+	}
+	defer g.freeSlot()
+	start := time.Now()
+	upConn, up, err, lastFailure := g.connectAny(ctx, id, host, hostport)
+	if err != nil {
+		pickError(w, r, err, lastFailure)
+		return
+	}
+	defer g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID)
+	connectDuration.Observe(time.Since(start).Seconds())
+
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		_ = upConn.Close()
+		http.Error(w, "the connection cannot be hijacked", http.StatusInternalServerError)
+		return
+	}
+	clientConn, brw, err := hj.Hijack()
+	if err != nil {
+		_ = upConn.Close()
+		logf.FromContext(ctx).Error(err, "hijacking a CONNECT")
+		return
+	}
+	// Bytes the client sent early (a TLS ClientHello) go first.
+	var early []byte
+	if n := brw.Reader.Buffered(); n > 0 {
+		early, _ = brw.Reader.Peek(n)
+		early = append([]byte(nil), early...)
+	}
+	_ = clientConn.SetDeadline(time.Time{})
+	if _, err := io.WriteString(clientConn, "HTTP/1.1 200 Connection established\r\n"+HeaderUpstream+": "+up.ProxyID+"\r\n\r\n"); err != nil {
+		_ = clientConn.Close()
+		_ = upConn.Close()
+		return
+	}
+	requestsTotal.WithLabelValues(kindConnect, outcomeOK).Inc()
+	t := &tunnel{session: id.Session, host: normalizeHost(host), up: up, client: clientConn, upstr: upConn,
+		started: time.Now(), idle: g.opts.IdleTimeout, life: g.opts.MaxTunnelLifetime}
+	t.touch()
+	g.register(t)
+	defer g.unregister(t)
+	t.run(early, upConn.(*bufferedConn).pending())
+	tunnelsClosed.WithLabelValues(t.reason).Inc()
+	tunnelDuration.Observe(time.Since(t.started).Seconds())
+}
+
+// connectAny opens a tunnel to hostport through the first upstream that
+// takes it, trying at most Attempts of them; each failure is counted
+// against its upstream, which the next pick avoids. lastFailure describes
+// the last failure, for the client's 502.
+func (g *Gateway) connectAny(ctx context.Context, id Identity, host, hostport string) (net.Conn, discovery.Upstream, error, string) {
+	var avoid []string
+	lastFailure := ""
+	for range g.opts.Attempts {
+		up, err := g.opts.Upstreams.Pick(ctx, discovery.TunnelRequest{
+			Session: id.Session, Selector: id.Selector, Host: host, Avoid: avoid,
+			TTL: g.opts.LeaseTTL, SessionIdle: g.opts.SessionIdle,
+		})
+		if err != nil {
+			return nil, discovery.Upstream{}, err, lastFailure
+		}
+		conn, reason, err := g.connect(ctx, up, hostport)
+		if err == nil {
+			return conn, up, nil, ""
+		}
+		upstreamFailures.WithLabelValues(reason).Inc()
+		logf.FromContext(ctx).Info("upstream failed a tunnel; trying another", "proxy", up.ProxyID, "reason", reason, "error", err.Error(),
+			"session", id.Session, "host", host)
+		g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID)
+		avoid = append(avoid, up.ProxyID)
+		lastFailure = fmt.Sprintf("%s: %v", up.ProxyID, err)
+	}
+	return nil, discovery.Upstream{}, &discovery.NoProxyAvailableError{}, lastFailure
+}
+
+// Upstream failure reasons, for the metrics.
+const (
+	failDial     = "dial"     // the upstream could not be reached
+	failTimeout  = "timeout"  // no CONNECT answer in time
+	failAuth     = "auth"     // 407: the upstream refused our credentials
+	failRefused  = "refused"  // another 4xx: the upstream refused the tunnel
+	failUpstream = "upstream" // 5xx: the upstream could not reach the target
+	failProtocol = "protocol" // an answer that is not HTTP
+)
+
+// connect opens a tunnel through one upstream: a CONNECT with the
+// upstream's credentials, and its 200.
+func (g *Gateway) connect(ctx context.Context, up discovery.Upstream, hostport string) (net.Conn, string, error) {
+	dialer := net.Dialer{Timeout: g.opts.ConnectTimeout}
+	conn, err := dialer.DialContext(ctx, "tcp", up.Address)
+	if err != nil {
+		return nil, failDial, err
+	}
+	_ = conn.SetDeadline(time.Now().Add(g.opts.ConnectTimeout))
+	req := &http.Request{Method: http.MethodConnect, URL: &url.URL{Opaque: hostport}, Host: hostport, Header: http.Header{}}
+	if up.User != nil {
+		req.Header.Set("Proxy-Authorization", basicAuth(up.User))
+	}
+	if err := req.Write(conn); err != nil {
+		_ = conn.Close()
+		return nil, failDial, fmt.Errorf("sending CONNECT: %w", err)
+	}
+	br := bufio.NewReaderSize(conn, 1024)
+	resp, err := http.ReadResponse(br, req)
+	if err != nil {
+		_ = conn.Close()
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return nil, failTimeout, fmt.Errorf("no CONNECT answer within %s", g.opts.ConnectTimeout)
+		}
+		return nil, failProtocol, fmt.Errorf("reading the CONNECT answer: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		_ = resp.Body.Close()
+		_ = conn.Close()
+		reason := failRefused
+		switch {
+		case resp.StatusCode == http.StatusProxyAuthRequired:
+			reason = failAuth
+		case resp.StatusCode >= 500:
+			reason = failUpstream
+		}
+		return nil, reason, fmt.Errorf("CONNECT %s answered %s", hostport, resp.Status)
+	}
+	_ = conn.SetDeadline(time.Time{})
+	return &bufferedConn{Conn: conn, br: br}, "", nil
+}
+
+// bufferedConn is an upstream connection whose first bytes may sit in the
+// reader that read the CONNECT answer.
+type bufferedConn struct {
+	net.Conn
+	br *bufio.Reader
+}
+
+// pending returns the bytes read past the CONNECT answer, and drops the
+// reader.
+func (c *bufferedConn) pending() []byte {
+	n := c.br.Buffered()
+	if n == 0 {
+		c.br = nil
+		return nil
+	}
+	b, _ := c.br.Peek(n)
+	c.br = nil
+	return append([]byte(nil), b...)
+}
+
+func basicAuth(u *url.Userinfo) string {
+	password, _ := u.Password()
+	return "Basic " + base64.StdEncoding.EncodeToString([]byte(u.Username()+":"+password))
+}
+
+// run carries bytes both ways until both sides are done, or the tunnel is
+// idle, too old, or closed.
+func (t *tunnel) run(early, pendingDown []byte) {
+	up := t.upstr.(*bufferedConn).Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t.pipe(up, t.client, early, bytesTotal.WithLabelValues(directionUp))
+	}()
+	t.pipe(t.client, up, pendingDown, bytesTotal.WithLabelValues(directionDown))
+	<-done
+	t.close(closedDone)
+}
+
+func (t *tunnel) touch() { t.lastActive.Store(time.Now().UnixNano()) }
+
+// close ends the tunnel once, for reason.
+func (t *tunnel) close(reason string) {
+	t.closeOnce.Do(func() {
+		t.reason = reason
+		_ = t.client.Close()
+		_ = t.upstr.Close()
+	})
+}
+
+// chunk is the buffer one direction of a tunnel borrows while it has bytes
+// to move: a tunnel that waits holds none.
+const chunk = 32 << 10
+
+var buffers = sync.Pool{New: func() any { b := make([]byte, chunk); return &b }}
+
+// counter is what a direction counts its bytes with.
+type counter interface{ Add(float64) }
+
+// pipe copies src to dst until src ends (then half-closes dst), either
+// fails, or the tunnel is idle or too old. It waits on a one-byte read, so
+// an idle direction holds no buffer; once a byte arrives it borrows a
+// buffer, reads whatever else is there without waiting, and writes it all.
+func (t *tunnel) pipe(dst, src net.Conn, pending []byte, bytes counter) {
+	tick := min(max(t.idle/4, time.Second), 30*time.Second)
+	end := t.started.Add(t.life)
+	if len(pending) > 0 {
+		if _, err := dst.Write(pending); err != nil {
+			t.close(closedError)
+			return
+		}
+		bytes.Add(float64(len(pending)))
+	}
+	raw, _ := src.(syscall.Conn)
+	var first [1]byte
+	for {
+		now := time.Now()
+		_ = src.SetReadDeadline(minTime(now.Add(tick), end))
+		n, err := src.Read(first[:])
+		if n == 1 {
+			t.touch()
+			moved, werr := t.drain(dst, src, raw, first[0])
+			bytes.Add(float64(moved))
+			if werr != nil {
+				t.close(werr.reason)
+				return
+			}
+		}
+		switch {
+		case err == nil:
+			continue
+		case errors.Is(err, io.EOF):
+			if tcp, ok := dst.(interface{ CloseWrite() error }); ok {
+				_ = tcp.CloseWrite()
+				return
+			}
+			t.close(closedDone)
+			return
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			now = time.Now()
+			if !now.Before(end) {
+				t.close(closedLifetime)
+				return
+			}
+			if now.Sub(time.Unix(0, t.lastActive.Load())) >= t.idle {
+				t.close(closedIdle)
+				return
+			}
+		default:
+			t.close(closedError)
+			return
+		}
+	}
+}
+
+// drainError says why a write ended the tunnel.
+type drainError struct{ reason string }
+
+// drain writes first and whatever else src has without waiting, in
+// borrowed buffers, and returns the bytes written. A write that blocks for
+// IdleTimeout (the peer reads nothing) ends the tunnel.
+func (t *tunnel) drain(dst, src net.Conn, raw syscall.Conn, first byte) (int64, *drainError) {
+	bp := buffers.Get().(*[]byte)
+	defer buffers.Put(bp)
+	buf := *bp
+	buf[0] = first
+	n := 1
+	var moved int64
+	for {
+		if n < len(buf) {
+			m := readNow(src, raw, buf[n:])
+			n += m
+		}
+		_ = dst.SetWriteDeadline(time.Now().Add(t.idle))
+		if _, err := dst.Write(buf[:n]); err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				return moved, &drainError{closedIdle}
+			}
+			return moved, &drainError{closedError}
+		}
+		moved += int64(n)
+		t.touch()
+		if n < len(buf) {
+			return moved, nil // src had no more for now
+		}
+		n = 0
+	}
+}
+
+// readNow reads what src has without waiting (0 when nothing, or when src
+// cannot be read that way).
+func readNow(src net.Conn, raw syscall.Conn, buf []byte) int {
+	if raw == nil {
+		return 0
+	}
+	rc, err := raw.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	n := 0
+	_ = rc.Read(func(fd uintptr) bool {
+		m, err := syscall.Read(int(fd), buf)
+		if err == nil && m > 0 {
+			n = m
+		}
+		return true // never wait: the socket is non-blocking
+	})
+	return n
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+// normalizeHost is a target host as discovery keys it.
+func normalizeHost(host string) string {
+	return discovery.NormalizeTarget(host)
+}

@@ -48,6 +48,7 @@ import (
 	"github.com/example/egress-proxies-operator/credentials"
 	"github.com/example/egress-proxies-operator/discovery"
 	"github.com/example/egress-proxies-operator/discovery/redisstore"
+	"github.com/example/egress-proxies-operator/gateway"
 	"github.com/example/egress-proxies-operator/health"
 	"github.com/example/egress-proxies-operator/providers"
 	"github.com/example/egress-proxies-operator/providers/gcp"
@@ -120,7 +121,9 @@ type options struct {
 	maxReplacementsInFlight int
 	// ProxyPools.
 	poolAutoscaleInterval time.Duration
-	zap                   zap.Options
+	// The rotating gateway (Addr "0": off).
+	gateway gateway.Options
+	zap     zap.Options
 }
 
 // parseFlags turns the command line into options, rejecting anything the
@@ -203,6 +206,16 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 		"When more than this share (0-1] of the Managed proxies probed against one URL are Unhealthy at once (3 at least), the probe target is suspected and none of them is replaced.")
 	fs.IntVar(&o.maxReplacementsInFlight, "max-replacements-in-flight", controllers.DefaultMaxReplacementsInFlight,
 		"Unhealthy proxies being replaced at once, per provider instance; more wait their turn.")
+	fs.StringVar(&o.gateway.Addr, "gateway-bind-address", "0",
+		"Address the rotating gateway (an HTTP proxy crawlers point at: http://<session>:<discovery token>@<address>) listens on; \"0\" turns it off. Needs the discovery API.")
+	fs.IntVar(&o.gateway.MaxTunnels, "gateway-max-tunnels", gateway.DefaultMaxTunnels,
+		"Tunnels and plain requests the gateway carries at once; beyond it a client waits up to 2s, then gets 503 with Retry-After.")
+	fs.IntVar(&o.gateway.Attempts, "gateway-attempts", gateway.DefaultAttempts, "Upstream proxies one tunnel tries before the gateway answers 502.")
+	fs.DurationVar(&o.gateway.ConnectTimeout, "gateway-connect-timeout", gateway.DefaultConnectTimeout, "Time to reach an upstream proxy and get its CONNECT answer.")
+	fs.DurationVar(&o.gateway.IdleTimeout, "gateway-idle-timeout", gateway.DefaultIdleTimeout, "A tunnel that carries nothing either way for this long is closed.")
+	fs.DurationVar(&o.gateway.MaxTunnelLifetime, "gateway-max-tunnel-lifetime", gateway.DefaultMaxTunnelLifetime, "Any tunnel is closed at this age.")
+	fs.DurationVar(&o.gateway.SessionIdle, "gateway-session-idle", gateway.DefaultSessionIdle,
+		"A gateway session's route (its own proxy, its detours) is forgotten this long after its last tunnel.")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "",
 		"Path of a kubeconfig. Default: $KUBECONFIG, the in-cluster config, then ~/.kube/config.")
 	o.zap.BindFlags(fs)
@@ -221,6 +234,7 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 		{"metrics-bind-address", o.metricsAddr},
 		{"health-probe-bind-address", o.probeAddr},
 		{"discovery-bind-address", o.discoveryAddr},
+		{"gateway-bind-address", o.gateway.Addr},
 	} {
 		if err := validateBindAddress(a.value); err != nil {
 			errs = append(errs, fmt.Errorf("%w: --%s: %w", errUsage, a.flag, err))
@@ -277,6 +291,7 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	if o.maxReplacementsInFlight < 1 {
 		errs = append(errs, fmt.Errorf("%w: --max-replacements-in-flight must be at least 1, got %d", errUsage, o.maxReplacementsInFlight))
 	}
+	errs = append(errs, checkGateway(o))
 	o.redis.Timeout = o.storeTimeout // Redis's dial, reads and writes share the bound
 	errs = append(errs, checkLeaseStore(fs, o))
 	if o.tokenSecret == "" {
@@ -295,6 +310,37 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 		errs = append(errs, fmt.Errorf("%w: --cluster-id %q must be 1-63 lowercase letters, digits, '-' or '_': it is a label value on every instance, in Kubernetes and in GCE", errUsage, o.clusterID))
 	}
 	return o, errors.Join(errs...)
+}
+
+// checkGateway rejects gateway settings it could not run with.
+func checkGateway(o options) error {
+	if o.gateway.Addr == "0" {
+		return nil
+	}
+	var errs []error
+	if o.discoveryAddr == "0" {
+		errs = append(errs, fmt.Errorf("%w: --gateway-bind-address needs the discovery API (its token, view and lease store): --discovery-bind-address must not be \"0\"", errUsage))
+	}
+	for _, n := range []struct {
+		flag  string
+		value int
+	}{{"gateway-max-tunnels", o.gateway.MaxTunnels}, {"gateway-attempts", o.gateway.Attempts}} {
+		if n.value < 1 {
+			errs = append(errs, fmt.Errorf("%w: --%s must be at least 1, got %d", errUsage, n.flag, n.value))
+		}
+	}
+	for _, d := range []struct {
+		flag  string
+		value time.Duration
+	}{
+		{"gateway-connect-timeout", o.gateway.ConnectTimeout}, {"gateway-idle-timeout", o.gateway.IdleTimeout},
+		{"gateway-max-tunnel-lifetime", o.gateway.MaxTunnelLifetime}, {"gateway-session-idle", o.gateway.SessionIdle},
+	} {
+		if d.value <= 0 {
+			errs = append(errs, fmt.Errorf("%w: --%s must be positive, got %s", errUsage, d.flag, d.value))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Lease store backends.
@@ -564,6 +610,20 @@ func addDiscovery(ctx context.Context, mgr manager.Manager, restConfig *rest.Con
 	}
 	if err := mgr.AddReadyzCheck("discovery", server.ReadyCheck); err != nil {
 		return nil, fmt.Errorf("adding the discovery readiness check: %w", err)
+	}
+	if opts.gateway.Addr != "0" {
+		gwOpts := opts.gateway
+		gwOpts.Upstreams = server.Tunnels()
+		gw := gateway.New(gwOpts)
+		server.OnSessionReport(gw.OnSessionReport)
+		for _, c := range gateway.Collectors() {
+			if err := ctrlmetrics.Registry.Register(c); err != nil {
+				return nil, fmt.Errorf("registering gateway metrics: %w", err)
+			}
+		}
+		if err := mgr.Add(gw); err != nil {
+			return nil, fmt.Errorf("adding the rotating gateway: %w", err)
+		}
 	}
 	return server, nil
 }

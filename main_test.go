@@ -38,6 +38,19 @@ func TestParseFlags(t *testing.T) {
 		assert.Equal(t, 5, o.maxReplacementsInFlight)
 		assert.Equal(t, "memory", o.leaseStore)
 		assert.Equal(t, time.Second, o.storeTimeout)
+		assert.Equal(t, "0", o.gateway.Addr, "the gateway is off by default")
+	})
+
+	t.Run("the gateway", func(t *testing.T) {
+		o, err := parseFlags([]string{"--gateway-bind-address=:3128", "--gateway-max-tunnels=500", "--gateway-idle-timeout=30s",
+			"--gateway-attempts=2", "--gateway-session-idle=5m"}, &bytes.Buffer{})
+		require.NoError(t, err)
+		assert.Equal(t, ":3128", o.gateway.Addr)
+		assert.Equal(t, 500, o.gateway.MaxTunnels)
+		assert.Equal(t, 2, o.gateway.Attempts)
+		assert.Equal(t, 30*time.Second, o.gateway.IdleTimeout)
+		assert.Equal(t, 5*time.Minute, o.gateway.SessionIdle)
+		assert.Equal(t, time.Hour, o.gateway.MaxTunnelLifetime)
 	})
 
 	t.Run("the redis lease store", func(t *testing.T) {
@@ -117,6 +130,10 @@ func TestParseFlags(t *testing.T) {
 		{"zero store timeout", []string{"--lease-store-timeout=0"}, "--lease-store-timeout"},
 		{"missing password file", []string{"--lease-store=redis", "--redis-address=redis:6379", "--redis-password-file=/nonexistent/password"}, "--redis-password-file"},
 		{"CA without TLS", []string{"--lease-store=redis", "--redis-address=redis:6379", "--redis-tls-ca-file=/etc/ca.pem"}, "--redis-tls"},
+		{"gateway without discovery", []string{"--gateway-bind-address=:3128", "--discovery-bind-address=0"}, "--gateway-bind-address needs the discovery API"},
+		{"gateway address without port", []string{"--gateway-bind-address=gw"}, "--gateway-bind-address"},
+		{"no gateway tunnels", []string{"--gateway-bind-address=:3128", "--gateway-max-tunnels=0"}, "--gateway-max-tunnels"},
+		{"zero gateway idle", []string{"--gateway-bind-address=:3128", "--gateway-idle-timeout=0"}, "--gateway-idle-timeout"},
 	}
 	for _, tc := range bad {
 		t.Run(tc.name, func(t *testing.T) {

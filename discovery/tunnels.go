@@ -251,3 +251,7 @@ func (l *sessionListeners) notify(r SessionReport) {
 		fn(r)
 	}
 }
+
+// NormalizeTarget is a target host as the store keys cooldowns and routes:
+// lower case, without port, brackets or a trailing dot.
+func NormalizeTarget(target string) string { return normalizeTarget(target) }

@@ -135,7 +135,7 @@ func (g *Gateway) NeedLeaderElection() bool { return false }
 // then it stops taking tunnels and closes those still open.
 func (g *Gateway) Start(ctx context.Context) error {
 	log := logf.FromContext(ctx).WithName("gateway")
-	lis, err := net.Listen("tcp", g.opts.Addr)
+	lis, err := (&net.ListenConfig{}).Listen(ctx, "tcp", g.opts.Addr)
 	if err != nil {
 		return fmt.Errorf("gateway: listening on %s: %w", g.opts.Addr, err)
 	}

@@ -63,7 +63,7 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 	}
 	defer g.freeSlot()
 	start := time.Now()
-	upConn, up, err, lastFailure := g.connectAny(ctx, id, host, hostport)
+	upConn, up, lastFailure, err := g.connectAny(ctx, id, host, hostport)
 	if err != nil {
 		pickError(w, r, err, lastFailure)
 		return
@@ -86,7 +86,7 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 	// Bytes the client sent early (a TLS ClientHello) go first.
 	var early []byte
 	if n := brw.Reader.Buffered(); n > 0 {
-		early, _ = brw.Reader.Peek(n)
+		early, _ = brw.Peek(n)
 		early = append([]byte(nil), early...)
 	}
 	_ = clientConn.SetDeadline(time.Time{})
@@ -110,7 +110,7 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 // takes it, trying at most Attempts of them; each failure is counted
 // against its upstream, which the next pick avoids. lastFailure describes
 // the last failure, for the client's 502.
-func (g *Gateway) connectAny(ctx context.Context, id Identity, host, hostport string) (net.Conn, discovery.Upstream, error, string) {
+func (g *Gateway) connectAny(ctx context.Context, id Identity, host, hostport string) (net.Conn, discovery.Upstream, string, error) {
 	var avoid []string
 	lastFailure := ""
 	for range g.opts.Attempts {
@@ -119,11 +119,11 @@ func (g *Gateway) connectAny(ctx context.Context, id Identity, host, hostport st
 			TTL: g.opts.LeaseTTL, SessionIdle: g.opts.SessionIdle,
 		})
 		if err != nil {
-			return nil, discovery.Upstream{}, err, lastFailure
+			return nil, discovery.Upstream{}, lastFailure, err
 		}
 		conn, reason, err := g.connect(ctx, up, hostport)
 		if err == nil {
-			return conn, up, nil, ""
+			return conn, up, "", nil
 		}
 		upstreamFailures.WithLabelValues(reason).Inc()
 		logf.FromContext(ctx).Info("upstream failed a tunnel; trying another", "proxy", up.ProxyID, "reason", reason, "error", err.Error(),
@@ -132,7 +132,7 @@ func (g *Gateway) connectAny(ctx context.Context, id Identity, host, hostport st
 		avoid = append(avoid, up.ProxyID)
 		lastFailure = fmt.Sprintf("%s: %v", up.ProxyID, err)
 	}
-	return nil, discovery.Upstream{}, &discovery.NoProxyAvailableError{}, lastFailure
+	return nil, discovery.Upstream{}, lastFailure, &discovery.NoProxyAvailableError{}
 }
 
 // Upstream failure reasons, for the metrics.
@@ -269,7 +269,7 @@ func (t *tunnel) pipe(dst, src net.Conn, pending []byte, bytes counter) {
 		n, err := src.Read(first[:])
 		if n == 1 {
 			t.touch()
-			moved, werr := t.drain(dst, src, raw, first[0])
+			moved, werr := t.drain(dst, raw, first[0])
 			bytes.Add(float64(moved))
 			if werr != nil {
 				t.close(werr.reason)
@@ -306,10 +306,10 @@ func (t *tunnel) pipe(dst, src net.Conn, pending []byte, bytes counter) {
 // drainError says why a write ended the tunnel.
 type drainError struct{ reason string }
 
-// drain writes first and whatever else src has without waiting, in
+// drain writes first and whatever else raw (the source) has without waiting, in
 // borrowed buffers, and returns the bytes written. A write that blocks for
 // IdleTimeout (the peer reads nothing) ends the tunnel.
-func (t *tunnel) drain(dst, src net.Conn, raw syscall.Conn, first byte) (int64, *drainError) {
+func (t *tunnel) drain(dst net.Conn, raw syscall.Conn, first byte) (int64, *drainError) {
 	bp := buffers.Get().(*[]byte)
 	defer buffers.Put(bp)
 	buf := *bp
@@ -318,7 +318,7 @@ func (t *tunnel) drain(dst, src net.Conn, raw syscall.Conn, first byte) (int64, 
 	var moved int64
 	for {
 		if n < len(buf) {
-			m := readNow(src, raw, buf[n:])
+			m := readNow(raw, buf[n:])
 			n += m
 		}
 		_ = dst.SetWriteDeadline(time.Now().Add(t.idle))
@@ -339,7 +339,7 @@ func (t *tunnel) drain(dst, src net.Conn, raw syscall.Conn, first byte) (int64, 
 
 // readNow reads what src has without waiting (0 when nothing, or when src
 // cannot be read that way).
-func readNow(src net.Conn, raw syscall.Conn, buf []byte) int {
+func readNow(raw syscall.Conn, buf []byte) int {
 	if raw == nil {
 		return 0
 	}

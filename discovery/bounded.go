@@ -86,9 +86,9 @@ func (b boundedStore) SetRoute(ctx context.Context, session, host, proxy string,
 	return b.do(ctx, "set_route", func(ctx context.Context) error { return b.store.SetRoute(ctx, session, host, proxy, own, idle) })
 }
 
-func (b boundedStore) ReportSession(ctx context.Context, session, result, target string, cooldown time.Duration) (proxy string, err error) {
+func (b boundedStore) ReportSession(ctx context.Context, session, result, target string, cooldown, window time.Duration) (proxy string, err error) {
 	err = b.do(ctx, "report_session", func(ctx context.Context) error {
-		proxy, err = b.store.ReportSession(ctx, session, result, target, cooldown)
+		proxy, err = b.store.ReportSession(ctx, session, result, target, cooldown, window)
 		return err
 	})
 	return proxy, err

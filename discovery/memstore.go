@@ -49,11 +49,18 @@ type memSession struct {
 	name    string
 	own     string
 	detours map[string]string // host -> proxy
-	until   time.Time
-	index   int
+	// reported: host -> the last rate_limited report that cooled a proxy.
+	reported map[string]sessionReport
+	until    time.Time
+	index    int
 }
 
 func (s *memSession) setIndex(i int) { s.index = i }
+
+type sessionReport struct {
+	at    time.Time
+	proxy string
+}
 
 var _ Store = (*MemoryStore)(nil)
 
@@ -201,7 +208,7 @@ func (m *MemoryStore) SetRoute(_ context.Context, session, host, proxy string, o
 	now := m.expireLocked()
 	sess, ok := m.sessions[session]
 	if !ok {
-		sess = &memSession{name: session, detours: map[string]string{}}
+		sess = &memSession{name: session, detours: map[string]string{}, reported: map[string]sessionReport{}}
 		m.sessions[session] = sess
 	}
 	if own {
@@ -220,7 +227,7 @@ func (m *MemoryStore) SetRoute(_ context.Context, session, host, proxy string, o
 }
 
 // ReportSession implements Store.
-func (m *MemoryStore) ReportSession(_ context.Context, session, result, target string, cooldown time.Duration) (string, error) {
+func (m *MemoryStore) ReportSession(_ context.Context, session, result, target string, cooldown, window time.Duration) (string, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.expireLocked()
@@ -235,9 +242,14 @@ func (m *MemoryStore) ReportSession(_ context.Context, session, result, target s
 	if proxy == "" {
 		return "", ErrSessionNotFound
 	}
-	if result == ResultRateLimited {
-		m.coolLocked(proxy, target, now.Add(cooldown))
+	if result != ResultRateLimited {
+		return proxy, nil
 	}
+	if last, ok := sess.reported[target]; ok && now.Sub(last.at) < window {
+		return last.proxy, nil
+	}
+	sess.reported[target] = sessionReport{at: now, proxy: proxy}
+	m.coolLocked(proxy, target, now.Add(cooldown))
 	return proxy, nil
 }
 

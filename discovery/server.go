@@ -448,7 +448,7 @@ func (s *Server) reportSession(w http.ResponseWriter, r *http.Request, ps httpro
 		return writeError(w, status, code, err.Error())
 	}
 	target := normalizeTarget(req.Target)
-	proxy, err := s.store.ReportSession(r.Context(), session, req.Result, target, cooldown)
+	proxy, err := s.store.ReportSession(r.Context(), session, req.Result, target, cooldown, SessionReportWindow)
 	switch {
 	case errors.Is(err, ErrSessionNotFound):
 		return writeError(w, http.StatusNotFound, CodeSessionNotFound,

@@ -137,9 +137,12 @@ type Store interface {
 	SetRoute(ctx context.Context, session, host, proxy string, own bool, idle time.Duration) error
 	// ReportSession records the outcome of a session's requests to target:
 	// rate_limited puts the proxy they went through (target's detour, else
-	// the session's own) in cooldown for target, as Report does. It returns
-	// that proxy, or ErrSessionNotFound.
-	ReportSession(ctx context.Context, session, result, target string, cooldown time.Duration) (string, error)
+	// the session's own) in cooldown for target, as Report does. A
+	// rate_limited report within window of the last one for the session and
+	// target is the same burst of refusals (requests already sent when the
+	// first report came): it cools nothing more, and returns the proxy the
+	// first one did. It returns that proxy, or ErrSessionNotFound.
+	ReportSession(ctx context.Context, session, result, target string, cooldown, window time.Duration) (string, error)
 	// Ping says whether the store answers, for /readyz.
 	Ping(ctx context.Context) error
 }

@@ -29,6 +29,13 @@ var (
 	ErrInvalidTunnel = errors.New("invalid tunnel request")
 )
 
+// SessionReportWindow is how long after a session's rate_limited report for
+// a host further ones are taken as the same burst: a crawler that keeps
+// connections open (Scrapy) has several requests in flight through the
+// same proxy when the first refusal comes, and reports each. Taken apart,
+// the late ones would cool the proxy the session moved to.
+const SessionReportWindow = 10 * time.Second
+
 // sessionName is what a gateway session may be called: the proxy URL's
 // username carries it, and the API's path names it in reports.
 var sessionName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)

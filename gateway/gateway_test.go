@@ -57,8 +57,14 @@ type site struct {
 	seen []string
 	// headers: the last request's headers.
 	headers http.Header
-	// limited answers 429 to requests through this upstream.
-	limited string
+	// limited answers 429 to requests through this upstream; limitFirst
+	// sets it to the first upstream that comes.
+	limited    string
+	limitFirst bool
+	// reportedAt is len(seen) when the first session report for the site
+	// was taken (and the gateway had closed the tunnels it concerns); -1
+	// before.
+	reportedAt int
 }
 
 func (s *site) host() string { return s.srv.Listener.Addr().(*net.TCPAddr).IP.String() }
@@ -95,6 +101,15 @@ func newFixture(t *testing.T, opts gateway.Options) *fixture {
 	opts.Addr = "127.0.0.1:0"
 	f.gw = gateway.New(opts)
 	server.OnSessionReport(f.gw.OnSessionReport)
+	server.OnSessionReport(func(r discovery.SessionReport) {
+		for _, s := range f.sites {
+			s.mu.Lock()
+			if s.host() == r.Target && s.reportedAt < 0 {
+				s.reportedAt = len(s.seen)
+			}
+			s.mu.Unlock()
+		}
+	})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	f.gwAddr = lis.Addr().String()
@@ -118,13 +133,16 @@ func (f *fixture) addProxy(t *testing.T, name, ip string) {
 
 func (f *fixture) startSite(t *testing.T, ip string, https bool) *site {
 	t.Helper()
-	s := &site{}
+	s := &site{reportedAt: -1}
 	s.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		from, _, _ := net.SplitHostPort(r.RemoteAddr)
 		up := f.byIP[from]
 		s.mu.Lock()
 		s.seen = append(s.seen, up)
 		s.headers = r.Header.Clone()
+		if s.limitFirst && s.limited == "" {
+			s.limited = up
+		}
 		limited := s.limited != "" && s.limited == up
 		s.mu.Unlock()
 		if limited {

@@ -18,8 +18,9 @@ import "github.com/redis/go-redis/v9"
 //	                      metrics only
 //	P refused             hash pool -> last refused lease request
 //	P session:<session>   hash of a gateway session's routes: "own" -> its
-//	                      proxy, "d:<host>" -> the host's detour, "until"
-//	                      the end of its idle time; expires by itself
+//	                      proxy, "d:<host>" -> the host's detour, "r:<host>"
+//	                      -> "<ms>|<proxy>" of its last rate_limited report,
+//	                      "until" the end of its idle time; expires by itself
 //
 // A key is declared in no KEYS array, since the scripts compute them: the
 // store needs a standalone Redis (or a primary), not Redis Cluster.
@@ -164,14 +165,24 @@ return {r[2] or '', r[3] or ''}
 `)
 
 // reportSessionScript: ARGV[3] the session, ARGV[4] result, ARGV[5]
-// target, ARGV[6] cooldown ms. Returns the proxy the session's requests to
-// target went through, or ” for an unknown session.
+// target, ARGV[6] cooldown ms, ARGV[7] the same-burst window ms. Returns
+// the proxy the session's requests to target went through, or an empty
+// string for an unknown session.
 var reportSessionScript = redis.NewScript(preamble + cool + `
-local r = redis.call('HMGET', P .. 'session:' .. ARGV[3], 'until', 'own', 'd:' .. ARGV[5])
+local key = P .. 'session:' .. ARGV[3]
+local r = redis.call('HMGET', key, 'until', 'own', 'd:' .. ARGV[5], 'r:' .. ARGV[5])
 if not r[1] or tonumber(r[1]) <= now then return '' end
 local proxy = r[3] or r[2]
 if not proxy then return '' end
-if ARGV[4] == 'rate_limited' then cool(proxy, ARGV[5], tonumber(ARGV[6])) end
+if ARGV[4] ~= 'rate_limited' then return proxy end
+if r[4] then
+  local sep = string.find(r[4], '|', 1, true)
+  if now - tonumber(string.sub(r[4], 1, sep - 1)) < tonumber(ARGV[7]) then
+    return string.sub(r[4], sep + 1)
+  end
+end
+redis.call('HSET', key, 'r:' .. ARGV[5], now .. '|' .. proxy)
+cool(proxy, ARGV[5], tonumber(ARGV[6]))
 return proxy
 `)
 

@@ -216,8 +216,8 @@ func (s *Store) SetRoute(ctx context.Context, session, host, proxy string, own b
 }
 
 // ReportSession implements discovery.Store.
-func (s *Store) ReportSession(ctx context.Context, session, result, target string, cooldown time.Duration) (string, error) {
-	proxy, err := s.run(ctx, reportSessionScript, session, result, target, cooldown.Milliseconds()).Text()
+func (s *Store) ReportSession(ctx context.Context, session, result, target string, cooldown, window time.Duration) (string, error) {
+	proxy, err := s.run(ctx, reportSessionScript, session, result, target, cooldown.Milliseconds(), window.Milliseconds()).Text()
 	if err != nil {
 		return "", fmt.Errorf("report session script: %w", err)
 	}

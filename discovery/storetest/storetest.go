@@ -370,7 +370,7 @@ func sessions(t *testing.T, h Harness) {
 		return r
 	}
 	assert.Equal(t, discovery.Route{}, route("s1", "shop.example"), "unknown session")
-	_, err := h.Store.ReportSession(ctx, "s1", discovery.ResultRateLimited, "shop.example", time.Minute)
+	_, err := h.Store.ReportSession(ctx, "s1", discovery.ResultRateLimited, "shop.example", time.Minute, time.Second)
 	require.ErrorIs(t, err, discovery.ErrSessionNotFound)
 
 	require.NoError(t, h.Store.SetRoute(ctx, "s1", "shop.example", "p1", true, 10*time.Minute))
@@ -379,7 +379,7 @@ func sessions(t *testing.T, h Harness) {
 	assert.Equal(t, discovery.Route{}, route("s2", "shop.example"), "per session")
 
 	// shop.example rate-limits s1 through p1: p1 cools for that host only.
-	proxy, err := h.Store.ReportSession(ctx, "s1", discovery.ResultRateLimited, "shop.example", 5*time.Minute)
+	proxy, err := h.Store.ReportSession(ctx, "s1", discovery.ResultRateLimited, "shop.example", 5*time.Minute, time.Second)
 	require.NoError(t, err)
 	assert.Equal(t, "p1", proxy)
 	_, err = acquire(h, Of("p1"), "shop.example", time.Minute)
@@ -388,11 +388,19 @@ func sessions(t *testing.T, h Harness) {
 	require.NoError(t, err, "and for that host only")
 	require.NoError(t, h.Store.Release(ctx, l.ID))
 
-	// The detour for shop.example is p2; a report now cools p2 for it.
+	// The detour for shop.example is p2; a second report at once is the
+	// same burst: it cools nothing more.
 	require.NoError(t, h.Store.SetRoute(ctx, "s1", "shop.example", "p2", false, 10*time.Minute))
+	proxy, err = h.Store.ReportSession(ctx, "s1", discovery.ResultRateLimited, "shop.example", 5*time.Minute, time.Minute)
+	require.NoError(t, err)
+	assert.Equal(t, "p1", proxy, "the burst's proxy")
+	l, err = acquire(h, Of("p2"), "shop.example", time.Minute)
+	require.NoError(t, err, "the detour does not cool for a late report of the same burst")
+	require.NoError(t, h.Store.Release(ctx, l.ID))
+	h.Advance(2 * time.Minute)
 	assert.Equal(t, discovery.Route{Own: "p1", Detour: "p2"}, route("s1", "shop.example"))
 	assert.Equal(t, discovery.Route{Own: "p1"}, route("s1", "news.example"))
-	proxy, err = h.Store.ReportSession(ctx, "s1", discovery.ResultOK, "shop.example", 0)
+	proxy, err = h.Store.ReportSession(ctx, "s1", discovery.ResultOK, "shop.example", 0, time.Second)
 	require.NoError(t, err)
 	assert.Equal(t, "p2", proxy, "ok is recorded against the detour, and cools nothing")
 	_, err = acquire(h, Of("p2"), "shop.example", time.Minute)
@@ -409,6 +417,6 @@ func sessions(t *testing.T, h Harness) {
 	assert.Equal(t, discovery.Route{Own: "p3"}, route("s1", "shop.example"), "extended by the last route")
 	h.Advance(2 * time.Minute)
 	assert.Equal(t, discovery.Route{}, route("s1", "shop.example"), "idle for 11 minutes")
-	_, err = h.Store.ReportSession(ctx, "s1", discovery.ResultRateLimited, "shop.example", time.Minute)
+	_, err = h.Store.ReportSession(ctx, "s1", discovery.ResultRateLimited, "shop.example", time.Minute, time.Second)
 	require.ErrorIs(t, err, discovery.ErrSessionNotFound)
 }

@@ -244,7 +244,10 @@ func TestCurlAndGoFetchThroughTheGateway(t *testing.T) {
 	status, body = get(t, c, f.plain.srv.URL+"/plain")
 	assert.Equal(t, http.StatusOK, status)
 	assert.Equal(t, "page /plain from "+f.plain.srv.Listener.Addr().String(), body)
+	f.plain.mu.Lock()
 	assert.Empty(t, f.plain.headers.Get("Proxy-Authorization"), "the client's token is not forwarded")
+	assert.Empty(t, f.plain.headers.Get("Proxy-Connection"))
+	f.plain.mu.Unlock()
 	assert.NotEmpty(t, f.plain.upstreams()[0], "through an upstream")
 }
 

@@ -26,7 +26,9 @@ func TestAScrapySpiderCrawlsThroughTheGateway(t *testing.T) {
 	scrapy, err := exec.LookPath("scrapy")
 	require.NoError(t, err, "Scrapy is missing: apt-get install -y python3-scrapy")
 	f := newFixture(t, gateway.Options{})
+	f.sites[0].mu.Lock()
 	f.sites[0].limitFirst = true
+	f.sites[0].mu.Unlock()
 	const pages = 8
 	out := filepath.Join(t.TempDir(), "pages.jsonl")
 	cmd := exec.Command(scrapy, "runspider", filepath.Join("testdata", "spider.py"),
@@ -55,10 +57,11 @@ func TestAScrapySpiderCrawlsThroughTheGateway(t *testing.T) {
 		}
 	}
 
-	limited := f.sites[0].limited
+	f.sites[0].mu.Lock()
+	limited, cut := f.sites[0].limited, f.sites[0].reportedAt
+	f.sites[0].mu.Unlock()
 	require.NotEmpty(t, limited, "the first site saw a request")
 	first := f.sites[0].upstreams()
-	cut := f.sites[0].reportedAt
 	require.Positive(t, cut, "the spider reported the 429")
 	t.Logf("the rate-limited site saw, by upstream: %v; the report came after %d of them", first, cut)
 	for i := cut; i < len(first); i++ {
@@ -78,5 +81,7 @@ func TestAScrapySpiderCrawlsThroughTheGateway(t *testing.T) {
 		}
 	}
 	assert.Len(t, first, pages+refused, "every page once, plus the 429s")
+	f.sites[1].mu.Lock()
 	assert.Empty(t, f.sites[1].limited)
+	f.sites[1].mu.Unlock()
 }

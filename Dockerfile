@@ -13,6 +13,7 @@ COPY providers/ providers/
 COPY health/ health/
 COPY discovery/ discovery/
 COPY credentials/ credentials/
+COPY gateway/ gateway/
 RUN CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} go build -trimpath -ldflags "-s -w" -o manager .
 
 FROM gcr.io/distroless/static:nonroot

@@ -32,6 +32,7 @@ import (
 
 	"github.com/example/egress-proxies-operator/controllers"
 	"github.com/example/egress-proxies-operator/discovery"
+	"github.com/example/egress-proxies-operator/gateway"
 	"github.com/example/egress-proxies-operator/health"
 	"github.com/example/egress-proxies-operator/providers/gcp"
 	"github.com/example/egress-proxies-operator/providers/kubernetes"
@@ -385,6 +386,15 @@ func TestChartDefaultsAreTheOperatorsDefaults(t *testing.T) {
 		}
 	}
 	require.NoError(t, yaml.Unmarshal(repoFile(t, chartDir+"/values.yaml"), &values))
+	var gw struct {
+		Gateway struct {
+			MaxTunnels, Attempts                                        int
+			ConnectTimeout, IdleTimeout, MaxTunnelLifetime, SessionIdle string
+		}
+	}
+	require.NoError(t, yaml.Unmarshal(repoFile(t, chartDir+"/values.yaml"), &gw))
+	assert.Equal(t, gateway.DefaultMaxTunnels, gw.Gateway.MaxTunnels)
+	assert.Equal(t, gateway.DefaultAttempts, gw.Gateway.Attempts)
 	op := values.Operator
 	for _, d := range []struct {
 		value string
@@ -400,6 +410,10 @@ func TestChartDefaultsAreTheOperatorsDefaults(t *testing.T) {
 		{op.Healing.UnhealthyReplaceAfter, controllers.DefaultUnhealthyReplaceAfter, "healing.unhealthyReplaceAfter"},
 		{op.Healing.InstanceResyncInterval, controllers.DefaultInstanceResyncInterval, "healing.instanceResyncInterval"},
 		{op.Healing.SyncPeriod, controllers.DefaultSyncPeriod, "healing.syncPeriod"},
+		{gw.Gateway.ConnectTimeout, gateway.DefaultConnectTimeout, "gateway.connectTimeout"},
+		{gw.Gateway.IdleTimeout, gateway.DefaultIdleTimeout, "gateway.idleTimeout"},
+		{gw.Gateway.MaxTunnelLifetime, gateway.DefaultMaxTunnelLifetime, "gateway.maxTunnelLifetime"},
+		{gw.Gateway.SessionIdle, gateway.DefaultSessionIdle, "gateway.sessionIdle"},
 	} {
 		got, err := time.ParseDuration(d.value)
 		require.NoError(t, err, d.what)
@@ -475,6 +489,9 @@ func TestChartSchemaRejectsBadValues(t *testing.T) {
 		{"gcp without project", map[string]any{"providers": []any{map[string]any{"name": "gcp-eu", "type": "gcp", "settings": map[string]any{"zone": "europe-west1-b"}}}}, "project"},
 		{"unknown kubernetes setting", map[string]any{"providers": []any{map[string]any{"name": "local", "type": "kubernetes", "settings": map[string]any{"imag": "squid"}}}}, "imag"},
 		{"empty discoveryFrom", map[string]any{"networkPolicy": map[string]any{"discoveryFrom": []any{}}}, "/networkPolicy/discoveryFrom"},
+		{"no gateway tunnels", map[string]any{"gateway": map[string]any{"enabled": true, "maxTunnels": 0}}, "/gateway/maxTunnels"},
+		{"gateway idle not a duration", map[string]any{"gateway": map[string]any{"idleTimeout": "a while"}}, "/gateway/idleTimeout"},
+		{"unknown gateway key", map[string]any{"gateway": map[string]any{"port": 3128}}, "port"},
 		{"a bad resource quantity", map[string]any{"resources": map[string]any{"limits": map[string]any{"memory": "lots"}}}, "/resources/limits/memory"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -691,4 +708,93 @@ func assertMountedSecretFile(t *testing.T, d appsv1.Deployment, path, secretName
 		}
 	}
 	t.Errorf("%s is not key %q of Secret %q mounted into the pod", path, key, secretName)
+}
+
+// TestChartGateway: off by default; on, the operator listens for it, a
+// Service of its own reaches it, and the NetworkPolicy admits the
+// discovery API's peers (or gatewayFrom) to it, and no one else.
+func TestChartGateway(t *testing.T) {
+	def := chartInstall{}.mustRender(t)
+	var deploy appsv1.Deployment
+	require.True(t, def.objects.one(t, "Deployment", &deploy))
+	assert.False(t, hasArg(deploy, "--gateway-bind-address"), "off by default")
+	assert.NotContains(t, containerPorts(deploy), "gateway")
+	for _, svc := range def.objects.ofKind("Service") {
+		assert.NotContains(t, svc.GetName(), "gateway")
+	}
+
+	on := chartInstall{set: map[string]any{"gateway": map[string]any{"enabled": true, "maxTunnels": 2000, "idleTimeout": "45s",
+		"service": map[string]any{"type": "LoadBalancer", "port": 8080}}}}.mustRender(t)
+	require.True(t, on.objects.one(t, "Deployment", &deploy))
+	assert.Equal(t, ":3128", managerArg(t, deploy, "--gateway-bind-address"))
+	assert.Equal(t, "2000", managerArg(t, deploy, "--gateway-max-tunnels"))
+	assert.Equal(t, "45s", managerArg(t, deploy, "--gateway-idle-timeout"))
+	assert.Equal(t, "30m", managerArg(t, deploy, "--gateway-session-idle"))
+	assert.Contains(t, containerPorts(deploy), "gateway")
+	var svc corev1.Service
+	on.objects.named(t, "Service", "egress-proxies-operator-gateway", &svc)
+	assert.Equal(t, corev1.ServiceTypeLoadBalancer, svc.Spec.Type)
+	require.Len(t, svc.Spec.Ports, 1)
+	assert.Equal(t, int32(8080), svc.Spec.Ports[0].Port)
+	assert.Equal(t, "gateway", svc.Spec.Ports[0].TargetPort.String())
+	assert.Equal(t, deploy.Spec.Selector.MatchLabels, svc.Spec.Selector)
+	assert.Contains(t, on.notes, "crawler-1:$TOKEN@egress-proxies-operator-gateway.")
+
+	var np networkingv1.NetworkPolicy
+	require.True(t, on.objects.one(t, "NetworkPolicy", &np))
+	gw := ingressTo(np, "gateway")
+	require.NotNil(t, gw, "a rule admits peers to the gateway")
+	assert.Equal(t, ingressTo(np, "discovery").From, gw.From, "by default, discovery's peers")
+
+	own := chartInstall{set: map[string]any{"gateway": map[string]any{"enabled": true},
+		"networkPolicy": map[string]any{"gatewayFrom": []any{map[string]any{"podSelector": map[string]any{"matchLabels": map[string]any{"app": "scrapy"}}}}}}}.mustRender(t)
+	require.True(t, own.objects.one(t, "NetworkPolicy", &np))
+	gw = ingressTo(np, "gateway")
+	require.NotNil(t, gw)
+	require.Len(t, gw.From, 1)
+	assert.Equal(t, map[string]string{"app": "scrapy"}, gw.From[0].PodSelector.MatchLabels)
+
+	t.Run("the kustomize component", func(t *testing.T) {
+		dir := t.TempDir()
+		repo, err := filepath.Rel(dir, testenv.RepoRoot())
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+- %[1]s/overlays/kind
+components:
+- %[1]s/config/components/gateway
+`, repo)), 0o644))
+		m, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
+		require.NoError(t, err)
+		data, err := m.AsYaml()
+		require.NoError(t, err)
+		objs := parseManifests(t, data)
+		var deploy appsv1.Deployment
+		require.True(t, objs.one(t, "Deployment", &deploy))
+		assert.Equal(t, ":3128", managerArg(t, deploy, "--gateway-bind-address"))
+		assert.Contains(t, containerPorts(deploy), "gateway")
+		var svc corev1.Service
+		objs.named(t, "Service", "egress-proxies-operator-controller-manager-gateway-service", &svc)
+		assert.Equal(t, deploy.Namespace, svc.Namespace)
+		sel := labels.SelectorFromSet(svc.Spec.Selector)
+		assert.True(t, sel.Matches(labels.Set(deploy.Spec.Template.Labels)), "the Service reaches the operator's pods")
+		var np networkingv1.NetworkPolicy
+		require.True(t, objs.one(t, "NetworkPolicy", &np))
+		gw := ingressTo(np, "gateway")
+		require.NotNil(t, gw)
+		assert.Equal(t, ingressTo(np, "discovery").From, gw.From)
+	})
+}
+
+// ingressTo is the NetworkPolicy rule admitting peers to the named port.
+func ingressTo(np networkingv1.NetworkPolicy, port string) *networkingv1.NetworkPolicyIngressRule {
+	for i, rule := range np.Spec.Ingress {
+		for _, p := range rule.Ports {
+			if p.Port != nil && p.Port.String() == port && len(rule.From) > 0 {
+				return &np.Spec.Ingress[i]
+			}
+		}
+	}
+	return nil
 }

@@ -75,7 +75,7 @@ func (s *site) upstreams() []string {
 	return append([]string(nil), s.seen...)
 }
 
-func newFixture(t *testing.T, opts gateway.Options) *fixture {
+func newFixture(t testing.TB, opts gateway.Options) *fixture {
 	t.Helper()
 	f := &fixture{view: discovery.NewView(nil, "operator-ns"), squids: map[string]*squid.Squid{}, byIP: map[string]string{}}
 	server := discovery.NewServer(discovery.Options{
@@ -119,7 +119,7 @@ func newFixture(t *testing.T, opts gateway.Options) *fixture {
 	return f
 }
 
-func (f *fixture) addProxy(t *testing.T, name, ip string) {
+func (f *fixture) addProxy(t testing.TB, name, ip string) {
 	t.Helper()
 	p := &crawlv1alpha1.Proxy{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "crawl", Name: name},
@@ -131,7 +131,7 @@ func (f *fixture) addProxy(t *testing.T, name, ip string) {
 	f.view.Handler().OnAdd(p, false)
 }
 
-func (f *fixture) startSite(t *testing.T, ip string, https bool) *site {
+func (f *fixture) startSite(t testing.TB, ip string, https bool) *site {
 	t.Helper()
 	s := &site{reportedAt: -1}
 	s.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -61,25 +61,30 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 		http.Error(w, fmt.Sprintf("the gateway has its %d tunnels open; retry", g.opts.MaxTunnels), http.StatusServiceUnavailable)
 		return
 	}
-	defer g.freeSlot()
 	start := time.Now()
 	upConn, up, lastFailure, err := g.connectAny(ctx, id, host, hostport)
 	if err != nil {
+		g.freeSlot()
 		pickError(w, r, err, lastFailure)
 		return
 	}
-	defer g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID)
 	connectDuration.Observe(time.Since(start).Seconds())
-
+	// From here the tunnel's context outlives the request's.
+	bg := logf.IntoContext(context.Background(), logf.FromContext(ctx))
+	abandon := func() {
+		_ = upConn.Close()
+		g.opts.Upstreams.Release(bg, up.LeaseID)
+		g.freeSlot()
+	}
 	hj, ok := w.(http.Hijacker)
 	if !ok {
-		_ = upConn.Close()
+		abandon()
 		http.Error(w, "the connection cannot be hijacked", http.StatusInternalServerError)
 		return
 	}
 	clientConn, brw, err := hj.Hijack()
 	if err != nil {
-		_ = upConn.Close()
+		abandon()
 		logf.FromContext(ctx).Error(err, "hijacking a CONNECT")
 		return
 	}
@@ -92,7 +97,7 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 	_ = clientConn.SetDeadline(time.Time{})
 	if _, err := io.WriteString(clientConn, "HTTP/1.1 200 Connection established\r\n"+HeaderUpstream+": "+up.ProxyID+"\r\n\r\n"); err != nil {
 		_ = clientConn.Close()
-		_ = upConn.Close()
+		abandon()
 		return
 	}
 	requestsTotal.WithLabelValues(kindConnect, outcomeOK).Inc()
@@ -100,8 +105,19 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 		started: time.Now(), idle: g.opts.IdleTimeout, life: g.opts.MaxTunnelLifetime}
 	t.touch()
 	g.register(t)
+	// The handler returns: net/http's connection state, its buffers and
+	// this goroutine's grown stack go with it, and the tunnel lives on two
+	// goroutines of its own with small stacks.
+	go g.carry(bg, t, early, upConn.(*bufferedConn).pending())
+}
+
+// carry runs a tunnel to its end, then gives back its place, its lease and
+// its registration.
+func (g *Gateway) carry(ctx context.Context, t *tunnel, early, pending []byte) {
+	defer g.freeSlot()
+	defer g.opts.Upstreams.Release(ctx, t.up.LeaseID)
 	defer g.unregister(t)
-	t.run(early, upConn.(*bufferedConn).pending())
+	t.run(early, pending)
 	tunnelsClosed.WithLabelValues(t.reason).Inc()
 	tunnelDuration.Observe(time.Since(t.started).Seconds())
 }
@@ -269,11 +285,15 @@ func (t *tunnel) pipe(dst, src net.Conn, pending []byte, bytes counter) {
 		n, err := src.Read(first[:])
 		if n == 1 {
 			t.touch()
-			moved, werr := t.drain(dst, raw, first[0])
+			moved, bulk, werr := t.drain(dst, raw, first[0])
 			bytes.Add(float64(moved))
 			if werr != nil {
 				t.close(werr.reason)
 				return
+			}
+			if bulk {
+				moved, err = t.stream(dst, src, end)
+				bytes.Add(float64(moved))
 			}
 		}
 		switch {
@@ -307,15 +327,15 @@ func (t *tunnel) pipe(dst, src net.Conn, pending []byte, bytes counter) {
 type drainError struct{ reason string }
 
 // drain writes first and whatever else raw (the source) has without waiting, in
-// borrowed buffers, and returns the bytes written. A write that blocks for
-// IdleTimeout (the peer reads nothing) ends the tunnel.
-func (t *tunnel) drain(dst net.Conn, raw syscall.Conn, first byte) (int64, *drainError) {
+// borrowed buffers, and returns the bytes written; bulk says the source had
+// more than a buffer's worth. A write that blocks for IdleTimeout (the peer
+// reads nothing) ends the tunnel.
+func (t *tunnel) drain(dst net.Conn, raw syscall.Conn, first byte) (moved int64, bulk bool, _ *drainError) {
 	bp := buffers.Get().(*[]byte)
 	defer buffers.Put(bp)
 	buf := *bp
 	buf[0] = first
 	n := 1
-	var moved int64
 	for {
 		if n < len(buf) {
 			m := readNow(raw, buf[n:])
@@ -324,16 +344,45 @@ func (t *tunnel) drain(dst net.Conn, raw syscall.Conn, first byte) (int64, *drai
 		_ = dst.SetWriteDeadline(time.Now().Add(t.idle))
 		if _, err := dst.Write(buf[:n]); err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
-				return moved, &drainError{closedIdle}
+				return moved, false, &drainError{closedIdle}
 			}
-			return moved, &drainError{closedError}
+			return moved, false, &drainError{closedError}
 		}
 		moved += int64(n)
 		t.touch()
 		if n < len(buf) {
-			return moved, nil // src had no more for now
+			return moved, false, nil // src had no more for now
+		}
+		if moved >= 4*chunk {
+			return moved, true, nil // a bulk transfer: stream it
 		}
 		n = 0
+	}
+}
+
+// stream carries a bulk transfer with io.Copy, which splices socket to
+// socket on Linux (no copy through user space, no buffer of ours). It
+// returns once src has had nothing for a second, with the error that ended
+// the last copy: io.EOF when src ended. A pipe is held only while it runs.
+// A read deadline stops a splice before it takes any byte, so stopping loses
+// nothing; the write deadline is the tunnel's end, when it closes anyway.
+func (t *tunnel) stream(dst, src net.Conn, end time.Time) (int64, error) {
+	var moved int64
+	_ = dst.SetWriteDeadline(end)
+	for {
+		_ = src.SetReadDeadline(minTime(time.Now().Add(time.Second), end))
+		n, err := io.Copy(dst, src)
+		moved += n
+		if n > 0 {
+			t.touch()
+		}
+		switch {
+		case err == nil:
+			return moved, io.EOF
+		case errors.Is(err, os.ErrDeadlineExceeded) && n > 0 && time.Now().Before(end):
+			continue
+		}
+		return moved, err
 	}
 }
 

@@ -42,6 +42,7 @@ var world struct {
 	operator  *cluster.Operator
 	opts      cluster.OperatorOptions
 	discovery string
+	gateway   string
 	token     string
 }
 
@@ -74,8 +75,9 @@ func runMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "e2e: creating the token Secret:", err)
 		return 1
 	}
+	world.gateway = cluster.FreeAddr()
 	world.opts = cluster.OperatorOptions{DiscoveryAddr: cluster.FreeAddr(), ProbeAddr: cluster.FreeAddr(),
-		ExtraArgs: []string{"--pool-autoscale-interval=1s"}}
+		ExtraArgs: []string{"--pool-autoscale-interval=1s", "--gateway-bind-address=" + world.gateway}}
 	world.discovery = "http://" + world.opts.DiscoveryAddr
 	if world.operator, err = world.cluster.StartOperator(world.bin, world.opts); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
@@ -200,6 +202,7 @@ func TestE2E(t *testing.T) {
 	t.Run("pool", testPool)
 	t.Run("pool autoscaling", testPoolAutoscaling)
 	t.Run("external", testExternal)
+	t.Run("gateway", testGateway)
 	t.Run("restart", testRestart)
 	t.Run("shared leases on redis", testSharedLeases)
 	t.Run("auth", testAuth)

@@ -142,9 +142,10 @@ func (g *Gateway) Start(ctx context.Context) error {
 	srv := &http.Server{
 		Handler:           g,
 		ReadHeaderTimeout: 10 * time.Second,
-		MaxHeaderBytes:    32 << 10,
-		BaseContext:       func(net.Listener) context.Context { return logf.IntoContext(context.Background(), log) },
-		ErrorLog:          nil,
+		// A keep-alive connection between plain-HTTP requests is idle too.
+		IdleTimeout:    g.opts.IdleTimeout,
+		MaxHeaderBytes: 32 << 10,
+		BaseContext:    func(net.Listener) context.Context { return logf.IntoContext(context.Background(), log) },
 	}
 	go g.renewLeases(ctx, log)
 	errc := make(chan error, 1)

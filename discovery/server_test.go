@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -196,6 +197,30 @@ func TestLeaseLifecycle(t *testing.T) {
 
 	curlDefault := f.do("POST", "/v1/leases", `{}`, "Content-Type", "application/x-www-form-urlencoded")
 	assert.Equal(t, http.StatusCreated, curlDefault.status, "plain curl -d works: the body is what must be JSON")
+}
+
+// TestEqualLoadsRotate: with every proxy equally loaded, leases go to the
+// one leased least recently, for any selector, the empty one included (it
+// once had no index in the store, and ties always went to the first id).
+func TestEqualLoadsRotate(t *testing.T) {
+	for _, selector := range []string{`{}`, `{"geo":"eu"}`} {
+		t.Run(selector, func(t *testing.T) {
+			f := newFixture(t)
+			for i := range 3 {
+				f.proxy(fmt.Sprintf("eu-%d", i), fmt.Sprintf("127.0.0.%d", 11+i), true, map[string]string{"geo": "eu"})
+			}
+			var got []string
+			for range 6 {
+				r := f.do("POST", "/v1/leases", `{"selector":`+selector+`}`)
+				require.Equal(t, http.StatusCreated, r.status, r.raw)
+				got = append(got, proxyID(r))
+				require.Equal(t, http.StatusNoContent, f.do("DELETE", "/v1/leases/"+r.body["leaseID"].(string), "").status)
+				f.clock.Step(time.Second)
+			}
+			assert.Equal(t, got[:3], got[3:], "a round robin: %v", got)
+			assert.ElementsMatch(t, []string{"crawl/eu-0", "crawl/eu-1", "crawl/eu-2"}, got[:3], "every proxy in turn: %v", got)
+		})
+	}
 }
 
 func TestRateLimitCooldown(t *testing.T) {

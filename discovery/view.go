@@ -309,7 +309,10 @@ func (v *View) lookup(id string, leases int) (ProxyInfo, bool) {
 // Selector is a set of attribute equalities, all of which must hold.
 type Selector map[string]string
 
-// key is a canonical form of the selector, for the candidate cache.
+// key is a canonical form of the selector, for the candidate cache and the
+// store's index of its candidates. It is never empty: an empty Candidates
+// key asks a store for no index, and the empty selector (every proxy) is
+// the one that most needs one.
 func (s Selector) key() string {
 	keys := make([]string, 0, len(s))
 	for k := range s {
@@ -317,6 +320,7 @@ func (s Selector) key() string {
 	}
 	slices.Sort(keys)
 	var b strings.Builder
+	b.WriteString("selector:")
 	for _, k := range keys {
 		b.WriteString(k)
 		b.WriteByte(0)

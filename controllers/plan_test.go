@@ -218,3 +218,29 @@ func assertCondition(t *testing.T, s crawlv1alpha1.ProxyStatus, condType string,
 	}
 	t.Errorf("no %s condition in %+v", condType, s.Conditions)
 }
+
+// TestWorthAnEvent: Events for what a person wants to know of, never for a
+// routine bring-up.
+func TestWorthAnEvent(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		previous crawlv1alpha1.ProxyPhase
+		a        Action
+		want     bool
+	}{
+		{"creating", "", Action{Type: ActionCreate, Phase: crawlv1alpha1.PhaseProvisioning, Reason: ReasonCreating}, false},
+		{"still provisioning", crawlv1alpha1.PhaseProvisioning, Action{Type: ActionWait, Phase: crawlv1alpha1.PhaseProvisioning, Reason: ReasonProvisioning}, false},
+		{"first Ready", crawlv1alpha1.PhaseProvisioning, Action{Type: ActionMarkReady, Phase: crawlv1alpha1.PhaseReady, Reason: ReasonInstanceRunning}, false},
+		{"External Ready", "", Action{Type: ActionMarkReady, Phase: crawlv1alpha1.PhaseReady, Reason: ReasonExternal}, false},
+		{"Ready again after a replacement", crawlv1alpha1.PhaseReplacing, Action{Type: ActionMarkReady, Phase: crawlv1alpha1.PhaseReady, Reason: ReasonInstanceRunning}, true},
+		{"a replacement starts", crawlv1alpha1.PhaseReady, Action{Type: ActionDelete, Phase: crawlv1alpha1.PhaseReplacing, Reason: ReasonSpecChanged, Cause: ReasonSpecChanged}, true},
+		{"deleting", crawlv1alpha1.PhaseReady, Action{Type: ActionDelete, Phase: crawlv1alpha1.PhaseDeleting, Reason: ReasonDeleting}, true},
+		{"a provider error", crawlv1alpha1.PhaseProvisioning, Action{Type: ActionWait, Phase: crawlv1alpha1.PhaseProvisioning, Reason: ReasonProviderError, Err: errors.New("boom")}, true},
+		{"a spec error", "", Action{Type: ActionFail, Phase: crawlv1alpha1.PhaseFailed, Reason: ReasonInvalidPlacement}, true},
+		{"a held replacement", crawlv1alpha1.PhaseReady, Action{Type: ActionMarkReady, Phase: crawlv1alpha1.PhaseReady, Reason: ReasonReplacementsBusy}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, worthAnEvent(tc.previous, tc.a))
+		})
+	}
+}

@@ -340,12 +340,15 @@ func (r *ProxyReconciler) execute(ctx context.Context, p *crawlv1alpha1.Proxy, o
 
 	next := nextStatus(p, o, a)
 	if !equality.Semantic.DeepEqual(p.Status, next) {
+		previous := p.Status.Phase
 		p.Status = next
 		err := r.Client.Status().Update(ctx, p)
 		// The action happened whether or not its record did (a conflict
 		// with a newer Proxy, say): the Event tells people so either way,
 		// and the next pass records what it then finds.
-		r.Recorder.Eventf(p, nil, eventType(a), a.Reason, string(a.Type), "%s", a.Message)
+		if worthAnEvent(previous, a) {
+			r.Recorder.Eventf(p, nil, eventType(a), a.Reason, string(a.Type), "%s", a.Message)
+		}
 		if err != nil {
 			return reconcile.Result{}, fmt.Errorf("recording %s in status: %w", a.Type, err)
 		}
@@ -356,6 +359,24 @@ func (r *ProxyReconciler) execute(ctx context.Context, p *crawlv1alpha1.Proxy, o
 		return reconcile.Result{}, a.Err
 	}
 	return result, nil
+}
+
+// worthAnEvent says whether a recorded action tells a person something the
+// status does not already say at a glance: warnings, replacements,
+// deletions, and a proxy back after a replacement. A proxy's routine
+// bring-up (creating, provisioning, Ready for the first time) is in its
+// status and printer columns; an Event for each step would cost two API
+// writes per proxy and tell nobody anything.
+func worthAnEvent(previous crawlv1alpha1.ProxyPhase, a Action) bool {
+	switch {
+	case eventType(a) == corev1.EventTypeWarning, a.Cause != "":
+		return true
+	case a.Type == ActionDelete, a.Type == ActionRemoveFinalizer:
+		return true
+	case a.Type == ActionMarkReady:
+		return previous == crawlv1alpha1.PhaseReplacing
+	}
+	return false
 }
 
 func eventType(a Action) string {

@@ -477,6 +477,12 @@ func (e *Engine) record(ctx context.Context, key types.NamespacedName, identity 
 		if v == Unhealthy {
 			cond.Status, cond.Reason = metav1.ConditionFalse, decided.Reason
 		}
+		// A first Healthy verdict is a proxy's routine bring-up, told by its
+		// status; an Event is for a change a person would want to know of.
+		previous := metav1.ConditionUnknown
+		if c := meta.FindStatusCondition(p.Status.Conditions, crawlv1alpha1.ConditionHealthy); c != nil {
+			previous = c.Status
+		}
 		meta.SetStatusCondition(&p.Status.Conditions, cond)
 		p.Status.SetReadyCondition(p.Generation)
 		p.Status.LastHealthCheckTime = &now
@@ -484,7 +490,9 @@ func (e *Engine) record(ctx context.Context, key types.NamespacedName, identity 
 			return err
 		}
 		statusWrites.Inc()
-		e.recordEvent(&p, v, decided)
+		if v != Healthy || previous == metav1.ConditionFalse {
+			e.recordEvent(&p, v, decided)
+		}
 		return nil
 	})
 }

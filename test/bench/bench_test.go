@@ -234,12 +234,21 @@ func apiWrites(b *testing.B, metricsURL string) map[string]float64 {
 	if !ok {
 		b.Fatal("the operator exports no rest_client_requests_total")
 	}
+	// By method and answer ("PUT 409"), so that a write bound to conflict
+	// shows in the log for what it is.
 	writes := map[string]float64{}
 	for _, m := range family.GetMetric() {
+		var method, code string
 		for _, l := range m.GetLabel() {
-			if l.GetName() == "method" && l.GetValue() != http.MethodGet {
-				writes[l.GetValue()] += m.GetCounter().GetValue()
+			switch l.GetName() {
+			case "method":
+				method = l.GetValue()
+			case "code":
+				code = l.GetValue()
 			}
+		}
+		if method != "" && method != http.MethodGet {
+			writes[method+" "+code] += m.GetCounter().GetValue()
 		}
 	}
 	return writes

@@ -242,11 +242,24 @@ func plan(o observation) Action {
 	case inst.State == providers.StateFailed:
 		return Action{Type: ActionDelete, Phase: crawlv1alpha1.PhaseReplacing, Reason: ReasonInstanceFailed, Cause: ReasonInstanceFailed,
 			Message: fmt.Sprintf("instance %s stopped (%s): replacing it; it will come back with a new IP", inst.Name, orUnknown(inst.Message))}
+	case inst.State == providers.StatePending && inst.Message == "" && creating(p, inst.Name):
+		// Starting as expected: the status that recorded its creation says
+		// all there is, and restating it would be a write for nothing.
+		provisioned := meta.FindStatusCondition(p.Status.Conditions, crawlv1alpha1.ConditionProvisioned)
+		return Action{Type: ActionWait, Phase: p.Status.Phase, Reason: provisioned.Reason, Message: p.Status.Message}
 	case inst.State == providers.StatePending:
 		return Action{Type: ActionWait, Phase: phaseWhileStarting(p), Reason: ReasonProvisioning,
 			Message: fmt.Sprintf("instance %s is starting: %s", inst.Name, orUnknown(inst.Message))}
 	}
 	return planRunning(o)
+}
+
+// creating says whether p's status records the creation of instance name,
+// and nothing since.
+func creating(p *crawlv1alpha1.Proxy, name string) bool {
+	provisioned := meta.FindStatusCondition(p.Status.Conditions, crawlv1alpha1.ConditionProvisioned)
+	return p.Status.InstanceName == name && provisioned != nil && provisioned.Reason == ReasonCreating &&
+		(p.Status.Phase == crawlv1alpha1.PhaseProvisioning || p.Status.Phase == crawlv1alpha1.PhaseReplacing)
 }
 
 // planRunning decides for an instance that runs as specified: it serves,

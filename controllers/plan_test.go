@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
@@ -49,6 +50,33 @@ func instance(state providers.State, hash, uid string) *providers.Instance {
 	}
 }
 
+// creatingRecorded is the status ActionCreate leaves.
+func creatingRecorded(p *crawlv1alpha1.Proxy) {
+	p.Status.Phase, p.Status.InstanceName, p.Status.Message = crawlv1alpha1.PhaseProvisioning, "px-crawl-eu-1-0123456789", "creating instance px-crawl-eu-1-0123456789"
+	meta.SetStatusCondition(&p.Status.Conditions, metav1.Condition{Type: crawlv1alpha1.ConditionProvisioned, Status: metav1.ConditionFalse,
+		ObservedGeneration: p.Generation, Reason: ReasonCreating, Message: p.Status.Message})
+}
+
+func heldUp(inst *providers.Instance) *providers.Instance {
+	inst.Message = "container squid: ErrImagePull pull access denied"
+	return inst
+}
+
+// TestStartingAsExpectedWritesNothing: while an instance starts as
+// expected, the status its creation left is the next status too.
+func TestStartingAsExpectedWritesNothing(t *testing.T) {
+	p := proxyFixture(creatingRecorded)
+	o := observation{proxy: p, instance: instance(providers.StatePending, testHash, testUID), desiredHash: testHash, instanceProvider: "kind-local",
+		instanceName: "px-crawl-eu-1-0123456789"}
+	p.Status.Provider, p.Status.SpecHash, p.Status.ObservedGeneration = "kind-local", testHash, p.Generation
+	p.Status.SetReadyCondition(p.Generation)
+	a := plan(o)
+	assert.Equal(t, p.Status, nextStatus(p, o, a), "no write while it starts as expected")
+	held := o
+	held.instance = heldUp(instance(providers.StatePending, testHash, testUID))
+	assert.NotEqual(t, p.Status, nextStatus(p, held, plan(held)), "what holds it up is written")
+}
+
 func TestPlan(t *testing.T) {
 	transient := providers.Transient(errors.New("503 backend unavailable"))
 	terminal := providers.Terminal("quota CPUS exceeded in europe-west1")
@@ -71,6 +99,10 @@ func TestPlan(t *testing.T) {
 		{name: "no instance: create", proxy: proxyFixture(),
 			wantType: ActionCreate, wantPhase: crawlv1alpha1.PhaseProvisioning, wantReason: ReasonCreating},
 		{name: "instance pending: wait", proxy: proxyFixture(), instance: instance(providers.StatePending, testHash, testUID),
+			wantType: ActionWait, wantPhase: crawlv1alpha1.PhaseProvisioning, wantReason: ReasonProvisioning},
+		{name: "instance starting as recorded at its creation: wait, saying nothing new", proxy: proxyFixture(creatingRecorded), instance: instance(providers.StatePending, testHash, testUID),
+			wantType: ActionWait, wantPhase: crawlv1alpha1.PhaseProvisioning, wantReason: ReasonCreating},
+		{name: "instance held up while starting: say why", proxy: proxyFixture(creatingRecorded), instance: heldUp(instance(providers.StatePending, testHash, testUID)),
 			wantType: ActionWait, wantPhase: crawlv1alpha1.PhaseProvisioning, wantReason: ReasonProvisioning},
 		{name: "instance running with current hash: mark ready", proxy: proxyFixture(), instance: instance(providers.StateRunning, testHash, testUID),
 			wantType: ActionMarkReady, wantPhase: crawlv1alpha1.PhaseReady, wantReason: ReasonInstanceRunning},

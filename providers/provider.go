@@ -86,7 +86,10 @@ type Instance struct {
 	Labels map[string]string
 	// CreatedAt is when the provider created it; orphan GC spares young ones.
 	CreatedAt time.Time
-	// Message is the provider's account of a Failed or Pending state.
+	// Message is the provider's account of a Failed or Pending state. For
+	// an instance that is starting as expected it is empty: the Proxy's
+	// status then keeps the record of its creation instead of a write per
+	// routine step; a message says something holds it up.
 	Message string
 }
 

@@ -309,19 +309,21 @@ func podReady(pod *corev1.Pod) bool {
 
 func pendingReason(pod *corev1.Pod) string {
 	for _, cs := range pod.Status.ContainerStatuses {
-		if w := cs.State.Waiting; w != nil && w.Reason != "" {
+		if w := cs.State.Waiting; w != nil && w.Reason != "" && !routineWaits[w.Reason] {
 			return fmt.Sprintf("container %s: %s %s", cs.Name, w.Reason, w.Message)
 		}
 	}
-	return fmt.Sprintf("pod %s, not ready", orPending(pod.Status.Phase))
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason != "" {
+			return fmt.Sprintf("pod not scheduled: %s %s", c.Reason, c.Message)
+		}
+	}
+	return "" // starting as expected: nothing to tell (providers.Instance.Message)
 }
 
-func orPending(phase corev1.PodPhase) corev1.PodPhase {
-	if phase == "" {
-		return corev1.PodPending
-	}
-	return phase
-}
+// routineWaits are the container waiting reasons of every pod that starts:
+// not worth a word in the Proxy's status.
+var routineWaits = map[string]bool{"ContainerCreating": true, "PodInitializing": true}
 
 // objectMeta is shared by the pod and its ConfigMap: the instance labels
 // plus the recommended app labels, owned by the Proxy so that Kubernetes'

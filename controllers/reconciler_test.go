@@ -50,9 +50,14 @@ func TestReconciler(t *testing.T) {
 		assert.Contains(t, ready.Finalizers, crawlv1alpha1.Finalizer)
 		assertReadyCondition(t, ready)
 		assertPodIsRestricted(t, pod)
-		var cm corev1.ConfigMap
-		require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(&pod), &cm))
-		assert.Contains(t, cm.Data["squid.conf"], "http_port 3128\n")
+		// One Secret holds what the pod mounts (squid.conf, the password
+		// file, the cloud-init document): one write, where a ConfigMap
+		// beside it was two.
+		var podSecret corev1.Secret
+		require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(&pod), &podSecret))
+		assert.Contains(t, string(podSecret.Data["squid.conf"]), "http_port 3128\n")
+		assert.NotEmpty(t, podSecret.Data["passwd"])
+		assert.True(t, apierrors.IsNotFound(c.Get(ctx, client.ObjectKeyFromObject(&pod), &corev1.ConfigMap{})), "no ConfigMap any more")
 		// A routine bring-up is told by the status alone: no Event, which
 		// would cost a write per step and per proxy.
 		assert.False(t, hasEvent(c, ns, "eu-1", ReasonCreating))
@@ -65,7 +70,7 @@ func TestReconciler(t *testing.T) {
 			return apierrors.IsNotFound(err)
 		}, waitFor, tick, "the finalizer was never removed")
 		assert.Empty(t, pods(t, c, ns), "the pod outlived its Proxy")
-		assert.True(t, apierrors.IsNotFound(c.Get(ctx, client.ObjectKeyFromObject(&cm), &corev1.ConfigMap{})), "the ConfigMap outlived its Proxy")
+		assert.True(t, apierrors.IsNotFound(c.Get(ctx, client.ObjectKeyFromObject(&podSecret), &corev1.Secret{})), "the pod's Secret outlived its Proxy")
 	})
 
 	t.Run("port change -> same name, new pod, new IP", func(t *testing.T) {
@@ -105,9 +110,9 @@ func TestReconciler(t *testing.T) {
 		})
 		newPod := onlyPod(t, c, ns)
 		assert.NotEqual(t, oldPod.UID, newPod.UID, "rotating the Secret replaces the pod")
-		var cm corev1.ConfigMap
-		require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(&newPod), &cm))
-		assert.Contains(t, cm.Data["user-data"], "curl")
+		var podSecret corev1.Secret
+		require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(&newPod), &podSecret))
+		assert.Contains(t, string(podSecret.Data["user-data"]), "curl")
 	})
 
 	t.Run("an unlabelled cloud-init Secret fails the Proxy with a message naming the label", func(t *testing.T) {

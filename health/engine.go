@@ -477,8 +477,10 @@ func (e *Engine) record(ctx context.Context, key types.NamespacedName, identity 
 		if v == Unhealthy {
 			cond.Status, cond.Reason = metav1.ConditionFalse, decided.Reason
 		}
-		// A first Healthy verdict is a proxy's routine bring-up, told by its
-		// status; an Event is for a change a person would want to know of.
+		// A new proxy's first Healthy verdict is its routine bring-up, told
+		// by its status; an Event is for a change a person would want to
+		// know of: a recovery, or a replacement that serves again.
+		firstEver := p.Status.LastHealthCheckTime == nil
 		previous := metav1.ConditionUnknown
 		if c := meta.FindStatusCondition(p.Status.Conditions, crawlv1alpha1.ConditionHealthy); c != nil {
 			previous = c.Status
@@ -490,7 +492,7 @@ func (e *Engine) record(ctx context.Context, key types.NamespacedName, identity 
 			return err
 		}
 		statusWrites.Inc()
-		if v != Healthy || previous == metav1.ConditionFalse {
+		if v != Healthy || previous == metav1.ConditionFalse || !firstEver {
 			e.recordEvent(&p, v, decided)
 		}
 		return nil

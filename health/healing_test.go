@@ -130,6 +130,9 @@ func TestEngineTellsTheReconciler(t *testing.T) {
 		return eventFor(t, env.Client, ns, "a", EventReasonUnhealthy, corev1.EventTypeWarning) &&
 			eventFor(t, env.Client, ns, "a", EventReasonHealthy, corev1.EventTypeNormal)
 	}, 10*time.Second, 10*time.Millisecond, "a Warning Unhealthy and a Normal Healthy Event")
+	// b came up healthy and stayed so: its first verdict is its status's
+	// to tell, not an Event's (a write per proxy at bring-up).
+	assert.False(t, eventFor(t, env.Client, ns, "b", EventReasonHealthy, corev1.EventTypeNormal), "no Event for a new proxy's first Healthy verdict")
 }
 
 func eventFor(t *testing.T, c client.Client, ns, name, reason, eventType string) bool {

@@ -1,7 +1,8 @@
 // Package kubernetes is the provider that runs each Managed proxy as a Squid
 // pod in the Proxy's own namespace: no cloud account needed, for local
-// development, CI and in-cluster egress. It knows Pods and ConfigMaps and
-// nothing of the reconciler; it must never import the controllers.
+// development, CI and in-cluster egress. It knows Pods and Secrets (and the
+// ConfigMaps earlier versions made) and nothing of the reconciler; it must
+// never import the controllers.
 package kubernetes
 
 import (
@@ -28,7 +29,8 @@ import (
 )
 
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete
-// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create;update;delete
+// Instances of earlier versions kept squid.conf in a ConfigMap: deleted with them.
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=delete
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=create;patch;delete
 
 // Type is this provider's type name in the providers config.
@@ -174,9 +176,10 @@ func (p *Provider) Get(ctx context.Context, name string, proxy *crawlv1alpha1.Pr
 	return &inst, nil
 }
 
-// Create creates the proxy's Secret (its password file) and ConfigMap (or
-// updates them, as a replacement reuses the name) and its pod. An existing
-// pod is left alone: Create after a lost reply is a no-op.
+// Create creates the proxy's Secret (its squid.conf, password file and
+// cloud-init document: one object, so one write, for all the pod mounts; or
+// updates it, as a replacement reuses the name) and its pod. An existing pod
+// is left alone: Create after a lost reply is a no-op.
 func (p *Provider) Create(ctx context.Context, req providers.CreateRequest) error {
 	if req.Credentials.IsZero() {
 		return providers.ErrNoCredentials
@@ -186,23 +189,18 @@ func (p *Provider) Create(ctx context.Context, req providers.CreateRequest) erro
 	if err != nil {
 		return providers.Terminal("%v", err)
 	}
-	secret := &corev1.Secret{
-		ObjectMeta: p.objectMeta(req),
-		Type:       corev1.SecretTypeOpaque,
-		Data:       map[string][]byte{passwordFileKey: []byte(passwords)},
-	}
-	if err := p.upsertSecret(ctx, secret); err != nil {
-		return err
-	}
 	squidConf, err := renderSquidConfig(owner.Namespace+"/"+owner.Name, owner.Spec.Port, p.settings)
 	if err != nil {
 		return providers.Terminal("%v", err)
 	}
-	cm := &corev1.ConfigMap{
+	secret := &corev1.Secret{
 		ObjectMeta: p.objectMeta(req),
-		Data:       map[string]string{squidConfKey: squidConf, userDataKey: req.CloudInit},
+		Type:       corev1.SecretTypeOpaque,
+		Data: map[string][]byte{
+			passwordFileKey: []byte(passwords), squidConfKey: []byte(squidConf), userDataKey: []byte(req.CloudInit),
+		},
 	}
-	if err := p.upsertConfigMap(ctx, cm); err != nil {
+	if err := p.upsertSecret(ctx, secret); err != nil {
 		return err
 	}
 	pod := p.pod(req)
@@ -229,20 +227,8 @@ func (p *Provider) upsertSecret(ctx context.Context, secret *corev1.Secret) erro
 		"updating secret %s/%s", secret.Namespace, secret.Name))
 }
 
-func (p *Provider) upsertConfigMap(ctx context.Context, cm *corev1.ConfigMap) error {
-	err := p.client.Create(ctx, cm)
-	if !apierrors.IsAlreadyExists(err) {
-		return classify(wrapIf(err, "creating configmap %s/%s", cm.Namespace, cm.Name))
-	}
-	var existing corev1.ConfigMap
-	if err := p.client.Get(ctx, client.ObjectKeyFromObject(cm), &existing); err != nil {
-		return classify(fmt.Errorf("reading configmap %s/%s: %w", cm.Namespace, cm.Name, err))
-	}
-	existing.Labels, existing.Data = cm.Labels, cm.Data
-	return classify(wrapIf(p.client.Update(ctx, &existing), "updating configmap %s/%s", cm.Namespace, cm.Name))
-}
-
-// Delete deletes the pod, its ConfigMap and its Secret; any already gone is
+// Delete deletes the pod and its Secret, and the ConfigMap that instances
+// made by earlier versions kept their squid.conf in; any already gone is
 // fine.
 func (p *Provider) Delete(ctx context.Context, inst *providers.Instance) error {
 	meta := metav1.ObjectMeta{Namespace: inst.Location, Name: inst.Name}
@@ -325,7 +311,7 @@ func pendingReason(pod *corev1.Pod) string {
 // not worth a word in the Proxy's status.
 var routineWaits = map[string]bool{"ContainerCreating": true, "PodInitializing": true}
 
-// objectMeta is shared by the pod and its ConfigMap: the instance labels
+// objectMeta is shared by the pod and its Secret: the instance labels
 // plus the recommended app labels, owned by the Proxy so that Kubernetes'
 // own garbage collector is a second safety net behind the finalizer.
 func (p *Provider) objectMeta(req providers.CreateRequest) metav1.ObjectMeta {
@@ -412,16 +398,18 @@ func (p *Provider) pod(req providers.CreateRequest) *corev1.Pod {
 				},
 			}},
 			Volumes: []corev1.Volume{
-				{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
-					LocalObjectReference: corev1.LocalObjectReference{Name: req.Name},
-					Items:                []corev1.KeyToPath{{Key: squidConfKey, Path: squidConfKey}},
+				{Name: "config", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+					SecretName:  req.Name,
+					Items:       []corev1.KeyToPath{{Key: squidConfKey, Path: squidConfKey}},
+					DefaultMode: ptr.To[int32](0o440),
 				}}},
 				// A pod runs no cloud-init; the document is mounted so what
 				// the proxy was built from is inspectable, and changing it
 				// replaces the pod exactly as it replaces a VM.
-				{Name: "cloud-init", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
-					LocalObjectReference: corev1.LocalObjectReference{Name: req.Name},
-					Items:                []corev1.KeyToPath{{Key: userDataKey, Path: userDataKey}},
+				{Name: "cloud-init", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+					SecretName:  req.Name,
+					Items:       []corev1.KeyToPath{{Key: userDataKey, Path: userDataKey}},
+					DefaultMode: ptr.To[int32](0o440),
 				}}},
 				{Name: "auth", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
 					SecretName:  req.Name,
@@ -457,7 +445,8 @@ func wrapIf(err error, format string, args ...any) error {
 }
 
 // CacheByObject scopes the manager's cache to this provider's objects: Pods
-// and ConfigMaps carrying a cluster-id label, never every pod in the cluster.
+// carrying a cluster-id label, never every pod in the cluster. (Their
+// Secrets are written without being read, so none is cached.)
 func CacheByObject() map[client.Object]cache.ByObject {
 	hasClusterID, err := labels.NewRequirement(crawlv1alpha1.LabelClusterID, selection.Exists, nil)
 	if err != nil {
@@ -465,7 +454,6 @@ func CacheByObject() map[client.Object]cache.ByObject {
 	}
 	instances := labels.NewSelector().Add(*hasClusterID)
 	return map[client.Object]cache.ByObject{
-		&corev1.Pod{}:       {Label: instances},
-		&corev1.ConfigMap{}: {Label: instances},
+		&corev1.Pod{}: {Label: instances},
 	}
 }

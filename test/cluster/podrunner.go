@@ -173,11 +173,12 @@ func (r *PodRunner) sync(ctx context.Context) error {
 var httpPortLine = regexp.MustCompile(`(?m)^http_port\s+(\d+)\s*$`)
 
 func (r *PodRunner) start(ctx context.Context, pod *corev1.Pod) error {
-	var cm corev1.ConfigMap
-	if err := r.client.Get(ctx, client.ObjectKeyFromObject(pod), &cm); err != nil {
-		return fmt.Errorf("reading its ConfigMap: %w", err)
+	// squid.conf is in the Secret the pod's "config" volume projects.
+	var secret corev1.Secret
+	if err := r.client.Get(ctx, client.ObjectKeyFromObject(pod), &secret); err != nil {
+		return fmt.Errorf("reading its Secret: %w", err)
 	}
-	conf := cm.Data["squid.conf"]
+	conf := string(secret.Data["squid.conf"])
 	m := httpPortLine.FindStringSubmatch(conf)
 	if m == nil {
 		return fmt.Errorf("its squid.conf has no http_port line")

@@ -265,8 +265,10 @@ func (r *ProxyReconciler) execute(ctx context.Context, p *crawlv1alpha1.Proxy, o
 		if err := r.Client.Update(ctx, p); err != nil {
 			return result, fmt.Errorf("adding finalizer: %w", err)
 		}
-		// Metadata-only changes do not pass the Proxy predicate: look again now.
-		result.RequeueAfter = time.Millisecond
+		// Metadata-only changes do not pass the Proxy predicate: look again
+		// now. The first status is the next pass's, with what it does: a
+		// "Pending" written here would be a write to say nothing.
+		return reconcile.Result{RequeueAfter: time.Millisecond}, nil
 	case ActionRemoveFinalizer:
 		if err := r.deleteRecord(ctx, o.instanceName); err != nil {
 			return result, err

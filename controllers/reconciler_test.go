@@ -16,6 +16,7 @@ import (
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/providers"
+	"github.com/example/egress-proxies-operator/providers/kubernetes"
 	"github.com/example/egress-proxies-operator/test/testenv"
 )
 
@@ -50,14 +51,13 @@ func TestReconciler(t *testing.T) {
 		assert.Contains(t, ready.Finalizers, crawlv1alpha1.Finalizer)
 		assertReadyCondition(t, ready)
 		assertPodIsRestricted(t, pod)
-		// One Secret holds what the pod mounts (squid.conf, the password
-		// file, the cloud-init document): one write, where a ConfigMap
-		// beside it was two.
-		var podSecret corev1.Secret
-		require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(&pod), &podSecret))
-		assert.Contains(t, string(podSecret.Data["squid.conf"]), "http_port 3128\n")
-		assert.NotEmpty(t, podSecret.Data["passwd"])
-		assert.True(t, apierrors.IsNotFound(c.Get(ctx, client.ObjectKeyFromObject(&pod), &corev1.ConfigMap{})), "no ConfigMap any more")
+		// The pod carries its files (squid.conf, the password file's bcrypt
+		// hash) in annotations a downward API volume projects: one write
+		// for a proxy, where a Secret and a ConfigMap beside it made three.
+		assert.Contains(t, pod.Annotations[kubernetes.AnnotationSquidConf], "http_port 3128\n")
+		assert.Contains(t, pod.Annotations[kubernetes.AnnotationPasswordFile], ":$2")
+		assert.True(t, apierrors.IsNotFound(c.Get(ctx, client.ObjectKeyFromObject(&pod), &corev1.ConfigMap{})), "no ConfigMap")
+		assert.True(t, apierrors.IsNotFound(c.Get(ctx, client.ObjectKeyFromObject(&pod), &corev1.Secret{})), "no Secret")
 		// A routine bring-up is told by the status alone: no Event, which
 		// would cost a write per step and per proxy.
 		assert.False(t, hasEvent(c, ns, "eu-1", ReasonCreating))
@@ -70,7 +70,7 @@ func TestReconciler(t *testing.T) {
 			return apierrors.IsNotFound(err)
 		}, waitFor, tick, "the finalizer was never removed")
 		assert.Empty(t, pods(t, c, ns), "the pod outlived its Proxy")
-		assert.True(t, apierrors.IsNotFound(c.Get(ctx, client.ObjectKeyFromObject(&podSecret), &corev1.Secret{})), "the pod's Secret outlived its Proxy")
+
 	})
 
 	t.Run("port change -> same name, new pod, new IP", func(t *testing.T) {
@@ -110,9 +110,8 @@ func TestReconciler(t *testing.T) {
 		})
 		newPod := onlyPod(t, c, ns)
 		assert.NotEqual(t, oldPod.UID, newPod.UID, "rotating the Secret replaces the pod")
-		var podSecret corev1.Secret
-		require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(&newPod), &podSecret))
-		assert.Contains(t, string(podSecret.Data["user-data"]), "curl")
+		assert.NotEqual(t, oldPod.Labels[crawlv1alpha1.LabelSpecHash], newPod.Labels[crawlv1alpha1.LabelSpecHash],
+			"the new cloud-init is in the pod's spec hash")
 	})
 
 	t.Run("an unlabelled cloud-init Secret fails the Proxy with a message naming the label", func(t *testing.T) {

@@ -7,7 +7,6 @@ package kubernetes
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -18,7 +17,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -29,9 +27,10 @@ import (
 )
 
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete
-// Instances of earlier versions kept squid.conf in a ConfigMap: deleted with them.
+// Instances of earlier versions kept their files in a ConfigMap and a Secret:
+// deleted with them.
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=delete
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=create;patch;delete
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=delete
 
 // Type is this provider's type name in the providers config.
 const Type = "kubernetes"
@@ -40,14 +39,11 @@ const Type = "kubernetes"
 // everything Squid writes goes to emptyDirs mounted here.
 const (
 	configDir    = "/etc/squid-operator"
-	cloudInitDir = "/etc/cloud-init"
-	authDir      = "/etc/squid-auth"
 	runDir       = "/run/squid"
 	spoolDir     = "/var/spool/squid"
 	logDir       = "/var/log/squid"
 	squidConfKey = "squid.conf"
-	userDataKey  = "user-data"
-	// passwordFileKey is the password file's key in the pod's Secret: the
+	// passwordFileKey is the password file's name in configDir: the
 	// username and a bcrypt hash, never the password.
 	passwordFileKey = "passwd"
 	// DefaultAuthHelper is where Debian and Ubuntu install Squid's
@@ -176,10 +172,14 @@ func (p *Provider) Get(ctx context.Context, name string, proxy *crawlv1alpha1.Pr
 	return &inst, nil
 }
 
-// Create creates the proxy's Secret (its squid.conf, password file and
-// cloud-init document: one object, so one write, for all the pod mounts; or
-// updates it, as a replacement reuses the name) and its pod. An existing pod
-// is left alone: Create after a lost reply is a no-op.
+// Create creates the proxy's pod, and nothing else: its squid.conf and
+// password file travel in its annotations, which a downward API volume
+// projects as files, so a proxy costs one write where a Secret and a
+// ConfigMap beside the pod made three. (The password file holds a bcrypt
+// hash, never the password: what a GCE VM's metadata holds too.) The
+// cloud-init document is in the pod's spec-hash label, which changes with
+// it and so replaces the pod. An existing pod is left alone: Create after a
+// lost reply is a no-op.
 func (p *Provider) Create(ctx context.Context, req providers.CreateRequest) error {
 	if req.Credentials.IsZero() {
 		return providers.ErrNoCredentials
@@ -193,43 +193,21 @@ func (p *Provider) Create(ctx context.Context, req providers.CreateRequest) erro
 	if err != nil {
 		return providers.Terminal("%v", err)
 	}
-	secret := &corev1.Secret{
-		ObjectMeta: p.objectMeta(req),
-		Type:       corev1.SecretTypeOpaque,
-		Data: map[string][]byte{
-			passwordFileKey: []byte(passwords), squidConfKey: []byte(squidConf), userDataKey: []byte(req.CloudInit),
-		},
-	}
-	if err := p.upsertSecret(ctx, secret); err != nil {
-		return err
-	}
-	pod := p.pod(req)
+	pod := p.pod(req, squidConf, passwords)
 	if err := p.client.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
 		return classify(fmt.Errorf("creating pod %s/%s: %w", pod.Namespace, pod.Name, err))
 	}
 	return nil
 }
 
-// upsertSecret creates the pod's Secret, or merges its labels and data into
-// the one a replaced instance left: the operator's cache holds no such
-// Secret, so it is written without being read.
-func (p *Provider) upsertSecret(ctx context.Context, secret *corev1.Secret) error {
-	err := p.client.Create(ctx, secret)
-	if !apierrors.IsAlreadyExists(err) {
-		return classify(wrapIf(err, "creating secret %s/%s", secret.Namespace, secret.Name))
-	}
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": secret.Labels}, "data": secret.Data})
-	if err != nil {
-		return providers.Terminal("encoding the patch of secret %s/%s: %v", secret.Namespace, secret.Name, err)
-	}
-	existing := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: secret.Namespace, Name: secret.Name}}
-	return classify(wrapIf(p.client.Patch(ctx, existing, client.RawPatch(types.MergePatchType, patch)),
-		"updating secret %s/%s", secret.Namespace, secret.Name))
-}
+// Annotations that carry a proxy pod's files, projected into configDir.
+const (
+	AnnotationSquidConf    = "crawl.example.com/squid.conf"
+	AnnotationPasswordFile = "crawl.example.com/squid-passwd"
+)
 
-// Delete deletes the pod and its Secret, and the ConfigMap that instances
-// made by earlier versions kept their squid.conf in; any already gone is
-// fine.
+// Delete deletes the pod, and the Secret and ConfigMap in which instances
+// made by earlier versions kept their files; any already gone is fine.
 func (p *Provider) Delete(ctx context.Context, inst *providers.Instance) error {
 	meta := metav1.ObjectMeta{Namespace: inst.Location, Name: inst.Name}
 	var errs []error
@@ -344,7 +322,7 @@ func (p *Provider) objectMeta(req providers.CreateRequest) metav1.ObjectMeta {
 // privilege escalation, all capabilities dropped, RuntimeDefault seccomp,
 // read-only root filesystem), a TCP readiness probe on the proxy port, and
 // resource requests so it schedules predictably.
-func (p *Provider) pod(req providers.CreateRequest) *corev1.Pod {
+func (p *Provider) pod(req providers.CreateRequest, squidConf, passwords string) *corev1.Pod {
 	port := req.Proxy.Spec.Port
 	emptyDir := func(name string) corev1.Volume {
 		return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}
@@ -355,8 +333,13 @@ func (p *Provider) pod(req providers.CreateRequest) *corev1.Pod {
 	if pl := req.Proxy.Spec.Placement; pl != nil && pl.Zone != "" {
 		nodeSelector = map[string]string{corev1.LabelTopologyZone: pl.Zone}
 	}
+	meta := p.objectMeta(req)
+	meta.Annotations = map[string]string{AnnotationSquidConf: squidConf, AnnotationPasswordFile: passwords}
+	annotation := func(path, key string) corev1.DownwardAPIVolumeFile {
+		return corev1.DownwardAPIVolumeFile{Path: path, FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['" + key + "']"}}
+	}
 	return &corev1.Pod{
-		ObjectMeta: p.objectMeta(req),
+		ObjectMeta: meta,
 		Spec: corev1.PodSpec{
 			NodeSelector:                  nodeSelector,
 			AutomountServiceAccountToken:  ptr.To(false),
@@ -390,30 +373,14 @@ func (p *Provider) pod(req providers.CreateRequest) *corev1.Pod {
 				},
 				VolumeMounts: []corev1.VolumeMount{
 					{Name: "config", MountPath: configDir, ReadOnly: true},
-					{Name: "cloud-init", MountPath: cloudInitDir, ReadOnly: true},
-					{Name: "auth", MountPath: authDir, ReadOnly: true},
 					{Name: "run", MountPath: runDir},
 					{Name: "spool", MountPath: spoolDir},
 					{Name: "log", MountPath: logDir},
 				},
 			}},
 			Volumes: []corev1.Volume{
-				{Name: "config", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-					SecretName:  req.Name,
-					Items:       []corev1.KeyToPath{{Key: squidConfKey, Path: squidConfKey}},
-					DefaultMode: ptr.To[int32](0o440),
-				}}},
-				// A pod runs no cloud-init; the document is mounted so what
-				// the proxy was built from is inspectable, and changing it
-				// replaces the pod exactly as it replaces a VM.
-				{Name: "cloud-init", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-					SecretName:  req.Name,
-					Items:       []corev1.KeyToPath{{Key: userDataKey, Path: userDataKey}},
-					DefaultMode: ptr.To[int32](0o440),
-				}}},
-				{Name: "auth", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-					SecretName:  req.Name,
-					Items:       []corev1.KeyToPath{{Key: passwordFileKey, Path: passwordFileKey}},
+				{Name: "config", VolumeSource: corev1.VolumeSource{DownwardAPI: &corev1.DownwardAPIVolumeSource{
+					Items:       []corev1.DownwardAPIVolumeFile{annotation(squidConfKey, AnnotationSquidConf), annotation(passwordFileKey, AnnotationPasswordFile)},
 					DefaultMode: ptr.To[int32](0o440),
 				}}},
 				emptyDir("run"), emptyDir("spool"), emptyDir("log"),
@@ -437,16 +404,8 @@ func classify(err error) error {
 	}
 }
 
-func wrapIf(err error, format string, args ...any) error {
-	if err == nil {
-		return nil
-	}
-	return fmt.Errorf(format+": %w", append(args, err)...)
-}
-
 // CacheByObject scopes the manager's cache to this provider's objects: Pods
-// carrying a cluster-id label, never every pod in the cluster. (Their
-// Secrets are written without being read, so none is cached.)
+// carrying a cluster-id label, never every pod in the cluster.
 func CacheByObject() map[client.Object]cache.ByObject {
 	hasClusterID, err := labels.NewRequirement(crawlv1alpha1.LabelClusterID, selection.Exists, nil)
 	if err != nil {

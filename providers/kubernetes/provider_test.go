@@ -120,9 +120,9 @@ func TestZonePinsThePod(t *testing.T) {
 	p := newTestProvider(t, nil)
 	proxy := &crawlv1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "eu-abcde", Namespace: "crawl"},
 		Spec: crawlv1alpha1.ProxySpec{Port: 3128, Placement: &crawlv1alpha1.Placement{Zone: "europe-west1-c"}}}
-	pod := p.pod(providers.CreateRequest{Proxy: proxy, Name: "px-crawl-eu-abcde"})
+	pod := p.pod(providers.CreateRequest{Proxy: proxy, Name: "px-crawl-eu-abcde"}, "", "")
 	assert.Equal(t, map[string]string{corev1.LabelTopologyZone: "europe-west1-c"}, pod.Spec.NodeSelector)
 
 	proxy.Spec.Placement = nil
-	assert.Empty(t, p.pod(providers.CreateRequest{Proxy: proxy, Name: "px-crawl-eu-abcde"}).Spec.NodeSelector)
+	assert.Empty(t, p.pod(providers.CreateRequest{Proxy: proxy, Name: "px-crawl-eu-abcde"}, "", "").Spec.NodeSelector)
 }

@@ -5,7 +5,8 @@ import (
 )
 
 // renderSquidConfig renders the squid.conf for one proxy pod: Squid's
-// files in the pod's emptyDirs, the password file from the pod's Secret.
+// files in the pod's emptyDirs, the password file beside squid.conf (both
+// projected from the pod's annotations).
 func renderSquidConfig(owner string, port int32, s resolved) (string, error) {
 	return squidconf.Render(squidconf.Params{
 		Owner:              owner,
@@ -13,7 +14,7 @@ func renderSquidConfig(owner string, port int32, s resolved) (string, error) {
 		AllowedSources:     s.AllowedSourceRanges,
 		DeniedDestinations: s.DeniedDestinationRanges,
 		AuthHelper:         s.AuthHelper,
-		PasswordFile:       authDir + "/" + passwordFileKey,
+		PasswordFile:       configDir + "/" + passwordFileKey,
 		RunDir:             runDir,
 		SpoolDir:           spoolDir,
 		LogDir:             logDir,

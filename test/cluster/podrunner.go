@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/providers/kubernetes"
 	"github.com/example/egress-proxies-operator/test/squid"
 )
 
@@ -170,15 +171,24 @@ func (r *PodRunner) sync(ctx context.Context) error {
 	return nil
 }
 
+// annotationKey is the annotation a downward API file projects.
+func annotationKey(item corev1.DownwardAPIVolumeFile) (string, bool) {
+	if item.FieldRef == nil {
+		return "", false
+	}
+	key, ok := strings.CutPrefix(item.FieldRef.FieldPath, "metadata.annotations['")
+	if !ok {
+		return "", false
+	}
+	return strings.CutSuffix(key, "']")
+}
+
 var httpPortLine = regexp.MustCompile(`(?m)^http_port\s+(\d+)\s*$`)
 
 func (r *PodRunner) start(ctx context.Context, pod *corev1.Pod) error {
-	// squid.conf is in the Secret the pod's "config" volume projects.
-	var secret corev1.Secret
-	if err := r.client.Get(ctx, client.ObjectKeyFromObject(pod), &secret); err != nil {
-		return fmt.Errorf("reading its Secret: %w", err)
-	}
-	conf := string(secret.Data["squid.conf"])
+	// squid.conf is in the annotation the pod's downward API volume
+	// projects.
+	conf := pod.Annotations[kubernetes.AnnotationSquidConf]
 	m := httpPortLine.FindStringSubmatch(conf)
 	if m == nil {
 		return fmt.Errorf("its squid.conf has no http_port line")
@@ -206,22 +216,22 @@ func (r *PodRunner) start(ctx context.Context, pod *corev1.Pod) error {
 		}
 		conf = strings.ReplaceAll(conf, mount.MountPath+"/", local+"/")
 	}
-	// The pod's Secret volumes (its password file), written out as the
-	// kubelet projects them.
+	// The pod's downward API volumes (squid.conf and its password file,
+	// from the pod's annotations), written out as the kubelet projects them.
 	for _, vol := range pod.Spec.Volumes {
-		if vol.Secret == nil {
+		if vol.DownwardAPI == nil {
 			continue
-		}
-		var secret corev1.Secret
-		if err := r.client.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: vol.Secret.SecretName}, &secret); err != nil {
-			return fmt.Errorf("reading its Secret %s: %w", vol.Secret.SecretName, err)
 		}
 		local := filepath.Join(dir, vol.Name)
 		if err := os.MkdirAll(local, 0o755); err != nil {
 			return err
 		}
-		for _, item := range vol.Secret.Items {
-			if err := os.WriteFile(filepath.Join(local, item.Path), secret.Data[item.Key], 0o644); err != nil {
+		for _, item := range vol.DownwardAPI.Items {
+			key, ok := annotationKey(item)
+			if !ok {
+				return fmt.Errorf("volume %s projects %+v, which the pod runner cannot", vol.Name, item)
+			}
+			if err := os.WriteFile(filepath.Join(local, item.Path), []byte(pod.Annotations[key]), 0o644); err != nil {
 				return err
 			}
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/bcrypt"
 )
 
 func TestGenerateValidates(t *testing.T) {
@@ -62,4 +63,28 @@ func TestPasswordFileWorksWithSquidsHelper(t *testing.T) {
 	require.Len(t, lines, 2, "%s", out)
 	assert.Equal(t, "OK", strings.TrimSpace(lines[0]))
 	assert.True(t, strings.HasPrefix(lines[1], "ERR"), "a wrong password: %q", lines[1])
+}
+
+// TestPasswordFileIsHashedOncePerCredentials: instances sharing credentials
+// share one bcrypt line (bcrypt's cost per instance capped bring-up); other
+// credentials get their own, and each line checks its own password only.
+func TestPasswordFileIsHashedOncePerCredentials(t *testing.T) {
+	a := Generate()
+	first, err := a.PasswordFile()
+	require.NoError(t, err)
+	again, err := a.PasswordFile()
+	require.NoError(t, err)
+	assert.Equal(t, first, again, "the same credentials: the same line, not a fresh hash")
+	b := Generate()
+	other, err := b.PasswordFile()
+	require.NoError(t, err)
+	assert.NotEqual(t, first, other)
+	for _, tc := range []struct {
+		line     string
+		password string
+		want     bool
+	}{{first, a.Password, true}, {first, b.Password, false}, {other, b.Password, true}} {
+		_, hash, _ := strings.Cut(strings.TrimSpace(tc.line), ":")
+		assert.Equal(t, tc.want, bcrypt.CompareHashAndPassword([]byte(hash), []byte(tc.password)) == nil)
+	}
 }

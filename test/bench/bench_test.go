@@ -142,10 +142,12 @@ func forEach(n int, do func(i int) error) error {
 type readyWatch struct {
 	mu    sync.Mutex
 	ready map[string]bool
-	count int
-	n     int
-	done  chan struct{}
-	once  sync.Once
+	// phases are the Proxies' phases, for the progress log.
+	phases map[string]crawlv1alpha1.ProxyPhase
+	count  int
+	n      int
+	done   chan struct{}
+	once   sync.Once
 }
 
 // watchReady starts the watch for n Ready Proxies; its informer ends with
@@ -170,7 +172,7 @@ func watchProxies(b *testing.B, c *cluster.Cluster, namespace string, n int, don
 	if err != nil {
 		b.Fatal(err)
 	}
-	w := &readyWatch{ready: map[string]bool{}, n: n, done: make(chan struct{})}
+	w := &readyWatch{ready: map[string]bool{}, phases: map[string]crawlv1alpha1.ProxyPhase{}, n: n, done: make(chan struct{})}
 	see := func(obj any) {
 		p, ok := obj.(*crawlv1alpha1.Proxy)
 		if !ok {
@@ -179,6 +181,7 @@ func watchProxies(b *testing.B, c *cluster.Cluster, namespace string, n int, don
 		ready := done(p)
 		w.mu.Lock()
 		defer w.mu.Unlock()
+		w.phases[p.Name] = p.Status.Phase
 		switch was := w.ready[p.Name]; {
 		case ready && !was:
 			w.count++
@@ -200,17 +203,33 @@ func watchProxies(b *testing.B, c *cluster.Cluster, namespace string, n int, don
 	return w
 }
 
-// wait blocks until n Proxies are Ready, failing after timeout with how
-// many were and the end of the operator's log.
+// wait blocks until n Proxies are Ready, logging every 5s how many are
+// (and their phases, which show where bring-up spends its time), and fails
+// after timeout with how many were and the end of the operator's log.
 func (w *readyWatch) wait(b *testing.B, timeout time.Duration, op *cluster.Operator) {
 	b.Helper()
-	select {
-	case <-w.done:
-	case <-time.After(timeout):
-		logTail(b, op)
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		b.Fatalf("only %d of %d Proxies Ready after %s", w.count, w.n, timeout)
+	start := time.Now()
+	progress := time.NewTicker(5 * time.Second)
+	defer progress.Stop()
+	deadline := time.After(timeout)
+	for {
+		select {
+		case <-w.done:
+			return
+		case <-progress.C:
+			w.mu.Lock()
+			byPhase := map[crawlv1alpha1.ProxyPhase]int{}
+			for _, ph := range w.phases {
+				byPhase[ph]++
+			}
+			b.Logf("after %s: %d of %d done; by phase %v", time.Since(start).Round(time.Second), w.count, w.n, byPhase)
+			w.mu.Unlock()
+		case <-deadline:
+			logTail(b, op)
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			b.Fatalf("only %d of %d Proxies Ready after %s", w.count, w.n, timeout)
+		}
 	}
 }
 

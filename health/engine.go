@@ -343,7 +343,14 @@ func (e *Engine) track(obj any) {
 		// address nobody has probed is never served on an old verdict.
 		lastProbe.DeleteLabelValues(key.Namespace, key.Name)
 		e.queue.AddAfter(key, 0)
+	case !exists && p.Status.LastHealthCheckTime == nil:
+		// A new proxy, never probed by anyone: not Ready until its first
+		// verdict, so that verdict is due now.
+		lastProbe.DeleteLabelValues(key.Namespace, key.Name)
+		e.queue.AddAfter(key, 0)
 	case !exists:
+		// Known before this engine started (a restart, a new leader):
+		// spread over the interval, so thousands are not probed at once.
 		lastProbe.DeleteLabelValues(key.Namespace, key.Name)
 		e.queue.AddAfter(key, e.spread(settings.Interval))
 	case resettle:

@@ -27,11 +27,15 @@ const (
 // BenchmarkReconcileExternal1000 brings 1,000 External Proxies to Ready
 // (provisioned, then probed Healthy) and compares the time with a bare
 // client's 1,000 creates plus status writes on the same API server.
-func BenchmarkReconcileExternal1000(b *testing.B) { benchReconcile(b, crawlv1alpha1.ModeExternal, 1000) }
+func BenchmarkReconcileExternal1000(b *testing.B) {
+	benchReconcile(b, crawlv1alpha1.ModeExternal, 1000)
+}
 
 // BenchmarkReconcileExternal4000 is the same at four times the fleet: with
 // the 1,000 figure, the table shows how the cost grows.
-func BenchmarkReconcileExternal4000(b *testing.B) { benchReconcile(b, crawlv1alpha1.ModeExternal, 4000) }
+func BenchmarkReconcileExternal4000(b *testing.B) {
+	benchReconcile(b, crawlv1alpha1.ModeExternal, 4000)
+}
 
 // BenchmarkReconcileManaged1000 does the same for 1,000 Managed Proxies on
 // the kubernetes provider, the pods marked running by the harness; the bare

@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
@@ -93,6 +94,7 @@ type ProxyReconciler struct {
 
 	budget   replacementBudget
 	suspects suspectedTargets
+	lag      writeLag
 }
 
 // HealthSignals is what the reconciler reads of the health engine: its
@@ -131,7 +133,13 @@ func (r *ProxyReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	log := logf.FromContext(ctx)
 	var proxy crawlv1alpha1.Proxy
 	if err := r.Client.Get(ctx, req.NamespacedName, &proxy); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.lag.forget(req.NamespacedName)
+		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if r.lag.behind(req.NamespacedName, proxy.ResourceVersion) {
+		return reconcile.Result{RequeueAfter: cacheCatchUp}, nil
 	}
 	obs, provider := r.observe(ctx, &proxy)
 	action := plan(obs)
@@ -261,10 +269,12 @@ func (r *ProxyReconciler) execute(ctx context.Context, p *crawlv1alpha1.Proxy, o
 	case ActionNothing:
 		return result, nil
 	case ActionAddFinalizer:
+		before := p.ResourceVersion
 		controllerutil.AddFinalizer(p, crawlv1alpha1.Finalizer)
 		if err := r.Client.Update(ctx, p); err != nil {
 			return result, fmt.Errorf("adding finalizer: %w", err)
 		}
+		r.lag.wrote(client.ObjectKeyFromObject(p), before)
 		// Metadata-only changes do not pass the Proxy predicate: look again
 		// now. The first status is the next pass's, with what it does: a
 		// "Pending" written here would be a write to say nothing.
@@ -342,9 +352,12 @@ func (r *ProxyReconciler) execute(ctx context.Context, p *crawlv1alpha1.Proxy, o
 
 	next := nextStatus(p, o, a)
 	if !equality.Semantic.DeepEqual(p.Status, next) {
-		previous := p.Status.Phase
+		previous, before := p.Status.Phase, p.ResourceVersion
 		p.Status = next
 		err := r.Client.Status().Update(ctx, p)
+		if err == nil {
+			r.lag.wrote(client.ObjectKeyFromObject(p), before)
+		}
 		// The action happened whether or not its record did (a conflict
 		// with a newer Proxy, say): the Event tells people so either way,
 		// and the next pass records what it then finds.

@@ -458,9 +458,19 @@ func (e *Engine) work(ctx context.Context) bool {
 			e.mu.Unlock()
 		}
 	}
-	e.queue.AddAfter(key, settings.Interval+e.spread(settings.Interval))
+	next := settings.Interval + e.spread(settings.Interval)
+	if verdict == Unknown {
+		// No verdict yet (a new proxy whose first probe came before its
+		// Squid listened, say): it is not Ready until it has one, so the
+		// next probe is due soon rather than a whole interval later.
+		next = min(next, UndecidedRetry)
+	}
+	e.queue.AddAfter(key, next)
 	return true
 }
+
+// UndecidedRetry is how soon a proxy without a verdict is probed again.
+const UndecidedRetry = 2 * time.Second
 
 var errStale = errors.New("the proxy changed since it was probed")
 

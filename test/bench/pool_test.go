@@ -78,7 +78,8 @@ func readyAndHealthy(p *crawlv1alpha1.Proxy) bool {
 // to speak of) until every member is available, failing after timeout.
 func waitPoolAvailable(b *testing.B, c client.Client, pool *crawlv1alpha1.ProxyPool, timeout time.Duration, op *cluster.Operator) {
 	b.Helper()
-	deadline := time.Now().Add(timeout)
+	start := time.Now()
+	deadline, nextLog := start.Add(timeout), start.Add(5*time.Second)
 	var got crawlv1alpha1.ProxyPool
 	for time.Now().Before(deadline) {
 		if err := c.Get(context.Background(), client.ObjectKeyFromObject(pool), &got); err != nil {
@@ -86,6 +87,22 @@ func waitPoolAvailable(b *testing.B, c client.Client, pool *crawlv1alpha1.ProxyP
 		}
 		if got.Status.ObservedGeneration == got.Generation && got.Status.AvailableReplicas == *pool.Spec.Replicas {
 			return
+		}
+		if time.Now().After(nextLog) {
+			var members crawlv1alpha1.ProxyList
+			if err := c.List(context.Background(), &members, client.InNamespace(pool.Namespace)); err != nil {
+				b.Fatal(err)
+			}
+			serving, byPhase := 0, map[crawlv1alpha1.ProxyPhase]int{}
+			for i := range members.Items {
+				if readyAndHealthy(&members.Items[i]) {
+					serving++
+				}
+				byPhase[members.Items[i].Status.Phase]++
+			}
+			b.Logf("after %s: the pool says %d of %d available; %d members by phase %v, %d of them Ready and Healthy",
+				time.Since(start).Round(time.Second), got.Status.AvailableReplicas, *pool.Spec.Replicas, len(members.Items), byPhase, serving)
+			nextLog = nextLog.Add(5 * time.Second)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

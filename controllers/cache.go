@@ -1,0 +1,53 @@
+package controllers
+
+import (
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// cacheCatchUp is how long a pass that finds the cache behind its own last
+// write waits before it looks again: a watch event takes about this long.
+const cacheCatchUp = 50 * time.Millisecond
+
+// writeLag remembers, per Proxy, the resourceVersion the reconciler's last
+// write replaced, until the cache shows the Proxy past it. A pass that
+// reads the replaced version acts on an object one write behind: its write
+// is bound to conflict (and the conflict goes through the workqueue's rate
+// limiter, ten a second for the whole queue), so it waits instead.
+type writeLag struct {
+	mu         sync.Mutex
+	superseded map[types.NamespacedName]string
+}
+
+// wrote notes that a write replaced version before of key.
+func (w *writeLag) wrote(key types.NamespacedName, before string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.superseded == nil {
+		w.superseded = map[types.NamespacedName]string{}
+	}
+	w.superseded[key] = before
+}
+
+// behind says whether cached, the version the cache holds of key, is one
+// the reconciler has already written over; once it is not, key is
+// forgotten.
+func (w *writeLag) behind(key types.NamespacedName, cached string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	before, ok := w.superseded[key]
+	if ok && before == cached {
+		return true
+	}
+	delete(w.superseded, key)
+	return false
+}
+
+// forget drops key (its Proxy is gone).
+func (w *writeLag) forget(key types.NamespacedName) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.superseded, key)
+}

@@ -1,0 +1,25 @@
+package controllers
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// TestWriteLag: a pass that reads the version its own write replaced waits;
+// one that reads anything else acts, and the key is forgotten.
+func TestWriteLag(t *testing.T) {
+	var lag writeLag
+	key := types.NamespacedName{Namespace: "crawl", Name: "eu-1"}
+	assert.False(t, lag.behind(key, "10"), "nothing written: act")
+	lag.wrote(key, "10")
+	assert.True(t, lag.behind(key, "10"), "the cache still shows what the write replaced: wait")
+	assert.False(t, lag.behind(key, "11"), "the cache caught up: act")
+	assert.False(t, lag.behind(key, "10"), "forgotten once caught up")
+	lag.wrote(key, "12")
+	assert.False(t, lag.behind(key, "15"), "another writer moved it on: act")
+	lag.wrote(key, "16")
+	lag.forget(key)
+	assert.False(t, lag.behind(key, "16"), "a deleted Proxy is forgotten")
+}

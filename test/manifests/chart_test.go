@@ -643,24 +643,7 @@ func TestChartHighAvailability(t *testing.T) {
 	assert.Contains(t, def.notes, "a restart drops them")
 
 	t.Run("the kustomize component", func(t *testing.T) {
-		// An overlay of the user's own, outside the repository: kustomize
-		// takes relative paths only.
-		dir := t.TempDir()
-		repo, err := filepath.Rel(dir, testenv.RepoRoot())
-		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-resources:
-- %[1]s/overlays/kind
-components:
-- %[1]s/config/components/redis-ha
-`, repo)), 0o644))
-		k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
-		m, err := k.Run(filesys.MakeFsOnDisk(), dir)
-		require.NoError(t, err)
-		data, err := m.AsYaml()
-		require.NoError(t, err)
-		objs := parseManifests(t, data)
+		objs := kindWithComponent(t, "redis-ha")
 		var deploy appsv1.Deployment
 		require.True(t, objs.one(t, "Deployment", &deploy))
 		assert.Equal(t, int32(2), *deploy.Spec.Replicas)
@@ -680,6 +663,28 @@ components:
 			assert.True(t, hasArg(deploy, a), "the base's %s is kept", a)
 		}
 	})
+}
+
+// kindWithComponent builds the kind overlay with one of config/components
+// added, as a user's own overlay outside the repository would (kustomize
+// takes relative paths only).
+func kindWithComponent(t *testing.T, component string) objects {
+	t.Helper()
+	dir := t.TempDir()
+	repo, err := filepath.Rel(dir, testenv.RepoRoot())
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+- %[1]s/overlays/kind
+components:
+- %[1]s/config/components/%[2]s
+`, repo, component)), 0o644))
+	m, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
+	require.NoError(t, err)
+	data, err := m.AsYaml()
+	require.NoError(t, err)
+	return parseManifests(t, data)
 }
 
 // hasArg says whether the manager has the flag, with or without a value.
@@ -755,21 +760,7 @@ func TestChartGateway(t *testing.T) {
 	assert.Equal(t, map[string]string{"app": "scrapy"}, gw.From[0].PodSelector.MatchLabels)
 
 	t.Run("the kustomize component", func(t *testing.T) {
-		dir := t.TempDir()
-		repo, err := filepath.Rel(dir, testenv.RepoRoot())
-		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-resources:
-- %[1]s/overlays/kind
-components:
-- %[1]s/config/components/gateway
-`, repo)), 0o644))
-		m, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
-		require.NoError(t, err)
-		data, err := m.AsYaml()
-		require.NoError(t, err)
-		objs := parseManifests(t, data)
+		objs := kindWithComponent(t, "gateway")
 		var deploy appsv1.Deployment
 		require.True(t, objs.one(t, "Deployment", &deploy))
 		assert.Equal(t, ":3128", managerArg(t, deploy, "--gateway-bind-address"))

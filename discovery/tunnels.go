@@ -92,8 +92,6 @@ type Upstream struct {
 	// User are the proxy's credentials (nil: it needs none).
 	User    *url.Userinfo
 	LeaseID string
-	// Moved says the session's own proxy changed to this one.
-	Moved bool
 }
 
 // Pick leases the upstream for a tunnel: the session's own proxy while it
@@ -166,7 +164,6 @@ func (t *Tunnels) Pick(ctx context.Context, req TunnelRequest) (Upstream, error)
 			avoid = append(avoid, lease.ProxyID)
 			continue
 		}
-		up.Moved = own && lease.ProxyID != route.Own
 		if req.Session != "" {
 			if err := store.SetRoute(ctx, req.Session, host, lease.ProxyID, own, req.SessionIdle); err != nil {
 				warn(logf.FromContext(ctx), "gateway: the session's route was not recorded; its next tunnel may go elsewhere",

@@ -9,7 +9,12 @@ import (
 
 // cacheCatchUp is how long a pass that finds the cache behind its own last
 // write waits before it looks again: a watch event takes about this long.
-const cacheCatchUp = 50 * time.Millisecond
+// After maxCacheLag it stops waiting and acts on what it has (a watch that
+// broke is relisted; a conflict then is the worst that happens).
+const (
+	cacheCatchUp = 50 * time.Millisecond
+	maxCacheLag  = 5 * time.Second
+)
 
 // writeLag remembers, per Proxy, the resourceVersion the reconciler's last
 // write replaced, until the cache shows the Proxy past it. A pass that
@@ -18,7 +23,12 @@ const cacheCatchUp = 50 * time.Millisecond
 // limiter, ten a second for the whole queue), so it waits instead.
 type writeLag struct {
 	mu         sync.Mutex
-	superseded map[types.NamespacedName]string
+	superseded map[types.NamespacedName]supersededVersion
+}
+
+type supersededVersion struct {
+	version string
+	at      time.Time
 }
 
 // wrote notes that a write replaced version before of key.
@@ -26,19 +36,19 @@ func (w *writeLag) wrote(key types.NamespacedName, before string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.superseded == nil {
-		w.superseded = map[types.NamespacedName]string{}
+		w.superseded = map[types.NamespacedName]supersededVersion{}
 	}
-	w.superseded[key] = before
+	w.superseded[key] = supersededVersion{version: before, at: time.Now()}
 }
 
 // behind says whether cached, the version the cache holds of key, is one
-// the reconciler has already written over; once it is not, key is
-// forgotten.
+// the reconciler has already written over (for at most maxCacheLag); once
+// it is not, key is forgotten.
 func (w *writeLag) behind(key types.NamespacedName, cached string) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	before, ok := w.superseded[key]
-	if ok && before == cached {
+	s, ok := w.superseded[key]
+	if ok && s.version == cached && time.Since(s.at) < maxCacheLag {
 		return true
 	}
 	delete(w.superseded, key)

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"k8s.io/apimachinery/pkg/types"
@@ -22,4 +23,8 @@ func TestWriteLag(t *testing.T) {
 	lag.wrote(key, "16")
 	lag.forget(key)
 	assert.False(t, lag.behind(key, "16"), "a deleted Proxy is forgotten")
+
+	lag.wrote(key, "20")
+	lag.superseded[key] = supersededVersion{version: "20", at: time.Now().Add(-maxCacheLag)}
+	assert.False(t, lag.behind(key, "20"), "a cache that never catches up is not waited for forever")
 }

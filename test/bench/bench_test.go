@@ -76,10 +76,11 @@ func newWorld(b *testing.B, opts cluster.Options) *world {
 // bare client's own client-side limits (envtest's 1000/s, burst 2000), so
 // the two are compared on the same terms. At the shipped --kube-api-qps of
 // 50, writes per proxy ÷ 50 bounds the rate instead (docs/performance.md).
-func (w *world) startOperator(b *testing.B) (*cluster.Operator, string) {
+func (w *world) startOperator(b *testing.B, env ...string) (*cluster.Operator, string) {
 	b.Helper()
 	metrics := cluster.FreeAddr()
 	op, err := w.cluster.StartOperator(w.bin, cluster.OperatorOptions{
+		Env:           env,
 		DiscoveryAddr: cluster.FreeAddr(), ProbeAddr: cluster.FreeAddr(),
 		ExtraArgs: []string{"--metrics-bind-address=" + metrics, "--metrics-secure=false", "--health-interval=30s", "--health-timeout=10s",
 			"--kube-api-qps=1000", "--kube-api-burst=2000"},

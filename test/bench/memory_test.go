@@ -34,7 +34,14 @@ func BenchmarkOperatorMemory10k(b *testing.B) { benchMemory(b, 10_000) }
 // the 10,000 figure, the table shows how memory grows with it.
 func BenchmarkOperatorMemory2500(b *testing.B) { benchMemory(b, 2_500) }
 
-func benchMemory(b *testing.B, memoryProxies int) {
+// BenchmarkOperatorMemory10kMemLimit is the 10,000 figure with GOMEMLIMIT
+// at 128 MiB, as the chart sets it from a container limit of that size:
+// what the Go runtime's soft limit does to the heap's headroom.
+func BenchmarkOperatorMemory10kMemLimit(b *testing.B) {
+	benchMemory(b, 10_000, "GOMEMLIMIT=134217728")
+}
+
+func benchMemory(b *testing.B, memoryProxies int, env ...string) {
 	w := newWorld(b, cluster.Options{MarkPods: true})
 	c := w.cluster.Env.Client
 	ctx := context.Background()
@@ -43,7 +50,7 @@ func benchMemory(b *testing.B, memoryProxies int) {
 	round := 0
 	for b.Loop() {
 		round++
-		op, metrics := w.startOperator(b)
+		op, metrics := w.startOperator(b, env...)
 		ns := fmt.Sprintf("memory-%d", round)
 		mustNamespace(b, c, ns)
 		ready := watchReady(b, w.cluster, ns, memoryProxies)

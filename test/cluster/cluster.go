@@ -134,8 +134,9 @@ func (c *Cluster) Stop() {
 // OperatorOptions are the addresses an operator process listens on.
 type OperatorOptions struct {
 	DiscoveryAddr, ProbeAddr string
-	// ExtraArgs are appended to the command line.
+	// ExtraArgs are appended to the command line; Env to the environment.
 	ExtraArgs []string
+	Env       []string
 }
 
 // Operator is the operator binary running against the cluster.
@@ -181,6 +182,7 @@ func (c *Cluster) StartOperator(bin string, opts OperatorOptions) (*Operator, er
 		return nil, err
 	}
 	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), opts.Env...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

@@ -789,3 +789,28 @@ func ingressTo(np networkingv1.NetworkPolicy, port string) *networkingv1.Network
 	}
 	return nil
 }
+
+// TestChartSetsGOMEMLIMIT: the Go runtime's soft memory limit follows the
+// container's memory limit, and is left alone without one.
+func TestChartSetsGOMEMLIMIT(t *testing.T) {
+	limitEnv := func(d appsv1.Deployment) *corev1.EnvVar {
+		for _, e := range d.Spec.Template.Spec.Containers[0].Env {
+			if e.Name == "GOMEMLIMIT" {
+				return &e
+			}
+		}
+		return nil
+	}
+	var deploy appsv1.Deployment
+	require.True(t, chartInstall{}.mustRender(t).objects.one(t, "Deployment", &deploy))
+	env := limitEnv(deploy)
+	require.NotNil(t, env, "set with the default memory limit")
+	require.NotNil(t, env.ValueFrom.ResourceFieldRef)
+	assert.Equal(t, "limits.memory", env.ValueFrom.ResourceFieldRef.Resource)
+	assert.Equal(t, deploy.Spec.Template.Spec.Containers[0].Name, env.ValueFrom.ResourceFieldRef.ContainerName)
+	assert.Equal(t, "1", env.ValueFrom.ResourceFieldRef.Divisor.String(), "in bytes, which GOMEMLIMIT reads")
+
+	none := chartInstall{set: map[string]any{"resources": map[string]any{"limits": map[string]any{"memory": nil}}}}.mustRender(t)
+	require.True(t, none.objects.one(t, "Deployment", &deploy))
+	assert.Nil(t, limitEnv(deploy), "no container limit: no soft limit")
+}

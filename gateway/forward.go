@@ -82,24 +82,21 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, id Identity) {
 			_ = resp.Body.Close()
 			err = errors.New("the upstream refused our credentials (407)")
 		}
-		if reason != "" && retryable && attempt+1 < g.opts.Attempts {
-			upstreamFailures.WithLabelValues(reason).Inc()
-			logf.FromContext(ctx).Info("upstream failed a request; trying another", "proxy", up.ProxyID, "reason", reason, "error", err.Error())
+		if reason == "" {
+			g.relay(w, resp, up)
 			g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID)
-			avoid = append(avoid, up.ProxyID)
-			lastFailure = up.ProxyID + ": " + err.Error()
-			continue
+			return
 		}
-		if reason != "" {
-			upstreamFailures.WithLabelValues(reason).Inc()
-			g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID)
+		upstreamFailures.WithLabelValues(reason).Inc()
+		g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID)
+		if !retryable || attempt+1 == g.opts.Attempts {
 			requestsTotal.WithLabelValues(kindHTTP, outcomeUpstreamFailed).Inc()
 			http.Error(w, "the upstream failed: "+err.Error(), http.StatusBadGateway)
 			return
 		}
-		g.relay(w, resp, up)
-		g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID)
-		return
+		logf.FromContext(ctx).Info("upstream failed a request; trying another", "proxy", up.ProxyID, "reason", reason, "error", err.Error())
+		avoid = append(avoid, up.ProxyID)
+		lastFailure = up.ProxyID + ": " + err.Error()
 	}
 }
 

@@ -62,7 +62,7 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 		return
 	}
 	start := time.Now()
-	upConn, up, lastFailure, err := g.connectAny(ctx, id, host, hostport)
+	upstream, up, lastFailure, err := g.connectAny(ctx, id, host, hostport)
 	if err != nil {
 		g.freeSlot()
 		pickError(w, r, err, lastFailure)
@@ -72,7 +72,7 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 	// From here the tunnel's context outlives the request's.
 	bg := logf.IntoContext(context.Background(), logf.FromContext(ctx))
 	abandon := func() {
-		_ = upConn.Close()
+		_ = upstream.conn.Close()
 		g.opts.Upstreams.Release(bg, up.LeaseID)
 		g.freeSlot()
 	}
@@ -89,11 +89,7 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 		return
 	}
 	// Bytes the client sent early (a TLS ClientHello) go first.
-	var early []byte
-	if n := brw.Reader.Buffered(); n > 0 {
-		early, _ = brw.Peek(n)
-		early = append([]byte(nil), early...)
-	}
+	early := unread(brw.Reader)
 	_ = clientConn.SetDeadline(time.Time{})
 	if _, err := io.WriteString(clientConn, "HTTP/1.1 200 Connection established\r\n"+HeaderUpstream+": "+up.ProxyID+"\r\n\r\n"); err != nil {
 		_ = clientConn.Close()
@@ -101,14 +97,14 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 		return
 	}
 	requestsTotal.WithLabelValues(kindConnect, outcomeOK).Inc()
-	t := &tunnel{session: id.Session, host: normalizeHost(host), up: up, client: clientConn, upstr: upConn,
+	t := &tunnel{session: id.Session, host: discovery.NormalizeTarget(host), up: up, client: clientConn, upstr: upstream.conn,
 		started: time.Now(), idle: g.opts.IdleTimeout, life: g.opts.MaxTunnelLifetime}
 	t.touch()
 	g.register(t)
 	// The handler returns: net/http's connection state, its buffers and
 	// this goroutine's grown stack go with it, and the tunnel lives on two
 	// goroutines of its own with small stacks.
-	go g.carry(bg, t, early, upConn.(*bufferedConn).pending())
+	go g.carry(bg, t, early, upstream.pending)
 }
 
 // carry runs a tunnel to its end, then gives back its place, its lease and
@@ -126,7 +122,7 @@ func (g *Gateway) carry(ctx context.Context, t *tunnel, early, pending []byte) {
 // takes it, trying at most Attempts of them; each failure is counted
 // against its upstream, which the next pick avoids. lastFailure describes
 // the last failure, for the client's 502.
-func (g *Gateway) connectAny(ctx context.Context, id Identity, host, hostport string) (net.Conn, discovery.Upstream, string, error) {
+func (g *Gateway) connectAny(ctx context.Context, id Identity, host, hostport string) (dialed, discovery.Upstream, string, error) {
 	var avoid []string
 	lastFailure := ""
 	for range g.opts.Attempts {
@@ -135,11 +131,11 @@ func (g *Gateway) connectAny(ctx context.Context, id Identity, host, hostport st
 			TTL: g.opts.LeaseTTL, SessionIdle: g.opts.SessionIdle,
 		})
 		if err != nil {
-			return nil, discovery.Upstream{}, lastFailure, err
+			return dialed{}, discovery.Upstream{}, lastFailure, err
 		}
-		conn, reason, err := g.connect(ctx, up, hostport)
+		d, reason, err := g.connect(ctx, up, hostport)
 		if err == nil {
-			return conn, up, "", nil
+			return d, up, "", nil
 		}
 		upstreamFailures.WithLabelValues(reason).Inc()
 		logf.FromContext(ctx).Info("upstream failed a tunnel; trying another", "proxy", up.ProxyID, "reason", reason, "error", err.Error(),
@@ -148,7 +144,7 @@ func (g *Gateway) connectAny(ctx context.Context, id Identity, host, hostport st
 		avoid = append(avoid, up.ProxyID)
 		lastFailure = fmt.Sprintf("%s: %v", up.ProxyID, err)
 	}
-	return nil, discovery.Upstream{}, lastFailure, &discovery.NoProxyAvailableError{}
+	return dialed{}, discovery.Upstream{}, lastFailure, &discovery.NoProxyAvailableError{}
 }
 
 // Upstream failure reasons, for the metrics.
@@ -161,13 +157,20 @@ const (
 	failProtocol = "protocol" // an answer that is not HTTP
 )
 
+// dialed is an upstream connection past its CONNECT answer, with the bytes
+// the answer's reader took beyond it (a server that speaks first).
+type dialed struct {
+	conn    net.Conn
+	pending []byte
+}
+
 // connect opens a tunnel through one upstream: a CONNECT with the
 // upstream's credentials, and its 200.
-func (g *Gateway) connect(ctx context.Context, up discovery.Upstream, hostport string) (net.Conn, string, error) {
+func (g *Gateway) connect(ctx context.Context, up discovery.Upstream, hostport string) (dialed, string, error) {
 	dialer := net.Dialer{Timeout: g.opts.ConnectTimeout}
 	conn, err := dialer.DialContext(ctx, "tcp", up.Address)
 	if err != nil {
-		return nil, failDial, err
+		return dialed{}, failDial, err
 	}
 	_ = conn.SetDeadline(time.Now().Add(g.opts.ConnectTimeout))
 	req := &http.Request{Method: http.MethodConnect, URL: &url.URL{Opaque: hostport}, Host: hostport, Header: http.Header{}}
@@ -176,7 +179,7 @@ func (g *Gateway) connect(ctx context.Context, up discovery.Upstream, hostport s
 	}
 	if err := req.Write(conn); err != nil {
 		_ = conn.Close()
-		return nil, failDial, fmt.Errorf("sending CONNECT: %w", err)
+		return dialed{}, failDial, fmt.Errorf("sending CONNECT: %w", err)
 	}
 	br := bufio.NewReaderSize(conn, 1024)
 	resp, err := http.ReadResponse(br, req)
@@ -184,9 +187,9 @@ func (g *Gateway) connect(ctx context.Context, up discovery.Upstream, hostport s
 		_ = conn.Close()
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() {
-			return nil, failTimeout, fmt.Errorf("no CONNECT answer within %s", g.opts.ConnectTimeout)
+			return dialed{}, failTimeout, fmt.Errorf("no CONNECT answer within %s", g.opts.ConnectTimeout)
 		}
-		return nil, failProtocol, fmt.Errorf("reading the CONNECT answer: %w", err)
+		return dialed{}, failProtocol, fmt.Errorf("reading the CONNECT answer: %w", err)
 	}
 	if resp.StatusCode != http.StatusOK {
 		_ = resp.Body.Close()
@@ -198,29 +201,20 @@ func (g *Gateway) connect(ctx context.Context, up discovery.Upstream, hostport s
 		case resp.StatusCode >= 500:
 			reason = failUpstream
 		}
-		return nil, reason, fmt.Errorf("CONNECT %s answered %s", hostport, resp.Status)
+		return dialed{}, reason, fmt.Errorf("CONNECT %s answered %s", hostport, resp.Status)
 	}
 	_ = conn.SetDeadline(time.Time{})
-	return &bufferedConn{Conn: conn, br: br}, "", nil
+	return dialed{conn: conn, pending: unread(br)}, "", nil
 }
 
-// bufferedConn is an upstream connection whose first bytes may sit in the
-// reader that read the CONNECT answer.
-type bufferedConn struct {
-	net.Conn
-	br *bufio.Reader
-}
-
-// pending returns the bytes read past the CONNECT answer, and drops the
-// reader.
-func (c *bufferedConn) pending() []byte {
-	n := c.br.Buffered()
+// unread copies what br holds and nobody has read yet, so the tunnel can
+// pass it on and let br go.
+func unread(br *bufio.Reader) []byte {
+	n := br.Buffered()
 	if n == 0 {
-		c.br = nil
 		return nil
 	}
-	b, _ := c.br.Peek(n)
-	c.br = nil
+	b, _ := br.Peek(n)
 	return append([]byte(nil), b...)
 }
 
@@ -232,7 +226,7 @@ func basicAuth(u *url.Userinfo) string {
 // run carries bytes both ways until both sides are done, or the tunnel is
 // idle, too old, or closed.
 func (t *tunnel) run(early, pendingDown []byte) {
-	up := t.upstr.(*bufferedConn).Conn
+	up := t.upstr
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -412,9 +406,4 @@ func minTime(a, b time.Time) time.Time {
 		return a
 	}
 	return b
-}
-
-// normalizeHost is a target host as discovery keys it.
-func normalizeHost(host string) string {
-	return discovery.NormalizeTarget(host)
 }

@@ -15,14 +15,11 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -33,7 +30,6 @@ import (
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -89,6 +85,11 @@ type options struct {
 	providersConfig string
 	discoveryAddr   string
 	clusterID       string
+	// operatorID tells this operator from others in the cluster; scope is
+	// the namespaces it keeps to (none: the whole cluster).
+	operatorID       string
+	scope            controllers.Scope
+	leaderElectionID string
 	gcInterval      time.Duration
 	gcGracePeriod   time.Duration
 	gcDryRun        bool
@@ -147,7 +148,13 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	fs.StringVar(&o.discoveryAddr, "discovery-bind-address", ":8090",
 		"Address the discovery API binds to; \"0\" disables it.")
 	fs.StringVar(&o.clusterID, "cluster-id", "",
-		"Identifier labelled on every instance this operator creates, so orphan GC never touches another cluster's. Default: the UID of the kube-system namespace.")
+		"Identifier labelled on every instance this operator creates, so orphan GC never touches another cluster's. Default: the UID of the kube-system namespace; with --watch-namespaces, the UID of the operator's own namespace.")
+	fs.StringVar(&o.operatorID, "operator-id", "",
+		"Identifier of this operator among those of one cluster, labelled on every instance beside the cluster id: two operators never list, watch or collect each other's instances. Default: <operator namespace>_<$OPERATOR_NAME, or egress-proxies-operator>.")
+	watchNamespaces := fs.String("watch-namespaces", defaultWatchNamespaces(),
+		"Comma-separated namespaces the operator keeps to: its caches, watches, discovery and GC. Empty: the whole cluster. Default: $WATCH_NAMESPACE (OLM's target namespaces).")
+	fs.StringVar(&o.leaderElectionID, "leader-election-id", operatorName()+".crawl.example.com",
+		"Name of the leader election Lease in the operator's namespace; two releases in one namespace need two. Default: <$OPERATOR_NAME, or egress-proxies-operator>.crawl.example.com.")
 	fs.DurationVar(&o.gcInterval, "gc-interval", controllers.DefaultGCInterval,
 		"How often orphan GC lists every provider's instances.")
 	fs.DurationVar(&o.gcGracePeriod, "gc-grace-period", controllers.DefaultGCGracePeriod,
@@ -306,8 +313,22 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	if ns, name, ok := strings.Cut(o.tokenSecret, "/"); !ok || ns == "" || name == "" {
 		errs = append(errs, fmt.Errorf("%w: --discovery-token-secret %q must be namespace/name", errUsage, o.tokenSecret))
 	}
-	if o.clusterID != "" && !clusterIDPattern.MatchString(o.clusterID) {
+	if o.clusterID != "" && !providers.LabelValuePattern.MatchString(o.clusterID) {
 		errs = append(errs, fmt.Errorf("%w: --cluster-id %q must be 1-63 lowercase letters, digits, '-' or '_': it is a label value on every instance, in Kubernetes and in GCE", errUsage, o.clusterID))
+	}
+	if o.operatorID == "" {
+		o.operatorID = providers.OperatorID(operatorNamespace(), operatorName())
+	}
+	if !providers.LabelValuePattern.MatchString(o.operatorID) {
+		errs = append(errs, fmt.Errorf("%w: --operator-id %q must be 1-63 lowercase letters, digits, '-' or '_': it is a label value on every instance, in Kubernetes and in GCE", errUsage, o.operatorID))
+	}
+	scope, err := parseScope(*watchNamespaces)
+	o.scope = scope
+	if err != nil {
+		errs = append(errs, fmt.Errorf("%w: --watch-namespaces: %w", errUsage, err))
+	}
+	if errs1123 := validation.IsDNS1123Subdomain(o.leaderElectionID); len(errs1123) > 0 {
+		errs = append(errs, fmt.Errorf("%w: --leader-election-id %q is not a Lease name: %s", errUsage, o.leaderElectionID, strings.Join(errs1123, "; ")))
 	}
 	return o, errors.Join(errs...)
 }
@@ -383,9 +404,6 @@ func checkLeaseStore(fs *flag.FlagSet, o options) error {
 	return nil
 }
 
-// clusterIDPattern accepts what is a valid label value both in Kubernetes and
-// in GCE, where the cluster id is written.
-var clusterIDPattern = regexp.MustCompile(`^[a-z0-9]([-_a-z0-9]{0,61}[a-z0-9])?$`)
 
 // validateBindAddress accepts "0" (disabled) or host:port with a numeric port.
 func validateBindAddress(addr string) error {
@@ -443,15 +461,18 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 	}
 	clusterID := opts.clusterID
 	if clusterID == "" {
-		if clusterID, err = defaultClusterID(ctx, mgr.GetAPIReader()); err != nil {
+		if clusterID, err = defaultClusterID(ctx, mgr.GetAPIReader(), opts.scope, operatorNamespace()); err != nil {
 			return err
 		}
 	}
+	owner := ownerOf(clusterID, opts.operatorID)
 	// Proxy credentials are read from a cache of their own, holding only
-	// Secrets labelled crawl.example.com/proxy-credentials=true.
-	credentialsCache, err := cache.New(restConfig, credentials.CacheOptions(cache.Options{
+	// Secrets labelled crawl.example.com/proxy-credentials=true: in the
+	// watched namespaces (the ones Proxies name) and the credentials
+	// namespace (the generated ones and the records).
+	credentialsCache, err := cache.New(restConfig, scopedCache(credentials.CacheOptions(cache.Options{
 		Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(), SyncPeriod: &opts.syncPeriod,
-	}))
+	}), opts.scope, opts.credentialsNamespace))
 	if err != nil {
 		return fmt.Errorf("creating the credentials cache: %w", err)
 	}
@@ -484,7 +505,7 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 	if err := (&controllers.ProxyReconciler{
 		Client:    mgr.GetClient(),
 		Providers: providerSet,
-		ClusterID: clusterID,
+		Owner:     owner,
 		Recorder:  recorder,
 		Workers:   opts.maxConcurrentReconciles,
 		Health:    engineHealth{engine},
@@ -501,7 +522,7 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 	if err := mgr.Add(&controllers.InstanceWatcher{
 		Client:    mgr.GetClient(),
 		Providers: providerSet,
-		ClusterID: clusterID,
+		Owner:     owner,
 		Interval:  opts.instanceResyncInterval,
 		Triggers:  triggers,
 	}); err != nil {
@@ -510,7 +531,8 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 	if err := mgr.Add(&controllers.OrphanCollector{
 		Client:      mgr.GetClient(),
 		Providers:   providerSet,
-		ClusterID:   clusterID,
+		Owner:       owner,
+		Scope:       opts.scope,
 		Interval:    opts.gcInterval,
 		GracePeriod: opts.gcGracePeriod,
 		DryRun:      opts.gcDryRun,
@@ -522,7 +544,7 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 	}); err != nil {
 		return fmt.Errorf("adding orphan GC: %w", err)
 	}
-	if err := mgr.Add(&controllers.FirewallKeeper{Providers: providerSet, ClusterID: clusterID}); err != nil {
+	if err := mgr.Add(&controllers.FirewallKeeper{Providers: providerSet, Owner: owner}); err != nil {
 		return fmt.Errorf("adding the firewall keeper: %w", err)
 	}
 	if err := ctrlmetrics.Registry.Register(health.ProxiesCollector{Reader: mgr.GetClient()}); err != nil {
@@ -543,7 +565,8 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 	if err := pools.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the ProxyPool controller: %w", err)
 	}
-	log.Info("starting manager", "clusterID", clusterID, "providers", providerSet.Names())
+	log.Info("starting manager", "clusterID", owner.ClusterID, "operatorID", owner.OperatorID,
+		"namespaces", scopeForLog(opts.scope), "providers", providerSet.Names())
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("running manager: %w", err)
 	}
@@ -757,11 +780,11 @@ func newManager(restConfig *rest.Config, opts options) (manager.Manager, error) 
 	}
 	mgr, err := ctrl.NewManager(restConfig, ctrl.Options{
 		Scheme:                 newScheme(),
-		Cache:                  cacheOptions(opts.syncPeriod),
+		Cache:                  scopedCache(cacheOptions(opts.syncPeriod), opts.scope),
 		Metrics:                metricsOpts,
 		HealthProbeBindAddress: opts.probeAddr,
 		LeaderElection:         opts.leaderElect,
-		LeaderElectionID:       "egress-proxies-operator.crawl.example.com",
+		LeaderElectionID:       opts.leaderElectionID,
 		// In the operator's namespace: controller-runtime would otherwise
 		// find it only in-cluster, and --leader-elect would fail on a laptop.
 		LeaderElectionNamespace: operatorNamespace(),
@@ -788,15 +811,4 @@ func cacheOptions(syncPeriod time.Duration) cache.Options {
 	byObject := controllers.CacheByObject()
 	maps.Copy(byObject, kubernetes.CacheByObject())
 	return cache.Options{ByObject: byObject, DefaultTransform: cache.TransformStripManagedFields(), SyncPeriod: &syncPeriod}
-}
-
-// defaultClusterID is the UID of the kube-system namespace: stable for the
-// cluster's life and distinct between clusters, which is what the cluster-id
-// label needs.
-func defaultClusterID(ctx context.Context, reader client.Reader) (string, error) {
-	var ns corev1.Namespace
-	if err := reader.Get(ctx, client.ObjectKey{Name: metav1.NamespaceSystem}, &ns); err != nil {
-		return "", fmt.Errorf("reading the kube-system namespace for the default --cluster-id (set --cluster-id to skip): %w", err)
-	}
-	return string(ns.UID), nil
 }

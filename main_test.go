@@ -39,6 +39,31 @@ func TestParseFlags(t *testing.T) {
 		assert.Equal(t, "memory", o.leaseStore)
 		assert.Equal(t, time.Second, o.storeTimeout)
 		assert.Equal(t, "0", o.gateway.Addr, "the gateway is off by default")
+		assert.True(t, o.scope.Cluster(), "the whole cluster by default")
+		assert.Equal(t, "egress-proxies-operator-system_egress-proxies-operator", o.operatorID, "<namespace>_<name>")
+		assert.Equal(t, "egress-proxies-operator.crawl.example.com", o.leaderElectionID)
+	})
+
+	t.Run("a namespace-scoped install", func(t *testing.T) {
+		t.Setenv("WATCH_NAMESPACE", "crawl-b,crawl-a")
+		t.Setenv("OPERATOR_NAME", "tenant-a")
+		t.Setenv("POD_NAMESPACE", "tenant-a-system")
+		o, err := parseFlags(nil, &bytes.Buffer{})
+		require.NoError(t, err)
+		assert.Equal(t, []string{"crawl-a", "crawl-b"}, o.scope.Namespaces, "OLM's WATCH_NAMESPACE is the default")
+		assert.Equal(t, "tenant-a-system_tenant-a", o.operatorID, "the release's namespace and name")
+		assert.Equal(t, "tenant-a.crawl.example.com", o.leaderElectionID, "a Lease of its own")
+
+		o, err = parseFlags([]string{"--watch-namespaces= crawl-c, crawl-c ,", "--operator-id=tenant_a", "--leader-election-id=a.example.com"}, &bytes.Buffer{})
+		require.NoError(t, err)
+		assert.Equal(t, []string{"crawl-c"}, o.scope.Namespaces, "the flag wins; blanks and repeats are dropped")
+		assert.Equal(t, "tenant_a", o.operatorID)
+		assert.Equal(t, "a.example.com", o.leaderElectionID)
+
+		t.Setenv("WATCH_NAMESPACE", "")
+		o, err = parseFlags(nil, &bytes.Buffer{})
+		require.NoError(t, err)
+		assert.True(t, o.scope.Cluster(), "OLM's AllNamespaces mode sets it empty")
 	})
 
 	t.Run("the gateway", func(t *testing.T) {
@@ -110,6 +135,9 @@ func TestParseFlags(t *testing.T) {
 		{"probe port out of range", []string{"--health-probe-bind-address=:70000"}, "--health-probe-bind-address"},
 		{"cluster id with capitals", []string{"--cluster-id=Prod"}, "--cluster-id"},
 		{"cluster id too long", []string{"--cluster-id=" + string(bytes.Repeat([]byte("a"), 64))}, "--cluster-id"},
+		{"operator id with a dot", []string{"--operator-id=tenant.a"}, "--operator-id"},
+		{"namespace list with a bad name", []string{"--watch-namespaces=crawl-a,Crawl_B"}, `--watch-namespaces: "Crawl_B" is not a namespace name`},
+		{"leader election id with a slash", []string{"--leader-election-id=a/b"}, "--leader-election-id"},
 		{"bad log level", []string{"--zap-log-level=loud"}, "zap-log-level"},
 		{"plain-http probe URL", []string{"--health-probe-url=http://example.com/"}, "--health-probe-url"},
 		{"zero failure threshold", []string{"--health-failure-threshold=0"}, "--health-failure-threshold"},

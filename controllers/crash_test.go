@@ -62,7 +62,7 @@ func runCrashScenario(t *testing.T, newScenario func(t *testing.T, ns string) cr
 				require.NoError(t, indexProxies(mgr.GetFieldIndexer()))
 				creds := credentialsCache(t, mgr)
 				r := &ProxyReconciler{
-					Client: cl, Providers: sc.providers(t, cl), ClusterID: testClusterID,
+					Client: cl, Providers: sc.providers(t, cl), Owner: testOwner,
 					Recorder:         events.NewFakeRecorder(100),
 					CredentialsCache: creds, CredentialsNamespace: testCredentialsNamespace,
 				}

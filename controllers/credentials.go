@@ -97,7 +97,7 @@ func (r *ProxyReconciler) writeRecord(ctx context.Context, p *crawlv1alpha1.Prox
 	secret := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: r.CredentialsNamespace, Name: credentials.RecordName(o.instanceName),
-			Labels: mergeLabels(managedByLabel, instanceLabels(r.ClusterID, p, o.desiredHash), map[string]string{
+			Labels: mergeLabels(managedByLabel, instanceLabels(r.Owner, p, o.desiredHash), map[string]string{
 				crawlv1alpha1.LabelCredentials:     "true",
 				crawlv1alpha1.LabelCredentialsRole: credentials.RoleInstance,
 			}),

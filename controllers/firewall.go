@@ -30,7 +30,7 @@ const DefaultFirewallSyncInterval = time.Minute
 // the OrphanCollector's, with its dry-run.
 type FirewallKeeper struct {
 	Providers providers.Set
-	ClusterID string
+	Owner     providers.Owner
 	Interval  time.Duration
 }
 
@@ -50,7 +50,7 @@ func (k *FirewallKeeper) Start(ctx context.Context) error {
 			if !ok {
 				continue
 			}
-			if err := guard.EnsureFirewall(ctx, k.ClusterID); err != nil {
+			if err := guard.EnsureFirewall(ctx, k.Owner); err != nil {
 				firewallSyncErrors.WithLabelValues(name).Inc()
 				log.Error(err, "keeping the firewall rule", "provider", name)
 			}

@@ -17,9 +17,9 @@ type firewalledProvider struct {
 	rules   map[string]string // rule name -> provider instance it was made for
 }
 
-func (f *firewalledProvider) EnsureFirewall(context.Context, string) error { return nil }
+func (f *firewalledProvider) EnsureFirewall(context.Context, providers.Owner) error { return nil }
 
-func (f *firewalledProvider) StrayFirewalls(_ context.Context, _ string, keep func(string) bool) ([]providers.FirewallRule, error) {
+func (f *firewalledProvider) StrayFirewalls(_ context.Context, _ providers.Owner, keep func(string) bool) ([]providers.FirewallRule, error) {
 	var out []providers.FirewallRule
 	for name, prov := range f.rules {
 		if !keep(prov) {
@@ -37,7 +37,7 @@ func (f *firewalledProvider) DeleteFirewall(_ context.Context, rule providers.Fi
 func TestSweepRemovesTheFirewallOfAProviderInstanceThatLeft(t *testing.T) {
 	for _, dryRun := range []bool{true, false} {
 		eu := &firewalledProvider{project: "crawl-prod", rules: map[string]string{"fw-gcp-eu": "gcp-eu", "fw-gcp-old": "gcp-old"}}
-		c := &OrphanCollector{Providers: providers.Set{"gcp-eu": eu}, ClusterID: testClusterID, DryRun: dryRun}
+		c := &OrphanCollector{Providers: providers.Set{"gcp-eu": eu}, Owner: testOwner, DryRun: dryRun}
 		require.NoError(t, c.sweepFirewalls(context.Background()))
 		if dryRun {
 			assert.Len(t, eu.rules, 2, "dry-run deletes nothing")

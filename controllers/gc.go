@@ -43,22 +43,27 @@ const (
 
 // OrphanCollector is the safety net behind the finalizer: every interval it
 // lists each provider instance's own instances (labelled with this
-// operator's cluster id and that provider instance's name) and deletes those
-// whose owning Proxy no longer exists (or exists with another UID, or no
-// longer points at that provider instance). It never touches another
-// cluster's instances, nor another provider instance's in the same project
-// or cluster, nor an instance whose provider label is missing (made before
-// the label existed: it cannot prove the instance is its own); it spares
-// instances younger than the grace period (the
-// window in which a Proxy may not yet have recorded its instance) and ones
-// already being deleted, and keeps going past per-instance errors.
+// operator's cluster and operator ids and that provider instance's name) and
+// deletes those whose owning Proxy no longer exists (or exists with another
+// UID, or no longer points at that provider instance). It never touches
+// another cluster's or another operator's instances, nor those of Proxies
+// outside its scope, nor another provider instance's in the same project or
+// cluster, nor an instance whose owner labels are missing (made before the
+// label existed: it cannot prove the instance is its own); it spares
+// instances younger than the grace period (the window in which a Proxy may
+// not yet have recorded its instance) and ones already being deleted, and
+// keeps going past per-instance errors.
 type OrphanCollector struct {
 	// Client reads Proxies (through the manager's cache).
 	Client client.Reader
 	// Providers are swept one after another.
 	Providers providers.Set
-	// ClusterID selects this operator's instances.
-	ClusterID string
+	// Owner selects this operator's instances.
+	Owner providers.Owner
+	// Scope is the namespaces the operator watches. An instance or record
+	// whose Proxy lives outside them (left from a wider scope) is not this
+	// operator's to judge, and is left alone.
+	Scope Scope
 	// Interval between sweeps.
 	Interval time.Duration
 	// GracePeriod spares instances younger than this.
@@ -98,7 +103,7 @@ func (c *OrphanCollector) Sweep(ctx context.Context) error {
 	var errs []error
 	for _, name := range c.Providers.Names() {
 		prov := c.Providers[name]
-		instances, err := prov.List(ctx, c.ClusterID)
+		instances, err := prov.List(ctx, c.Owner)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("listing instances of provider %s: %w", name, err))
 			continue
@@ -107,7 +112,7 @@ func (c *OrphanCollector) Sweep(ctx context.Context) error {
 			inst := &instances[i]
 			// List filters by both labels already; checking again here keeps
 			// a provider that filtered wrongly from costing live instances.
-			if inst.Labels[crawlv1alpha1.LabelClusterID] != c.ClusterID || inst.ProviderName() != name ||
+			if !c.Owner.Owns(inst.Labels) || inst.ProviderName() != name ||
 				inst.State == providers.StateStopping ||
 				now.Sub(inst.CreatedAt) < c.GracePeriod {
 				continue
@@ -147,7 +152,8 @@ func (c *OrphanCollector) sweepRecords(ctx context.Context, now time.Time) error
 	log := logf.FromContext(ctx).WithName("orphan-gc")
 	var secrets corev1.SecretList
 	if err := c.Credentials.List(ctx, &secrets, client.InNamespace(c.CredentialsNamespace), client.MatchingLabels{
-		crawlv1alpha1.LabelCredentialsRole: credentials.RoleInstance, crawlv1alpha1.LabelClusterID: c.ClusterID,
+		crawlv1alpha1.LabelCredentialsRole: credentials.RoleInstance,
+		crawlv1alpha1.LabelClusterID:       c.Owner.ClusterID, crawlv1alpha1.LabelOperatorID: c.Owner.OperatorID,
 	}); err != nil {
 		return fmt.Errorf("listing credentials records: %w", err)
 	}
@@ -158,6 +164,9 @@ func (c *OrphanCollector) sweepRecords(ctx context.Context, now time.Time) error
 			continue
 		}
 		ns, name := secret.Labels[crawlv1alpha1.LabelOwnerNamespace], secret.Labels[crawlv1alpha1.LabelOwnerName]
+		if !c.Scope.Contains(ns) {
+			continue
+		}
 		var owner crawlv1alpha1.Proxy
 		err := c.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &owner)
 		switch {
@@ -192,7 +201,7 @@ func (c *OrphanCollector) sweepFirewalls(ctx context.Context) error {
 		if !ok {
 			continue
 		}
-		stray, err := guard.StrayFirewalls(ctx, c.ClusterID, configured)
+		stray, err := guard.StrayFirewalls(ctx, c.Owner, configured)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("listing stray firewalls through provider %s: %w", name, err))
 			continue
@@ -219,6 +228,9 @@ func (c *OrphanCollector) orphaned(ctx context.Context, provider string, inst *p
 	ns, name := inst.Labels[crawlv1alpha1.LabelOwnerNamespace], inst.Labels[crawlv1alpha1.LabelOwnerName]
 	if ns == "" || name == "" {
 		return "the instance has no owner labels", nil
+	}
+	if !c.Scope.Contains(ns) {
+		return "", nil
 	}
 	var owner crawlv1alpha1.Proxy
 	err := c.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &owner)

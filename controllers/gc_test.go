@@ -30,10 +30,11 @@ func TestOrphanCollector(t *testing.T) {
 	ownerB := managedProxy(ns, "owned-by-b")
 	ownerB.Spec.Provider = "kind-b"
 	require.NoError(t, c.Create(ctx, ownerB))
-	instancePod := func(name, clusterID, provider, ownerName, ownerUID string) {
+	instancePod := func(name string, owner providers.Owner, provider, ownerName, ownerUID string) {
 		t.Helper()
 		labels := map[string]string{
-			crawlv1alpha1.LabelClusterID:      clusterID,
+			crawlv1alpha1.LabelClusterID:      owner.ClusterID,
+			crawlv1alpha1.LabelOperatorID:     owner.OperatorID,
 			crawlv1alpha1.LabelOwnerNamespace: ns,
 			crawlv1alpha1.LabelOwnerName:      ownerName,
 			crawlv1alpha1.LabelOwnerUID:       ownerUID,
@@ -46,16 +47,20 @@ func TestOrphanCollector(t *testing.T) {
 			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "squid", Image: "ubuntu/squid"}}},
 		}))
 	}
-	instancePod("orphan", testClusterID, "kind-local", "gone", "uid-gone")
-	instancePod("stale-uid", testClusterID, "kind-local", "owned", "uid-of-an-earlier-proxy")
-	instancePod("owned", testClusterID, "kind-local", "owned", string(owner.UID))
-	instancePod("other-cluster", "other-cluster", "kind-local", "gone", "uid-gone")
+	instancePod("orphan", testOwner, "kind-local", "gone", "uid-gone")
+	instancePod("stale-uid", testOwner, "kind-local", "owned", "uid-of-an-earlier-proxy")
+	instancePod("owned", testOwner, "kind-local", "owned", string(owner.UID))
+	instancePod("other-cluster", providers.Owner{ClusterID: "other-cluster", OperatorID: testOwner.OperatorID}, "kind-local", "gone", "uid-gone")
+	// Another operator in this cluster, with a provider instance of the
+	// same name: its instance looks orphaned from here, and is not ours.
+	instancePod("other-operator", providers.Owner{ClusterID: testOwner.ClusterID, OperatorID: "tenant-b_egress-proxies-operator"}, "kind-local", "gone", "uid-gone")
 	// kind-b's live pod: kind-local's sweep used to delete it ("no longer
 	// uses provider kind-local") on every pass.
-	instancePod("owned-by-b", testClusterID, "kind-b", "owned-by-b", string(ownerB.UID))
-	// Made before instances carried their provider: no sweep can prove it
-	// is its own, so none deletes it, orphan or not.
-	instancePod("legacy-orphan", testClusterID, "", "gone", "uid-gone")
+	instancePod("owned-by-b", testOwner, "kind-b", "owned-by-b", string(ownerB.UID))
+	// Made before instances carried their provider, or their operator: no
+	// sweep can prove it is its own, so none deletes it, orphan or not.
+	instancePod("legacy-orphan", testOwner, "", "gone", "uid-gone")
+	instancePod("legacy-operator", providers.Owner{ClusterID: testOwner.ClusterID}, "kind-local", "gone", "uid-gone")
 
 	mgr := newManager(t, env)
 	startManager(t, mgr)
@@ -65,10 +70,10 @@ func TestOrphanCollector(t *testing.T) {
 	}}, providers.Dependencies{Client: mgr.GetClient()})
 	require.NoError(t, err)
 	gc := &OrphanCollector{
-		Client: mgr.GetClient(), Providers: set, ClusterID: testClusterID,
+		Client: mgr.GetClient(), Providers: set, Owner: testOwner,
 		GracePeriod: 3 * time.Minute, Clock: clock,
 	}
-	all := []string{"orphan", "stale-uid", "owned", "other-cluster", "owned-by-b", "legacy-orphan"}
+	all := []string{"orphan", "stale-uid", "owned", "other-cluster", "other-operator", "owned-by-b", "legacy-orphan", "legacy-operator"}
 	remaining := func() []string {
 		var names []string
 		for _, p := range pods(t, c, ns) {
@@ -94,13 +99,21 @@ func TestOrphanCollector(t *testing.T) {
 	assert.Equal(t, found0+2, found())
 	assert.Equal(t, deleted0, deleted())
 
-	// For real: the orphan and the earlier Proxy's instance go; the owned
-	// ones of both provider instances, the other cluster's and the legacy
-	// one stay, sweep after sweep.
+	// An operator kept to other namespaces judges none of them, orphans
+	// included: their Proxies are not its to read.
 	gc.DryRun = false
+	gc.Scope = Scope{Namespaces: []string{"elsewhere"}}
+	require.NoError(t, gc.Sweep(ctx))
+	assert.ElementsMatch(t, all, remaining(), "out of scope: nothing deleted")
+	assert.Equal(t, found0+2, found(), "out of scope: nothing found")
+	gc.Scope = Scope{Namespaces: []string{"elsewhere", ns}}
+
+	// For real: the orphan and the earlier Proxy's instance go; the owned
+	// ones of both provider instances, the other cluster's, the other
+	// operator's and the legacy ones stay, sweep after sweep.
 	for range 3 {
 		require.NoError(t, gc.Sweep(ctx))
-		assert.ElementsMatch(t, []string{"owned", "other-cluster", "owned-by-b", "legacy-orphan"}, remaining())
+		assert.ElementsMatch(t, []string{"owned", "other-cluster", "other-operator", "owned-by-b", "legacy-orphan", "legacy-operator"}, remaining())
 	}
 	assert.Equal(t, deleted0+2, deleted())
 	assert.Zero(t, testutil.ToFloat64(orphansDeleted.WithLabelValues("kind-b")), "kind-b deleted nothing")

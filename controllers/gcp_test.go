@@ -88,7 +88,7 @@ func TestReconcilerGCP(t *testing.T) {
 		vms := vmsOf(fake, proxy)
 		require.Len(t, vms, 1)
 		assert.Equal(t, vms[0].GetNetworkInterfaces()[0].GetAccessConfigs()[0].GetNatIP(), ready.Status.IP)
-		assert.Equal(t, providers.InstanceName(testClusterID, ns, "eu-1"), vms[0].GetName())
+		assert.Equal(t, providers.InstanceName(testOwner.ClusterID, ns, "eu-1"), vms[0].GetName())
 		assert.Equal(t, "gcp-eu", ready.Status.Provider)
 
 		ready.Spec.Placement.MachineType = "e2-medium"
@@ -166,8 +166,9 @@ func TestOrphanCollectorGCP(t *testing.T) {
 	live := gcpManagedProxy(ns, "live-us")
 	live.Spec.Provider = "gcp-us"
 	require.NoError(t, env.Client.Create(context.Background(), live))
-	labels := func(cluster, provider, name, uid string) map[string]string {
-		l := map[string]string{"crawl-cluster-id": cluster, "crawl-owner-namespace": ns, "crawl-owner-name": name, "crawl-owner-uid": uid}
+	labels := func(owner providers.Owner, provider, name, uid string) map[string]string {
+		l := map[string]string{"crawl-cluster-id": owner.ClusterID, "crawl-operator-id": owner.OperatorID,
+			"crawl-owner-namespace": ns, "crawl-owner-name": name, "crawl-owner-uid": uid}
 		if provider != "" {
 			l["crawl-provider"] = provider
 		}
@@ -177,15 +178,17 @@ func TestOrphanCollectorGCP(t *testing.T) {
 	put := func(zone, name string, labels map[string]string) {
 		fake.PutInstance(zone, &computepb.Instance{Name: proto.String(name), Labels: labels, NetworkInterfaces: iface}, clk.Now())
 	}
-	put("europe-west1-b", "px-orphan", labels(testClusterID, "gcp-eu", "gone", "uid-gone"))
-	put("europe-west4-a", "px-foreign", labels("other-cluster", "gcp-eu", "gone", "uid-gone"))
-	put("us-central1-a", "px-live-us", labels(testClusterID, "gcp-us", "live-us", string(live.UID)))
-	put("europe-west1-b", "px-legacy", labels(testClusterID, "", "gone", "uid-gone"))
+	put("europe-west1-b", "px-orphan", labels(testOwner, "gcp-eu", "gone", "uid-gone"))
+	put("europe-west4-a", "px-foreign", labels(providers.Owner{ClusterID: "other-cluster", OperatorID: testOwner.OperatorID}, "gcp-eu", "gone", "uid-gone"))
+	put("europe-west4-a", "px-other-operator", labels(providers.Owner{ClusterID: testOwner.ClusterID, OperatorID: "tenant-b_epo"}, "gcp-eu", "gone", "uid-gone"))
+	put("us-central1-a", "px-live-us", labels(testOwner, "gcp-us", "live-us", string(live.UID)))
+	put("europe-west1-b", "px-legacy", labels(testOwner, "", "gone", "uid-gone"))
+	put("europe-west1-b", "px-legacy-operator", labels(providers.Owner{ClusterID: testOwner.ClusterID}, "gcp-eu", "gone", "uid-gone"))
 
 	mgr := newManager(t, env)
 	startManager(t, mgr)
 	set := twoGCPProviders(t, fake)
-	gc := &OrphanCollector{Client: mgr.GetClient(), Providers: set, ClusterID: testClusterID,
+	gc := &OrphanCollector{Client: mgr.GetClient(), Providers: set, Owner: testOwner,
 		GracePeriod: 3 * time.Minute, Clock: clk}
 	clk.Step(4 * time.Minute)
 	for range 3 {
@@ -196,8 +199,8 @@ func TestOrphanCollectorGCP(t *testing.T) {
 	for _, vm := range fake.Instances() {
 		names = append(names, vm.GetName())
 	}
-	assert.ElementsMatch(t, []string{"px-foreign", "px-live-us", "px-legacy"}, names,
-		"gcp-eu's orphan is collected; the other cluster's VM, gcp-us's live VM and the unlabelled VM are not, over several sweeps")
+	assert.ElementsMatch(t, []string{"px-foreign", "px-other-operator", "px-live-us", "px-legacy", "px-legacy-operator"}, names,
+		"gcp-eu's orphan is collected; the other cluster's and the other operator's VMs, gcp-us's live VM and the unlabelled VMs are not, over several sweeps")
 }
 
 // twoGCPProviders is gcp-eu and gcp-us in one project, on one fake.

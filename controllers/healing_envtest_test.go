@@ -72,13 +72,13 @@ func startHealingOperator(t *testing.T, env *testenv.Env, set func(client.Client
 	op := &healingOperator{health: &fakeHealth{reader: mgr.GetClient()}, triggers: make(chan event.GenericEvent, 64)}
 	provs := set(mgr.GetClient())
 	require.NoError(t, (&ProxyReconciler{
-		Client: mgr.GetClient(), Providers: provs, ClusterID: testClusterID,
+		Client: mgr.GetClient(), Providers: provs, Owner: testOwner,
 		Recorder: mgr.GetEventRecorder("egress-proxies-operator"), PollInterval: 100 * time.Millisecond,
 		Health: op.health, Replacement: policy, MaxReplacementsInFlight: bound, Triggers: op.triggers,
 		CredentialsCache: credentialsCache(t, mgr), CredentialsNamespace: testCredentialsNamespace,
 	}).SetupWithManager(mgr))
 	require.NoError(t, mgr.Add(&InstanceWatcher{
-		Client: mgr.GetClient(), Providers: provs, ClusterID: testClusterID,
+		Client: mgr.GetClient(), Providers: provs, Owner: testOwner,
 		Interval: 200 * time.Millisecond, Triggers: op.triggers,
 	}))
 	startManager(t, mgr)
@@ -292,7 +292,7 @@ func TestLostWritesUnderConcurrentCreation(t *testing.T) {
 	t.Cleanup(fake.Close)
 	mgr := newManager(t, env)
 	require.NoError(t, (&ProxyReconciler{
-		Client: conflictingClient{mgr.GetClient(), 0.35}, Providers: gcpProviders(t, fake), ClusterID: testClusterID,
+		Client: conflictingClient{mgr.GetClient(), 0.35}, Providers: gcpProviders(t, fake), Owner: testOwner,
 		Recorder: mgr.GetEventRecorder("egress-proxies-operator"), PollInterval: 100 * time.Millisecond,
 		CredentialsCache: credentialsCache(t, mgr), CredentialsNamespace: testCredentialsNamespace,
 	}).SetupWithManager(mgr))

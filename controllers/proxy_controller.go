@@ -56,8 +56,8 @@ type ProxyReconciler struct {
 	Client client.Client
 	// Providers are the configured provider instances by name.
 	Providers providers.Set
-	// ClusterID labels every instance this operator creates.
-	ClusterID string
+	// Owner labels every instance this operator creates.
+	Owner providers.Owner
 	// Recorder emits the Events `kubectl describe px` shows.
 	Recorder events.EventRecorder
 	// PollInterval is how soon a waiting pass looks again; zero means
@@ -164,7 +164,7 @@ func (r *ProxyReconciler) observe(ctx context.Context, p *crawlv1alpha1.Proxy) (
 			o.lastSuspect = r.suspects.note(h, o.replacement.MaxUnhealthyShare, o.now)
 		}
 	}
-	o.instanceName = providers.InstanceName(r.ClusterID, p.Namespace, p.Name)
+	o.instanceName = providers.InstanceName(r.Owner.ClusterID, p.Namespace, p.Name)
 
 	// A Proxy being deleted needs only its instance found; anything else
 	// needs a provider that accepts the spec and a cloud-init to hash.
@@ -228,7 +228,7 @@ func (r *ProxyReconciler) observe(ctx context.Context, p *crawlv1alpha1.Proxy) (
 func (r *ProxyReconciler) findByOwner(ctx context.Context, o observation, fallback providers.Provider) (observation, providers.Provider) {
 	for _, name := range r.Providers.Names() {
 		prov := r.Providers[name]
-		instances, err := prov.List(ctx, r.ClusterID)
+		instances, err := prov.List(ctx, r.Owner)
 		if err != nil {
 			o.getErr = fmt.Errorf("listing provider %s for instances of Proxy %s/%s: %w", name, o.proxy.Namespace, o.proxy.Name, err)
 			return o, prov
@@ -294,7 +294,7 @@ func (r *ProxyReconciler) execute(ctx context.Context, p *crawlv1alpha1.Proxy, o
 	case ActionCreate:
 		req := providers.CreateRequest{
 			Proxy: p, Name: o.instanceName, CloudInit: o.cloudInit, SpecHash: o.desiredHash,
-			Labels: instanceLabels(r.ClusterID, p, o.desiredHash), Credentials: o.credentials,
+			Labels: instanceLabels(r.Owner, p, o.desiredHash), Credentials: o.credentials,
 		}
 		if err := r.writeRecord(ctx, p, o); err != nil {
 			a = providerFailure(providers.Transient(err), crawlv1alpha1.PhaseProvisioning)

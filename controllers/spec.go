@@ -13,6 +13,7 @@ import (
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/credentials"
+	"github.com/example/egress-proxies-operator/providers"
 )
 
 // specHash hashes exactly the fields whose change replaces the instance:
@@ -69,10 +70,12 @@ func resolveCloudInit(ctx context.Context, c client.Reader, p *crawlv1alpha1.Pro
 }
 
 // instanceLabels are the labels every instance carries: who made it (the
-// cluster id and the provider instance), who owns it (namespace, name, UID) and from which spec.
-func instanceLabels(clusterID string, p *crawlv1alpha1.Proxy, hash string) map[string]string {
+// cluster and operator ids, the provider instance), who owns it (namespace,
+// name, UID) and from which spec.
+func instanceLabels(owner providers.Owner, p *crawlv1alpha1.Proxy, hash string) map[string]string {
 	return map[string]string{
-		crawlv1alpha1.LabelClusterID:      clusterID,
+		crawlv1alpha1.LabelClusterID:      owner.ClusterID,
+		crawlv1alpha1.LabelOperatorID:     owner.OperatorID,
 		crawlv1alpha1.LabelProvider:       p.Spec.Provider,
 		crawlv1alpha1.LabelOwnerNamespace: p.Namespace,
 		crawlv1alpha1.LabelOwnerName:      p.Name,

@@ -29,7 +29,8 @@ import (
 	"github.com/example/egress-proxies-operator/test/testenv"
 )
 
-const testClusterID = "test-cluster"
+// testOwner is the identity the tests' operator labels its instances with.
+var testOwner = providers.Owner{ClusterID: "test-cluster", OperatorID: "test-system_test-operator"}
 
 func TestMain(m *testing.M) {
 	code := m.Run()
@@ -117,7 +118,7 @@ func startReconciler(t *testing.T, env *testenv.Env, newProviders func(client.Cl
 	require.NoError(t, (&ProxyReconciler{
 		Client:       mgr.GetClient(),
 		Providers:    newProviders(mgr.GetClient()),
-		ClusterID:    testClusterID,
+		Owner:        testOwner,
 		Recorder:     mgr.GetEventRecorder("egress-proxies-operator"),
 		PollInterval: 100 * time.Millisecond,
 

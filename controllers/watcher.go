@@ -47,8 +47,8 @@ type InstanceWatcher struct {
 	Client client.Reader
 	// Providers are the configured provider instances.
 	Providers providers.Set
-	// ClusterID selects this operator's instances.
-	ClusterID string
+	// Owner selects this operator's instances.
+	Owner providers.Owner
 	// Interval between sweeps.
 	Interval time.Duration
 	// Triggers receives the Proxies to reconcile (the reconciler's Triggers).
@@ -92,7 +92,7 @@ func (w *InstanceWatcher) Sweep(ctx context.Context) error {
 	}
 	var errs []error
 	for name, proxies := range ready {
-		instances, err := w.Providers[name].List(ctx, w.ClusterID)
+		instances, err := w.Providers[name].List(ctx, w.Owner)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("listing instances of provider %s: %w", name, err))
 			continue

@@ -34,13 +34,14 @@ type Provider interface {
 	// Delete starts deleting inst, as returned by Get or List. An instance
 	// already gone is not an error.
 	Delete(ctx context.Context, inst *Instance) error
-	// List returns the instances this provider instance made for clusterID:
-	// labelled with clusterID and with its own name under LabelProvider. A
-	// second provider instance of the same type in the same project or
-	// cluster has its own, and one made before that label existed is listed
-	// by none: orphan GC and re-observation must never act on an instance
-	// they cannot prove is theirs.
-	List(ctx context.Context, clusterID string) ([]Instance, error)
+	// List returns the instances this provider instance made for owner:
+	// labelled with owner's cluster and operator ids and with its own name
+	// under LabelProvider. A second provider instance of the same type in
+	// the same project or cluster has its own, so has a second operator,
+	// and one made before those labels existed is listed by none: orphan GC
+	// and re-observation must never act on an instance they cannot prove is
+	// theirs.
+	List(ctx context.Context, owner Owner) ([]Instance, error)
 }
 
 // ObjectBacked is implemented by providers whose instances are Kubernetes
@@ -81,8 +82,8 @@ type Instance struct {
 	IP string
 	// Port it listens on.
 	Port int32
-	// Labels are the ones the operator set at creation (cluster id, owner,
-	// spec hash).
+	// Labels are the ones the operator set at creation (cluster and
+	// operator ids, owner, spec hash).
 	Labels map[string]string
 	// CreatedAt is when the provider created it; orphan GC spares young ones.
 	CreatedAt time.Time
@@ -111,8 +112,8 @@ type CreateRequest struct {
 	Name string
 	// CloudInit is the resolved user-data (inline, or the Secret's content).
 	CloudInit string
-	// Labels go on the instance verbatim: cluster id, provider instance,
-	// owner, spec hash.
+	// Labels go on the instance verbatim: cluster and operator ids,
+	// provider instance, owner, spec hash.
 	Labels map[string]string
 	// SpecHash is the hash of the replacement-forcing spec fields; GCE's
 	// requestId is derived from it and the Proxy's UID.
@@ -195,12 +196,13 @@ func sanitize(s string) string {
 // provider instance, kept in line with its config and removed when the
 // provider instance leaves the config.
 type Firewalled interface {
-	// EnsureFirewall creates or updates this provider instance's rule.
-	EnsureFirewall(ctx context.Context, clusterID string) error
-	// StrayFirewalls lists rules the operator of clusterID made, in the
-	// places this provider instance reaches, for provider instances keep
-	// rejects.
-	StrayFirewalls(ctx context.Context, clusterID string, keep func(provider string) bool) ([]FirewallRule, error)
+	// EnsureFirewall creates or updates this provider instance's rule,
+	// which is owner's: another operator's provider instance of the same
+	// name keeps a rule of its own.
+	EnsureFirewall(ctx context.Context, owner Owner) error
+	// StrayFirewalls lists rules owner made, in the places this provider
+	// instance reaches, for provider instances keep rejects.
+	StrayFirewalls(ctx context.Context, owner Owner, keep func(provider string) bool) ([]FirewallRule, error)
 	// DeleteFirewall deletes a rule StrayFirewalls returned.
 	DeleteFirewall(ctx context.Context, rule FirewallRule) error
 }

@@ -8,6 +8,11 @@ const (
 	// LabelClusterID names the cluster whose operator created the instance,
 	// so two clusters sharing a cloud project never collect each other's VMs.
 	LabelClusterID = "crawl.example.com/cluster-id"
+	// LabelOperatorID names the operator, among those of one cluster, that
+	// created the instance: two releases (one per tenant, say) never list,
+	// watch or collect each other's instances, even with provider instances
+	// of the same name in the same cloud project.
+	LabelOperatorID = "crawl.example.com/operator-id"
 	// LabelOwnerNamespace is the namespace of the owning Proxy.
 	LabelOwnerNamespace = "crawl.example.com/owner-namespace"
 	// LabelOwnerName is the name of the owning Proxy.

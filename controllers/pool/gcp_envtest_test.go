@@ -74,7 +74,7 @@ func TestGCPPoolSpreadsAndRecycles(t *testing.T) {
 	require.NoError(t, mgr.Add(credsCache))
 	recorder := mgr.GetEventRecorder("egress-proxies-operator")
 	require.NoError(t, (&controllers.ProxyReconciler{
-		Client: mgr.GetClient(), Providers: providers.Set{"gcp-eu": prov}, ClusterID: "test-cluster", Recorder: recorder,
+		Client: mgr.GetClient(), Providers: providers.Set{"gcp-eu": prov}, Owner: providers.Owner{ClusterID: "test-cluster", OperatorID: "test-system_epo"}, Recorder: recorder,
 		PollInterval: 100 * time.Millisecond, CredentialsCache: credsCache, CredentialsNamespace: "default",
 	}).SetupWithManager(mgr))
 	require.NoError(t, (&pool.Reconciler{Client: mgr.GetClient(), Recorder: recorder}).SetupWithManager(mgr))

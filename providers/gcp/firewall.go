@@ -85,31 +85,32 @@ func gceName(prefix, name string) string {
 // which its firewall rule targets.
 func TargetTag(name string) string { return gceName("egress-proxy-", name) }
 
-// FirewallName is the rule of provider instance name for the operator of
-// clusterID: unique per cluster and provider instance in a shared project.
-func FirewallName(clusterID, name string) string {
-	sum := sha256.Sum256([]byte(clusterID))
+// FirewallName is the rule of provider instance name for owner: unique per
+// cluster, operator and provider instance in a shared project.
+func FirewallName(owner providers.Owner, name string) string {
+	sum := sha256.Sum256([]byte(owner.String()))
 	return gceName("egress-proxy-"+hex.EncodeToString(sum[:])[:8]+"-", name)
 }
 
 // GCE firewalls carry no labels, so the rule says whose it is in its
-// description, which GC parses back.
-var ownerPattern = regexp.MustCompile(`\(cluster-id=([^,()\s]+), provider=([a-z0-9-]+)\)`)
+// description, which GC parses back. A rule made before operator ids
+// existed names no operator, matches no owner and is never collected.
+var ownerPattern = regexp.MustCompile(`\(cluster-id=([^,()\s]+), operator-id=([^,()\s]+), provider=([a-z0-9-]+)\)`)
 
-func firewallDescription(clusterID, name string) string {
-	return fmt.Sprintf("Managed by egress-proxies-operator (cluster-id=%s, provider=%s): opens the proxy port of this provider instance's VMs to its firewall.sourceRanges. Edits are overwritten; the operator deletes it when the provider instance leaves its config.",
-		clusterID, name)
+func firewallDescription(owner providers.Owner, name string) string {
+	return fmt.Sprintf("Managed by egress-proxies-operator (cluster-id=%s, operator-id=%s, provider=%s): opens the proxy port of this provider instance's VMs to its firewall.sourceRanges. Edits are overwritten; the operator deletes it when the provider instance leaves its config.",
+		owner.ClusterID, owner.OperatorID, name)
 }
 
 // firewall is the rule this provider instance needs.
-func (p *Provider) firewall(clusterID string) *computepb.Firewall {
+func (p *Provider) firewall(owner providers.Owner) *computepb.Firewall {
 	ports := make([]string, 0, len(p.settings.Firewall.ports()))
 	for _, port := range p.settings.Firewall.ports() {
 		ports = append(ports, strconv.Itoa(int(port)))
 	}
 	return &computepb.Firewall{
-		Name:         proto.String(FirewallName(clusterID, p.name)),
-		Description:  proto.String(firewallDescription(clusterID, p.name)),
+		Name:         proto.String(FirewallName(owner, p.name)),
+		Description:  proto.String(firewallDescription(owner, p.name)),
 		Network:      proto.String(or(p.settings.Network, "global/networks/default")),
 		Direction:    proto.String(computepb.Firewall_INGRESS.String()),
 		Priority:     proto.Int32(1000),
@@ -121,8 +122,8 @@ func (p *Provider) firewall(clusterID string) *computepb.Firewall {
 
 // EnsureFirewall creates this provider instance's rule, or patches it back
 // when it differs from the config (edited by hand, or the config changed).
-func (p *Provider) EnsureFirewall(ctx context.Context, clusterID string) error {
-	want := p.firewall(clusterID)
+func (p *Provider) EnsureFirewall(ctx context.Context, owner providers.Owner) error {
+	want := p.firewall(owner)
 	if len(want.GetSourceRanges()) == 0 {
 		// validate refused this at startup; never send it, as GCE would
 		// read no source range as the whole internet.
@@ -172,11 +173,11 @@ func firewallMatches(have, want *computepb.Firewall) bool {
 	return true
 }
 
-// StrayFirewalls lists the rules the operator of clusterID made in this
-// provider instance's project for provider instances keep rejects: left
-// behind when a provider instance left the config. A rule whose description
-// does not name this cluster is never listed.
-func (p *Provider) StrayFirewalls(ctx context.Context, clusterID string, keep func(provider string) bool) ([]providers.FirewallRule, error) {
+// StrayFirewalls lists the rules owner made in this provider instance's
+// project for provider instances keep rejects: left behind when a provider
+// instance left the config. A rule whose description does not name this
+// cluster and this operator is never listed.
+func (p *Provider) StrayFirewalls(ctx context.Context, owner providers.Owner, keep func(provider string) bool) ([]providers.FirewallRule, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
 	it := p.firewalls.List(ctx, &computepb.ListFirewallsRequest{Project: p.settings.Project})
@@ -190,10 +191,10 @@ func (p *Provider) StrayFirewalls(ctx context.Context, clusterID string, keep fu
 			return nil, classify(fmt.Errorf("listing firewalls of project %s: %w", p.settings.Project, err))
 		}
 		m := ownerPattern.FindStringSubmatch(fw.GetDescription())
-		if m == nil || m[1] != clusterID || fw.GetName() != FirewallName(clusterID, m[2]) || keep(m[2]) {
+		if m == nil || (providers.Owner{ClusterID: m[1], OperatorID: m[2]}) != owner || fw.GetName() != FirewallName(owner, m[3]) || keep(m[3]) {
 			continue
 		}
-		out = append(out, providers.FirewallRule{Name: fw.GetName(), Provider: m[2], Location: p.settings.Project})
+		out = append(out, providers.FirewallRule{Name: fw.GetName(), Provider: m[3], Location: p.settings.Project})
 	}
 }
 

@@ -328,12 +328,14 @@ func (p *Provider) Delete(ctx context.Context, inst *providers.Instance) error {
 	return nil
 }
 
-// List returns every VM in the project, in any zone, labelled with clusterID
+// List returns every VM in the project, in any zone, labelled with owner
 // and with this provider instance's name: one aggregated list (paged) serves
 // the whole fleet.
-func (p *Provider) List(ctx context.Context, clusterID string) ([]providers.Instance, error) {
-	return p.aggregatedList(ctx, fmt.Sprintf("(labels.%s = %q) AND (labels.%s = %q)",
-		gceLabelKeys[crawlv1alpha1.LabelClusterID], clusterID, gceLabelKeys[crawlv1alpha1.LabelProvider], p.name))
+func (p *Provider) List(ctx context.Context, owner providers.Owner) ([]providers.Instance, error) {
+	return p.aggregatedList(ctx, fmt.Sprintf("(labels.%s = %q) AND (labels.%s = %q) AND (labels.%s = %q)",
+		gceLabelKeys[crawlv1alpha1.LabelClusterID], owner.ClusterID,
+		gceLabelKeys[crawlv1alpha1.LabelOperatorID], owner.OperatorID,
+		gceLabelKeys[crawlv1alpha1.LabelProvider], p.name))
 }
 
 func (p *Provider) aggregatedList(ctx context.Context, filter string) ([]providers.Instance, error) {

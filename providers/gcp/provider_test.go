@@ -56,13 +56,17 @@ func gcpProxy(mutate ...func(*crawlv1alpha1.Proxy)) *crawlv1alpha1.Proxy {
 	return p
 }
 
+// testOwner is the operator the tests' instances belong to.
+var testOwner = providers.Owner{ClusterID: "cluster-1", OperatorID: "crawl-system_epo"}
+
 func createRequest(p *crawlv1alpha1.Proxy, hash string) providers.CreateRequest {
-	name := providers.InstanceName("cluster-1", p.Namespace, p.Name)
+	name := providers.InstanceName(testOwner.ClusterID, p.Namespace, p.Name)
 	return providers.CreateRequest{
 		Proxy: p, Name: name, CloudInit: "#cloud-config\npackages: [squid]\n", SpecHash: hash,
 		Credentials: testCredentials,
 		Labels: map[string]string{
-			crawlv1alpha1.LabelClusterID: "cluster-1", crawlv1alpha1.LabelOwnerNamespace: p.Namespace,
+			crawlv1alpha1.LabelClusterID: testOwner.ClusterID, crawlv1alpha1.LabelOperatorID: testOwner.OperatorID,
+			crawlv1alpha1.LabelOwnerNamespace: p.Namespace,
 			crawlv1alpha1.LabelOwnerName: p.Name, crawlv1alpha1.LabelOwnerUID: string(p.UID), crawlv1alpha1.LabelSpecHash: hash,
 		},
 	}
@@ -155,7 +159,7 @@ func TestLifecycle(t *testing.T) {
 	assert.Empty(t, ac[0].GetNatIP(), "ephemeral: the request names no address")
 	assert.Equal(t, []string{TargetTag("gcp-eu"), "egress-proxy"}, vm.GetTags().GetItems(), "the operator's tag, which its firewall rule targets, then the configured ones")
 	assert.Equal(t, map[string]string{
-		"crawl-cluster-id": "cluster-1", "crawl-owner-namespace": "crawl", "crawl-owner-name": "eu-1",
+		"crawl-cluster-id": "cluster-1", "crawl-operator-id": "crawl-system_epo", "crawl-owner-namespace": "crawl", "crawl-owner-name": "eu-1",
 		"crawl-owner-uid": string(proxy.UID), "crawl-spec-hash": "hash-1", "crawl-port": "3128", "team": "crawl",
 		"crawl-provider": "gcp-eu",
 	}, vm.GetLabels(), "the VM names the provider instance that made it, so only its own GC may collect it")
@@ -280,7 +284,7 @@ func TestGetFindsTheVMInAnotherZone(t *testing.T) {
 	assert.Equal(t, "europe-west1-b", inst.Location)
 }
 
-func TestListSelectsThisCluster(t *testing.T) {
+func TestListSelectsThisClusterAndOperator(t *testing.T) {
 	fake, _, p := newFake(t)
 	ctx := context.Background()
 	for _, z := range []string{"europe-west1-b", "europe-west4-a"} {
@@ -289,13 +293,17 @@ func TestListSelectsThisCluster(t *testing.T) {
 		})
 		require.NoError(t, p.Create(ctx, createRequest(proxy, "h")))
 	}
-	fake.PutInstance("europe-west1-b", &computepb.Instance{
-		Name: proto.String("px-other"), Labels: map[string]string{"crawl-cluster-id": "cluster-2"},
-	}, time.Now())
+	for name, labels := range map[string]map[string]string{
+		"px-other-cluster":  {"crawl-cluster-id": "cluster-2", "crawl-operator-id": testOwner.OperatorID, "crawl-provider": "gcp-eu"},
+		"px-other-operator": {"crawl-cluster-id": testOwner.ClusterID, "crawl-operator-id": "tenant-b_epo", "crawl-provider": "gcp-eu"},
+		"px-no-operator":    {"crawl-cluster-id": testOwner.ClusterID, "crawl-provider": "gcp-eu"},
+	} {
+		fake.PutInstance("europe-west1-b", &computepb.Instance{Name: proto.String(name), Labels: labels}, time.Now())
+	}
 
-	got, err := p.List(ctx, "cluster-1")
+	got, err := p.List(ctx, testOwner)
 	require.NoError(t, err)
-	require.Len(t, got, 2, "both zones, and not the other cluster's VM")
+	require.Len(t, got, 2, "both zones, and neither the other cluster's, the other operator's nor an unowned VM")
 	assert.ElementsMatch(t, []string{"europe-west1-b", "europe-west4-a"}, []string{got[0].Location, got[1].Location})
 }
 

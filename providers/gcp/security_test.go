@@ -111,7 +111,8 @@ func TestValidateRefusesAPortTheFirewallDoesNotOpen(t *testing.T) {
 func TestFirewallLifecycle(t *testing.T) {
 	ctx := context.Background()
 	fake, _, p := newFake(t)
-	const cluster = "cluster-1"
+	cluster := testOwner
+	otherOperator := providers.Owner{ClusterID: testOwner.ClusterID, OperatorID: "tenant-b_epo"}
 	require.NoError(t, p.EnsureFirewall(ctx, cluster))
 	rules := fake.Firewalls("crawl-prod")
 	require.Len(t, rules, 1)
@@ -122,7 +123,8 @@ func TestFirewallLifecycle(t *testing.T) {
 	require.Len(t, rule.GetAllowed(), 1)
 	assert.Equal(t, "tcp", rule.GetAllowed()[0].GetIPProtocol())
 	assert.Equal(t, []string{"3128"}, rule.GetAllowed()[0].GetPorts())
-	assert.Contains(t, rule.GetDescription(), "Managed by egress-proxies-operator (cluster-id=cluster-1, provider=gcp-eu)")
+	assert.Contains(t, rule.GetDescription(), "Managed by egress-proxies-operator (cluster-id=cluster-1, operator-id=crawl-system_epo, provider=gcp-eu)")
+	assert.NotEqual(t, FirewallName(otherOperator, "gcp-eu"), rule.GetName(), "another operator's gcp-eu has a rule of its own")
 
 	// In line: no write.
 	patches := fake.Requests("firewalls.patch")
@@ -145,9 +147,15 @@ func TestFirewallLifecycle(t *testing.T) {
 	assert.Equal(t, []string{"192.0.2.0/24"}, rule.GetSourceRanges())
 	assert.Equal(t, []string{"3128", "8080"}, rule.GetAllowed()[0].GetPorts())
 
-	// Another cluster's rule and a user's rule are never strays.
-	fake.PutFirewall("crawl-prod", &computepb.Firewall{Name: proto.String(FirewallName("cluster-2", "gcp-old")),
-		Description: proto.String(firewallDescription("cluster-2", "gcp-old")), SourceRanges: []string{"10.0.0.0/8"}})
+	// Another cluster's, another operator's and a user's rules are never
+	// strays, nor is a rule made before operator ids.
+	otherCluster := providers.Owner{ClusterID: "cluster-2", OperatorID: testOwner.OperatorID}
+	fake.PutFirewall("crawl-prod", &computepb.Firewall{Name: proto.String(FirewallName(otherCluster, "gcp-old")),
+		Description: proto.String(firewallDescription(otherCluster, "gcp-old")), SourceRanges: []string{"10.0.0.0/8"}})
+	fake.PutFirewall("crawl-prod", &computepb.Firewall{Name: proto.String(FirewallName(otherOperator, "gcp-old")),
+		Description: proto.String(firewallDescription(otherOperator, "gcp-old")), SourceRanges: []string{"10.0.0.0/8"}})
+	fake.PutFirewall("crawl-prod", &computepb.Firewall{Name: proto.String("egress-proxy-0123abcd-gcp-old"),
+		Description: proto.String("Managed by egress-proxies-operator (cluster-id=cluster-1, provider=gcp-old): opens"), SourceRanges: []string{"10.0.0.0/8"}})
 	fake.PutFirewall("crawl-prod", &computepb.Firewall{Name: proto.String("allow-ssh"), SourceRanges: []string{"10.0.0.0/8"}})
 	keepAll := func(string) bool { return true }
 	stray, err := p.StrayFirewalls(ctx, cluster, keepAll)
@@ -164,7 +172,7 @@ func TestFirewallLifecycle(t *testing.T) {
 	for _, fw := range fake.Firewalls("crawl-prod") {
 		names = append(names, fw.GetName())
 	}
-	assert.ElementsMatch(t, []string{FirewallName("cluster-2", "gcp-old"), "allow-ssh"}, names)
+	assert.ElementsMatch(t, []string{FirewallName(otherCluster, "gcp-old"), FirewallName(otherOperator, "gcp-old"), "egress-proxy-0123abcd-gcp-old", "allow-ssh"}, names)
 	require.NoError(t, p.DeleteFirewall(ctx, stray[0]), "a rule already gone is fine")
 }
 

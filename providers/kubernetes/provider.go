@@ -219,13 +219,13 @@ func (p *Provider) Delete(ctx context.Context, inst *providers.Instance) error {
 	return errors.Join(errs...)
 }
 
-// List returns every proxy pod, in any namespace, labelled with clusterID
-// and with this provider instance's name.
-func (p *Provider) List(ctx context.Context, clusterID string) ([]providers.Instance, error) {
+// List returns every proxy pod, in any namespace the operator watches,
+// labelled with owner and with this provider instance's name.
+func (p *Provider) List(ctx context.Context, owner providers.Owner) ([]providers.Instance, error) {
+	selector := owner.Labels()
+	selector[crawlv1alpha1.LabelProvider] = p.name
 	var pods corev1.PodList
-	if err := p.client.List(ctx, &pods, client.MatchingLabels{
-		crawlv1alpha1.LabelClusterID: clusterID, crawlv1alpha1.LabelProvider: p.name,
-	}); err != nil {
+	if err := p.client.List(ctx, &pods, client.MatchingLabels(selector)); err != nil {
 		return nil, classify(fmt.Errorf("listing pods: %w", err))
 	}
 	out := make([]providers.Instance, 0, len(pods.Items))

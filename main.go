@@ -90,16 +90,16 @@ type options struct {
 	operatorID       string
 	scope            controllers.Scope
 	leaderElectionID string
-	gcInterval      time.Duration
-	gcGracePeriod   time.Duration
-	gcDryRun        bool
-	kubeconfig      string
-	health          health.Settings
-	healthWorkers   int
-	healthCABundle  string
-	leaseMaxTTL     time.Duration
-	cooldown        time.Duration
-	tokenSecret     string
+	gcInterval       time.Duration
+	gcGracePeriod    time.Duration
+	gcDryRun         bool
+	kubeconfig       string
+	health           health.Settings
+	healthWorkers    int
+	healthCABundle   string
+	leaseMaxTTL      time.Duration
+	cooldown         time.Duration
+	tokenSecret      string
 	// leaseStore is memory (one replica) or redis (shared by replicas);
 	// storeTimeout bounds each of its calls.
 	leaseStore     string
@@ -403,7 +403,6 @@ func checkLeaseStore(fs *flag.FlagSet, o options) error {
 	}
 	return nil
 }
-
 
 // validateBindAddress accepts "0" (disabled) or host:port with a numeric port.
 func validateBindAddress(addr string) error {

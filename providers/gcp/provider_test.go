@@ -67,7 +67,7 @@ func createRequest(p *crawlv1alpha1.Proxy, hash string) providers.CreateRequest 
 		Labels: map[string]string{
 			crawlv1alpha1.LabelClusterID: testOwner.ClusterID, crawlv1alpha1.LabelOperatorID: testOwner.OperatorID,
 			crawlv1alpha1.LabelOwnerNamespace: p.Namespace,
-			crawlv1alpha1.LabelOwnerName: p.Name, crawlv1alpha1.LabelOwnerUID: string(p.UID), crawlv1alpha1.LabelSpecHash: hash,
+			crawlv1alpha1.LabelOwnerName:      p.Name, crawlv1alpha1.LabelOwnerUID: string(p.UID), crawlv1alpha1.LabelSpecHash: hash,
 		},
 	}
 }

@@ -6,7 +6,7 @@ WORKDIR /workspace
 # Dependencies first, so source edits reuse the module layer.
 COPY go.mod go.sum ./
 RUN go mod download
-COPY main.go ./
+COPY main.go scope.go ./
 COPY api/ api/
 COPY controllers/ controllers/
 COPY providers/ providers/

@@ -261,8 +261,14 @@ func place(objs []*unstructured.Unstructured) (operatorsv1alpha1.StrategyDetails
 			continue
 		}
 		bound[r.Name] = true
+		namespaced, clusterWide := splitByScope(r.Rules)
 		for _, sa := range serviceAccounts(b.Subjects) {
-			strategy.ClusterPermissions = append(strategy.ClusterPermissions, operatorsv1alpha1.StrategyDeploymentPermissions{ServiceAccountName: sa, Rules: r.Rules})
+			if len(clusterWide) > 0 {
+				strategy.ClusterPermissions = append(strategy.ClusterPermissions, operatorsv1alpha1.StrategyDeploymentPermissions{ServiceAccountName: sa, Rules: clusterWide})
+			}
+			if len(namespaced) > 0 {
+				strategy.Permissions = append(strategy.Permissions, operatorsv1alpha1.StrategyDeploymentPermissions{ServiceAccountName: sa, Rules: namespaced})
+			}
 		}
 	}
 	for _, b := range bindings {
@@ -286,6 +292,44 @@ func place(objs []*unstructured.Unstructured) (operatorsv1alpha1.StrategyDetails
 		errs = append(errs, fmt.Errorf("want one Deployment in the manifests, found %d", len(strategy.DeploymentSpecs)))
 	}
 	return strategy, extra, errors.Join(errs...)
+}
+
+// clusterScoped are the resources of the manager's rules that no Role can
+// grant (group/resource). Everything else is namespaced.
+var clusterScoped = map[string]bool{
+	"authentication.k8s.io/tokenreviews":        true,
+	"authorization.k8s.io/subjectaccessreviews": true,
+	"/nodes":             true,
+	"/persistentvolumes": true,
+	"apiextensions.k8s.io/customresourcedefinitions":               true,
+	"rbac.authorization.k8s.io/clusterroles":                       true,
+	"rbac.authorization.k8s.io/clusterrolebindings":                true,
+	"admissionregistration.k8s.io/validatingwebhookconfigurations": true,
+}
+
+// splitByScope sorts a bound ClusterRole's rules for OLM. Namespaced rules
+// become permissions, which OLM grants in the operator group's target
+// namespaces (and cluster-wide in AllNamespaces mode), so an operator
+// installed for a few namespaces is granted nothing outside them; the
+// cluster-scoped ones (the metrics endpoint's TokenReviews and
+// SubjectAccessReviews, which read nothing) stay cluster permissions. The
+// namespaces rule is namespaced here: a Role lets the operator read its own
+// namespace, whose UID is its default cluster id when scoped.
+func splitByScope(rules []rbacv1.PolicyRule) (namespaced, clusterWide []rbacv1.PolicyRule) {
+	for _, r := range rules {
+		cluster := false
+		for _, g := range r.APIGroups {
+			for _, res := range r.Resources {
+				cluster = cluster || clusterScoped[g+"/"+res]
+			}
+		}
+		if cluster {
+			clusterWide = append(clusterWide, r)
+		} else {
+			namespaced = append(namespaced, r)
+		}
+	}
+	return namespaced, clusterWide
 }
 
 func serviceAccounts(subjects []rbacv1.Subject) []string {

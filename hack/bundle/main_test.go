@@ -27,7 +27,10 @@ var (
 			"spec":     map[string]any{"serviceAccountName": "sa", "containers": []any{map[string]any{"name": "manager", "image": "controller:latest"}}},
 		},
 	}})
-	rule        = []any{map[string]any{"apiGroups": []any{""}, "resources": []any{"pods"}, "verbs": []any{"get"}}}
+	rule = []any{
+		map[string]any{"apiGroups": []any{""}, "resources": []any{"pods"}, "verbs": []any{"get"}},
+		map[string]any{"apiGroups": []any{"authentication.k8s.io"}, "resources": []any{"tokenreviews"}, "verbs": []any{"create"}},
+	}
 	saSubject   = []any{map[string]any{"kind": "ServiceAccount", "name": "sa", "namespace": "system"}}
 	clusterRole = obj("rbac.authorization.k8s.io/v1", "ClusterRole", "manager-role", map[string]any{"rules": rule})
 	binding     = obj("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", "manager-rolebinding", map[string]any{
@@ -54,10 +57,14 @@ func TestPlace(t *testing.T) {
 	require.Len(t, strategy.DeploymentSpecs, 1)
 	assert.Equal(t, "manager", strategy.DeploymentSpecs[0].Name)
 	assert.NotContains(t, strategy.DeploymentSpecs[0].Spec.Template.Labels, managedByLabel, "OLM, not kustomize, manages what the bundle installs")
-	require.Len(t, strategy.ClusterPermissions, 1, "the bound ClusterRole becomes the ServiceAccount's cluster permissions")
+	require.Len(t, strategy.Permissions, 1, "the bound ClusterRole's namespaced rules become permissions, granted in the target namespaces")
+	assert.Equal(t, "sa", strategy.Permissions[0].ServiceAccountName)
+	require.Len(t, strategy.Permissions[0].Rules, 1)
+	assert.Equal(t, []string{"pods"}, strategy.Permissions[0].Rules[0].Resources)
+	require.Len(t, strategy.ClusterPermissions, 1, "what no Role can grant stays a cluster permission")
 	assert.Equal(t, "sa", strategy.ClusterPermissions[0].ServiceAccountName)
-	assert.Equal(t, []string{"pods"}, strategy.ClusterPermissions[0].Rules[0].Resources)
-	assert.Empty(t, strategy.Permissions)
+	require.Len(t, strategy.ClusterPermissions[0].Rules, 1)
+	assert.Equal(t, []string{"tokenreviews"}, strategy.ClusterPermissions[0].Rules[0].Resources)
 
 	var names []string
 	for _, u := range extra {

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	"k8s.io/apiextensions-apiserver/pkg/apis/apiextensions"
+	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsvalidation "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/validation"
 	"sigs.k8s.io/yaml"
@@ -75,24 +76,50 @@ func TestBundlePassesOperatorFrameworkValidation(t *testing.T) {
 // validator takes the manager's events.k8s.io rule for events.k8s.io/v1beta1
 // (removed in 1.25). The operator records Events through events.k8s.io/v1,
 // GA since 1.19. Only that exact warning, about that one rule (the index
-// of the events.k8s.io rule in the manager's ClusterRole), is excused.
+// of the events.k8s.io rule in the manager's permissions), is excused.
 func knownFalseWarning(msg string, eventsRule int) bool {
 	return strings.Contains(msg, "deprecated and removed in v1.25") &&
-		strings.HasSuffix(msg, fmt.Sprintf(`Migrate the API(s) for events: (["ClusterServiceVersion.Spec.InstallStrategy.StrategySpec.ClusterPermissions[0].Rules[%d]"])`, eventsRule))
+		strings.HasSuffix(msg, fmt.Sprintf(`Migrate the API(s) for events: (["ClusterServiceVersion.Spec.InstallStrategy.StrategySpec.Permissions[0].Rules[%d]"])`, eventsRule))
 }
 
-// eventsRuleIndex is where the manager's ClusterRole grants events.k8s.io.
+// eventsRuleIndex is where the manager's permissions grant events.k8s.io.
 func eventsRuleIndex(t *testing.T, b *manifests.Bundle) int {
 	t.Helper()
 	spec := b.CSV.Spec.InstallStrategy.StrategySpec
-	require.NotEmpty(t, spec.ClusterPermissions)
-	for i, r := range spec.ClusterPermissions[0].Rules {
+	require.NotEmpty(t, spec.Permissions)
+	for i, r := range spec.Permissions[0].Rules {
 		if slices.Contains(r.APIGroups, "events.k8s.io") {
 			return i
 		}
 	}
-	require.Fail(t, "the manager's ClusterRole has no events.k8s.io rule")
+	require.Fail(t, "the manager's permissions have no events.k8s.io rule")
 	return -1
+}
+
+// TestBundleSupportsEveryInstallMode: OLM may install the operator for its
+// own namespace, one other, several, or all; the Deployment follows the
+// target namespaces OLM annotates on its pod.
+func TestBundleSupportsEveryInstallMode(t *testing.T) {
+	csv := loadBundle(t).CSV
+	var supported []string
+	for _, m := range csv.Spec.InstallModes {
+		if m.Supported {
+			supported = append(supported, string(m.Type))
+		}
+	}
+	assert.ElementsMatch(t, []string{"OwnNamespace", "SingleNamespace", "MultiNamespace", "AllNamespaces"}, supported)
+
+	spec := csv.Spec.InstallStrategy.StrategySpec.DeploymentSpecs[0].Spec.Template.Spec
+	var watch *corev1.EnvVar
+	for i, e := range spec.Containers[0].Env {
+		if e.Name == "WATCH_NAMESPACE" {
+			watch = &spec.Containers[0].Env[i]
+		}
+	}
+	require.NotNil(t, watch, "the operator reads its target namespaces from WATCH_NAMESPACE")
+	require.NotNil(t, watch.ValueFrom)
+	require.NotNil(t, watch.ValueFrom.FieldRef)
+	assert.Equal(t, "metadata.annotations['olm.targetNamespaces']", watch.ValueFrom.FieldRef.FieldPath)
 }
 
 // TestBundleCRDPassesTheAPIServersValidation runs the CRD through

@@ -56,6 +56,7 @@ const (
 // `helm template -f ... --set ...` would.
 type chartInstall struct {
 	release     string
+	namespace   string
 	valuesFiles []string
 	set         map[string]any
 	apiVersions []string
@@ -85,7 +86,7 @@ func (in chartInstall) render(t *testing.T) (rendered, error) {
 	install.DryRunStrategy = action.DryRunClient
 	install.Replace = true
 	install.ReleaseName = cmpOr(in.release, releaseName)
-	install.Namespace = releaseNamespace
+	install.Namespace = cmpOr(in.namespace, releaseNamespace)
 	install.KubeVersion = kubeVersion(t)
 	install.APIVersions = in.apiVersions
 	rel, err := install.Run(chrt, vals)

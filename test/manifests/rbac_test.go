@@ -47,11 +47,18 @@ func TestRBACAgreesEverywhere(t *testing.T) {
 
 	csv := loadBundle(t).CSV
 	strategy := csv.Spec.InstallStrategy.StrategySpec
+	// The manager's namespaced rules are permissions (OLM grants them in
+	// the target namespaces, or cluster-wide for AllNamespaces); what no
+	// Role can grant is a cluster permission.
 	require.Len(t, strategy.ClusterPermissions, 1)
-	require.Len(t, strategy.Permissions, 1)
+	require.Len(t, strategy.Permissions, 2)
+	managerRules := slices.Concat(strategy.Permissions[0].Rules, strategy.ClusterPermissions[0].Rules)
+	for _, r := range strategy.ClusterPermissions[0].Rules {
+		assert.Subset(t, []string{"authentication.k8s.io", "authorization.k8s.io"}, r.APIGroups, "only what no Role can grant is a cluster permission: %v", r)
+	}
 	bundle := roleSet{rules: map[string][]string{
-		"manager":         normalise(strategy.ClusterPermissions[0].Rules),
-		"leader-election": normalise(strategy.Permissions[0].Rules),
+		"manager":         normalise(managerRules),
+		"leader-election": normalise(strategy.Permissions[1].Rules),
 	}, labels: map[string]map[string]string{}}
 	bundleObjects := objects(nil)
 	for _, u := range loadBundle(t).Objects {
@@ -71,6 +78,7 @@ func TestRBACAgreesEverywhere(t *testing.T) {
 	sa := strategy.DeploymentSpecs[0].Spec.Template.Spec.ServiceAccountName
 	assert.Equal(t, sa, strategy.ClusterPermissions[0].ServiceAccountName)
 	assert.Equal(t, sa, strategy.Permissions[0].ServiceAccountName)
+	assert.Equal(t, sa, strategy.Permissions[1].ServiceAccountName)
 
 	for name, o := range map[string]objects{"kustomize": kustomize, "chart": chart} {
 		assert.Len(t, slices.Concat(o.ofKind("ClusterRole"), o.ofKind("Role")), len(rolePurposes), "%s: no role beyond the known ones", name)

@@ -191,13 +191,13 @@ func (c *chaos) killExternalSquid() {
 }
 
 func (c *chaos) crashVM() {
-	addr := c.w.vms.crash(c.rng.IntN)
+	addr := c.w.vms.Crash(c.rng.IntN)
 	if addr == "" {
 		return
 	}
 	c.count("VM proxy crashed")
 	c.hold(addr)
-	c.later("VM proxy", func() error { c.w.vms.recover(addr); c.unhold(addr); return nil })
+	c.later("VM proxy", func() error { c.w.vms.Recover(addr); c.unhold(addr); return nil })
 }
 
 // faults are what the fake Compute API injects: rate limiting, outages and

@@ -5,19 +5,14 @@ package soak
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"cloud.google.com/go/compute/apiv1/computepb"
-	"golang.org/x/crypto/bcrypt"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
@@ -78,7 +73,7 @@ const (
 type world struct {
 	cluster *cluster.Cluster
 	fake    *fakecompute.Server
-	vms     *vmRunner
+	vms     *cluster.VMRunner
 	squids  []*externalSquid
 	bin     string
 
@@ -131,9 +126,9 @@ func newWorld(t *testing.T) *world {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Stop)
-	w := &world{cluster: c, fake: fake, vms: newVMRunner(fake), replacements: map[string]float64{}}
-	go w.vms.run(t.Context())
-	t.Cleanup(w.vms.closeAll)
+	w := &world{cluster: c, fake: fake, vms: cluster.NewVMRunner(fake), replacements: map[string]float64{}}
+	go w.vms.Run(t.Context())
+	t.Cleanup(w.vms.CloseAll)
 
 	for i := range externalSquids {
 		s := &externalSquid{cfg: squid.Config{Address: fmt.Sprintf("127.5.0.%d", i+1), Port: int(crawlv1alpha1.DefaultPort)},
@@ -278,149 +273,9 @@ func (s *externalSquid) stop() {
 	}
 }
 
-// vmRunner plays the software on the fake Compute API's VMs: every RUNNING
-// VM gets an in-process CONNECT proxy on its NAT address and port, which
-// goes away with the VM. crash stops a VM's proxy while the VM stays up, as
-// a Squid dying inside a VM would.
-type vmRunner struct {
-	fake *fakecompute.Server
-
-	mu      sync.Mutex
-	proxies map[string]*cluster.ConnectProxy // by VM address
-	crashed map[string]bool
-}
-
-func newVMRunner(fake *fakecompute.Server) *vmRunner {
-	return &vmRunner{fake: fake, proxies: map[string]*cluster.ConnectProxy{}, crashed: map[string]bool{}}
-}
-
-func (r *vmRunner) run(ctx context.Context) {
-	for ctx.Err() == nil {
-		r.sync()
-		select {
-		case <-ctx.Done():
-		case <-time.After(250 * time.Millisecond):
-		}
-	}
-}
-
-func (r *vmRunner) sync() {
-	alive := map[string]bool{}
-	for _, vm := range r.fake.Instances() {
-		addr := vmAddr(vm.GetNetworkInterfaces(), vm.GetLabels()["crawl-port"])
-		if vm.GetStatus() != "RUNNING" || addr == "" {
-			continue
-		}
-		alive[addr] = true
-		r.mu.Lock()
-		_, running := r.proxies[addr]
-		crashed := r.crashed[addr]
-		r.mu.Unlock()
-		if running || crashed {
-			continue
-		}
-		p, err := cluster.StartAuthenticatingProxy(addr, passwordFileCheck(vm))
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "vm runner: %v\n", err)
-			continue
-		}
-		r.mu.Lock()
-		r.proxies[addr] = p
-		r.mu.Unlock()
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for addr, p := range r.proxies {
-		if !alive[addr] {
-			p.Close()
-			delete(r.proxies, addr)
-		}
-	}
-	for addr := range r.crashed {
-		if !alive[addr] {
-			delete(r.crashed, addr)
-		}
-	}
-}
-
-// crash stops the proxy of a random running VM and returns its address.
-func (r *vmRunner) crash(pick func(n int) int) string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	addrs := make([]string, 0, len(r.proxies))
-	for addr := range r.proxies {
-		addrs = append(addrs, addr)
-	}
-	if len(addrs) == 0 {
-		return ""
-	}
-	addr := addrs[pick(len(addrs))]
-	r.proxies[addr].Close()
-	delete(r.proxies, addr)
-	r.crashed[addr] = true
-	return addr
-}
-
-// recover lets the next sync start a crashed VM's proxy again.
-func (r *vmRunner) recover(addr string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	delete(r.crashed, addr)
-}
-
-func (r *vmRunner) closeAll() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for addr, p := range r.proxies {
-		p.Close()
-		delete(r.proxies, addr)
-	}
-}
-
 // httpClient is what the soak's crawlers use; each restart closes its idle
 // connections.
 var httpClient = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
-
-// passwordFileCheck checks credentials against the password file the
-// provider put in a VM's metadata, as the VM's Squid does.
-func passwordFileCheck(vm *computepb.Instance) func(user, password string) bool {
-	var line string
-	for _, item := range vm.GetMetadata().GetItems() {
-		if item.GetKey() == "egress-proxy-password-file" {
-			line = strings.TrimSpace(item.GetValue())
-		}
-	}
-	wantUser, hash, _ := strings.Cut(line, ":")
-	// Squid checks a password once per credentialsttl, not per request;
-	// so does this, or bcrypt would cost every crawler request 60ms of CPU.
-	var verified sync.Map
-	return func(user, password string) bool {
-		if line == "" || user != wantUser {
-			return false
-		}
-		if _, ok := verified.Load(password); ok {
-			return true
-		}
-		if bcrypt.CompareHashAndPassword([]byte(hash), []byte(password)) != nil {
-			return false
-		}
-		verified.Store(password, true)
-		return true
-	}
-}
-
-// vmAddr is where a VM's proxy listens: its external (NAT) address and the
-// port the provider labelled it with.
-func vmAddr(ifaces []*computepb.NetworkInterface, port string) string {
-	for _, iface := range ifaces {
-		for _, ac := range iface.GetAccessConfigs() {
-			if ip := ac.GetNatIP(); ip != "" && port != "" {
-				return net.JoinHostPort(ip, port)
-			}
-		}
-	}
-	return ""
-}
 
 // keepReplacements adds the replacements of the process serving metrics on
 // addr to those of processes gone, before it is killed.

@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/test/cluster"
 )
 
 // The self-healing faults and their timing.
@@ -191,7 +192,7 @@ func (c *chaos) sicken() {
 		}
 		return
 	}
-	if c.w.vms.crash(c.rng.IntN) != "" {
+	if c.w.vms.Crash(c.rng.IntN) != "" {
 		c.count("VM proxy killed for good (replaced when Unhealthy too long)")
 	}
 }
@@ -209,7 +210,7 @@ func (c *chaos) noteDeath(vmName string) {
 		if vm.GetName() != vmName {
 			continue
 		}
-		ip, _, _ := net.SplitHostPort(vmAddr(vm.GetNetworkInterfaces(), vm.GetLabels()["crawl-port"]))
+		ip, _, _ := net.SplitHostPort(cluster.VMAddr(vm.GetNetworkInterfaces(), vm.GetLabels()["crawl-port"]))
 		c.mu.Lock()
 		c.deaths = append(c.deaths, vmDeath{proxy: vm.GetLabels()["crawl-owner-name"], oldIP: ip, at: time.Now()})
 		c.mu.Unlock()

@@ -256,7 +256,7 @@ func (c *chaos) leaveSomeDown() string {
 		}
 	}
 	for vms < 5 {
-		addr := c.w.vms.crash(c.rng.IntN)
+		addr := c.w.vms.Crash(c.rng.IntN)
 		if addr == "" {
 			break
 		}
@@ -310,7 +310,7 @@ func (w *world) inventory(ctx context.Context) []string {
 	}
 	for _, vm := range w.fake.Instances() {
 		if vm.GetStatus() != "STOPPING" {
-			ip, _, _ := net.SplitHostPort(vmAddr(vm.GetNetworkInterfaces(), vm.GetLabels()["crawl-port"]))
+			ip, _, _ := net.SplitHostPort(cluster.VMAddr(vm.GetNetworkInterfaces(), vm.GetLabels()["crawl-port"]))
 			own(vm.GetLabels()["crawl-owner-uid"], ip)
 		}
 	}

@@ -46,6 +46,7 @@ func TestChartNamespaceScoped(t *testing.T) {
 	var deploy appsv1.Deployment
 	require.True(t, r.objects.one(t, "Deployment", &deploy))
 	assert.Equal(t, "crawl-a,crawl-a2", managerArg(t, deploy, "--watch-namespaces"))
+	assert.Contains(t, r.notes, "It keeps to the namespaces crawl-a, crawl-a2")
 	assert.Contains(t, deploy.Spec.Template.Spec.Containers[0].Env,
 		corev1.EnvVar{Name: "OPERATOR_NAME", Value: "tenant-a-egress-proxies-operator"}, "the release names the operator id and its Lease")
 

@@ -81,6 +81,7 @@ type options struct {
 	metricsSecure   bool
 	enableHTTP2     bool
 	probeAddr       string
+	pprofAddr       string
 	leaderElect     bool
 	providersConfig string
 	discoveryAddr   string
@@ -139,6 +140,8 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 		"Serve metrics over HTTPS behind Kubernetes authentication and authorization.")
 	fs.BoolVar(&o.enableHTTP2, "enable-http2", false,
 		"Allow HTTP/2 on the metrics server (off by default: HTTP/2 Rapid Reset and Stream Cancellation).")
+	fs.StringVar(&o.pprofAddr, "pprof-bind-address", "0",
+		"Address Go's /debug/pprof endpoints bind to, for profiling a running operator; \"0\" (the default) disables them. Keep it off a Service: profiles show internals.")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081",
 		"Address the /healthz and /readyz endpoints bind to; \"0\" disables them.")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false,
@@ -240,6 +243,7 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	for _, a := range []struct{ flag, value string }{
 		{"metrics-bind-address", o.metricsAddr},
 		{"health-probe-bind-address", o.probeAddr},
+		{"pprof-bind-address", o.pprofAddr},
 		{"discovery-bind-address", o.discoveryAddr},
 		{"gateway-bind-address", o.gateway.Addr},
 	} {
@@ -782,6 +786,7 @@ func newManager(restConfig *rest.Config, opts options) (manager.Manager, error) 
 		Cache:                  scopedCache(cacheOptions(opts.syncPeriod), opts.scope),
 		Metrics:                metricsOpts,
 		HealthProbeBindAddress: opts.probeAddr,
+		PprofBindAddress:       opts.pprofAddr,
 		LeaderElection:         opts.leaderElect,
 		LeaderElectionID:       opts.leaderElectionID,
 		// In the operator's namespace: controller-runtime would otherwise

@@ -42,6 +42,7 @@ func TestParseFlags(t *testing.T) {
 		assert.True(t, o.scope.Cluster(), "the whole cluster by default")
 		assert.Equal(t, "egress-proxies-operator-system_egress-proxies-operator", o.operatorID, "<namespace>_<name>")
 		assert.Equal(t, "egress-proxies-operator.crawl.example.com", o.leaderElectionID)
+		assert.Equal(t, "0", o.pprofAddr, "profiling is off by default")
 	})
 
 	t.Run("a namespace-scoped install", func(t *testing.T) {
@@ -133,6 +134,7 @@ func TestParseFlags(t *testing.T) {
 		{"discovery address without port", []string{"--discovery-bind-address=localhost"}, "--discovery-bind-address"},
 		{"metrics port not a number", []string{"--metrics-bind-address=:https"}, "--metrics-bind-address"},
 		{"probe port out of range", []string{"--health-probe-bind-address=:70000"}, "--health-probe-bind-address"},
+		{"pprof address without port", []string{"--pprof-bind-address=localhost"}, "--pprof-bind-address"},
 		{"cluster id with capitals", []string{"--cluster-id=Prod"}, "--cluster-id"},
 		{"cluster id too long", []string{"--cluster-id=" + string(bytes.Repeat([]byte("a"), 64))}, "--cluster-id"},
 		{"operator id with a dot", []string{"--operator-id=tenant.a"}, "--operator-id"},

@@ -10,6 +10,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -53,6 +54,9 @@ type world struct {
 	cluster *cluster.Cluster
 	bin     string
 	dir     string
+	// pprof is the last started operator's /debug/pprof address, when
+	// $BENCH_CPU_PROFILE asks for profiles.
+	pprof string
 }
 
 func newWorld(b *testing.B, opts cluster.Options) *world {
@@ -79,11 +83,16 @@ func newWorld(b *testing.B, opts cluster.Options) *world {
 func (w *world) startOperator(b *testing.B, env ...string) (*cluster.Operator, string) {
 	b.Helper()
 	metrics := cluster.FreeAddr()
+	args := []string{"--metrics-bind-address=" + metrics, "--metrics-secure=false", "--health-interval=30s", "--health-timeout=10s",
+		"--kube-api-qps=1000", "--kube-api-burst=2000"}
+	if os.Getenv(cpuProfileEnv) != "" {
+		w.pprof = cluster.FreeAddr()
+		args = append(args, "--pprof-bind-address="+w.pprof)
+	}
 	op, err := w.cluster.StartOperator(w.bin, cluster.OperatorOptions{
 		Env:           env,
 		DiscoveryAddr: cluster.FreeAddr(), ProbeAddr: cluster.FreeAddr(),
-		ExtraArgs: []string{"--metrics-bind-address=" + metrics, "--metrics-secure=false", "--health-interval=30s", "--health-timeout=10s",
-			"--kube-api-qps=1000", "--kube-api-burst=2000"},
+		ExtraArgs:     args,
 	})
 	if err != nil {
 		b.Fatal(err)
@@ -292,4 +301,44 @@ func mustNamespace(b *testing.B, c client.Client, name string) {
 	if err := c.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {
 		b.Fatal(err)
 	}
+}
+
+// cpuProfileEnv names a file prefix: when set, a bring-up benchmark saves
+// the operator's CPU profile of its first seconds as <prefix>-<name>.pprof,
+// for `go tool pprof`.
+const cpuProfileEnv = "BENCH_CPU_PROFILE"
+
+// profileOperator starts recording the running operator's CPU profile for
+// d, when $BENCH_CPU_PROFILE asks for it; wait for the returned function
+// before stopping the operator.
+func (w *world) profileOperator(b *testing.B, name string, d time.Duration) func() {
+	b.Helper()
+	prefix := os.Getenv(cpuProfileEnv)
+	if prefix == "" || w.pprof == "" {
+		return func() {}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", w.pprof, int(d.Seconds()))
+		res, err := http.Get(url) //nolint:noctx // bounded by the profile's own duration
+		if err != nil {
+			b.Logf("profiling the operator: %v", err)
+			return
+		}
+		defer res.Body.Close()
+		path := fmt.Sprintf("%s-%s.pprof", prefix, name)
+		f, err := os.Create(path)
+		if err != nil {
+			b.Logf("profiling the operator: %v", err)
+			return
+		}
+		defer f.Close()
+		if _, err := io.Copy(f, res.Body); err != nil {
+			b.Logf("profiling the operator: %v", err)
+			return
+		}
+		b.Logf("the operator's CPU profile: %s", path)
+	}()
+	return func() { <-done }
 }

@@ -92,10 +92,12 @@ func benchReconcile(b *testing.B, mode crawlv1alpha1.ProxyMode, reconcileProxies
 		ready := watchReady(b, w.cluster, ns, reconcileProxies)
 		before := sum(apiWrites(b, metrics))
 		t0 = time.Now()
+		profiled := w.profileOperator(b, fmt.Sprintf("%s%d-round%d", mode, reconcileProxies, round), 10*time.Second)
 		if err := forEach(reconcileProxies, func(i int) error { return c.Create(ctx, newProxy(ns, i)) }); err != nil {
 			b.Fatal(err)
 		}
 		ready.wait(b, readyTimeout, op)
+		profiled()
 		opTime += time.Since(t0)
 		after := settledWrites(b, metrics)
 		opWrites += sum(after) - before

@@ -92,7 +92,7 @@ func (w *world) startOperator(b *testing.B, env ...string) (*cluster.Operator, s
 	op, err := w.cluster.StartOperator(w.bin, cluster.OperatorOptions{
 		Env:           env,
 		DiscoveryAddr: cluster.FreeAddr(), ProbeAddr: cluster.FreeAddr(),
-		ExtraArgs:     args,
+		ExtraArgs: args,
 	})
 	if err != nil {
 		b.Fatal(err)

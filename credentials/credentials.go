@@ -17,6 +17,7 @@ import (
 	"sync"
 
 	"golang.org/x/crypto/bcrypt"
+	"golang.org/x/sync/singleflight"
 	corev1 "k8s.io/api/core/v1"
 )
 
@@ -119,8 +120,10 @@ const bcryptCost = bcrypt.DefaultCost
 // every instance of a provider instance shares its credentials: hashing
 // once per instance capped a fleet's bring-up at the CPU's bcrypt rate
 // (about 28 proxies a second on 2 cores). The line is computed once per
-// credentials and reused; one salted hash for instances that share a
-// password tells nothing the shared password does not.
+// credentials and reused (concurrent callers wait for the one hashing, so a
+// fleet's first moments do not hash once per worker); one salted hash for
+// instances that share a password tells nothing the shared password does
+// not.
 func (c Credentials) PasswordFile() (string, error) {
 	key := c.Fingerprint()
 	passwordFiles.mu.Lock()
@@ -129,25 +132,32 @@ func (c Credentials) PasswordFile() (string, error) {
 	if ok {
 		return line, nil
 	}
-	hash, err := bcrypt.GenerateFromPassword([]byte(c.Password), bcryptCost)
+	v, err, _ := passwordFiles.hashing.Do(key, func() (any, error) {
+		hash, err := bcrypt.GenerateFromPassword([]byte(c.Password), bcryptCost)
+		if err != nil {
+			return "", fmt.Errorf("hashing the proxy password: %w", err)
+		}
+		line := c.Username + ":" + string(hash) + "\n"
+		passwordFiles.mu.Lock()
+		defer passwordFiles.mu.Unlock()
+		if len(passwordFiles.lines) >= maxPasswordFiles {
+			clear(passwordFiles.lines) // credentials in use are few; bound them anyway
+		}
+		passwordFiles.lines[key] = line
+		return line, nil
+	})
 	if err != nil {
-		return "", fmt.Errorf("hashing the proxy password: %w", err)
+		return "", err
 	}
-	line = c.Username + ":" + string(hash) + "\n"
-	passwordFiles.mu.Lock()
-	defer passwordFiles.mu.Unlock()
-	if len(passwordFiles.lines) >= maxPasswordFiles {
-		clear(passwordFiles.lines) // credentials in use are few; bound them anyway
-	}
-	passwordFiles.lines[key] = line
-	return line, nil
+	return v.(string), nil
 }
 
 // passwordFiles are the password-file lines computed so far, by the
-// credentials' fingerprint.
+// credentials' fingerprint, and the hashing under way.
 var passwordFiles = struct {
-	mu    sync.Mutex
-	lines map[string]string
+	mu      sync.Mutex
+	lines   map[string]string
+	hashing singleflight.Group
 }{lines: map[string]string{}}
 
 // maxPasswordFiles bounds passwordFiles: one per provider instance and per

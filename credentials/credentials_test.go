@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -86,5 +87,26 @@ func TestPasswordFileIsHashedOncePerCredentials(t *testing.T) {
 	}{{first, a.Password, true}, {first, b.Password, false}, {other, b.Password, true}} {
 		_, hash, _ := strings.Cut(strings.TrimSpace(tc.line), ":")
 		assert.Equal(t, tc.want, bcrypt.CompareHashAndPassword([]byte(hash), []byte(tc.password)) == nil)
+	}
+}
+
+// TestPasswordFileIsHashedOnceUnderConcurrentCallers: a fleet's first
+// moments ask for the same credentials' line from every worker at once; one
+// hashes, the others wait for its line (before, each hashed: as many bcrypt
+// costs as workers, and as many different lines).
+func TestPasswordFileIsHashedOnceUnderConcurrentCallers(t *testing.T) {
+	c := Generate()
+	lines := make([]string, 8)
+	var wg sync.WaitGroup
+	for i := range lines {
+		wg.Go(func() {
+			line, err := c.PasswordFile()
+			assert.NoError(t, err)
+			lines[i] = line
+		})
+	}
+	wg.Wait()
+	for _, line := range lines {
+		assert.Equal(t, lines[0], line, "one hash, shared by every caller")
 	}
 }

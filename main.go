@@ -468,7 +468,7 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 			return err
 		}
 	}
-	owner := ownerOf(clusterID, opts.operatorID)
+	owner := providers.Owner{ClusterID: clusterID, OperatorID: opts.operatorID}
 	// Proxy credentials are read from a cache of their own, holding only
 	// Secrets labelled crawl.example.com/proxy-credentials=true: in the
 	// watched namespaces (the ones Proxies name) and the credentials

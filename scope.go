@@ -14,7 +14,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/example/egress-proxies-operator/controllers"
-	"github.com/example/egress-proxies-operator/providers"
 )
 
 // Where an operator learns who it is and what it keeps to, beside its flags:
@@ -91,11 +90,6 @@ func defaultClusterID(ctx context.Context, reader client.Reader, scope controlle
 		return "", fmt.Errorf("reading the namespace %s for the default --cluster-id (set --cluster-id to skip): %w", name, err)
 	}
 	return string(ns.UID), nil
-}
-
-// ownerOf is the identity this operator labels its instances with.
-func ownerOf(clusterID, operatorID string) providers.Owner {
-	return providers.Owner{ClusterID: clusterID, OperatorID: operatorID}
 }
 
 // scopeForLog says what the operator watches, for its start line.

@@ -158,3 +158,23 @@ func VMAddr(ifaces []*computepb.NetworkInterface, port string) string {
 	}
 	return ""
 }
+
+// GCPProvider is the providers-config entry (for Options.ExtraProviders) of
+// a gcp provider instance called name on the fake Compute API at endpoint:
+// project and zone as given, the firewall open to loopback, where the VM
+// runner's proxies listen.
+func GCPProvider(name, project, zone, endpoint string) string {
+	return fmt.Sprintf(`- name: %s
+  type: gcp
+  settings:
+    project: %s
+    zone: %s
+    machineType: e2-small
+    image: projects/debian-cloud/global/images/family/debian-12
+    endpoint: %s
+    withoutAuthentication: true
+    requestTimeout: 5s
+    firewall:
+      sourceRanges: [127.0.0.0/8]
+`, name, project, zone, endpoint)
+}

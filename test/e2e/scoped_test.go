@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -32,19 +31,7 @@ func TestScopedOperators(t *testing.T) {
 	dir := t.TempDir()
 	fake := fakecompute.New(clock.RealClock{}, fakecompute.Timings{Provisioning: 500 * time.Millisecond, Staging: 500 * time.Millisecond, Stopping: time.Second})
 	t.Cleanup(fake.Close)
-	c, err := cluster.Start(dir, cluster.Options{ExtraProviders: fmt.Sprintf(`- name: gcp-eu
-  type: gcp
-  settings:
-    project: crawl-shared
-    zone: europe-west1-b
-    machineType: e2-small
-    image: projects/debian-cloud/global/images/family/debian-12
-    endpoint: %s
-    withoutAuthentication: true
-    requestTimeout: 5s
-    firewall:
-      sourceRanges: [127.0.0.0/8]
-`, fake.URL)})
+	c, err := cluster.Start(dir, cluster.Options{ExtraProviders: cluster.GCPProvider("gcp-eu", "crawl-shared", "europe-west1-b", fake.URL)})
 	require.NoError(t, err)
 	t.Cleanup(c.Stop)
 	vms := cluster.NewVMRunner(fake)

@@ -101,21 +101,7 @@ func newWorld(t *testing.T) *world {
 	dir := t.TempDir()
 	fake := fakecompute.New(clock.RealClock{}, fakecompute.Timings{Provisioning: time.Second, Staging: time.Second, Stopping: 2 * time.Second})
 	t.Cleanup(fake.Close)
-	gcpSettings := func(name string) string {
-		return fmt.Sprintf(`- name: %s
-  type: gcp
-  settings:
-    project: soak
-    zone: %s
-    machineType: e2-small
-    image: projects/debian-cloud/global/images/family/debian-12
-    endpoint: %s
-    withoutAuthentication: true
-    requestTimeout: 5s
-    firewall:
-      sourceRanges: [127.0.0.0/8]
-`, name, gcpZone, fake.URL)
-	}
+	gcpSettings := func(name string) string { return cluster.GCPProvider(name, "soak", gcpZone, fake.URL) }
 	c, err := cluster.Start(dir, cluster.Options{ExtraProviders: gcpSettings(gcpProvider) + gcpSettings(gcpProviderB) + `- name: ` + kubernetesProviderB + `
   type: kubernetes
   settings:

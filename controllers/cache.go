@@ -24,6 +24,10 @@ const (
 type writeLag struct {
 	mu         sync.Mutex
 	superseded map[types.NamespacedName]supersededVersion
+	// pruned is when expired entries were last dropped: a Proxy whose last
+	// write was its last pass (Ready, nothing to requeue) is never asked
+	// about again, and its entry would stay for the Proxy's life.
+	pruned time.Time
 }
 
 type supersededVersion struct {
@@ -31,14 +35,24 @@ type supersededVersion struct {
 	at      time.Time
 }
 
-// wrote notes that a write replaced version before of key.
+// wrote notes that a write replaced version before of key. Every
+// maxCacheLag it also drops the entries past it, which behind would ignore.
 func (w *writeLag) wrote(key types.NamespacedName, before string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	now := time.Now()
 	if w.superseded == nil {
 		w.superseded = map[types.NamespacedName]supersededVersion{}
 	}
-	w.superseded[key] = supersededVersion{version: before, at: time.Now()}
+	if now.Sub(w.pruned) >= maxCacheLag {
+		for k, s := range w.superseded {
+			if now.Sub(s.at) >= maxCacheLag {
+				delete(w.superseded, k)
+			}
+		}
+		w.pruned = now
+	}
+	w.superseded[key] = supersededVersion{version: before, at: now}
 }
 
 // behind says whether cached, the version the cache holds of key, is one

@@ -1,10 +1,12 @@
 package controllers
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -27,4 +29,25 @@ func TestWriteLag(t *testing.T) {
 	lag.wrote(key, "20")
 	lag.superseded[key] = supersededVersion{version: "20", at: time.Now().Add(-maxCacheLag)}
 	assert.False(t, lag.behind(key, "20"), "a cache that never catches up is not waited for forever")
+}
+
+// TestWriteLagForgetsWhatNoPassAsksAbout: a Proxy's last write (Ready,
+// nothing to requeue) is never followed by a pass; its entry goes once it
+// is past maxCacheLag, with the next write of any Proxy, so a fleet's
+// entries do not stay for the fleet's life.
+func TestWriteLagForgetsWhatNoPassAsksAbout(t *testing.T) {
+	var lag writeLag
+	for i := range 1000 {
+		lag.wrote(types.NamespacedName{Namespace: "crawl", Name: fmt.Sprintf("px-%d", i)}, "1")
+	}
+	require.Len(t, lag.superseded, 1000)
+	for k, s := range lag.superseded {
+		s.at = s.at.Add(-maxCacheLag)
+		lag.superseded[k] = s
+	}
+	lag.pruned = lag.pruned.Add(-maxCacheLag)
+	fresh := types.NamespacedName{Namespace: "crawl", Name: "fresh"}
+	lag.wrote(fresh, "7")
+	assert.Len(t, lag.superseded, 1, "only the fresh write is kept")
+	assert.True(t, lag.behind(fresh, "7"))
 }

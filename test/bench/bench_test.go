@@ -55,7 +55,7 @@ type world struct {
 	bin     string
 	dir     string
 	// pprof is the last started operator's /debug/pprof address, when
-	// $BENCH_CPU_PROFILE asks for profiles.
+	// $BENCH_PROFILE asks for profiles.
 	pprof string
 }
 
@@ -85,7 +85,7 @@ func (w *world) startOperator(b *testing.B, env ...string) (*cluster.Operator, s
 	metrics := cluster.FreeAddr()
 	args := []string{"--metrics-bind-address=" + metrics, "--metrics-secure=false", "--health-interval=30s", "--health-timeout=10s",
 		"--kube-api-qps=1000", "--kube-api-burst=2000"}
-	if os.Getenv(cpuProfileEnv) != "" {
+	if os.Getenv(profileEnv) != "" {
 		w.pprof = cluster.FreeAddr()
 		args = append(args, "--pprof-bind-address="+w.pprof)
 	}
@@ -303,24 +303,38 @@ func mustNamespace(b *testing.B, c client.Client, name string) {
 	}
 }
 
-// cpuProfileEnv names a file prefix: when set, a bring-up benchmark saves
+// profileEnv names a file prefix: when set, a bring-up benchmark saves
 // the operator's CPU profile of its first seconds as <prefix>-<name>.pprof,
 // for `go tool pprof`.
-const cpuProfileEnv = "BENCH_CPU_PROFILE"
+const profileEnv = "BENCH_PROFILE"
 
 // profileOperator starts recording the running operator's CPU profile for
-// d, when $BENCH_CPU_PROFILE asks for it; wait for the returned function
-// before stopping the operator.
+// d, when $BENCH_PROFILE asks for it; wait for the returned function before
+// stopping the operator.
 func (w *world) profileOperator(b *testing.B, name string, d time.Duration) func() {
 	b.Helper()
-	prefix := os.Getenv(cpuProfileEnv)
+	return w.saveProfile(b, name, fmt.Sprintf("profile?seconds=%d", int(d.Seconds())))
+}
+
+// heapProfile saves the running operator's heap profile (after a GC, so it
+// shows what is live), when $BENCH_PROFILE asks for it.
+func (w *world) heapProfile(b *testing.B, name string) {
+	b.Helper()
+	w.saveProfile(b, name, "heap?gc=1")()
+}
+
+// saveProfile fetches /debug/pprof/<what> from the running operator into
+// <prefix>-<name>.pprof in the background; the returned function waits.
+func (w *world) saveProfile(b *testing.B, name, what string) func() {
+	b.Helper()
+	prefix := os.Getenv(profileEnv)
 	if prefix == "" || w.pprof == "" {
 		return func() {}
 	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", w.pprof, int(d.Seconds()))
+		url := fmt.Sprintf("http://%s/debug/pprof/%s", w.pprof, what)
 		res, err := http.Get(url) //nolint:noctx // bounded by the profile's own duration
 		if err != nil {
 			b.Logf("profiling the operator: %v", err)
@@ -338,7 +352,7 @@ func (w *world) profileOperator(b *testing.B, name string, d time.Duration) func
 			b.Logf("profiling the operator: %v", err)
 			return
 		}
-		b.Logf("the operator's CPU profile: %s", path)
+		b.Logf("the operator's profile: %s", path)
 	}()
 	return func() { <-done }
 }

@@ -66,6 +66,7 @@ func benchMemory(b *testing.B, memoryProxies int, env ...string) {
 		ready.wait(b, 10*time.Minute, op)
 		opRSS += settledRSS(b, op.PID())
 		logHeap(b, metrics)
+		w.heapProfile(b, fmt.Sprintf("heap%d-round%d", memoryProxies, round))
 		op.Stop()
 
 		bare := startBareCache(b, w)

@@ -151,10 +151,9 @@ func (c *OrphanCollector) sweepRecords(ctx context.Context, now time.Time) error
 	}
 	log := logf.FromContext(ctx).WithName("orphan-gc")
 	var secrets corev1.SecretList
-	if err := c.Credentials.List(ctx, &secrets, client.InNamespace(c.CredentialsNamespace), client.MatchingLabels{
-		crawlv1alpha1.LabelCredentialsRole: credentials.RoleInstance,
-		crawlv1alpha1.LabelClusterID:       c.Owner.ClusterID, crawlv1alpha1.LabelOperatorID: c.Owner.OperatorID,
-	}); err != nil {
+	selector := c.Owner.Labels()
+	selector[crawlv1alpha1.LabelCredentialsRole] = credentials.RoleInstance
+	if err := c.Credentials.List(ctx, &secrets, client.InNamespace(c.CredentialsNamespace), client.MatchingLabels(selector)); err != nil {
 		return fmt.Errorf("listing credentials records: %w", err)
 	}
 	var errs []error

@@ -303,9 +303,10 @@ func mustNamespace(b *testing.B, c client.Client, name string) {
 	}
 }
 
-// profileEnv names a file prefix: when set, a bring-up benchmark saves
-// the operator's CPU profile of its first seconds as <prefix>-<name>.pprof,
-// for `go tool pprof`.
+// profileEnv names a file prefix: when set, a bring-up benchmark saves the
+// operator's CPU profile of its first seconds, and a memory benchmark its
+// heap once the fleet is Ready, as <prefix>-<name>.pprof, for
+// `go tool pprof`.
 const profileEnv = "BENCH_PROFILE"
 
 // profileOperator starts recording the running operator's CPU profile for

@@ -86,8 +86,7 @@ func runMain(m *testing.M) int {
 	code := m.Run()
 	world.operator.Stop()
 	if code != 0 {
-		if out, err := os.ReadFile(world.operator.Log); err == nil {
-			tail := out[max(0, len(out)-6000):]
+		if tail, err := readTail(world.operator.Log, 6000); err == nil {
 			fmt.Fprintf(os.Stderr, "--- operator log (tail) ---\n%s\n", tail)
 		}
 	}
@@ -156,9 +155,15 @@ func get(t *testing.T, key client.ObjectKey) *crawlv1alpha1.Proxy {
 // waitProxy waits until cond holds for the Proxy and returns it.
 func waitProxy(t *testing.T, key client.ObjectKey, what string, cond func(*crawlv1alpha1.Proxy) bool) *crawlv1alpha1.Proxy {
 	t.Helper()
+	return waitProxyIn(t, world.cluster, key, what, cond)
+}
+
+// waitProxyIn is waitProxy on cluster c.
+func waitProxyIn(t *testing.T, c *cluster.Cluster, key client.ObjectKey, what string, cond func(*crawlv1alpha1.Proxy) bool) *crawlv1alpha1.Proxy {
+	t.Helper()
 	var last crawlv1alpha1.Proxy
 	require.Eventually(t, func() bool {
-		if err := world.cluster.Env.Client.Get(context.Background(), key, &last); err != nil {
+		if err := c.Env.Client.Get(context.Background(), key, &last); err != nil {
 			return false
 		}
 		return cond(&last)

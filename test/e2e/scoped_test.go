@@ -58,7 +58,7 @@ func TestScopedOperators(t *testing.T) {
 		t.Cleanup(func() {
 			op.Stop()
 			if t.Failed() {
-				out, _ := readTail(op.Log, 4000)
+				out, _ := readTail(op.Log, 6000)
 				t.Logf("--- %s's operator log (tail) ---\n%s", tn.name, out)
 			}
 		})
@@ -134,19 +134,6 @@ func TestScopedOperators(t *testing.T) {
 		vms := fake.Instances()
 		return len(vms) == 1 && vms[0].GetName() == ready["crawl-b"].Status.InstanceName
 	}, waitFor, poll, "tenant-a's VM is deleted with its Proxy, tenant-b's stays")
-}
-
-// waitProxyIn is waitProxy on another cluster.
-func waitProxyIn(t *testing.T, c *cluster.Cluster, key client.ObjectKey, what string, cond func(*crawlv1alpha1.Proxy) bool) *crawlv1alpha1.Proxy {
-	t.Helper()
-	var last crawlv1alpha1.Proxy
-	require.Eventually(t, func() bool {
-		if err := c.Env.Client.Get(context.Background(), key, &last); err != nil {
-			return false
-		}
-		return cond(&last)
-	}, waitFor, poll, "%s: %s never happened; last status %+v", key, what, &last.Status)
-	return &last
 }
 
 // readTail is the last n bytes of a file.

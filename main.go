@@ -553,6 +553,9 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 	if err := ctrlmetrics.Registry.Register(health.ProxiesCollector{Reader: mgr.GetClient()}); err != nil {
 		return fmt.Errorf("registering the proxies metric: %w", err)
 	}
+	if err := ctrlmetrics.Registry.Register(engine.LastProbeCollector()); err != nil {
+		return fmt.Errorf("registering the last-probe metric: %w", err)
+	}
 	pools := &pool.Reconciler{
 		Client:            mgr.GetClient(),
 		Recorder:          recorder,

@@ -133,6 +133,9 @@ type target struct {
 	unhealthySince time.Time
 	// lastProbe is when the last probe started (zero: none yet).
 	lastProbe time.Time
+	// probedAt is when the last probe of this instance finished (zero:
+	// none yet), for the last-probe metric.
+	probedAt time.Time
 	// counted is the contribution to byURL now: url, and whether Unhealthy.
 	counted *countedAs
 }
@@ -343,17 +346,14 @@ func (e *Engine) track(obj any) {
 	case replaced:
 		// A replaced instance or a changed address is probed at once: an
 		// address nobody has probed is never served on an old verdict.
-		lastProbe.DeleteLabelValues(key.Namespace, key.Name)
 		e.queue.AddAfter(key, 0)
 	case !exists && p.Status.LastHealthCheckTime == nil:
 		// A new proxy, never probed by anyone: not Ready until its first
 		// verdict, so that verdict is due now.
-		lastProbe.DeleteLabelValues(key.Namespace, key.Name)
 		e.queue.AddAfter(key, 0)
 	case !exists:
 		// Known before this engine started (a restart, a new leader):
 		// spread over the interval, so thousands are not probed at once.
-		lastProbe.DeleteLabelValues(key.Namespace, key.Name)
 		e.queue.AddAfter(key, e.spread(settings.Interval))
 	case resettle:
 		// New settings take effect at the next probe, due by the new
@@ -375,7 +375,6 @@ func (e *Engine) forget(key types.NamespacedName) {
 		e.generation.Add(1)
 	}
 	e.mu.Unlock()
-	lastProbe.DeleteLabelValues(key.Namespace, key.Name)
 }
 
 // work probes the next due proxy; it returns false once the queue shuts down.
@@ -418,7 +417,7 @@ func (e *Engine) work(ctx context.Context) bool {
 	if result.Reason == "" {
 		result = e.opts.Prober.Probe(ctx, req)
 	}
-	observeProbe(key, result, e.opts.Clock.Since(start), e.opts.Clock.Now())
+	observeProbe(result, e.opts.Clock.Since(start))
 
 	e.mu.Lock()
 	t, ok = e.targets[key]
@@ -426,6 +425,7 @@ func (e *Engine) work(ctx context.Context) bool {
 		e.mu.Unlock()
 		return true // deleted or replaced during the probe: the result is stale
 	}
+	t.probedAt = e.opts.Clock.Now()
 	changed := t.tracker.observe(result, settings.FailureThreshold, settings.SuccessThreshold)
 	if changed {
 		e.generation.Add(1)

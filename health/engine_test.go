@@ -304,11 +304,12 @@ func TestEngineWithRealSquid(t *testing.T) {
 	require.NoError(t, env.Client.Update(context.Background(), bad))
 
 	mgr := startEngineManager(t, env)
-	require.NoError(t, mgr.Add(NewEngine(Options{
+	engine := NewEngine(Options{
 		Cache: mgr.GetCache(), Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Prober: NewHTTPProber(roots),
 		Workers: 4, Clock: clock.RealClock{},
 		Defaults: Settings{URL: target, Interval: 200 * time.Millisecond, Timeout: 2 * time.Second, FailureThreshold: 3, SuccessThreshold: 1},
-	})))
+	})
+	require.NoError(t, mgr.Add(engine))
 	run(t, mgr)
 
 	require.Eventually(t, func() bool {
@@ -325,7 +326,7 @@ func TestEngineWithRealSquid(t *testing.T) {
 	assert.Positive(t, testutil.ToFloat64(probesTotal.WithLabelValues("failure", ReasonTimeout)))
 	reg := prometheus.NewPedanticRegistry()
 	require.NoError(t, reg.Register(ProxiesCollector{Reader: mgr.GetClient()}))
-	for _, c := range []prometheus.Collector{probesTotal, probeDuration, lastProbe, statusWrites} {
+	for _, c := range []prometheus.Collector{probesTotal, probeDuration, statusWrites, engine.LastProbeCollector()} {
 		problems, err := testutil.CollectAndLint(c)
 		require.NoError(t, err)
 		assert.Empty(t, problems)
@@ -336,7 +337,37 @@ func TestEngineWithRealSquid(t *testing.T) {
 	count, err := testutil.GatherAndCount(reg, "proxy_operator_proxies")
 	require.NoError(t, err)
 	assert.Positive(t, count)
-	assert.Positive(t, testutil.ToFloat64(lastProbe.WithLabelValues(ns, "squid")), "probe recency per proxy")
+
+	// Probe recency per proxy: one series for each probed proxy, a recent
+	// time, and none for a proxy the engine has forgotten.
+	lastProbes := prometheus.NewPedanticRegistry()
+	require.NoError(t, lastProbes.Register(engine.LastProbeCollector()))
+	probedAt := func(name string) (float64, bool) {
+		families, err := lastProbes.Gather()
+		require.NoError(t, err)
+		for _, f := range families {
+			for _, m := range f.GetMetric() {
+				labels := map[string]string{}
+				for _, l := range m.GetLabel() {
+					labels[l.GetName()] = l.GetValue()
+				}
+				if labels["namespace"] == ns && labels["name"] == name {
+					return m.GetGauge().GetValue(), true
+				}
+			}
+		}
+		return 0, false
+	}
+	at, ok := probedAt("squid")
+	require.True(t, ok, "the probed squid has a last-probe time")
+	assert.InDelta(t, float64(time.Now().UnixNano())/1e9, at, 30, "the last probe was just now")
+	_, ok = probedAt("hole")
+	assert.True(t, ok, "a failing proxy has a last-probe time too")
+	require.NoError(t, env.Client.Delete(context.Background(), bad))
+	require.Eventually(t, func() bool {
+		_, ok := probedAt("hole")
+		return !ok
+	}, 10*time.Second, 20*time.Millisecond, "a deleted proxy's series goes with it")
 }
 
 func splitHostPort(addr string) (string, int32, error) {

@@ -35,25 +35,14 @@ import (
 // runs and the bare ones alike.
 const clientWorkers = 16
 
-func TestMain(m *testing.M) {
-	// The memory benchmark runs this binary again as its baseline: a bare
-	// process holding nothing but an informer cache of the same Proxies.
-	if kubeconfig := os.Getenv(bareCacheEnv); kubeconfig != "" {
-		if err := runBareCache(kubeconfig); err != nil {
-			fmt.Fprintln(os.Stderr, "bare cache:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	os.Exit(m.Run())
-}
-
 // world is a local cluster with the operator binary built, for one
 // benchmark.
 type world struct {
 	cluster *cluster.Cluster
 	bin     string
 	dir     string
+	// bare is the memory benchmark's baseline binary, once built.
+	bare string
 	// pprof is the last started operator's /debug/pprof address, when
 	// $BENCH_PROFILE asks for profiles.
 	pprof string

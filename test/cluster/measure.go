@@ -17,22 +17,56 @@ import (
 
 // ResidentBytes is a process's resident set size, from /proc.
 func ResidentBytes(pid int) (float64, error) {
+	m, err := ReadProcessMemory(pid)
+	return m.Resident, err
+}
+
+// ProcessMemory is a process's resident memory in bytes, from
+// /proc/<pid>/status: all of it, and its anonymous part (heap, stacks, the
+// runtime's own) and file-backed part (the binary's pages in use). A larger
+// binary shows in File, a larger heap in Anonymous.
+type ProcessMemory struct {
+	Resident, Anonymous, File float64
+}
+
+// Add adds o to m, for sums over rounds.
+func (m *ProcessMemory) Add(o ProcessMemory) {
+	m.Resident += o.Resident
+	m.Anonymous += o.Anonymous
+	m.File += o.File
+}
+
+// ReadProcessMemory reads pid's ProcessMemory.
+func ReadProcessMemory(pid int) (ProcessMemory, error) {
 	f, err := os.Open(filepath.Join("/proc", strconv.Itoa(pid), "status"))
 	if err != nil {
-		return 0, fmt.Errorf("reading the memory of process %d: %w", pid, err)
+		return ProcessMemory{}, fmt.Errorf("reading the memory of process %d: %w", pid, err)
 	}
 	defer f.Close()
+	var m ProcessMemory
+	fields := map[string]*float64{"VmRSS:": &m.Resident, "RssAnon:": &m.Anonymous, "RssFile:": &m.File}
+	found := 0
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
-			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
-			if err != nil {
-				return 0, fmt.Errorf("process %d: VmRSS %q: %w", pid, rest, err)
-			}
-			return kb * 1024, nil
+		name, rest, ok := strings.Cut(sc.Text(), "\t")
+		field, known := fields[name]
+		if !ok || !known {
+			continue
 		}
+		kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
+		if err != nil {
+			return ProcessMemory{}, fmt.Errorf("process %d: %s %q: %w", pid, name, rest, err)
+		}
+		*field = kb * 1024
+		found++
 	}
-	return 0, fmt.Errorf("process %d has no VmRSS line (has it exited?)", pid)
+	if err := sc.Err(); err != nil {
+		return ProcessMemory{}, fmt.Errorf("reading the memory of process %d: %w", pid, err)
+	}
+	if found != len(fields) {
+		return ProcessMemory{}, fmt.Errorf("process %d has no VmRSS, RssAnon or RssFile line (has it exited?)", pid)
+	}
+	return m, nil
 }
 
 // metricsClient scrapes: a metrics endpoint that hangs must not hang a

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/example/egress-proxies-operator/test/cluster"
 	"github.com/example/egress-proxies-operator/test/testenv"
 )
 
@@ -121,4 +122,30 @@ func TestDockerBuildContexts(t *testing.T) {
 		}
 	}
 	assert.Greater(t, local, 5, "go list found the operator's own packages")
+}
+
+// TestTestsBuildTheShippedBinary: the e2e tests and the benchmarks build
+// the operator as the image does (the binary's pages are a third of its
+// resident memory, so a benchmark of another build measures another
+// program).
+func TestTestsBuildTheShippedBinary(t *testing.T) {
+	var build string
+	for _, line := range strings.Split(string(repoFile(t, "Dockerfile")), "\n") {
+		if strings.Contains(line, " go build ") {
+			build = line
+		}
+	}
+	require.NotEmpty(t, build, "the Dockerfile has a go build line")
+	for _, env := range cluster.ShippedBuild.Env {
+		assert.Contains(t, strings.Fields(build), env, "the Dockerfile builds with %s", env)
+	}
+	var flags []string
+	for _, f := range cluster.ShippedBuild.Flags {
+		if strings.Contains(f, " ") {
+			f = `"` + f + `"`
+		}
+		flags = append(flags, f)
+	}
+	assert.Contains(t, build, " go build "+strings.Join(flags, " ")+" -o manager .",
+		"cluster.ShippedBuild and the Dockerfile's go build line build the same binary")
 }

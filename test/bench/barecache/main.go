@@ -27,13 +27,18 @@ func main() {
 		fmt.Fprintln(os.Stderr, "usage: barecache KUBECONFIG")
 		os.Exit(2)
 	}
-	if err := run(os.Args[1]); err != nil {
+	if err := syncCache(context.Background(), os.Args[1]); err != nil {
 		fmt.Fprintln(os.Stderr, "barecache:", err)
 		os.Exit(1)
 	}
+	runtime.GC()
+	fmt.Println("synced")
+	select {} // hold the cache until the benchmark kills this process
 }
 
-func run(kubeconfig string) error {
+// syncCache starts the Proxy informer and returns once it has synced; the
+// informer goes on running with ctx.
+func syncCache(ctx context.Context, kubeconfig string) error {
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return fmt.Errorf("loading %s: %w", kubeconfig, err)
@@ -49,7 +54,6 @@ func run(kubeconfig string) error {
 	if err != nil {
 		return fmt.Errorf("building the cache: %w", err)
 	}
-	ctx := context.Background()
 	if _, err := informers.GetInformer(ctx, &crawlv1alpha1.Proxy{}); err != nil {
 		return fmt.Errorf("starting the Proxy informer: %w", err)
 	}
@@ -57,7 +61,5 @@ func run(kubeconfig string) error {
 	if !informers.WaitForCacheSync(ctx) {
 		return fmt.Errorf("the cache did not sync")
 	}
-	runtime.GC()
-	fmt.Println("synced")
-	select {}
+	return nil
 }

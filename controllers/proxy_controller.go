@@ -117,9 +117,9 @@ const (
 const DefaultMaxConcurrentReconciles = 8
 
 // The operator's default client-side limits on API server requests, most of
-// which are the reconciler's writes. A Managed proxy takes 10 writes to
-// bring up and an External one 3 (docs/performance.md), so at
-// controller-runtime's 20/s a thousand Managed proxies would take over 8
+// which are the reconciler's writes. A Managed proxy takes 6 writes to
+// bring up and an External one 2 (docs/performance.md), so at
+// controller-runtime's 20/s a thousand Managed proxies would take 5
 // minutes; 50/s sustained stays well inside what an API server's priority
 // and fairness gives one workload, and the burst absorbs a batch of new
 // Proxies.

@@ -204,7 +204,8 @@ func watchProxies(b *testing.B, c *cluster.Cluster, namespace string, n int, don
 
 // wait blocks until n Proxies are Ready, logging every 5s how many are
 // (and their phases, which show where bring-up spends its time), and fails
-// after timeout with how many were and the end of the operator's log.
+// after timeout with how many were and the end of the operator's log (op
+// is nil for a bare run).
 func (w *readyWatch) wait(b *testing.B, timeout time.Duration, op *cluster.Operator) {
 	b.Helper()
 	start := time.Now()
@@ -234,6 +235,9 @@ func (w *readyWatch) wait(b *testing.B, timeout time.Duration, op *cluster.Opera
 
 // logTail logs the end of the operator's log, for a benchmark that failed.
 func logTail(b *testing.B, op *cluster.Operator) {
+	if op == nil {
+		return
+	}
 	if log, err := os.ReadFile(op.Log); err == nil {
 		b.Logf("the operator's log ends:\n%s", log[max(0, len(log)-8000):])
 	}

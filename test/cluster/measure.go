@@ -69,6 +69,76 @@ func ReadProcessMemory(pid int) (ProcessMemory, error) {
 	return m, nil
 }
 
+// clockTicks is the unit of /proc/<pid>/stat's CPU times: USER_HZ, which
+// Linux fixes at 100 for every architecture this project builds for.
+const clockTicks = 100
+
+// CPUTime is the CPU time, user and system, that process pid has used so
+// far, from /proc/<pid>/stat.
+func CPUTime(pid int) (time.Duration, error) {
+	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0, fmt.Errorf("reading the CPU time of process %d: %w", pid, err)
+	}
+	// The command name, in parentheses, may hold spaces: count fields
+	// after its closing parenthesis. utime and stime are fields 14 and
+	// 15 of the line, 12 and 13 after the name.
+	rest := string(data)
+	if i := strings.LastIndexByte(rest, ')'); i >= 0 {
+		rest = rest[i+1:]
+	}
+	fields := strings.Fields(rest)
+	if len(fields) < 13 {
+		return 0, fmt.Errorf("process %d: a /proc stat line of %d fields", pid, len(fields))
+	}
+	var ticks int64
+	for _, f := range fields[11:13] {
+		n, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("process %d: CPU time %q: %w", pid, f, err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * time.Second / clockTicks, nil
+}
+
+// ControlPlanePIDs are the processes of the API server and etcd that this
+// process started (envtest runs them as its children), by name.
+func ControlPlanePIDs() (map[string]int, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, fmt.Errorf("listing processes: %w", err)
+	}
+	self := os.Getpid()
+	pids := map[string]int{}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue // gone since the listing
+		}
+		line := string(data)
+		open, end := strings.IndexByte(line, '('), strings.LastIndexByte(line, ')')
+		if open < 0 || end < open {
+			continue
+		}
+		name, fields := line[open+1:end], strings.Fields(line[end+1:])
+		if len(fields) < 2 || (name != "kube-apiserver" && name != "etcd") {
+			continue
+		}
+		if parent, _ := strconv.Atoi(fields[1]); parent == self {
+			pids[name] = pid
+		}
+	}
+	if len(pids) != 2 {
+		return nil, fmt.Errorf("found %v among this process's children, not both kube-apiserver and etcd", pids)
+	}
+	return pids, nil
+}
+
 // metricsClient scrapes: a metrics endpoint that hangs must not hang a
 // benchmark.
 var metricsClient = &http.Client{Timeout: 10 * time.Second}

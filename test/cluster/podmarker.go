@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -40,7 +41,14 @@ type PodMarker struct {
 	proxies map[types.UID]*ConnectProxy
 	byKey   map[types.NamespacedName]types.UID
 	nextIP  int
+
+	writes atomic.Int64
 }
+
+// Writes is how many status writes the marker has made: a benchmark counts
+// them with the operator's, as the kubelet's writes are the bare
+// sequence's.
+func (m *PodMarker) Writes() int64 { return m.writes.Load() }
 
 // NewPodMarker returns a marker writing through c with workers goroutines.
 func NewPodMarker(c client.Client, workers int) *PodMarker {
@@ -149,6 +157,7 @@ func (m *PodMarker) sync(ctx context.Context, pods client.Reader, key types.Name
 		}
 		return fmt.Errorf("marking it running: %w", err)
 	}
+	m.writes.Add(1)
 	m.mu.Lock()
 	m.proxies[pod.UID], m.byKey[key] = proxy, pod.UID
 	m.mu.Unlock()

@@ -204,14 +204,14 @@ func watchProxies(b *testing.B, c *cluster.Cluster, namespace string, n int, don
 
 // wait blocks until n Proxies are Ready, logging every 5s how many are
 // (and their phases, which show where bring-up spends its time), and fails
-// after timeout with how many were and the end of the operator's log (op
+// after readyTimeout with how many were and the end of the operator's log (op
 // is nil for a bare run).
-func (w *readyWatch) wait(b *testing.B, timeout time.Duration, op *cluster.Operator) {
+func (w *readyWatch) wait(b *testing.B, op *cluster.Operator) {
 	b.Helper()
 	start := time.Now()
 	progress := time.NewTicker(5 * time.Second)
 	defer progress.Stop()
-	deadline := time.After(timeout)
+	deadline := time.After(readyTimeout)
 	for {
 		select {
 		case <-w.done:
@@ -228,7 +228,7 @@ func (w *readyWatch) wait(b *testing.B, timeout time.Duration, op *cluster.Opera
 			logTail(b, op)
 			w.mu.Lock()
 			defer w.mu.Unlock()
-			b.Fatalf("only %d of %d Proxies Ready after %s", w.count, w.n, timeout)
+			b.Fatalf("only %d of %d Proxies Ready after %s", w.count, w.n, readyTimeout)
 		}
 	}
 }

@@ -57,7 +57,7 @@ func benchMemory(b *testing.B, memoryProxies int, env ...string) {
 		}); err != nil {
 			b.Fatal(err)
 		}
-		ready.wait(b, 10*time.Minute, opProc)
+		ready.wait(b, opProc)
 		op.Add(settledRSS(b, opProc.PID()))
 		logHeap(b, metrics)
 		w.heapProfile(b, fmt.Sprintf("heap%d-round%d", memoryProxies, round))

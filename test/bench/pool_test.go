@@ -45,7 +45,7 @@ func BenchmarkPoolBringUp500(b *testing.B) {
 		}); err != nil {
 			b.Fatal(err)
 		}
-		serving.wait(b, readyTimeout, op)
+		serving.wait(b, op)
 		singlesTime += time.Since(t0)
 
 		poolNS := fmt.Sprintf("pool-%d", round)

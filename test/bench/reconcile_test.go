@@ -92,7 +92,7 @@ func benchReconcile(b *testing.B, mode crawlv1alpha1.ProxyMode, reconcileProxies
 		if err != nil {
 			b.Fatal(err)
 		}
-		bareReady.wait(b, readyTimeout, nil)
+		bareReady.wait(b, nil)
 		bareTime += time.Since(t0)
 		bareControlPlaneCPU += cpuTime(b, controlPlane) - cpu0
 		bareWrites += float64(writes)
@@ -115,7 +115,7 @@ func benchReconcile(b *testing.B, mode crawlv1alpha1.ProxyMode, reconcileProxies
 		if err := forEach(reconcileProxies, func(i int) error { return c.Create(ctx, newProxy(ns, i)) }); err != nil {
 			b.Fatal(err)
 		}
-		ready.wait(b, readyTimeout, op)
+		ready.wait(b, op)
 		profiled()
 		opTime += time.Since(t0)
 		opControlPlaneCPU += cpuTime(b, controlPlane) - cpu0

@@ -80,9 +80,9 @@ func benchReconcile(b *testing.B, mode crawlv1alpha1.ProxyMode, reconcileProxies
 	for b.Loop() {
 		round++
 		// The limit: only the writes bringing a proxy up needs, from a
-		// bare client, before the operator runs.
-		// The same watch as the operator's run sees them Ready, so the
-		// harness's own load on the API server is on both sides.
+		// bare client, before the operator runs; the same watch as the
+		// operator's run sees them Ready, so the harness's own load on the
+		// API server is on both sides.
 		bareNS := fmt.Sprintf("bare-%d", round)
 		mustNamespace(b, c, bareNS)
 		bareReady := watchReady(b, w.cluster, bareNS, reconcileProxies)
@@ -121,8 +121,9 @@ func benchReconcile(b *testing.B, mode crawlv1alpha1.ProxyMode, reconcileProxies
 		opControlPlaneCPU += cpuTime(b, controlPlane) - cpu0
 		opSelfCPU += cpuTime(b, self) - self0
 		after := settledWrites(b, metrics)
-		opOwnWrites += sum(after) - before
-		opWrites += sum(after) - before + float64(reconcileProxies) + float64(w.cluster.Marker.Writes()-markerBefore)
+		own := sum(after) - before
+		opOwnWrites += own
+		opWrites += own + float64(reconcileProxies) + float64(w.cluster.Marker.Writes()-markerBefore)
 		b.Logf("operator writes by method: %v (before the run: %.0f)", after, before)
 		op.Stop()
 	}

@@ -76,18 +76,12 @@ const clockTicks = 100
 // CPUTime is the CPU time, user and system, that process pid has used so
 // far, from /proc/<pid>/stat.
 func CPUTime(pid int) (time.Duration, error) {
-	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	_, fields, err := procStat(pid)
 	if err != nil {
-		return 0, fmt.Errorf("reading the CPU time of process %d: %w", pid, err)
+		return 0, err
 	}
-	// The command name, in parentheses, may hold spaces: count fields
-	// after its closing parenthesis. utime and stime are fields 14 and
-	// 15 of the line, 12 and 13 after the name.
-	rest := string(data)
-	if i := strings.LastIndexByte(rest, ')'); i >= 0 {
-		rest = rest[i+1:]
-	}
-	fields := strings.Fields(rest)
+	// utime and stime are fields 14 and 15 of the line, 12 and 13 after
+	// the name.
 	if len(fields) < 13 {
 		return 0, fmt.Errorf("process %d: a /proc stat line of %d fields", pid, len(fields))
 	}
@@ -116,18 +110,9 @@ func ControlPlanePIDs() (map[string]int, error) {
 		if err != nil {
 			continue
 		}
-		data, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue // gone since the listing
-		}
-		line := string(data)
-		open, end := strings.IndexByte(line, '('), strings.LastIndexByte(line, ')')
-		if open < 0 || end < open {
-			continue
-		}
-		name, fields := line[open+1:end], strings.Fields(line[end+1:])
-		if len(fields) < 2 || (name != "kube-apiserver" && name != "etcd") {
-			continue
+		name, fields, err := procStat(pid)
+		if err != nil || len(fields) < 2 || (name != "kube-apiserver" && name != "etcd") {
+			continue // gone since the listing, or not one of them
 		}
 		if parent, _ := strconv.Atoi(fields[1]); parent == self {
 			pids[name] = pid
@@ -137,6 +122,23 @@ func ControlPlanePIDs() (map[string]int, error) {
 		return nil, fmt.Errorf("found %v among this process's children, not both kube-apiserver and etcd", pids)
 	}
 	return pids, nil
+}
+
+// procStat reads /proc/<pid>/stat: the command name and the fields after
+// it. The name, in parentheses, may hold spaces, so the fields are counted
+// from its closing parenthesis (fields[0] is the state, fields[1] the
+// parent's pid).
+func procStat(pid int) (name string, fields []string, err error) {
+	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return "", nil, fmt.Errorf("reading /proc stat of process %d: %w", pid, err)
+	}
+	line := string(data)
+	open, end := strings.IndexByte(line, '('), strings.LastIndexByte(line, ')')
+	if open < 0 || end < open {
+		return "", nil, fmt.Errorf("process %d: a /proc stat line without its command name", pid)
+	}
+	return line[open+1 : end], strings.Fields(line[end+1:]), nil
 }
 
 // metricsClient scrapes: a metrics endpoint that hangs must not hang a

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -23,6 +24,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -317,36 +319,98 @@ func (w *world) heapProfile(b *testing.B, name string) {
 	w.saveProfile(b, name, "heap?gc=1")()
 }
 
+// profileAPIServer saves the API server's CPU profile of the next d into
+// <prefix>-apiserver-<name>.pprof, when $BENCH_PROFILE asks for it: the
+// bring-up's time follows the API server's CPU, and comparing a bare run's
+// profile with the operator's shows what the operator's writes cost it.
+func (w *world) profileAPIServer(b *testing.B, name string, d time.Duration) func() {
+	b.Helper()
+	if os.Getenv(profileEnv) == "" {
+		return func() {}
+	}
+	httpClient, err := rest.HTTPClientFor(w.cluster.Env.Config)
+	if err != nil {
+		b.Fatal(err)
+	}
+	url := fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", strings.TrimSuffix(w.cluster.Env.Config.Host, "/"), int(d.Seconds()))
+	return fetchProfile(b, httpClient, url, "apiserver-"+name)
+}
+
 // saveProfile fetches /debug/pprof/<what> from the running operator into
 // <prefix>-<name>.pprof in the background; the returned function waits.
 func (w *world) saveProfile(b *testing.B, name, what string) func() {
 	b.Helper()
-	prefix := os.Getenv(profileEnv)
-	if prefix == "" || w.pprof == "" {
+	if os.Getenv(profileEnv) == "" || w.pprof == "" {
 		return func() {}
 	}
+	return fetchProfile(b, http.DefaultClient, fmt.Sprintf("http://%s/debug/pprof/%s", w.pprof, what), name)
+}
+
+// fetchProfile GETs a profile from url into <prefix>-<name>.pprof in the
+// background; the returned function waits for it.
+func fetchProfile(b *testing.B, httpClient *http.Client, url, name string) func() {
+	b.Helper()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		url := fmt.Sprintf("http://%s/debug/pprof/%s", w.pprof, what)
-		res, err := http.Get(url) //nolint:noctx // bounded by the profile's own duration
+		res, err := httpClient.Get(url) //nolint:noctx // bounded by the profile's own duration
 		if err != nil {
-			b.Logf("profiling the operator: %v", err)
+			b.Logf("profiling: %v", err)
 			return
 		}
 		defer res.Body.Close()
-		path := fmt.Sprintf("%s-%s.pprof", prefix, name)
+		if res.StatusCode != http.StatusOK {
+			b.Logf("profiling: %s answered %s", url, res.Status)
+			return
+		}
+		path := fmt.Sprintf("%s-%s.pprof", os.Getenv(profileEnv), name)
 		f, err := os.Create(path)
 		if err != nil {
-			b.Logf("profiling the operator: %v", err)
+			b.Logf("profiling: %v", err)
 			return
 		}
 		defer f.Close()
 		if _, err := io.Copy(f, res.Body); err != nil {
-			b.Logf("profiling the operator: %v", err)
+			b.Logf("profiling: %v", err)
 			return
 		}
-		b.Logf("the operator's profile: %s", path)
+		b.Logf("profile saved: %s", path)
 	}()
 	return func() { <-done }
+}
+
+// apiServerRequests is the API server's answered requests so far, by verb,
+// resource and client ("PUT proxies/status"), from its own metrics: the
+// difference over a bring-up shows every request each side made, reads and
+// watches included, not only the operator's writes.
+func apiServerRequests(b *testing.B, c *cluster.Cluster) map[string]float64 {
+	b.Helper()
+	families, err := c.ScrapeAPIServer()
+	if err != nil {
+		b.Fatal(err)
+	}
+	requests := map[string]float64{}
+	for _, m := range families["apiserver_request_total"].GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		resource := labels["resource"]
+		if sub := labels["subresource"]; sub != "" {
+			resource += "/" + sub
+		}
+		requests[labels["verb"]+" "+resource] += m.GetCounter().GetValue()
+	}
+	return requests
+}
+
+// requestsSince is what was answered between two apiServerRequests.
+func requestsSince(before, after map[string]float64) map[string]float64 {
+	delta := map[string]float64{}
+	for k, v := range after {
+		if d := v - before[k]; d > 0 {
+			delta[k] = d
+		}
+	}
+	return delta
 }

@@ -22,6 +22,10 @@ const (
 	// externalListeners are the in-process CONNECT proxies External
 	// Proxies point at (several Proxies share one, as in the health bench).
 	externalListeners = 8
+	// apiServerProfile is how long the API server is profiled from the
+	// start of each side's bring-up (with $BENCH_PROFILE): about the bare
+	// External 1,000's whole run, so the two profiles cover the same span.
+	apiServerProfile = 2 * time.Second
 )
 
 // BenchmarkReconcileExternal1000 brings 1,000 External Proxies to Ready
@@ -86,16 +90,19 @@ func benchReconcile(b *testing.B, mode crawlv1alpha1.ProxyMode, reconcileProxies
 		bareNS := fmt.Sprintf("bare-%d", round)
 		mustNamespace(b, c, bareNS)
 		bareReady := watchReady(b, w.cluster, bareNS, reconcileProxies)
-		cpu0 := cpuTime(b, controlPlane)
+		cpu0, requests0 := cpuTime(b, controlPlane), apiServerRequests(b, w.cluster)
 		t0 := time.Now()
+		profiledBare := w.profileAPIServer(b, fmt.Sprintf("bare-%s%d-round%d", mode, reconcileProxies, round), apiServerProfile)
 		writes, err := bareBringUp(ctx, c, bareNS, mode, reconcileProxies, newProxy)
 		if err != nil {
 			b.Fatal(err)
 		}
 		bareReady.wait(b, nil)
 		bareTime += time.Since(t0)
+		profiledBare()
 		bareControlPlaneCPU += cpuTime(b, controlPlane) - cpu0
 		bareWrites += float64(writes)
+		b.Logf("the API server answered, bare: %v", requestsSince(requests0, apiServerRequests(b, w.cluster)))
 		for _, obj := range []client.Object{&crawlv1alpha1.Proxy{}, &corev1.Pod{}, &corev1.ConfigMap{}} {
 			if err := c.DeleteAllOf(ctx, obj, client.InNamespace(bareNS)); err != nil {
 				b.Fatal(err)
@@ -109,17 +116,20 @@ func benchReconcile(b *testing.B, mode crawlv1alpha1.ProxyMode, reconcileProxies
 		ready := watchReady(b, w.cluster, ns, reconcileProxies)
 		before, markerBefore := sum(apiWrites(b, metrics)), w.cluster.Marker.Writes()
 		self := map[string]int{"operator": op.PID()}
-		cpu0, self0 := cpuTime(b, controlPlane), cpuTime(b, self)
+		cpu0, self0, requests0 := cpuTime(b, controlPlane), cpuTime(b, self), apiServerRequests(b, w.cluster)
 		t0 = time.Now()
 		profiled := w.profileOperator(b, fmt.Sprintf("%s%d-round%d", mode, reconcileProxies, round), 10*time.Second)
+		profiledAPIServer := w.profileAPIServer(b, fmt.Sprintf("operator-%s%d-round%d", mode, reconcileProxies, round), apiServerProfile)
 		if err := forEach(reconcileProxies, func(i int) error { return c.Create(ctx, newProxy(ns, i)) }); err != nil {
 			b.Fatal(err)
 		}
 		ready.wait(b, op)
 		profiled()
+		profiledAPIServer()
 		opTime += time.Since(t0)
 		opControlPlaneCPU += cpuTime(b, controlPlane) - cpu0
 		opSelfCPU += cpuTime(b, self) - self0
+		b.Logf("the API server answered, operator: %v", requestsSince(requests0, apiServerRequests(b, w.cluster)))
 		after := settledWrites(b, metrics)
 		own := sum(after) - before
 		opOwnWrites += own

@@ -13,6 +13,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"k8s.io/client-go/rest"
 )
 
 // ResidentBytes is a process's resident set size, from /proc.
@@ -148,7 +149,21 @@ var metricsClient = &http.Client{Timeout: 10 * time.Second}
 // ScrapeMetrics reads a Prometheus text endpoint (the operator's, with
 // --metrics-secure=false) into its metric families.
 func ScrapeMetrics(url string) (map[string]*dto.MetricFamily, error) {
-	res, err := metricsClient.Get(url)
+	return scrapeWith(metricsClient, url)
+}
+
+// ScrapeAPIServer reads the API server's own /metrics with the cluster's
+// admin credentials.
+func (c *Cluster) ScrapeAPIServer() (map[string]*dto.MetricFamily, error) {
+	httpClient, err := rest.HTTPClientFor(c.Env.Config)
+	if err != nil {
+		return nil, fmt.Errorf("a client for the API server's metrics: %w", err)
+	}
+	return scrapeWith(httpClient, strings.TrimSuffix(c.Env.Config.Host, "/")+"/metrics")
+}
+
+func scrapeWith(httpClient *http.Client, url string) (map[string]*dto.MetricFamily, error) {
+	res, err := httpClient.Get(url)
 	if err != nil {
 		return nil, fmt.Errorf("scraping %s: %w", url, err)
 	}

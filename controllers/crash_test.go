@@ -4,10 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -40,7 +44,10 @@ type crashScenario struct {
 // right after acting and before recording what it did; two runs put the
 // crash on even and on odd steps, so every kind of step is followed by one.
 // Through create, replace and delete there must never be two instances for
-// the Proxy, and none once it is gone.
+// the Proxy, and none once it is gone. The health engine's probe ahead of a
+// new address finishes between steps: a step that asks for it writes
+// nothing, the next records the address with its verdict, and Ready means
+// Ready and Healthy.
 func runCrashScenario(t *testing.T, newScenario func(t *testing.T, ns string) crashScenario) {
 	for _, crashParity := range []int{0, 1} {
 		t.Run(fmt.Sprintf("crash on steps with parity %d", crashParity), func(t *testing.T) {
@@ -52,6 +59,7 @@ func runCrashScenario(t *testing.T, newScenario func(t *testing.T, ns string) cr
 			key := client.ObjectKeyFromObject(sc.proxy)
 
 			steps := 0
+			probes := &probedBetweenSteps{asked: map[string]bool{}}
 			step := func() {
 				steps++
 				mgr := newManager(t, env)
@@ -65,6 +73,7 @@ func runCrashScenario(t *testing.T, newScenario func(t *testing.T, ns string) cr
 					Client: cl, Providers: sc.providers(t, cl), Owner: testOwner,
 					Recorder:         events.NewFakeRecorder(100),
 					CredentialsCache: creds, CredentialsNamespace: testCredentialsNamespace,
+					Health: probes,
 				}
 				stop := startManager(t, mgr, creds)
 				_, _ = r.Reconcile(ctx, reconcile.Request{NamespacedName: key}) // half the steps crash: errors expected
@@ -91,7 +100,8 @@ func runCrashScenario(t *testing.T, newScenario func(t *testing.T, ns string) cr
 				return &p
 			}
 			ready := func(p *crawlv1alpha1.Proxy) bool {
-				return p != nil && p.Status.Phase == crawlv1alpha1.PhaseReady && p.Status.IP != "" && sc.instances(t) == 1
+				return p != nil && p.Status.Phase == crawlv1alpha1.PhaseReady && p.Status.IP != "" && sc.instances(t) == 1 &&
+					meta.IsStatusConditionTrue(p.Status.Conditions, crawlv1alpha1.ConditionReady)
 			}
 
 			until("created and Ready", func() bool { return ready(current()) })
@@ -129,6 +139,30 @@ func TestCrashSafetyKubernetes(t *testing.T) {
 			change:    func(p *crawlv1alpha1.Proxy) { p.Spec.Port = 8080 },
 		}
 	})
+}
+
+// probedBetweenSteps plays the health engine across restarts: an address
+// asked for is probed (and passes) before the next step asks again.
+type probedBetweenSteps struct {
+	mu    sync.Mutex
+	asked map[string]bool
+}
+
+func (p *probedBetweenSteps) Health(types.NamespacedName) (ProxyHealth, bool) {
+	return ProxyHealth{}, false
+}
+
+func (p *probedBetweenSteps) ProbeAhead(proxy *crawlv1alpha1.Proxy) (FirstVerdict, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	address := fmt.Sprintf("%s|%s|%s:%d", proxy.Status.InstanceName, proxy.Status.SpecHash, proxy.Status.IP, proxy.Status.Port)
+	if !p.asked[address] {
+		p.asked[address] = true
+		return FirstVerdict{}, false
+	}
+	now := metav1.Now()
+	return FirstVerdict{At: now.Time, Healthy: &metav1.Condition{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionTrue,
+		Reason: "ProbeSucceeded", Message: "probed through the proxy", LastTransitionTime: now}}, true
 }
 
 // crashBeforeRecord is a client whose status writes fail: the operator acted

@@ -3,8 +3,10 @@ package controllers
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -237,6 +239,66 @@ func TestNextStatus(t *testing.T) {
 		assert.Equal(t, int32(8080), s.Port)
 		assert.Empty(t, s.InstanceName)
 	})
+}
+
+// TestAwaitsFirstVerdict: the executor has an address probed before it
+// writes exactly when the status it is about to write serves an address or
+// instance nobody has a verdict for, and the current one did not already.
+func TestAwaitsFirstVerdict(t *testing.T) {
+	running := instance(providers.StateRunning, testHash, testUID)
+	next := func(p *crawlv1alpha1.Proxy) crawlv1alpha1.ProxyStatus {
+		o := observation{proxy: p, instance: running, instanceProvider: "kind-local", desiredHash: testHash}
+		if p.Spec.Mode == crawlv1alpha1.ModeExternal {
+			o = observation{proxy: p}
+		}
+		return nextStatus(p, o, plan(o))
+	}
+	healthyAt := func(ip string) func(*crawlv1alpha1.Proxy) {
+		return func(p *crawlv1alpha1.Proxy) {
+			p.Status.Phase, p.Status.IP, p.Status.Port = crawlv1alpha1.PhaseReady, ip, 3128
+			p.Status.InstanceName, p.Status.Provider, p.Status.SpecHash = running.Name, "kind-local", testHash
+			meta.SetStatusCondition(&p.Status.Conditions, metav1.Condition{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: "ProbeSucceeded"})
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		proxy *crawlv1alpha1.Proxy
+		want  bool
+	}{
+		{"a new External proxy", proxyFixture(external), true},
+		{"a Managed instance running after its creation was recorded", proxyFixture(creatingRecorded), true},
+		{"the same address, healthy", proxyFixture(healthyAt("127.0.0.10")), false},
+		{"a new address after a verdict for the old", proxyFixture(healthyAt("127.0.0.9")), true},
+		{"the address recorded already, its verdict awaited", proxyFixture(func(p *crawlv1alpha1.Proxy) { p.Status = next(proxyFixture(creatingRecorded)) }), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, awaitsFirstVerdict(tc.proxy.Status, next(tc.proxy)))
+		})
+	}
+	t.Run("nothing served: nothing to probe", func(t *testing.T) {
+		p := proxyFixture(withoutFinalizer)
+		o := observation{proxy: p}
+		assert.False(t, awaitsFirstVerdict(p.Status, nextStatus(p, o, plan(o))))
+	})
+}
+
+// TestWithFirstVerdict: a passing probe ahead is recorded as the engine
+// would record it, and Ready follows; no verdict leaves the status as it was.
+func TestWithFirstVerdict(t *testing.T) {
+	p := proxyFixture(external)
+	o := observation{proxy: p}
+	next := nextStatus(p, o, plan(o))
+	assert.Equal(t, next, withFirstVerdict(next, FirstVerdict{At: time.Now()}, p.Generation), "no verdict: awaited")
+
+	at := time.Now().Truncate(time.Second)
+	s := withFirstVerdict(next, FirstVerdict{At: at, Healthy: &metav1.Condition{Type: crawlv1alpha1.ConditionHealthy,
+		Status: metav1.ConditionTrue, Reason: "ProbeSucceeded", Message: "passed", LastTransitionTime: metav1.NewTime(at)}}, p.Generation)
+	assertCondition(t, s, crawlv1alpha1.ConditionHealthy, metav1.ConditionTrue, "ProbeSucceeded")
+	assertCondition(t, s, crawlv1alpha1.ConditionReady, metav1.ConditionTrue, crawlv1alpha1.ReasonProxyReady)
+	assert.Equal(t, p.Generation, meta.FindStatusCondition(s.Conditions, crawlv1alpha1.ConditionHealthy).ObservedGeneration)
+	require.NotNil(t, s.LastHealthCheckTime)
+	assert.Equal(t, at.Unix(), s.LastHealthCheckTime.Unix())
+	assertCondition(t, next, crawlv1alpha1.ConditionHealthy, metav1.ConditionUnknown, crawlv1alpha1.ReasonAwaitingProbe)
 }
 
 func assertCondition(t *testing.T, s crawlv1alpha1.ProxyStatus, condType string, status metav1.ConditionStatus, reason string) {

@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
@@ -103,6 +104,27 @@ type HealthSignals interface {
 	// Health is what the engine knows of one proxy; ok is false for a
 	// proxy it does not probe.
 	Health(key types.NamespacedName) (h ProxyHealth, ok bool)
+	// ProbeAhead asks for a probe of p at the instance its status is about
+	// to record (p carries that status, unwritten) and returns the verdict
+	// once there is one (done). Until then the engine probes, and its
+	// notification (Triggers) brings the next pass.
+	ProbeAhead(p *crawlv1alpha1.Proxy) (first FirstVerdict, done bool)
+}
+
+// EventReasonHealthy is the Event reason of a proxy that serves again,
+// the health engine's own (health.EventReasonHealthy, which main's tests
+// hold it to), so one field selector finds both.
+const EventReasonHealthy = "Healthy"
+
+// FirstVerdict is what a probe ahead of a Proxy's status found.
+type FirstVerdict struct {
+	// Healthy is the Healthy condition to record with the address, when
+	// the probe passed and that is a verdict; nil otherwise: the status
+	// then says the verdict is awaited, and the engine, probing on,
+	// records it (with the Event an Unhealthy one deserves).
+	Healthy *metav1.Condition
+	// At is when the probe ran, the status's lastHealthCheckTime.
+	At time.Time
 }
 
 // Defaults for replacing Unhealthy proxies.
@@ -117,9 +139,9 @@ const (
 const DefaultMaxConcurrentReconciles = 8
 
 // The operator's default client-side limits on API server requests, most of
-// which are the reconciler's writes. A Managed proxy takes 6 writes to
-// bring up and an External one 2 (docs/performance.md), so at
-// controller-runtime's 20/s a thousand Managed proxies would take 5
+// which are the reconciler's writes. A Managed proxy takes 5 writes to
+// bring up and an External one 1 (docs/performance.md), so at
+// controller-runtime's 20/s a thousand Managed proxies would take 4
 // minutes; 50/s sustained stays well inside what an API server's priority
 // and fairness gives one workload, and the burst absorbs a batch of new
 // Proxies.
@@ -351,12 +373,35 @@ func (r *ProxyReconciler) execute(ctx context.Context, p *crawlv1alpha1.Proxy, o
 	}
 
 	next := nextStatus(p, o, a)
+	var first FirstVerdict
+	if r.Health != nil && awaitsFirstVerdict(p.Status, next) {
+		// A new address is recorded with its first verdict, in one write
+		// that takes the proxy to Ready: recording the address, then the
+		// verdict, took two (docs/performance.md). Until the probe's result,
+		// nothing is written.
+		would := p.DeepCopy()
+		would.Status = next
+		var done bool
+		first, done = r.Health.ProbeAhead(would)
+		if !done {
+			log.V(1).Info("waiting for the first probe before recording the address", "address", fmt.Sprintf("%s:%d", next.IP, next.Port))
+			return reconcile.Result{RequeueAfter: poll}, nil
+		}
+		next = withFirstVerdict(next, first, p.Generation)
+	}
 	if !equality.Semantic.DeepEqual(p.Status, next) {
 		previous, before := p.Status.Phase, p.ResourceVersion
+		probedBefore := p.Status.LastHealthCheckTime != nil
 		p.Status = next
 		err := r.Client.Status().Update(ctx, p)
 		if err == nil {
 			r.lag.wrote(client.ObjectKeyFromObject(p), before)
+			if first.Healthy != nil && probedBefore {
+				// A proxy probed before (a replacement, a new endpoint)
+				// that serves again is news, as when the engine records
+				// it; a new proxy's first verdict is its routine bring-up.
+				r.Recorder.Eventf(p, nil, corev1.EventTypeNormal, EventReasonHealthy, "Probe", "probes through the proxy pass: %s", first.Healthy.Message)
+			}
 		}
 		// The action happened whether or not its record did (a conflict
 		// with a newer Proxy, say): the Event tells people so either way,

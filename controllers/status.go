@@ -64,6 +64,42 @@ func nextStatus(p *crawlv1alpha1.Proxy, o observation, a Action) crawlv1alpha1.P
 	return s
 }
 
+// awaitsFirstVerdict says whether next records an address (or instance)
+// nobody has probed, where current did not: next is serving, its verdict
+// is reset to Unknown, and current had no verdict or another address. The
+// executor then has the address probed before it writes anything.
+func awaitsFirstVerdict(current, next crawlv1alpha1.ProxyStatus) bool {
+	if next.Phase != crawlv1alpha1.PhaseReady || next.IP == "" || next.Port == 0 {
+		return false
+	}
+	healthy := meta.FindStatusCondition(next.Conditions, crawlv1alpha1.ConditionHealthy)
+	if healthy == nil || healthy.Status != metav1.ConditionUnknown {
+		return false
+	}
+	was := meta.FindStatusCondition(current.Conditions, crawlv1alpha1.ConditionHealthy)
+	return was == nil || was.Status != metav1.ConditionUnknown ||
+		current.IP != next.IP || current.Port != next.Port ||
+		current.InstanceName != next.InstanceName || current.SpecHash != next.SpecHash
+}
+
+// withFirstVerdict is next with the verdict of the probe ahead of it: a
+// passing one is recorded as the engine would record it (the Healthy
+// condition, lastHealthCheckTime, Ready derived); anything else leaves the
+// verdict awaited, for the engine to record.
+func withFirstVerdict(next crawlv1alpha1.ProxyStatus, first FirstVerdict, generation int64) crawlv1alpha1.ProxyStatus {
+	if first.Healthy == nil {
+		return next
+	}
+	s := *next.DeepCopy()
+	healthy := *first.Healthy
+	healthy.ObservedGeneration = generation
+	meta.SetStatusCondition(&s.Conditions, healthy)
+	at := metav1.NewTime(first.At)
+	s.LastHealthCheckTime = &at
+	s.SetReadyCondition(generation)
+	return s
+}
+
 // setHealthUnknown resets the health verdict: a new or replaced instance
 // starts from a clean slate.
 func setHealthUnknown(s *crawlv1alpha1.ProxyStatus, generation int64) {

@@ -77,8 +77,10 @@ type Options struct {
 	Recorder events.EventRecorder
 	// Notify, if set, receives every Managed Proxy whose verdict changed,
 	// as the kubelet's prober feeds its sync loop: the reconciler replaces
-	// proxies that stay Unhealthy. The engine blocks on it, so it must be
-	// read (the reconciler's channel source does).
+	// proxies that stay Unhealthy. It also receives every Proxy whose probe
+	// ahead (ProbeAhead) has its result, which the reconciler waits for.
+	// The engine blocks on it, so it must be read (the reconciler's channel
+	// source does).
 	Notify chan<- event.GenericEvent
 	// Credentials looks up the credentials a proxy's probes present, in
 	// CredentialsNamespace for Managed proxies (their instances' records).
@@ -98,10 +100,13 @@ type CredentialsLookup interface {
 // its verdict changes, so steady state costs no API writes.
 type Engine struct {
 	opts  Options
-	queue workqueue.TypedDelayingInterface[types.NamespacedName]
+	queue workqueue.TypedDelayingInterface[probeItem]
 
 	mu      sync.RWMutex
 	targets map[types.NamespacedName]*target
+	// ahead holds the probes asked for before a Proxy's status names the
+	// address (ProbeAhead), until the status does.
+	ahead map[types.NamespacedName]*aheadProbe
 	// byURL counts the Managed targets per probe URL, and the Unhealthy
 	// among them, for the reconciler's outage guard.
 	byURL map[string]*urlCount
@@ -168,8 +173,9 @@ func NewEngine(opts Options) *Engine {
 	return &Engine{
 		opts:    opts,
 		targets: map[types.NamespacedName]*target{},
+		ahead:   map[types.NamespacedName]*aheadProbe{},
 		byURL:   map[string]*urlCount{},
-		queue: workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[types.NamespacedName]{
+		queue: workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[probeItem]{
 			Name: "health", Clock: opts.Clock,
 		}),
 	}
@@ -193,7 +199,9 @@ func (e *Engine) Start(ctx context.Context) error {
 				obj = tomb.Obj
 			}
 			if p, ok := obj.(*crawlv1alpha1.Proxy); ok {
-				e.forget(client.ObjectKeyFromObject(p))
+				key := client.ObjectKeyFromObject(p)
+				e.forget(key)
+				e.dropAhead(key)
 			}
 		},
 	})
@@ -308,6 +316,7 @@ func (e *Engine) track(obj any) {
 	settings := e.settingsFor(p)
 	identity := identityOf(p)
 	now := e.opts.Clock.Now()
+	var adoptedAt time.Time
 	e.mu.Lock()
 	t, exists := e.targets[key]
 	replaced := exists && t.identity != identity
@@ -325,6 +334,11 @@ func (e *Engine) track(obj any) {
 		if recorded == Unhealthy {
 			t.unhealthySince = since
 		}
+		// A probe ahead of this status (see ProbeAhead) is this instance's
+		// first: its streak carries on, and it is not probed again at once.
+		if probedAt, ok := e.adoptAheadLocked(key, identity, t); ok {
+			adoptedAt = probedAt
+		}
 		if old != nil {
 			t.counted = old.counted // recountLocked moves it
 		}
@@ -332,29 +346,30 @@ func (e *Engine) track(obj any) {
 		e.generation.Add(1)
 	}
 	resettle := exists && !replaced && t.settings != settings
-	t.address = net.JoinHostPort(p.Status.IP, strconv.Itoa(int(p.Status.Port)))
+	t.address = addressOf(p)
 	t.settings = settings
 	t.managed = p.Spec.Mode == crawlv1alpha1.ModeManaged
 	t.creds, t.hasCreds = credentials.RefFor(p, e.opts.CredentialsNamespace)
-	// Every Managed proxy must refuse a stranger; an External one is
-	// checked when its spec asks.
-	t.checkOpen = t.managed || p.Spec.External != nil && p.Spec.External.OpenProxyCheck
+	t.checkOpen = checksOpen(p)
 	e.recountLocked(t, false)
 	last := t.lastProbe
 	e.mu.Unlock()
 	switch {
+	case !adoptedAt.IsZero():
+		// Probed ahead of this status: next due as after any probe.
+		e.queue.AddAfter(probeItem{key: key}, max(0, adoptedAt.Add(e.nextProbe(settings, t.tracker.verdict)).Sub(now)))
 	case replaced:
 		// A replaced instance or a changed address is probed at once: an
 		// address nobody has probed is never served on an old verdict.
-		e.queue.AddAfter(key, 0)
+		e.queue.AddAfter(probeItem{key: key}, 0)
 	case !exists && p.Status.LastHealthCheckTime == nil:
 		// A new proxy, never probed by anyone: not Ready until its first
 		// verdict, so that verdict is due now.
-		e.queue.AddAfter(key, 0)
+		e.queue.AddAfter(probeItem{key: key}, 0)
 	case !exists:
 		// Known before this engine started (a restart, a new leader):
 		// spread over the interval, so thousands are not probed at once.
-		e.queue.AddAfter(key, e.spread(settings.Interval))
+		e.queue.AddAfter(probeItem{key: key}, e.spread(settings.Interval))
 	case resettle:
 		// New settings take effect at the next probe, due by the new
 		// interval; the queue keeps whichever time comes first.
@@ -362,7 +377,7 @@ func (e *Engine) track(obj any) {
 		if !last.IsZero() {
 			next = max(0, last.Add(settings.Interval).Sub(now))
 		}
-		e.queue.AddAfter(key, next)
+		e.queue.AddAfter(probeItem{key: key}, next)
 	}
 }
 
@@ -379,11 +394,15 @@ func (e *Engine) forget(key types.NamespacedName) {
 
 // work probes the next due proxy; it returns false once the queue shuts down.
 func (e *Engine) work(ctx context.Context) bool {
-	key, shutdown := e.queue.Get()
+	item, shutdown := e.queue.Get()
 	if shutdown {
 		return false
 	}
-	defer e.queue.Done(key)
+	defer e.queue.Done(item)
+	if item.ahead {
+		return e.probeAhead(ctx, item.key)
+	}
+	key := item.key
 
 	start := e.opts.Clock.Now()
 	e.mu.Lock()
@@ -404,19 +423,7 @@ func (e *Engine) work(ctx context.Context) bool {
 		return true // forgotten while it waited
 	}
 
-	var result Result
-	if hasCreds && e.opts.Credentials != nil {
-		creds, err := e.opts.Credentials.Lookup(ctx, ref)
-		if err != nil && !req.CheckOpen {
-			result = Result{Reason: ReasonCredentialsUnavailable, Message: err.Error()}
-		}
-		// A Managed proxy without its record (built before records
-		// existed) is still checked for being open, then probed bare.
-		req.Credentials = creds
-	}
-	if result.Reason == "" {
-		result = e.opts.Prober.Probe(ctx, req)
-	}
+	result := e.probe(ctx, req, ref, hasCreds)
 	observeProbe(result, e.opts.Clock.Since(start))
 
 	e.mu.Lock()
@@ -438,14 +445,8 @@ func (e *Engine) work(ctx context.Context) bool {
 	verdict, decided, written, managed := t.tracker.verdict, t.tracker.decided, t.written, t.managed
 	e.mu.Unlock()
 
-	if changed && managed && e.opts.Notify != nil {
-		obj := &crawlv1alpha1.Proxy{}
-		obj.Namespace, obj.Name = key.Namespace, key.Name
-		select {
-		case e.opts.Notify <- event.GenericEvent{Object: obj}:
-		case <-ctx.Done():
-			return false
-		}
+	if changed && managed && !e.notify(ctx, key) {
+		return false
 	}
 	if verdict != written && verdict != Unknown {
 		if err := e.record(ctx, key, identity, verdict, decided); err != nil {
@@ -460,6 +461,12 @@ func (e *Engine) work(ctx context.Context) bool {
 			e.mu.Unlock()
 		}
 	}
+	e.queue.AddAfter(probeItem{key: key}, e.nextProbe(settings, verdict))
+	return true
+}
+
+// nextProbe is how long after a probe the next is due.
+func (e *Engine) nextProbe(settings Settings, verdict Verdict) time.Duration {
 	next := settings.Interval + e.spread(settings.Interval)
 	if verdict == Unknown {
 		// No verdict yet (a new proxy whose first probe came before its
@@ -467,8 +474,37 @@ func (e *Engine) work(ctx context.Context) bool {
 		// next probe is due soon rather than a whole interval later.
 		next = min(next, UndecidedRetry)
 	}
-	e.queue.AddAfter(key, next)
-	return true
+	return next
+}
+
+// notify tells the reconciler to look at a Proxy now (Options.Notify); it
+// returns false if ctx ended first.
+func (e *Engine) notify(ctx context.Context, key types.NamespacedName) bool {
+	if e.opts.Notify == nil {
+		return true
+	}
+	obj := &crawlv1alpha1.Proxy{}
+	obj.Namespace, obj.Name = key.Namespace, key.Name
+	select {
+	case e.opts.Notify <- event.GenericEvent{Object: obj}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// probe probes once, with the proxy's credentials when it takes some.
+func (e *Engine) probe(ctx context.Context, req ProbeRequest, ref credentials.Ref, hasCreds bool) Result {
+	if hasCreds && e.opts.Credentials != nil {
+		creds, err := e.opts.Credentials.Lookup(ctx, ref)
+		if err != nil && !req.CheckOpen {
+			return Result{Reason: ReasonCredentialsUnavailable, Message: err.Error()}
+		}
+		// A Managed proxy without its record (built before records
+		// existed) is still checked for being open, then probed bare.
+		req.Credentials = creds
+	}
+	return e.opts.Prober.Probe(ctx, req)
 }
 
 // UndecidedRetry is how soon a proxy without a verdict is probed again.
@@ -494,13 +530,7 @@ func (e *Engine) record(ctx context.Context, key types.NamespacedName, identity 
 		if !p.Serving() || identityOf(&p) != identity {
 			return errStale
 		}
-		cond := metav1.Condition{
-			Type: crawlv1alpha1.ConditionHealthy, ObservedGeneration: p.Generation, LastTransitionTime: now,
-			Status: metav1.ConditionTrue, Reason: ReasonProbeSucceeded, Message: decided.Message,
-		}
-		if v == Unhealthy {
-			cond.Status, cond.Reason = metav1.ConditionFalse, decided.Reason
-		}
+		cond := HealthyCondition(v, decided, p.Generation, now)
 		// A new proxy's first Healthy verdict is its routine bring-up, told
 		// by its status; an Event is for a change a person would want to
 		// know of: a recovery, or a replacement that serves again.
@@ -521,6 +551,19 @@ func (e *Engine) record(ctx context.Context, key types.NamespacedName, identity 
 		}
 		return nil
 	})
+}
+
+// HealthyCondition is the Healthy condition that records verdict v (Healthy
+// or Unhealthy), decided by the result decided.
+func HealthyCondition(v Verdict, decided Result, generation int64, now metav1.Time) metav1.Condition {
+	cond := metav1.Condition{
+		Type: crawlv1alpha1.ConditionHealthy, ObservedGeneration: generation, LastTransitionTime: now,
+		Status: metav1.ConditionTrue, Reason: ReasonProbeSucceeded, Message: decided.Message,
+	}
+	if v == Unhealthy {
+		cond.Status, cond.Reason = metav1.ConditionFalse, decided.Reason
+	}
+	return cond
 }
 
 // Event reasons of health transitions.
@@ -548,6 +591,18 @@ func (e *Engine) recordEvent(p *crawlv1alpha1.Proxy, v Verdict, decided Result) 
 	}
 	e.opts.Recorder.Eventf(p, nil, corev1.EventTypeNormal, EventReasonHealthy, "Probe",
 		"probes through the proxy pass: %s", decided.Message)
+}
+
+// addressOf is where a Proxy's status says it listens (host:port).
+func addressOf(p *crawlv1alpha1.Proxy) string {
+	return net.JoinHostPort(p.Status.IP, strconv.Itoa(int(p.Status.Port)))
+}
+
+// checksOpen says whether a proxy's probes also check that it refuses a
+// stranger: every Managed proxy must; an External one is checked when its
+// spec asks.
+func checksOpen(p *crawlv1alpha1.Proxy) bool {
+	return p.Spec.Mode == crawlv1alpha1.ModeManaged || p.Spec.External != nil && p.Spec.External.OpenProxyCheck
 }
 
 // identityOf names the instance behind a Proxy's status: it changes exactly

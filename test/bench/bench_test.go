@@ -390,6 +390,22 @@ func apiServerRequests(b *testing.B, c *cluster.Cluster) map[string]float64 {
 		b.Fatal(err)
 	}
 	requests := map[string]float64{}
+	// Watch events sent, and their bytes, by kind: what each write fans
+	// out to the watchers of its kind.
+	for _, family := range []string{"apiserver_watch_events_total", "apiserver_watch_events_sizes"} {
+		for _, m := range families[family].GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() != "resource" && l.GetName() != "kind" {
+					continue
+				}
+				if h := m.GetHistogram(); h != nil {
+					requests["watch-bytes "+l.GetValue()] += h.GetSampleSum()
+				} else {
+					requests["watch-events "+l.GetValue()] += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
 	for _, m := range families["apiserver_request_total"].GetMetric() {
 		labels := map[string]string{}
 		for _, l := range m.GetLabel() {

@@ -379,10 +379,12 @@ func fetchProfile(b *testing.B, httpClient *http.Client, url, name string) func(
 	return func() { <-done }
 }
 
-// apiServerRequests is the API server's answered requests so far, by verb,
-// resource and client ("PUT proxies/status"), from its own metrics: the
-// difference over a bring-up shows every request each side made, reads and
-// watches included, not only the operator's writes.
+// apiServerRequests is what the API server has done so far, from its own
+// metrics: requests answered by verb and resource ("PUT proxies/status"),
+// and watch events sent and their bytes by resource ("watch-events pods").
+// The difference over a bring-up shows every request each side made, reads
+// included, and what its writes fanned out to, not only the operator's
+// writes.
 func apiServerRequests(b *testing.B, c *cluster.Cluster) map[string]float64 {
 	b.Helper()
 	families, err := c.ScrapeAPIServer()

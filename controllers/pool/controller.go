@@ -352,7 +352,8 @@ func TemplateHash(t *crawlv1alpha1.ProxyTemplate) string {
 }
 
 // newMember is a Proxy made from the pool's template for one zone, named
-// from the pool, labelled with it and controlled by it.
+// from the pool, labelled with it and controlled by it; a Managed one
+// carries the instance-cleanup finalizer from its creation.
 func newMember(pool *crawlv1alpha1.ProxyPool, zone, hash string, scheme *runtime.Scheme) (*crawlv1alpha1.Proxy, error) {
 	t := pool.Spec.Template
 	p := &crawlv1alpha1.Proxy{
@@ -375,6 +376,12 @@ func newMember(pool *crawlv1alpha1.ProxyPool, zone, hash string, scheme *runtime
 			p.Spec.Placement = &crawlv1alpha1.Placement{}
 		}
 		p.Spec.Placement.Zone = zone
+	}
+	if p.Spec.Mode == crawlv1alpha1.ModeManaged {
+		// Born with the finalizer the Proxy reconciler would add as its
+		// first write: one write less per member, and the member's first
+		// pass provisions. The reconciler removes it as for any Proxy.
+		controllerutil.AddFinalizer(p, crawlv1alpha1.Finalizer)
 	}
 	if err := controllerutil.SetControllerReference(pool, p, scheme); err != nil {
 		return nil, fmt.Errorf("owning member %s by ProxyPool %s/%s: %w", p.Name, pool.Namespace, pool.Name, err)

@@ -20,7 +20,8 @@ import (
 )
 
 // newExternal creates an External Proxy at ip:port with no status yet, as
-// the reconciler first sees one.
+// the reconciler first sees one, and deletes it at the end: the engine of a
+// later run probes every namespace's Proxies, and the address is the same.
 func newExternal(t *testing.T, c client.Client, ns, name, ip string, port int32) *crawlv1alpha1.Proxy {
 	t.Helper()
 	p := &crawlv1alpha1.Proxy{
@@ -29,6 +30,7 @@ func newExternal(t *testing.T, c client.Client, ns, name, ip string, port int32)
 			External: &crawlv1alpha1.ExternalEndpoint{Address: ip}},
 	}
 	require.NoError(t, c.Create(context.Background(), p))
+	t.Cleanup(func() { require.NoError(t, client.IgnoreNotFound(c.Delete(context.Background(), p))) })
 	return p
 }
 
@@ -201,6 +203,10 @@ func TestProbeAheadLeavesAnUndecidedVerdictToTheEngine(t *testing.T) {
 		clk.Step(time.Second)
 		return false
 	}, 10*time.Second, 5*time.Millisecond, "the engine probes on and records the verdict")
+	// The write is counted once its Update returns, which may be after the
+	// Get above already sees it.
+	require.Eventually(t, func() bool { return writes.Load() >= 1 }, 5*time.Second, 5*time.Millisecond)
+	time.Sleep(50 * time.Millisecond) // give a second write the chance to show
 	assert.Equal(t, int64(1), writes.Load(), "the engine wrote the one verdict it reached")
 	assert.Equal(t, int64(4), prober.probes(addr), "three probes ahead, then the engine's own, which passed")
 }

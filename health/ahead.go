@@ -8,7 +8,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
-	"github.com/example/egress-proxies-operator/credentials"
 )
 
 // probeItem is one probe due in the engine's queue: of a tracked proxy, or
@@ -20,11 +19,8 @@ type probeItem struct {
 
 // aheadProbe is a probe of an address a Proxy's status does not name yet.
 type aheadProbe struct {
-	identity, address string
-	settings          Settings
-	creds             credentials.Ref
-	hasCreds          bool
-	checkOpen         bool
+	identity string
+	probeTarget
 	// done says the probe has finished: tracker holds its result and
 	// started and at when it ran.
 	done        bool
@@ -71,8 +67,7 @@ func (e *Engine) ProbeAhead(p *crawlv1alpha1.Proxy) (FirstProbe, bool) {
 			return FirstProbe{Verdict: a.tracker.verdict, Result: a.result, At: a.at}, true
 		}
 	}
-	a := &aheadProbe{identity: identity, address: addressOf(p), settings: settings, checkOpen: checksOpen(p)}
-	a.creds, a.hasCreds = credentials.RefFor(p, e.opts.CredentialsNamespace)
+	a := &aheadProbe{identity: identity, probeTarget: probeTargetOf(p, settings, e.opts.CredentialsNamespace)}
 	e.ahead[key] = a
 	e.queue.Add(probeItem{key: key, ahead: true})
 	return FirstProbe{}, false
@@ -87,12 +82,11 @@ func (e *Engine) probeAhead(ctx context.Context, key types.NamespacedName) bool 
 		e.mu.Unlock()
 		return true
 	}
-	req := ProbeRequest{ProxyAddr: a.address, Target: a.settings.URL, Timeout: a.settings.Timeout, CheckOpen: a.checkOpen}
-	ref, hasCreds, settings := a.creds, a.hasCreds, a.settings
+	pt := a.probeTarget
 	e.mu.Unlock()
 
 	start := e.opts.Clock.Now()
-	result := e.probe(ctx, req, ref, hasCreds)
+	result := e.probe(ctx, pt)
 	observeProbe(result, e.opts.Clock.Since(start))
 
 	e.mu.Lock()
@@ -100,7 +94,7 @@ func (e *Engine) probeAhead(ctx context.Context, key types.NamespacedName) bool 
 		e.mu.Unlock()
 		return true // asked again for another instance, or deleted
 	}
-	a.tracker.observe(result, settings.FailureThreshold, settings.SuccessThreshold)
+	a.tracker.observe(result, pt.settings.FailureThreshold, pt.settings.SuccessThreshold)
 	a.result, a.started, a.at, a.done = result, start, e.opts.Clock.Now(), true
 	e.mu.Unlock()
 	return e.notify(ctx, key)

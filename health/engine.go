@@ -118,20 +118,33 @@ type Engine struct {
 // many of them are Unhealthy now.
 type urlCount struct{ probed, unhealthy int }
 
-// target is one probed proxy.
-type target struct {
-	// identity changes when the proxy is replaced: a replacement starts from
-	// a clean slate.
-	identity string
+// probeTarget is what a probe of a proxy needs: where it listens, how it
+// is probed, and with which credentials.
+type probeTarget struct {
 	address  string
 	settings Settings
-	managed  bool
 	// creds is where the proxy's credentials are (hasCreds false: it takes
 	// none); checkOpen probes it without them too.
 	creds     credentials.Ref
 	hasCreds  bool
 	checkOpen bool
-	tracker   tracker
+}
+
+// probeTargetOf is how a Proxy whose status is p's is probed.
+func probeTargetOf(p *crawlv1alpha1.Proxy, settings Settings, credentialsNamespace string) probeTarget {
+	pt := probeTarget{address: addressOf(p), settings: settings, checkOpen: checksOpen(p)}
+	pt.creds, pt.hasCreds = credentials.RefFor(p, credentialsNamespace)
+	return pt
+}
+
+// target is one probed proxy.
+type target struct {
+	// identity changes when the proxy is replaced: a replacement starts from
+	// a clean slate.
+	identity string
+	probeTarget
+	managed bool
+	tracker tracker
 	// written is the verdict last recorded in status.
 	written Verdict
 	// unhealthySince is when the current Unhealthy verdict began.
@@ -346,11 +359,8 @@ func (e *Engine) track(obj any) {
 		e.generation.Add(1)
 	}
 	resettle := exists && !replaced && t.settings != settings
-	t.address = addressOf(p)
-	t.settings = settings
+	t.probeTarget = probeTargetOf(p, settings, e.opts.CredentialsNamespace)
 	t.managed = p.Spec.Mode == crawlv1alpha1.ModeManaged
-	t.creds, t.hasCreds = credentials.RefFor(p, e.opts.CredentialsNamespace)
-	t.checkOpen = checksOpen(p)
 	e.recountLocked(t, false)
 	last := t.lastProbe
 	e.mu.Unlock()
@@ -408,14 +418,9 @@ func (e *Engine) work(ctx context.Context) bool {
 	e.mu.Lock()
 	t, ok := e.targets[key]
 	var identity string
-	var settings Settings
-	var req ProbeRequest
-	var ref credentials.Ref
-	var hasCreds bool
+	var pt probeTarget
 	if ok {
-		identity, settings = t.identity, t.settings
-		req = ProbeRequest{ProxyAddr: t.address, Target: settings.URL, Timeout: settings.Timeout, CheckOpen: t.checkOpen}
-		ref, hasCreds = t.creds, t.hasCreds
+		identity, pt = t.identity, t.probeTarget
 		t.lastProbe = start
 	}
 	e.mu.Unlock()
@@ -423,7 +428,7 @@ func (e *Engine) work(ctx context.Context) bool {
 		return true // forgotten while it waited
 	}
 
-	result := e.probe(ctx, req, ref, hasCreds)
+	result := e.probe(ctx, pt)
 	observeProbe(result, e.opts.Clock.Since(start))
 
 	e.mu.Lock()
@@ -433,7 +438,7 @@ func (e *Engine) work(ctx context.Context) bool {
 		return true // deleted or replaced during the probe: the result is stale
 	}
 	t.probedAt = e.opts.Clock.Now()
-	changed := t.tracker.observe(result, settings.FailureThreshold, settings.SuccessThreshold)
+	changed := t.tracker.observe(result, pt.settings.FailureThreshold, pt.settings.SuccessThreshold)
 	if changed {
 		e.generation.Add(1)
 		t.unhealthySince = time.Time{}
@@ -461,7 +466,7 @@ func (e *Engine) work(ctx context.Context) bool {
 			e.mu.Unlock()
 		}
 	}
-	e.queue.AddAfter(probeItem{key: key}, e.nextProbe(settings, verdict))
+	e.queue.AddAfter(probeItem{key: key}, e.nextProbe(pt.settings, verdict))
 	return true
 }
 
@@ -493,10 +498,11 @@ func (e *Engine) notify(ctx context.Context, key types.NamespacedName) bool {
 	}
 }
 
-// probe probes once, with the proxy's credentials when it takes some.
-func (e *Engine) probe(ctx context.Context, req ProbeRequest, ref credentials.Ref, hasCreds bool) Result {
-	if hasCreds && e.opts.Credentials != nil {
-		creds, err := e.opts.Credentials.Lookup(ctx, ref)
+// probe probes pt once, with its credentials when it takes some.
+func (e *Engine) probe(ctx context.Context, pt probeTarget) Result {
+	req := ProbeRequest{ProxyAddr: pt.address, Target: pt.settings.URL, Timeout: pt.settings.Timeout, CheckOpen: pt.checkOpen}
+	if pt.hasCreds && e.opts.Credentials != nil {
+		creds, err := e.opts.Credentials.Lookup(ctx, pt.creds)
 		if err != nil && !req.CheckOpen {
 			return Result{Reason: ReasonCredentialsUnavailable, Message: err.Error()}
 		}

@@ -15,7 +15,6 @@ import (
 	"net/http"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -24,7 +23,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -328,11 +326,10 @@ func (w *world) profileAPIServer(b *testing.B, name string, d time.Duration) fun
 	if os.Getenv(profileEnv) == "" {
 		return func() {}
 	}
-	httpClient, err := rest.HTTPClientFor(w.cluster.Env.Config)
+	httpClient, url, err := w.cluster.APIServerClient(fmt.Sprintf("/debug/pprof/profile?seconds=%d", int(d.Seconds())))
 	if err != nil {
 		b.Fatal(err)
 	}
-	url := fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", strings.TrimSuffix(w.cluster.Env.Config.Host, "/"), int(d.Seconds()))
 	return fetchProfile(b, httpClient, url, "apiserver-"+name)
 }
 

@@ -152,14 +152,25 @@ func ScrapeMetrics(url string) (map[string]*dto.MetricFamily, error) {
 	return scrapeWith(metricsClient, url)
 }
 
+// APIServerClient is an HTTP client with the cluster's admin credentials and
+// the URL of the API server's path, for its own endpoints (/metrics,
+// /debug/pprof) that no typed client serves.
+func (c *Cluster) APIServerClient(path string) (*http.Client, string, error) {
+	httpClient, err := rest.HTTPClientFor(c.Env.Config)
+	if err != nil {
+		return nil, "", fmt.Errorf("an HTTP client for the API server: %w", err)
+	}
+	return httpClient, strings.TrimSuffix(c.Env.Config.Host, "/") + path, nil
+}
+
 // ScrapeAPIServer reads the API server's own /metrics with the cluster's
 // admin credentials.
 func (c *Cluster) ScrapeAPIServer() (map[string]*dto.MetricFamily, error) {
-	httpClient, err := rest.HTTPClientFor(c.Env.Config)
+	httpClient, url, err := c.APIServerClient("/metrics")
 	if err != nil {
-		return nil, fmt.Errorf("a client for the API server's metrics: %w", err)
+		return nil, err
 	}
-	return scrapeWith(httpClient, strings.TrimSuffix(c.Env.Config.Host, "/")+"/metrics")
+	return scrapeWith(httpClient, url)
 }
 
 func scrapeWith(httpClient *http.Client, url string) (map[string]*dto.MetricFamily, error) {

@@ -36,7 +36,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
-	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
@@ -47,6 +46,7 @@ import (
 	"github.com/example/egress-proxies-operator/discovery/redisstore"
 	"github.com/example/egress-proxies-operator/gateway"
 	"github.com/example/egress-proxies-operator/health"
+	"github.com/example/egress-proxies-operator/metricsauth"
 	"github.com/example/egress-proxies-operator/providers"
 	"github.com/example/egress-proxies-operator/providers/gcp"
 	"github.com/example/egress-proxies-operator/providers/kubernetes"
@@ -789,14 +789,15 @@ func newScheme() *runtime.Scheme {
 }
 
 // newManager builds the controller-runtime manager with secure metrics
-// (kubebuilder v4's authn/authz filter), health probes and leader election.
+// (kubebuilder v4's TokenReview and SubjectAccessReview, through package
+// metricsauth), health probes and leader election.
 func newManager(restConfig *rest.Config, opts options) (manager.Manager, error) {
 	metricsOpts := metricsserver.Options{
 		BindAddress:   opts.metricsAddr,
 		SecureServing: opts.metricsSecure,
 	}
 	if opts.metricsSecure {
-		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
+		metricsOpts.FilterProvider = metricsauth.WithAuthenticationAndAuthorization
 	}
 	if !opts.enableHTTP2 {
 		metricsOpts.TLSOpts = []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }}

@@ -49,7 +49,18 @@ type Action struct {
 	// Budgeted replacements count against the provider instance's bound on
 	// replacements in flight; the executor holds them when it is spent.
 	Budgeted bool
+	// Quiet: the pass writes no status. A new proxy's instance is created
+	// and starts without a word; the write that records it running is its
+	// first (see QuietStart).
+	Quiet bool
 }
+
+// QuietStart is how long a new proxy's instance may take to start before
+// its status records it starting. One that runs sooner goes from no status
+// to Ready in one write, where recording its creation cost a write more
+// (docs/architecture.md, decision 59); one that takes longer, a VM say, is
+// shown Provisioning after it.
+const QuietStart = 10 * time.Second
 
 // Reasons used in conditions and Events.
 const (
@@ -216,7 +227,7 @@ func plan(o observation) Action {
 		return Action{Type: ActionCreate, Phase: crawlv1alpha1.PhaseReplacing, Reason: ReasonCreating,
 			Message: fmt.Sprintf("creating the replacement instance %s with provider %s", o.instanceName, p.Spec.Provider)}
 	case o.instance == nil:
-		return Action{Type: ActionCreate, Phase: crawlv1alpha1.PhaseProvisioning, Reason: ReasonCreating,
+		return Action{Type: ActionCreate, Phase: crawlv1alpha1.PhaseProvisioning, Reason: ReasonCreating, Quiet: unrecorded(p),
 			Message: fmt.Sprintf("creating instance %s with provider %s", o.instanceName, p.Spec.Provider)}
 	}
 
@@ -242,6 +253,10 @@ func plan(o observation) Action {
 	case inst.State == providers.StateFailed:
 		return Action{Type: ActionDelete, Phase: crawlv1alpha1.PhaseReplacing, Reason: ReasonInstanceFailed, Cause: ReasonInstanceFailed,
 			Message: fmt.Sprintf("instance %s stopped (%s): replacing it; it will come back with a new IP", inst.Name, orUnknown(inst.Message))}
+	case inst.State == providers.StatePending && inst.Message == "" && unrecorded(p) && o.now.Sub(inst.CreatedAt) < QuietStart:
+		// A new proxy starting as expected: nothing to record until it
+		// runs, unless it takes longer than QuietStart.
+		return Action{Type: ActionWait, Quiet: true, Recheck: QuietStart - o.now.Sub(inst.CreatedAt)}
 	case inst.State == providers.StatePending && inst.Message == "" && creating(p, inst.Name):
 		// Starting as expected: the status that recorded its creation says
 		// all there is, and restating it would be a write for nothing.
@@ -252,6 +267,14 @@ func plan(o observation) Action {
 			Message: fmt.Sprintf("instance %s is starting: %s", inst.Name, orUnknown(inst.Message))}
 	}
 	return planRunning(o)
+}
+
+// unrecorded says whether p's status has recorded nothing of an instance:
+// a new proxy, whose instance is created and started quietly. A status that
+// says something else (Failed, say) is brought up to date by the first
+// action instead.
+func unrecorded(p *crawlv1alpha1.Proxy) bool {
+	return p.Status.InstanceName == "" && (p.Status.Phase == "" || p.Status.Phase == crawlv1alpha1.PhasePending)
 }
 
 // creating says whether p's status records the creation of instance name,

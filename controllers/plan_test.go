@@ -59,6 +59,15 @@ func creatingRecorded(p *crawlv1alpha1.Proxy) {
 		ObservedGeneration: p.Generation, Reason: ReasonCreating, Message: p.Status.Message})
 }
 
+// planNow is TestPlan's clock.
+var planNow = time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
+
+// createdAgo sets when the provider made inst, by planNow.
+func createdAgo(d time.Duration, inst *providers.Instance) *providers.Instance {
+	inst.CreatedAt = planNow.Add(-d)
+	return inst
+}
+
 func heldUp(inst *providers.Instance) *providers.Instance {
 	inst.Message = "container squid: ErrImagePull pull access denied"
 	return inst
@@ -92,15 +101,22 @@ func TestPlan(t *testing.T) {
 		wantPhase  crawlv1alpha1.ProxyPhase
 		wantReason string
 		wantErr    bool
+		wantQuiet  bool
 	}{
 		// Life of a Managed proxy.
 		{name: "finalizer absent: add it first", proxy: proxyFixture(withoutFinalizer),
 			wantType: ActionAddFinalizer, wantPhase: crawlv1alpha1.PhasePending},
 		{name: "finalizer absent even with a bad spec: finalizer first", proxy: proxyFixture(withoutFinalizer),
 			specErr: &specError{ReasonCloudInitError, "x"}, wantType: ActionAddFinalizer},
-		{name: "no instance: create", proxy: proxyFixture(),
+		{name: "no instance, nothing recorded: create quietly", proxy: proxyFixture(),
+			wantType: ActionCreate, wantPhase: crawlv1alpha1.PhaseProvisioning, wantReason: ReasonCreating, wantQuiet: true},
+		{name: "no instance after a recorded failure: create, and say so", proxy: proxyFixture(func(p *crawlv1alpha1.Proxy) { p.Status.Phase = crawlv1alpha1.PhaseFailed }),
 			wantType: ActionCreate, wantPhase: crawlv1alpha1.PhaseProvisioning, wantReason: ReasonCreating},
-		{name: "instance pending: wait", proxy: proxyFixture(), instance: instance(providers.StatePending, testHash, testUID),
+		{name: "new proxy's instance starting as expected: wait quietly", proxy: proxyFixture(), instance: createdAgo(QuietStart-time.Second, instance(providers.StatePending, testHash, testUID)),
+			wantType: ActionWait, wantQuiet: true},
+		{name: "new proxy's instance slower than QuietStart: say it is starting", proxy: proxyFixture(), instance: createdAgo(QuietStart, instance(providers.StatePending, testHash, testUID)),
+			wantType: ActionWait, wantPhase: crawlv1alpha1.PhaseProvisioning, wantReason: ReasonProvisioning},
+		{name: "new proxy's instance held up: say why at once", proxy: proxyFixture(), instance: heldUp(createdAgo(0, instance(providers.StatePending, testHash, testUID))),
 			wantType: ActionWait, wantPhase: crawlv1alpha1.PhaseProvisioning, wantReason: ReasonProvisioning},
 		{name: "instance starting as recorded at its creation: wait, saying nothing new", proxy: proxyFixture(creatingRecorded), instance: instance(providers.StatePending, testHash, testUID),
 			wantType: ActionWait, wantPhase: crawlv1alpha1.PhaseProvisioning, wantReason: ReasonCreating},
@@ -170,7 +186,7 @@ func TestPlan(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			got := plan(observation{
 				proxy: tc.proxy, instanceName: "px-crawl-eu-1-0123456789", desiredHash: testHash,
-				instance: tc.instance, getErr: tc.getErr, specErr: tc.specErr,
+				instance: tc.instance, getErr: tc.getErr, specErr: tc.specErr, now: planNow,
 			})
 			assert.Equal(t, tc.wantType, got.Type, "message: %s", got.Message)
 			if tc.wantPhase != "" {
@@ -180,7 +196,11 @@ func TestPlan(t *testing.T) {
 				assert.Equal(t, tc.wantReason, got.Reason)
 			}
 			assert.Equal(t, tc.wantErr, got.Err != nil, "a retried wait carries its error, nothing else does")
-			if got.Type != ActionNothing {
+			assert.Equal(t, tc.wantQuiet, got.Quiet, "only a new proxy's instance is created and started without a status write")
+			if tc.wantQuiet && got.Type == ActionWait {
+				assert.Positive(t, got.Recheck, "a quiet start is looked at again when QuietStart runs out")
+			}
+			if got.Type != ActionNothing && !(got.Quiet && got.Type == ActionWait) {
 				assert.NotEmpty(t, got.Message, "every action explains itself")
 			}
 		})

@@ -236,10 +236,12 @@ func (r *ProxyReconciler) observe(ctx context.Context, p *crawlv1alpha1.Proxy) (
 		o.instance, o.instanceProvider = inst, name
 		return o, prov
 	}
-	if !p.DeletionTimestamp.IsZero() && p.Status.InstanceName == "" {
-		// Nothing recorded (a lost write) and nothing under the name: before
-		// the finalizer goes, make sure no provider holds an instance made
-		// for this Proxy under any name or in any place.
+	if p.Status.InstanceName == "" && (!p.DeletionTimestamp.IsZero() || p.Generation > 1) {
+		// Nothing recorded (a new proxy's quiet start, a lost write) and
+		// nothing under the name where the spec says: before the finalizer
+		// goes, or before a second instance is created after the spec
+		// changed (spec.provider, say), make sure no provider holds an
+		// instance made for this Proxy under any name or in any place.
 		return r.findByOwner(ctx, o, last)
 	}
 	return o, last
@@ -372,6 +374,10 @@ func (r *ProxyReconciler) execute(ctx context.Context, p *crawlv1alpha1.Proxy, o
 		}
 	}
 
+	if a.Quiet && a.Err == nil {
+		log.V(1).Info("instance starting; nothing recorded until it runs", "action", a.Type, "instance", o.instanceName)
+		return result, nil
+	}
 	next := nextStatus(p, o, a)
 	var first FirstVerdict
 	if r.Health != nil && awaitsFirstVerdict(p.Status, next) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -88,44 +89,83 @@ func (r *ProxyReconciler) resolveCredentials(ctx context.Context, p *crawlv1alph
 	return credentials.Credentials{}, nil, fmt.Errorf("creating the credentials Secret %s/%s of provider %s: %w", ref.Namespace, ref.Name, p.Spec.Provider, err)
 }
 
-// writeRecord records, in the operator's namespace, the credentials the
-// instance about to be created is built with. Probes and discovery read
-// this record, so during a rotation every instance is reached with the
-// password it actually has. Written before the instance is created: an
-// instance never runs without its record.
+// recordRefresh is how old a record's written-at may be before a Create
+// writes it again: a record unused for longer than the orphan collector's
+// recordGrace may be collected, so one about to serve a new instance is
+// kept fresh, but not rewritten for every instance of a fleet.
+const recordRefresh = 10 * time.Minute
+
+// writeRecord makes sure the record of the credentials the instance about
+// to be created is built with is in the operator's namespace. Probes and
+// discovery read this record, so during a rotation every instance is
+// reached with the password it actually has. It is checked before the
+// instance is created: an instance never runs without its record. Every
+// instance of one spec hash in one namespace shares the record
+// (credentials.RecordName), so a fleet's bring-up writes it once, not once
+// per proxy.
 func (r *ProxyReconciler) writeRecord(ctx context.Context, p *crawlv1alpha1.Proxy, o observation) error {
+	key := client.ObjectKey{Namespace: r.CredentialsNamespace, Name: credentials.RecordName(p.Namespace, o.desiredHash)}
+	var cached corev1.Secret
+	switch err := r.CredentialsCache.Get(ctx, key, &cached); {
+	case err == nil && recordFresh(&cached, o.desiredHash, r.clock().Now()):
+		return nil
+	case err != nil && !apierrors.IsNotFound(err):
+		return fmt.Errorf("reading the credentials record %s: %w", key, err)
+	}
+	written := r.clock().Now().UTC().Format(time.RFC3339)
 	secret := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
-			Namespace: r.CredentialsNamespace, Name: credentials.RecordName(o.instanceName),
-			Labels: mergeLabels(managedByLabel, instanceLabels(r.Owner, p, o.desiredHash), map[string]string{
+			Namespace: key.Namespace, Name: key.Name,
+			Labels: mergeLabels(managedByLabel, r.Owner.Labels(), map[string]string{
 				crawlv1alpha1.LabelCredentials:     "true",
-				crawlv1alpha1.LabelCredentialsRole: credentials.RoleInstance,
+				crawlv1alpha1.LabelCredentialsRole: credentials.RoleSpec,
+				crawlv1alpha1.LabelOwnerNamespace:  p.Namespace,
+				crawlv1alpha1.LabelSpecHash:        o.desiredHash,
+				crawlv1alpha1.LabelProvider:        p.Spec.Provider,
 			}),
+			Annotations: map[string]string{credentials.AnnotationRecordWritten: written},
 		},
 		Type: corev1.SecretTypeBasicAuth,
 		Data: o.credentials.Data(),
 	}
 	err := r.Client.Create(ctx, secret)
-	if !apierrors.IsAlreadyExists(err) {
-		return wrap(err, "creating the credentials record %s/%s", secret.Namespace, secret.Name)
+	switch {
+	case err == nil:
+		return nil
+	case !apierrors.IsAlreadyExists(err):
+		return wrap(err, "creating the credentials record %s", key)
+	case apierrors.IsNotFound(r.CredentialsCache.Get(ctx, key, &cached)):
+		// Made a moment ago by another worker creating an instance of the
+		// same spec, and not in the cache yet: fresh, and the same
+		// credentials (the name has their hash).
+		return nil
 	}
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": secret.Labels}, "data": secret.Data})
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": secret.Labels, "annotations": secret.Annotations}, "data": secret.Data})
 	if err != nil {
 		return fmt.Errorf("encoding the credentials record's patch: %w", err)
 	}
-	existing := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: secret.Namespace, Name: secret.Name}}
-	return wrap(r.Client.Patch(ctx, existing, client.RawPatch(types.MergePatchType, patch)),
-		"updating the credentials record %s/%s", secret.Namespace, secret.Name)
+	existing := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
+	return wrap(r.Client.Patch(ctx, existing, client.RawPatch(types.MergePatchType, patch)), "updating the credentials record %s", key)
+}
+
+// recordFresh says whether a cached record is for hash and was written
+// within recordRefresh of now.
+func recordFresh(secret *corev1.Secret, hash string, now time.Time) bool {
+	if secret.Labels[crawlv1alpha1.LabelSpecHash] != hash {
+		return false
+	}
+	written, err := time.Parse(time.RFC3339, secret.Annotations[credentials.AnnotationRecordWritten])
+	return err == nil && now.Sub(written) < recordRefresh
 }
 
 // recordCurrent says whether the record of the running instance is in the
 // cache; a pass that finds it missing (deleted by hand, or an instance made
-// before records existed whose spec has not changed) writes it again. A
-// cache that cannot answer is an error, not a missing record: rewriting on
-// every pass would be a write per pass for nothing.
-func (r *ProxyReconciler) recordCurrent(ctx context.Context, o observation) (bool, error) {
+// before shared records existed whose spec has not changed) writes it
+// again. A cache that cannot answer is an error, not a missing record:
+// rewriting on every pass would be a write per pass for nothing.
+func (r *ProxyReconciler) recordCurrent(ctx context.Context, p *crawlv1alpha1.Proxy, o observation) (bool, error) {
 	var secret corev1.Secret
-	key := client.ObjectKey{Namespace: r.CredentialsNamespace, Name: credentials.RecordName(o.instanceName)}
+	key := client.ObjectKey{Namespace: r.CredentialsNamespace, Name: credentials.RecordName(p.Namespace, o.desiredHash)}
 	switch err := r.CredentialsCache.Get(ctx, key, &secret); {
 	case apierrors.IsNotFound(err):
 		return false, nil
@@ -135,10 +175,22 @@ func (r *ProxyReconciler) recordCurrent(ctx context.Context, o observation) (boo
 	return secret.Labels[crawlv1alpha1.LabelSpecHash] == o.desiredHash, nil
 }
 
-// deleteRecord removes a deleted Proxy's record.
-func (r *ProxyReconciler) deleteRecord(ctx context.Context, instanceName string) error {
-	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: r.CredentialsNamespace, Name: credentials.RecordName(instanceName)}}
-	return wrap(client.IgnoreNotFound(r.Client.Delete(ctx, secret)), "deleting the credentials record %s/%s", secret.Namespace, secret.Name)
+// deleteLegacyRecord removes the record an earlier version kept for a
+// deleted Proxy's instance, if the cache shows one: a shared record stays
+// for the Proxy's siblings, and the orphan collector takes it once none
+// uses it.
+func (r *ProxyReconciler) deleteLegacyRecord(ctx context.Context, instanceName string) error {
+	key := client.ObjectKey{Namespace: r.CredentialsNamespace, Name: credentials.LegacyRecordName(instanceName)}
+	var secret corev1.Secret
+	switch err := r.CredentialsCache.Get(ctx, key, &secret); {
+	case apierrors.IsNotFound(err):
+		return nil
+	case err != nil:
+		return fmt.Errorf("reading the credentials record %s: %w", key, err)
+	case secret.Labels[crawlv1alpha1.LabelCredentialsRole] != credentials.RoleInstance:
+		return nil
+	}
+	return wrap(client.IgnoreNotFound(r.Client.Delete(ctx, &secret)), "deleting the credentials record %s", key)
 }
 
 // proxiesUsingCredentials maps a credentials Secret to the Proxies it
@@ -150,6 +202,24 @@ func (r *ProxyReconciler) proxiesUsingCredentials(ctx context.Context, secret cl
 	switch labels[crawlv1alpha1.LabelCredentialsRole] {
 	case credentials.RoleInstance:
 		return ownerFromLabels(ctx, secret)
+	case credentials.RoleSpec:
+		// The Proxies whose instances were built from the record's spec
+		// hash: a record deleted by hand is written again by their passes.
+		if secret.GetNamespace() != r.CredentialsNamespace {
+			return nil
+		}
+		var list crawlv1alpha1.ProxyList
+		if err := r.Client.List(ctx, &list, client.InNamespace(labels[crawlv1alpha1.LabelOwnerNamespace])); err != nil {
+			logf.FromContext(ctx).Error(err, "listing Proxies for a credentials record", "secret", client.ObjectKeyFromObject(secret))
+			return nil
+		}
+		var out []reconcile.Request
+		for i := range list.Items {
+			if list.Items[i].Status.SpecHash == labels[crawlv1alpha1.LabelSpecHash] {
+				out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+			}
+		}
+		return out
 	case credentials.RoleProvider:
 		if secret.GetNamespace() != r.CredentialsNamespace {
 			return nil

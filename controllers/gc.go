@@ -73,7 +73,7 @@ type OrphanCollector struct {
 	// Clock tells instance ages; tests inject a fake one.
 	Clock clock.PassiveClock
 	// Credentials reads the credentials Secrets (the credentials cache) and
-	// Deleter deletes the records whose Proxy is gone, in
+	// Deleter deletes the records no instance uses any more, in
 	// CredentialsNamespace. A nil Credentials skips records.
 	Credentials          client.Reader
 	Deleter              client.Writer
@@ -142,48 +142,109 @@ func (c *OrphanCollector) Sweep(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// sweepRecords deletes the credentials records whose Proxy is gone: the
-// finalizer deletes a Proxy's record, this catches a Proxy removed without
-// it. Young records are spared, as young instances are.
+// recordGrace spares a shared credentials record written this recently,
+// though no Proxy's status names its hash: an instance may be starting
+// from it, unrecorded (decision 59). A Create rewrites a record older than
+// recordRefresh, so a record in use is never this old.
+const recordGrace = time.Hour
+
+// sweepRecords deletes the credentials records no instance uses: a shared
+// record whose spec hash no Proxy in its namespace records, once it is
+// older than recordGrace; a record an earlier version kept for one
+// instance, once its Proxy is gone (the finalizer deletes it, this catches
+// a Proxy removed without it). Young records are spared, as young instances
+// are.
 func (c *OrphanCollector) sweepRecords(ctx context.Context, now time.Time) error {
 	if c.Credentials == nil {
 		return nil
 	}
-	log := logf.FromContext(ctx).WithName("orphan-gc")
 	var secrets corev1.SecretList
-	selector := c.Owner.Labels()
-	selector[crawlv1alpha1.LabelCredentialsRole] = credentials.RoleInstance
-	if err := c.Credentials.List(ctx, &secrets, client.InNamespace(c.CredentialsNamespace), client.MatchingLabels(selector)); err != nil {
+	if err := c.Credentials.List(ctx, &secrets, client.InNamespace(c.CredentialsNamespace), client.MatchingLabels(c.Owner.Labels())); err != nil {
 		return fmt.Errorf("listing credentials records: %w", err)
 	}
 	var errs []error
+	hashesIn := map[string]map[string]bool{} // namespace → spec hashes its Proxies record
 	for i := range secrets.Items {
 		secret := &secrets.Items[i]
 		if now.Sub(secret.CreationTimestamp.Time) < c.GracePeriod || !secret.DeletionTimestamp.IsZero() {
 			continue
 		}
-		ns, name := secret.Labels[crawlv1alpha1.LabelOwnerNamespace], secret.Labels[crawlv1alpha1.LabelOwnerName]
+		ns := secret.Labels[crawlv1alpha1.LabelOwnerNamespace]
 		if !c.Scope.Contains(ns) {
 			continue
 		}
-		var owner crawlv1alpha1.Proxy
-		err := c.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &owner)
-		switch {
-		case err != nil && !apierrors.IsNotFound(err):
-			errs = append(errs, fmt.Errorf("reading Proxy %s/%s, owner of credentials record %s: %w", ns, name, secret.Name, err))
-			continue
-		case err == nil && string(owner.UID) == secret.Labels[crawlv1alpha1.LabelOwnerUID]:
-			continue
-		}
-		log.Info("orphaned credentials record", "secret", client.ObjectKeyFromObject(secret), "owner", ns+"/"+name, "dryRun", c.DryRun)
-		if c.DryRun {
+		var why string
+		var err error
+		switch secret.Labels[crawlv1alpha1.LabelCredentialsRole] {
+		case credentials.RoleSpec:
+			why, err = c.unusedRecord(ctx, secret, now, hashesIn)
+		case credentials.RoleInstance:
+			why, err = c.orphanedLegacyRecord(ctx, secret)
+		default:
 			continue
 		}
-		if err := c.Deleter.Delete(ctx, secret); client.IgnoreNotFound(err) != nil {
-			errs = append(errs, fmt.Errorf("deleting orphaned credentials record %s: %w", secret.Name, err))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if why != "" {
+			errs = append(errs, c.deleteRecord(ctx, secret, why))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// unusedRecord says why a shared record is no longer needed, or "" when it
+// is: some Proxy in its namespace records its hash, or it was written
+// within recordGrace.
+func (c *OrphanCollector) unusedRecord(ctx context.Context, secret *corev1.Secret, now time.Time, hashesIn map[string]map[string]bool) (string, error) {
+	written, err := time.Parse(time.RFC3339, secret.Annotations[credentials.AnnotationRecordWritten])
+	if err == nil && now.Sub(written) < recordGrace {
+		return "", nil
+	}
+	ns, hash := secret.Labels[crawlv1alpha1.LabelOwnerNamespace], secret.Labels[crawlv1alpha1.LabelSpecHash]
+	hashes, listed := hashesIn[ns]
+	if !listed {
+		var proxies crawlv1alpha1.ProxyList
+		if err := c.Client.List(ctx, &proxies, client.InNamespace(ns)); err != nil {
+			return "", fmt.Errorf("listing Proxies in %s, users of credentials record %s: %w", ns, secret.Name, err)
+		}
+		hashes = map[string]bool{}
+		for i := range proxies.Items {
+			hashes[proxies.Items[i].Status.SpecHash] = true
+		}
+		hashesIn[ns] = hashes
+	}
+	if hashes[hash] {
+		return "", nil
+	}
+	return fmt.Sprintf("no Proxy in %s records spec %s", ns, hash), nil
+}
+
+// orphanedLegacyRecord says why a record kept for one instance by an
+// earlier version is orphaned, or "" while its Proxy exists.
+func (c *OrphanCollector) orphanedLegacyRecord(ctx context.Context, secret *corev1.Secret) (string, error) {
+	ns, name := secret.Labels[crawlv1alpha1.LabelOwnerNamespace], secret.Labels[crawlv1alpha1.LabelOwnerName]
+	var owner crawlv1alpha1.Proxy
+	err := c.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &owner)
+	switch {
+	case err != nil && !apierrors.IsNotFound(err):
+		return "", fmt.Errorf("reading Proxy %s/%s, owner of credentials record %s: %w", ns, name, secret.Name, err)
+	case err == nil && string(owner.UID) == secret.Labels[crawlv1alpha1.LabelOwnerUID]:
+		return "", nil
+	}
+	return fmt.Sprintf("Proxy %s/%s is gone", ns, name), nil
+}
+
+func (c *OrphanCollector) deleteRecord(ctx context.Context, secret *corev1.Secret, why string) error {
+	logf.FromContext(ctx).WithName("orphan-gc").Info("unused credentials record", "secret", client.ObjectKeyFromObject(secret), "why", why, "dryRun", c.DryRun)
+	if c.DryRun {
+		return nil
+	}
+	if err := c.Deleter.Delete(ctx, secret); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("deleting unused credentials record %s: %w", secret.Name, err)
+	}
+	return nil
 }
 
 // sweepFirewalls deletes the firewall rules this operator made for provider

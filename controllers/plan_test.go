@@ -200,7 +200,7 @@ func TestPlan(t *testing.T) {
 			if tc.wantQuiet && got.Type == ActionWait {
 				assert.Positive(t, got.Recheck, "a quiet start is looked at again when QuietStart runs out")
 			}
-			if got.Type != ActionNothing && !(got.Quiet && got.Type == ActionWait) {
+			if got.Type != ActionNothing && (!got.Quiet || got.Type != ActionWait) {
 				assert.NotEmpty(t, got.Message, "every action explains itself")
 			}
 		})

@@ -304,7 +304,7 @@ func (r *ProxyReconciler) execute(ctx context.Context, p *crawlv1alpha1.Proxy, o
 		// "Pending" written here would be a write to say nothing.
 		return reconcile.Result{RequeueAfter: time.Millisecond}, nil
 	case ActionRemoveFinalizer:
-		if err := r.deleteRecord(ctx, o.instanceName); err != nil {
+		if err := r.deleteLegacyRecord(ctx, o.instanceName); err != nil {
 			return result, err
 		}
 		controllerutil.RemoveFinalizer(p, crawlv1alpha1.Finalizer)
@@ -348,7 +348,7 @@ func (r *ProxyReconciler) execute(ctx context.Context, p *crawlv1alpha1.Proxy, o
 		r.budget.release(client.ObjectKeyFromObject(p))
 	}
 	if a.Type == ActionMarkReady && p.Spec.Mode == crawlv1alpha1.ModeManaged && o.instance.SpecHash() == o.desiredHash {
-		current, err := r.recordCurrent(ctx, o)
+		current, err := r.recordCurrent(ctx, p, o)
 		if err != nil {
 			return reconcile.Result{}, err
 		}

@@ -9,12 +9,14 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/credentials"
 	"github.com/example/egress-proxies-operator/providers"
 	"github.com/example/egress-proxies-operator/providers/gcp/fakecompute"
 	"github.com/example/egress-proxies-operator/test/testenv"
@@ -50,7 +52,8 @@ func proxyUpdates(t *testing.T, ns, name string) func() []crawlv1alpha1.Proxy {
 
 // TestQuietStart: a new Managed proxy whose pod runs at once is written
 // twice, the finalizer and then Ready with its instance and address: its
-// creation and start are not recorded on the way (decision 59).
+// creation and start are not recorded on the way (decision 59). Its
+// credentials record is its siblings' too (decision 60).
 func TestQuietStart(t *testing.T) {
 	env := testenv.Shared(t)
 	startReconciler(t, env, func(c client.Client) providers.Set { return kubernetesProviders(t, c) })
@@ -58,16 +61,29 @@ func TestQuietStart(t *testing.T) {
 	ns := env.Namespace(t)
 	updates := proxyUpdates(t, ns, "quiet")
 	proxy := managedProxy(ns, "quiet")
-	require.NoError(t, env.Client.Create(context.Background(), proxy))
+	siblings := []*crawlv1alpha1.Proxy{managedProxy(ns, "sibling-1"), managedProxy(ns, "sibling-2")}
+	for _, p := range append([]*crawlv1alpha1.Proxy{proxy}, siblings...) {
+		require.NoError(t, env.Client.Create(context.Background(), p))
+	}
 	ready := waitReady(t, env.Client, proxy)
+	for _, p := range siblings {
+		assert.Equal(t, ready.Status.SpecHash, waitReady(t, env.Client, p).Status.SpecHash)
+	}
 	time.Sleep(300 * time.Millisecond) // give a trailing write the chance to show
+
+	// One credentials record for the three: they share a spec.
+	var records corev1.SecretList
+	require.NoError(t, env.Client.List(context.Background(), &records, client.InNamespace(testCredentialsNamespace),
+		client.MatchingLabels{crawlv1alpha1.LabelCredentialsRole: credentials.RoleSpec, crawlv1alpha1.LabelOwnerNamespace: ns}))
+	require.Len(t, records.Items, 1, "one record per spec, not per instance")
+	assert.Equal(t, credentials.RecordName(ns, ready.Status.SpecHash), records.Items[0].Name)
 
 	versions := updates()
 	require.Len(t, versions, 2, "the finalizer, then Ready: %v", phasesOf(versions))
 	assert.Contains(t, versions[0].Finalizers, crawlv1alpha1.Finalizer)
 	assert.Empty(t, versions[0].Status.Phase, "the finalizer's write says nothing")
 	assert.Equal(t, crawlv1alpha1.PhaseReady, versions[1].Status.Phase)
-	assert.Equal(t, onlyPod(t, env.Client, ns).Name, versions[1].Status.InstanceName, "Ready records the instance")
+	assert.Equal(t, providers.InstanceName(testOwner.ClusterID, ns, "quiet"), versions[1].Status.InstanceName, "Ready records the instance")
 	assert.Equal(t, "kind-local", versions[1].Status.Provider, "and where it lives")
 	assert.Equal(t, ready.Status.IP, versions[1].Status.IP)
 }

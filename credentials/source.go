@@ -18,21 +18,37 @@ import (
 const (
 	// RoleProvider marks the Secret generated for a provider instance.
 	RoleProvider = "provider"
-	// RoleInstance marks the record of what one Managed instance was built
-	// with. During a rotation old instances still take the old password
-	// and new ones the new: probes and discovery read this record, never
-	// the Secret the credentials came from.
+	// RoleSpec marks the record of the credentials the instances built
+	// from one spec hash, in one namespace, were made with: one record for
+	// every such instance (a pool's members share it). During a rotation
+	// old instances still take the old password and new ones the new (the
+	// hash covers the credentials): probes and discovery read this record,
+	// never the Secret the credentials came from.
+	RoleSpec = "spec"
+	// RoleInstance marks the record of one instance, as versions before
+	// RoleSpec kept them: no longer read, deleted with its Proxy.
 	RoleInstance = "instance"
 )
+
+// AnnotationRecordWritten is when a record was last written for an
+// instance about to be created (RFC 3339): the orphan collector spares a
+// record whose instances may not have recorded its hash yet.
+const AnnotationRecordWritten = "crawl.example.com/record-written"
 
 // ProviderSecretName is the Secret, in the operator's namespace, holding the
 // credentials generated for a provider instance.
 func ProviderSecretName(provider string) string { return "proxy-credentials-" + provider }
 
 // RecordName is the record Secret, in the operator's namespace, of the
-// instance called instanceName (unique in the cluster, see
-// providers.InstanceName).
-func RecordName(instanceName string) string { return instanceName }
+// instances built from specHash for Proxies in namespace. Namespaces are
+// never shared between operators, so neither is a record.
+func RecordName(namespace, specHash string) string {
+	return "proxy-record-" + namespace + "-" + specHash
+}
+
+// LegacyRecordName is the record an earlier version kept for the instance
+// called instanceName (RoleInstance).
+func LegacyRecordName(instanceName string) string { return instanceName }
 
 // Ref says where one proxy's credentials are now.
 type Ref struct {
@@ -47,8 +63,8 @@ type Ref struct {
 // spec.external.credentials. ok is false when there are none.
 func RefFor(p *crawlv1alpha1.Proxy, namespace string) (Ref, bool) {
 	switch {
-	case p.Spec.Mode == crawlv1alpha1.ModeManaged && p.Status.InstanceName != "":
-		return Ref{Namespace: namespace, Name: RecordName(p.Status.InstanceName), SpecHash: p.Status.SpecHash}, true
+	case p.Spec.Mode == crawlv1alpha1.ModeManaged && p.Status.SpecHash != "":
+		return Ref{Namespace: namespace, Name: RecordName(p.Namespace, p.Status.SpecHash), SpecHash: p.Status.SpecHash}, true
 	case p.Spec.Mode == crawlv1alpha1.ModeExternal && p.Spec.External != nil && p.Spec.External.Credentials != nil:
 		return Ref{Namespace: p.Namespace, Name: p.Spec.External.Credentials.SecretRef.Name}, true
 	}

@@ -26,7 +26,7 @@ func (s recordStore) Lookup(_ context.Context, ref credentials.Ref) (credentials
 
 func credentialedFixture(t *testing.T) *fixture {
 	f := newFixture(t)
-	f.srv.opts.Credentials = recordStore{"operator-ns/px-crawl-eu-1": {Username: "crawler", Password: "s3cret-password-0123"}}
+	f.srv.opts.Credentials = recordStore{"operator-ns/" + credentials.RecordName("crawl", "h1"): {Username: "crawler", Password: "s3cret-password-0123"}}
 	p := &crawlv1alpha1.Proxy{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "crawl", Name: "eu-1"},
 		Spec:       crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeManaged, Provider: "kind-local", Port: 3128},

@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
@@ -62,28 +61,8 @@ func (s *scriptedAhead) lastAsked() (crawlv1alpha1.ProxyStatus, int) {
 // before it exists.
 func statusWrites(t *testing.T, ns, name string) func() int {
 	t.Helper()
-	env := testenv.Shared(t)
-	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
-	require.NoError(t, err)
-	w, err := wc.Watch(context.Background(), &crawlv1alpha1.ProxyList{}, client.InNamespace(ns))
-	require.NoError(t, err)
-	t.Cleanup(w.Stop)
-	var mu sync.Mutex
-	updates := 0
-	go func() {
-		for e := range w.ResultChan() {
-			if p, ok := e.Object.(*crawlv1alpha1.Proxy); ok && p.Name == name && e.Type == watch.Modified {
-				mu.Lock()
-				updates++
-				mu.Unlock()
-			}
-		}
-	}()
-	return func() int {
-		mu.Lock()
-		defer mu.Unlock()
-		return updates
-	}
+	updates := proxyUpdates(t, ns, name)
+	return func() int { return len(updates()) }
 }
 
 // TestFirstVerdictRecordedWithTheAddress: the reconciler writes nothing for a

@@ -39,20 +39,17 @@ func TestFilterAgainstTheAPIServer(t *testing.T) {
 
 	asOperator := rest.AnonymousClientConfig(env.Config)
 	asOperator.BearerToken = operator
-	httpClient, err := rest.HTTPClientFor(asOperator)
-	require.NoError(t, err)
-	filter, err := WithAuthenticationAndAuthorization(asOperator, httpClient)
-	require.NoError(t, err)
-	h, err := filter(logr.Discard(), http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Header().Set("X-Served", "yes") }))
-	require.NoError(t, err)
 
-	// RBAC reaches the authorizer through its informers: a moment after the binding.
+	// RBAC reaches the authorizer through its informers: a moment after
+	// the binding. A fresh filter each time, so that no answer cached
+	// before then hides it.
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		code, served := serve(t, newGuardedOnce(t, asOperator), http.MethodGet, "/metrics", "Bearer "+reader)
+		code, served := serve(t, guardedAs(t, asOperator), http.MethodGet, "/metrics", "Bearer "+reader)
 		assert.Equal(c, http.StatusOK, code)
 		assert.True(c, served)
 	}, 30*time.Second, 200*time.Millisecond)
 
+	h := guardedAs(t, asOperator)
 	code, served := serve(t, h, http.MethodGet, "/metrics", "Bearer "+reader)
 	assert.Equal(t, http.StatusOK, code, "the reader scrapes")
 	assert.True(t, served)
@@ -64,9 +61,9 @@ func TestFilterAgainstTheAPIServer(t *testing.T) {
 	assert.Equal(t, http.StatusUnauthorized, code)
 }
 
-// newGuardedOnce is a fresh filter, so an answer cached before the binding
-// reached the authorizer does not hide it.
-func newGuardedOnce(t *testing.T, cfg *rest.Config) http.Handler {
+// guardedAs is a handler behind a new filter, built as the operator builds
+// it, whose reviews are made as cfg's user.
+func guardedAs(t *testing.T, cfg *rest.Config) http.Handler {
 	t.Helper()
 	httpClient, err := rest.HTTPClientFor(cfg)
 	require.NoError(t, err)

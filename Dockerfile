@@ -14,6 +14,7 @@ COPY health/ health/
 COPY discovery/ discovery/
 COPY credentials/ credentials/
 COPY gateway/ gateway/
+COPY metricsauth/ metricsauth/
 RUN CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} go build -trimpath -ldflags "-s -w" -o manager .
 
 FROM gcr.io/distroless/static:nonroot

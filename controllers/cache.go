@@ -4,6 +4,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/singleflight"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -74,4 +75,52 @@ func (w *writeLag) forget(key types.NamespacedName) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	delete(w.superseded, key)
+}
+
+// recentRecords remembers the credentials records this process wrote in
+// the last maxCacheLag, and lets one worker at a time write a given one.
+// During a fleet's bring-up every worker creates instances of the same
+// spec before the cache shows its record: without this, each would send a
+// create bound to fail with AlreadyExists.
+type recentRecords struct {
+	flight  singleflight.Group
+	mu      sync.Mutex
+	written map[types.NamespacedName]time.Time
+}
+
+// ensure runs write for key unless this process wrote key within
+// maxCacheLag; concurrent callers for one key share one write.
+func (r *recentRecords) ensure(key types.NamespacedName, write func() error) error {
+	if r.recent(key) {
+		return nil
+	}
+	_, err, _ := r.flight.Do(key.String(), func() (any, error) {
+		if r.recent(key) {
+			return nil, nil
+		}
+		if err := write(); err != nil {
+			return nil, err
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		now := time.Now()
+		if r.written == nil {
+			r.written = map[types.NamespacedName]time.Time{}
+		}
+		for k, at := range r.written {
+			if now.Sub(at) >= maxCacheLag {
+				delete(r.written, k)
+			}
+		}
+		r.written[key] = now
+		return nil, nil
+	})
+	return err
+}
+
+func (r *recentRecords) recent(key types.NamespacedName) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	at, ok := r.written[key]
+	return ok && time.Since(at) < maxCacheLag
 }

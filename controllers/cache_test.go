@@ -1,7 +1,10 @@
 package controllers
 
 import (
+	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -50,4 +53,35 @@ func TestWriteLagForgetsWhatNoPassAsksAbout(t *testing.T) {
 	lag.wrote(fresh, "7")
 	assert.Len(t, lag.superseded, 1, "only the fresh write is kept")
 	assert.True(t, lag.behind(fresh, "7"))
+}
+
+// TestRecentRecords: workers bringing up instances of one spec at once
+// write its record once, and do not write it again while the cache may
+// not show it yet; a failed write is not remembered.
+func TestRecentRecords(t *testing.T) {
+	var r recentRecords
+	key, other := types.NamespacedName{Namespace: "ops", Name: "proxy-record-crawl-h1"}, types.NamespacedName{Namespace: "ops", Name: "proxy-record-crawl-h2"}
+	var writes atomic.Int32
+	release := make(chan struct{})
+	// write counts a write that ends when release is closed, with err.
+	write := func(err error) func() error { return func() error { writes.Add(1); <-release; return err } }
+	slowWrite := write(nil)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() { assert.NoError(t, r.ensure(key, slowWrite)) })
+	}
+	time.Sleep(50 * time.Millisecond) // the eight are in or waiting on the one flight
+	close(release)
+	wg.Wait()
+	assert.EqualValues(t, 1, writes.Load(), "eight workers, one write")
+
+	require.NoError(t, r.ensure(key, slowWrite))
+	assert.EqualValues(t, 1, writes.Load(), "written a moment ago: not again")
+	require.NoError(t, r.ensure(other, slowWrite))
+	assert.EqualValues(t, 2, writes.Load(), "another spec's record is written")
+
+	failing := types.NamespacedName{Namespace: "ops", Name: "proxy-record-crawl-h3"}
+	require.Error(t, r.ensure(failing, write(errors.New("conflict"))))
+	require.NoError(t, r.ensure(failing, slowWrite))
+	assert.EqualValues(t, 4, writes.Load(), "a failed write is tried again")
 }

@@ -112,7 +112,13 @@ func (r *ProxyReconciler) writeRecord(ctx context.Context, p *crawlv1alpha1.Prox
 	case err != nil && !apierrors.IsNotFound(err):
 		return fmt.Errorf("reading the credentials record %s: %w", key, err)
 	}
-	written := r.clock().Now().UTC().Format(time.RFC3339)
+	return r.records.ensure(key, func() error { return r.putRecord(ctx, key, p, o) })
+}
+
+// putRecord creates the record, or brings an existing one up to date: its
+// labels, its credentials and when it was written.
+func (r *ProxyReconciler) putRecord(ctx context.Context, key client.ObjectKey, p *crawlv1alpha1.Proxy, o observation) error {
+	now := r.clock().Now()
 	secret := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: key.Namespace, Name: key.Name,
@@ -123,21 +129,23 @@ func (r *ProxyReconciler) writeRecord(ctx context.Context, p *crawlv1alpha1.Prox
 				crawlv1alpha1.LabelSpecHash:        o.desiredHash,
 				crawlv1alpha1.LabelProvider:        p.Spec.Provider,
 			}),
-			Annotations: map[string]string{credentials.AnnotationRecordWritten: written},
+			Annotations: map[string]string{credentials.AnnotationRecordWritten: now.UTC().Format(time.RFC3339)},
 		},
 		Type: corev1.SecretTypeBasicAuth,
 		Data: o.credentials.Data(),
 	}
 	err := r.Client.Create(ctx, secret)
-	switch {
-	case err == nil:
-		return nil
-	case !apierrors.IsAlreadyExists(err):
+	if !apierrors.IsAlreadyExists(err) {
 		return wrap(err, "creating the credentials record %s", key)
-	case apierrors.IsNotFound(r.CredentialsCache.Get(ctx, key, &cached)):
-		// Made a moment ago by another worker creating an instance of the
-		// same spec, and not in the cache yet: fresh, and the same
+	}
+	var cached corev1.Secret
+	switch err := r.CredentialsCache.Get(ctx, key, &cached); {
+	case apierrors.IsNotFound(err):
+		// Made a moment ago (another replica's leader before this one, a
+		// write the cache has not shown yet): fresh, and the same
 		// credentials (the name has their hash).
+		return nil
+	case err == nil && recordFresh(&cached, o.desiredHash, now):
 		return nil
 	}
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": secret.Labels, "annotations": secret.Annotations}, "data": secret.Data})

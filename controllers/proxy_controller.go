@@ -96,6 +96,7 @@ type ProxyReconciler struct {
 	budget   replacementBudget
 	suspects suspectedTargets
 	lag      writeLag
+	records  recentRecords
 }
 
 // HealthSignals is what the reconciler reads of the health engine: its

@@ -815,3 +815,28 @@ func TestChartSetsGOMEMLIMIT(t *testing.T) {
 	require.True(t, none.objects.one(t, "Deployment", &deploy))
 	assert.Nil(t, limitEnv(deploy), "no container limit: no soft limit")
 }
+
+// TestChartSetsGOGC: goGC reaches the Go runtime as GOGC; empty, Go's
+// default stands.
+func TestChartSetsGOGC(t *testing.T) {
+	gogc := func(values map[string]any) *corev1.EnvVar {
+		t.Helper()
+		var deploy appsv1.Deployment
+		require.True(t, chartInstall{set: values}.mustRender(t).objects.one(t, "Deployment", &deploy))
+		for _, e := range deploy.Spec.Template.Spec.Containers[0].Env {
+			if e.Name == "GOGC" {
+				return &e
+			}
+		}
+		return nil
+	}
+	assert.Nil(t, gogc(nil), "unset by default")
+	env := gogc(map[string]any{"goGC": "50"})
+	require.NotNil(t, env)
+	assert.Equal(t, "50", env.Value)
+	env = gogc(map[string]any{"goGC": 50})
+	require.NotNil(t, env, "a number as --set writes it")
+	assert.Equal(t, "50", env.Value)
+	_, err := chartInstall{set: map[string]any{"goGC": "fast"}}.render(t)
+	assert.ErrorContains(t, err, "goGC", "not a percentage: refused by the schema, naming the value")
+}

@@ -26,7 +26,8 @@ const (
 	// never the Secret the credentials came from.
 	RoleSpec = "spec"
 	// RoleInstance marks the record of one instance, as versions before
-	// RoleSpec kept them: no longer read, deleted with its Proxy.
+	// RoleSpec kept them: read only while its spec's record is missing
+	// (Ref.Legacy), deleted with its Proxy.
 	RoleInstance = "instance"
 )
 
@@ -54,8 +55,12 @@ func LegacyRecordName(instanceName string) string { return instanceName }
 type Ref struct {
 	Namespace, Name string
 	// SpecHash, when set, is the spec hash the Secret must carry: the
-	// record of a Managed proxy, valid for the instance built from it only.
+	// record of a Managed proxy, valid for the instances built from it only.
 	SpecHash string
+	// Legacy, when set, is read when Name is missing: the record an
+	// earlier version kept for the instance, until the reconciler has
+	// written its spec's (the first passes after an upgrade).
+	Legacy string
 }
 
 // RefFor is where the credentials of p's current instance are: a Managed
@@ -64,7 +69,11 @@ type Ref struct {
 func RefFor(p *crawlv1alpha1.Proxy, namespace string) (Ref, bool) {
 	switch {
 	case p.Spec.Mode == crawlv1alpha1.ModeManaged && p.Status.SpecHash != "":
-		return Ref{Namespace: namespace, Name: RecordName(p.Namespace, p.Status.SpecHash), SpecHash: p.Status.SpecHash}, true
+		ref := Ref{Namespace: namespace, Name: RecordName(p.Namespace, p.Status.SpecHash), SpecHash: p.Status.SpecHash}
+		if p.Status.InstanceName != "" {
+			ref.Legacy = LegacyRecordName(p.Status.InstanceName)
+		}
+		return ref, true
 	case p.Spec.Mode == crawlv1alpha1.ModeExternal && p.Spec.External != nil && p.Spec.External.Credentials != nil:
 		return Ref{Namespace: p.Namespace, Name: p.Spec.External.Credentials.SecretRef.Name}, true
 	}
@@ -85,10 +94,23 @@ type Reader struct {
 	Client client.Reader
 }
 
-// Lookup reads the credentials ref points at. It fails with ErrNotFound
-// when the Secret is missing or records another instance's spec, and with
-// ErrUnavailable when it cannot be read at all.
+// Lookup reads the credentials ref points at, or at ref.Legacy when that
+// is missing. It fails with ErrNotFound when the Secret is missing or
+// records another spec, and with ErrUnavailable when it cannot be read at
+// all.
 func (r Reader) Lookup(ctx context.Context, ref Ref) (Credentials, error) {
+	c, err := r.lookup(ctx, ref)
+	if errors.Is(err, ErrNotFound) && ref.Legacy != "" {
+		legacy := ref
+		legacy.Name, legacy.Legacy = ref.Legacy, ""
+		if c, legacyErr := r.lookup(ctx, legacy); legacyErr == nil {
+			return c, nil
+		}
+	}
+	return c, err
+}
+
+func (r Reader) lookup(ctx context.Context, ref Ref) (Credentials, error) {
 	var secret corev1.Secret
 	err := r.Client.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &secret)
 	switch {

@@ -27,7 +27,11 @@ func TestLookupTellsTheUsersFaultFromAPassingOne(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "creds", Labels: map[string]string{crawlv1alpha1.LabelSpecHash: "abc"}},
 		Data:       good.Data(),
 	}
-	present := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(secret).Build()
+	legacy := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "px-instance", Labels: map[string]string{crawlv1alpha1.LabelSpecHash: "abc"}},
+		Data:       good.Data(),
+	}
+	present := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(secret, legacy).Build()
 	notStarted := interceptor.NewClient(present, interceptor.Funcs{
 		Get: func(context.Context, client.WithWatch, client.ObjectKey, client.Object, ...client.GetOption) error {
 			return &cache.ErrCacheNotStarted{}
@@ -46,6 +50,9 @@ func TestLookupTellsTheUsersFaultFromAPassingOne(t *testing.T) {
 		{"missing", present, Ref{Namespace: "ns", Name: "other"}, ErrNotFound},
 		{"another spec's", present, Ref{Namespace: "ns", Name: "creds", SpecHash: "def"}, ErrNotFound},
 		{"cache not started", notStarted, Ref{Namespace: "ns", Name: "creds"}, ErrUnavailable},
+		{"missing, an earlier version's record for this spec", present, Ref{Namespace: "ns", Name: "other", SpecHash: "abc", Legacy: "px-instance"}, nil},
+		{"missing, an earlier version's record for another spec", present, Ref{Namespace: "ns", Name: "other", SpecHash: "def", Legacy: "px-instance"}, ErrNotFound},
+		{"missing, no earlier version's record", present, Ref{Namespace: "ns", Name: "other", SpecHash: "abc", Legacy: "px-gone"}, ErrNotFound},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := Reader{Client: tc.reader}.Lookup(ctx, tc.ref)
@@ -58,4 +65,29 @@ func TestLookupTellsTheUsersFaultFromAPassingOne(t *testing.T) {
 			assert.False(t, errors.Is(err, ErrNotFound) && errors.Is(err, ErrUnavailable), "one kind or the other")
 		})
 	}
+}
+
+// TestRefFor: a Managed proxy's credentials are its spec's record in the
+// operator's namespace (an earlier version's record of its instance as a
+// fallback); an External proxy's are the Secret its spec names; a Managed
+// proxy with no instance recorded has none yet.
+func TestRefFor(t *testing.T) {
+	managed := &crawlv1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: "crawl", Name: "eu-1"},
+		Spec:   crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeManaged, Provider: "kind-local"},
+		Status: crawlv1alpha1.ProxyStatus{InstanceName: "px-crawl-eu-1", SpecHash: "h1"}}
+	ref, ok := RefFor(managed, "operator-ns")
+	require.True(t, ok)
+	assert.Equal(t, Ref{Namespace: "operator-ns", Name: "proxy-record-crawl-h1", SpecHash: "h1", Legacy: "px-crawl-eu-1"}, ref)
+
+	starting := managed.DeepCopy()
+	starting.Status = crawlv1alpha1.ProxyStatus{}
+	_, ok = RefFor(starting, "operator-ns")
+	assert.False(t, ok, "nothing recorded: no credentials to look up yet")
+
+	external := &crawlv1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: "crawl", Name: "ext"},
+		Spec: crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeExternal, External: &crawlv1alpha1.ExternalEndpoint{Address: "127.0.0.1",
+			Credentials: &crawlv1alpha1.CredentialsSource{SecretRef: crawlv1alpha1.LocalSecretReference{Name: "ext-creds"}}}}}
+	ref, ok = RefFor(external, "operator-ns")
+	require.True(t, ok)
+	assert.Equal(t, Ref{Namespace: "crawl", Name: "ext-creds"}, ref)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"unique"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -69,7 +70,10 @@ type Ref struct {
 func RefFor(p *crawlv1alpha1.Proxy, namespace string) (Ref, bool) {
 	switch {
 	case p.Spec.Mode == crawlv1alpha1.ModeManaged && p.Status.SpecHash != "":
-		ref := Ref{Namespace: namespace, Name: RecordName(p.Namespace, p.Status.SpecHash), SpecHash: p.Status.SpecHash}
+		// Interned: the health engine and discovery keep a Ref per proxy,
+		// and a fleet's proxies share a handful of records.
+		name := unique.Make(RecordName(p.Namespace, p.Status.SpecHash)).Value()
+		ref := Ref{Namespace: namespace, Name: name, SpecHash: p.Status.SpecHash}
 		if p.Status.InstanceName != "" {
 			ref.Legacy = LegacyRecordName(p.Status.InstanceName)
 		}

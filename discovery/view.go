@@ -39,7 +39,7 @@ type entry struct {
 	id         string
 	ip         string
 	port       int32
-	attributes map[string]string // spec.attributes plus the derived ones
+	attributes *attributeSet // spec.attributes plus the derived ones, shared
 	// serving: Ready phase with an address. statusHealthy: the Healthy
 	// condition is True.
 	serving, statusHealthy bool
@@ -56,6 +56,8 @@ type View struct {
 	// credentialsNamespace is the operator's, where Managed proxies'
 	// credentials records are.
 	credentialsNamespace string
+
+	attributeSets attributeSets
 
 	mu         sync.RWMutex
 	entries    map[string]*entry
@@ -102,7 +104,7 @@ func (v *View) upsert(obj any) {
 	if !ok {
 		return
 	}
-	e := entryOf(p)
+	e := entryOf(p, &v.attributeSets)
 	e.creds, e.hasCreds = credentials.RefFor(p, v.credentialsNamespace)
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -138,7 +140,7 @@ const (
 	attrPool = "pool"
 )
 
-func entryOf(p *crawlv1alpha1.Proxy) *entry {
+func entryOf(p *crawlv1alpha1.Proxy, sets *attributeSets) *entry {
 	attrs := make(map[string]string, len(p.Spec.Attributes)+5)
 	for k, val := range p.Spec.Attributes {
 		attrs[k] = val
@@ -163,7 +165,7 @@ func entryOf(p *crawlv1alpha1.Proxy) *entry {
 		id:            p.Namespace + "/" + p.Name,
 		ip:            p.Status.IP,
 		port:          p.Status.Port,
-		attributes:    attrs,
+		attributes:    sets.intern(attrs),
 		serving:       p.Serving(),
 		statusHealthy: meta.IsStatusConditionPresentAndEqual(p.Status.Conditions, crawlv1alpha1.ConditionHealthy, metav1.ConditionTrue),
 	}
@@ -206,7 +208,7 @@ type ProxyInfo struct {
 }
 
 func (v *View) info(e *entry, leases int) ProxyInfo {
-	info := ProxyInfo{ID: e.id, IP: e.ip, Port: e.port, Attributes: e.attributes, Healthy: v.healthy(e), ActiveLeases: leases,
+	info := ProxyInfo{ID: e.id, IP: e.ip, Port: e.port, Attributes: e.attributes.m, Healthy: v.healthy(e), ActiveLeases: leases,
 		creds: e.creds, hasCreds: e.hasCreds}
 	if e.ip != "" && e.port != 0 {
 		info.URL = "http://" + net.JoinHostPort(e.ip, strconv.Itoa(int(e.port)))
@@ -223,7 +225,7 @@ func (v *View) list(sel Selector, healthyOnly *bool) []ProxyInfo {
 	out := []ProxyInfo{}
 	for _, id := range v.ids {
 		e := v.entries[id]
-		if !sel.Matches(e.attributes) {
+		if !sel.Matches(e.attributes.m) {
 			continue
 		}
 		info := v.info(e, 0)
@@ -256,7 +258,7 @@ func (v *View) candidates(sel Selector) Candidates {
 	var ids []string
 	for _, id := range v.ids {
 		e := v.entries[id]
-		if sel.Matches(e.attributes) && v.healthy(e) {
+		if sel.Matches(e.attributes.m) && v.healthy(e) {
 			ids = append(ids, id)
 		}
 	}
@@ -365,7 +367,7 @@ func (v *View) poolMembers(namespace, pool string) []string {
 	defer v.mu.RUnlock()
 	var ids []string
 	for id, e := range v.entries {
-		if e.key.Namespace == namespace && e.attributes[attrPool] == pool {
+		if e.key.Namespace == namespace && e.attributes.m[attrPool] == pool {
 			ids = append(ids, id)
 		}
 	}

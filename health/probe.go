@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"syscall"
 	"time"
+	"unique"
 
 	"github.com/example/egress-proxies-operator/credentials"
 )
@@ -149,10 +150,13 @@ func (p *HTTPProber) Probe(ctx context.Context, pr ProbeRequest) Result {
 	defer res.Body.Close()
 	// Drain a little so the target sees a complete exchange.
 	_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 64<<10))
+	// Interned: the engine keeps every proxy's last result, and a fleet's
+	// answers from one target read the same.
+	message := unique.Make(fmt.Sprintf("%s answered %s through the proxy", target, res.Status)).Value()
 	if res.StatusCode >= 400 {
-		return Result{Reason: ReasonBadStatus, Message: fmt.Sprintf("%s answered %s through the proxy", target, res.Status)}
+		return Result{Reason: ReasonBadStatus, Message: message}
 	}
-	return Result{Success: true, Reason: ReasonProbeSucceeded, Message: fmt.Sprintf("%s answered %s through the proxy", target, res.Status)}
+	return Result{Success: true, Reason: ReasonProbeSucceeded, Message: message}
 }
 
 // classify names why a probe failed. Order matters: a timeout can surface as

@@ -104,7 +104,7 @@ const recordRefresh = 10 * time.Minute
 // (credentials.RecordName), so a fleet's bring-up writes it once, not once
 // per proxy.
 func (r *ProxyReconciler) writeRecord(ctx context.Context, p *crawlv1alpha1.Proxy, o observation) error {
-	key := client.ObjectKey{Namespace: r.CredentialsNamespace, Name: credentials.RecordName(p.Namespace, o.desiredHash)}
+	key := r.recordKey(p, o)
 	var cached corev1.Secret
 	switch err := r.CredentialsCache.Get(ctx, key, &cached); {
 	case err == nil && recordFresh(&cached, o.desiredHash, r.clock().Now()):
@@ -156,6 +156,12 @@ func (r *ProxyReconciler) putRecord(ctx context.Context, key client.ObjectKey, p
 	return wrap(r.Client.Patch(ctx, existing, client.RawPatch(types.MergePatchType, patch)), "updating the credentials record %s", key)
 }
 
+// recordKey is where the record of the instances built from o's spec hash
+// for Proxies in p's namespace lives.
+func (r *ProxyReconciler) recordKey(p *crawlv1alpha1.Proxy, o observation) client.ObjectKey {
+	return client.ObjectKey{Namespace: r.CredentialsNamespace, Name: credentials.RecordName(p.Namespace, o.desiredHash)}
+}
+
 // recordFresh says whether a cached record is for hash and was written
 // within recordRefresh of now.
 func recordFresh(secret *corev1.Secret, hash string, now time.Time) bool {
@@ -173,7 +179,7 @@ func recordFresh(secret *corev1.Secret, hash string, now time.Time) bool {
 // rewriting on every pass would be a write per pass for nothing.
 func (r *ProxyReconciler) recordCurrent(ctx context.Context, p *crawlv1alpha1.Proxy, o observation) (bool, error) {
 	var secret corev1.Secret
-	key := client.ObjectKey{Namespace: r.CredentialsNamespace, Name: credentials.RecordName(p.Namespace, o.desiredHash)}
+	key := r.recordKey(p, o)
 	switch err := r.CredentialsCache.Get(ctx, key, &secret); {
 	case apierrors.IsNotFound(err):
 		return false, nil

@@ -15,6 +15,7 @@ COPY discovery/ discovery/
 COPY credentials/ credentials/
 COPY gateway/ gateway/
 COPY metricsauth/ metricsauth/
+COPY intern/ intern/
 RUN CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} go build -trimpath -ldflags "-s -w" -o manager .
 
 FROM gcr.io/distroless/static:nonroot

@@ -46,6 +46,7 @@ import (
 	"github.com/example/egress-proxies-operator/discovery/redisstore"
 	"github.com/example/egress-proxies-operator/gateway"
 	"github.com/example/egress-proxies-operator/health"
+	"github.com/example/egress-proxies-operator/intern"
 	"github.com/example/egress-proxies-operator/metricsauth"
 	"github.com/example/egress-proxies-operator/providers"
 	"github.com/example/egress-proxies-operator/providers/gcp"
@@ -831,9 +832,11 @@ func newManager(restConfig *rest.Config, opts options) (manager.Manager, error) 
 // when labelled for cloud-init, instance objects only when labelled with a
 // cluster id, and no object's managedFields, which nothing here reads and
 // which are a large share of each cached object. (An update sent without
-// them leaves the server's as they are.)
+// them leaves the server's as they are.) Proxies, the objects there are
+// thousands of, also share the strings and maps a fleet repeats.
 func cacheOptions(syncPeriod time.Duration) cache.Options {
 	byObject := controllers.CacheByObject()
 	maps.Copy(byObject, kubernetes.CacheByObject())
+	byObject[&crawlv1alpha1.Proxy{}] = cache.ByObject{Transform: intern.ProxyTransform(intern.NewStringMaps(intern.DefaultStringMaps))}
 	return cache.Options{ByObject: byObject, DefaultTransform: cache.TransformStripManagedFields(), SyncPeriod: &syncPeriod}
 }

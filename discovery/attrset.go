@@ -2,11 +2,10 @@ package discovery
 
 import (
 	"runtime"
-	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"weak"
+
+	"github.com/example/egress-proxies-operator/intern"
 )
 
 // attributeSet is one proxy's attributes (spec.attributes plus the derived
@@ -28,7 +27,7 @@ type attributeSets struct {
 // intern returns the set equal to attrs, the one already shared when there
 // is one; attrs must not be changed afterwards.
 func (a *attributeSets) intern(attrs map[string]string) *attributeSet {
-	key := canonicalAttributes(attrs)
+	key := intern.Key(attrs)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if set := a.sets[key].Value(); set != nil {
@@ -51,24 +50,4 @@ func (a *attributeSets) forget(key string) {
 	if wp, ok := a.sets[key]; ok && wp.Value() == nil {
 		delete(a.sets, key)
 	}
-}
-
-// canonicalAttributes is attrs as one string, keys sorted and every key
-// and value prefixed with its length: equal sets give equal strings, and
-// no value can pass for a pair (values may hold any byte).
-func canonicalAttributes(attrs map[string]string) string {
-	keys := make([]string, 0, len(attrs))
-	for k := range attrs {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	var b strings.Builder
-	for _, k := range keys {
-		for _, s := range []string{k, attrs[k]} {
-			b.WriteString(strconv.Itoa(len(s)))
-			b.WriteByte(':')
-			b.WriteString(s)
-		}
-	}
-	return b.String()
 }

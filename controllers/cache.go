@@ -25,10 +25,10 @@ const (
 type writeLag struct {
 	mu         sync.Mutex
 	superseded map[types.NamespacedName]supersededVersion
-	// pruned is when expired entries were last dropped: a Proxy whose last
-	// write was its last pass (Ready, nothing to requeue) is never asked
-	// about again, and its entry would stay for the Proxy's life.
-	pruned time.Time
+	// pruning is set while a prune is due: a Proxy whose last write was its
+	// last pass (Ready, nothing to requeue) is never asked about again,
+	// and its entry would otherwise stay for the Proxy's life.
+	pruning bool
 }
 
 type supersededVersion struct {
@@ -36,24 +36,39 @@ type supersededVersion struct {
 	at      time.Time
 }
 
-// wrote notes that a write replaced version before of key. Every
-// maxCacheLag it also drops the entries past it, which behind would ignore.
+// wrote notes that a write replaced version before of key, and makes sure
+// a prune is due within maxCacheLag.
 func (w *writeLag) wrote(key types.NamespacedName, before string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	now := time.Now()
 	if w.superseded == nil {
 		w.superseded = map[types.NamespacedName]supersededVersion{}
 	}
-	if now.Sub(w.pruned) >= maxCacheLag {
-		for k, s := range w.superseded {
-			if now.Sub(s.at) >= maxCacheLag {
-				delete(w.superseded, k)
-			}
-		}
-		w.pruned = now
+	w.superseded[key] = supersededVersion{version: before, at: time.Now()}
+	if !w.pruning {
+		w.pruning = true
+		time.AfterFunc(maxCacheLag, w.prune)
 	}
-	w.superseded[key] = supersededVersion{version: before, at: now}
+}
+
+// prune drops the entries behind would ignore, and comes back while some
+// are left. Once none are, the map goes with them: a Go map keeps its
+// buckets when emptied, and a fleet's bring-up fills it with one entry per
+// Proxy (about 100 bytes each).
+func (w *writeLag) prune() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	now := time.Now()
+	for k, s := range w.superseded {
+		if now.Sub(s.at) >= maxCacheLag {
+			delete(w.superseded, k)
+		}
+	}
+	if len(w.superseded) == 0 {
+		w.superseded, w.pruning = nil, false
+		return
+	}
+	time.AfterFunc(maxCacheLag, w.prune)
 }
 
 // behind says whether cached, the version the cache holds of key, is one

@@ -36,23 +36,35 @@ func TestWriteLag(t *testing.T) {
 
 // TestWriteLagForgetsWhatNoPassAsksAbout: a Proxy's last write (Ready,
 // nothing to requeue) is never followed by a pass; its entry goes once it
-// is past maxCacheLag, with the next write of any Proxy, so a fleet's
-// entries do not stay for the fleet's life.
+// is past maxCacheLag, and the map itself once it is empty, so a fleet's
+// bring-up does not stay in memory for the fleet's life.
 func TestWriteLagForgetsWhatNoPassAsksAbout(t *testing.T) {
 	var lag writeLag
 	for i := range 1000 {
 		lag.wrote(types.NamespacedName{Namespace: "crawl", Name: fmt.Sprintf("px-%d", i)}, "1")
 	}
-	require.Len(t, lag.superseded, 1000)
-	for k, s := range lag.superseded {
-		s.at = s.at.Add(-maxCacheLag)
-		lag.superseded[k] = s
-	}
-	lag.pruned = lag.pruned.Add(-maxCacheLag)
 	fresh := types.NamespacedName{Namespace: "crawl", Name: "fresh"}
 	lag.wrote(fresh, "7")
+	lag.mu.Lock()
+	for k, s := range lag.superseded {
+		if k != fresh {
+			s.at = s.at.Add(-maxCacheLag)
+			lag.superseded[k] = s
+		}
+	}
+	lag.mu.Unlock()
+	assert.True(t, lag.pruning, "a prune is due")
+	lag.prune()
 	assert.Len(t, lag.superseded, 1, "only the fresh write is kept")
 	assert.True(t, lag.behind(fresh, "7"))
+	assert.True(t, lag.pruning, "a prune is due while entries are left")
+
+	lag.superseded[fresh] = supersededVersion{version: "7", at: time.Now().Add(-maxCacheLag)}
+	lag.prune()
+	assert.Nil(t, lag.superseded, "an empty map is let go")
+	assert.False(t, lag.pruning)
+	lag.wrote(fresh, "8")
+	assert.True(t, lag.behind(fresh, "8"), "and made again by the next write")
 }
 
 // TestRecentRecords: workers bringing up instances of one spec at once

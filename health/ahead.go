@@ -94,7 +94,8 @@ func (e *Engine) probeAhead(ctx context.Context, key types.NamespacedName) bool 
 		e.mu.Unlock()
 		return true // asked again for another instance, or deleted
 	}
-	a.tracker.observe(result, pt.settings.FailureThreshold, pt.settings.SuccessThreshold)
+	settings := pt.settings.Value()
+	a.tracker.observe(result, settings.FailureThreshold, settings.SuccessThreshold)
 	a.result, a.started, a.at, a.done = result, start, e.opts.Clock.Now(), true
 	e.mu.Unlock()
 	return e.notify(ctx, key)

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unique"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -121,20 +122,21 @@ type urlCount struct{ probed, unhealthy int }
 // probeTarget is what a probe of a proxy needs: where it listens, how it
 // is probed, and with which credentials.
 type probeTarget struct {
-	address  string
-	settings Settings
+	address string
+	// settings and creds are handles: a fleet shares a few of each, and a
+	// handle is 8 bytes where each copy was 48 and 64, for every proxy.
+	settings unique.Handle[Settings]
 	// creds is where the proxy's credentials are (hasCreds false: it takes
 	// none); checkOpen probes it without them too.
-	creds     credentials.Ref
+	creds     unique.Handle[credentials.Ref]
 	hasCreds  bool
 	checkOpen bool
 }
 
 // probeTargetOf is how a Proxy whose status is p's is probed.
 func probeTargetOf(p *crawlv1alpha1.Proxy, settings Settings, credentialsNamespace string) probeTarget {
-	pt := probeTarget{address: addressOf(p), settings: settings, checkOpen: checksOpen(p)}
-	pt.creds, pt.hasCreds = credentials.RefFor(p, credentialsNamespace)
-	return pt
+	ref, hasCreds := credentials.RefFor(p, credentialsNamespace)
+	return probeTarget{address: addressOf(p), settings: unique.Make(settings), creds: unique.Make(ref), hasCreds: hasCreds, checkOpen: checksOpen(p)}
 }
 
 // target is one probed proxy.
@@ -274,8 +276,8 @@ func (e *Engine) Health(key types.NamespacedName) (TargetHealth, bool) {
 	if !ok {
 		return TargetHealth{}, false
 	}
-	h := TargetHealth{Verdict: t.tracker.verdict, UnhealthySince: t.unhealthySince, URL: t.settings.URL}
-	if c := e.byURL[t.settings.URL]; c != nil {
+	h := TargetHealth{Verdict: t.tracker.verdict, UnhealthySince: t.unhealthySince, URL: t.settings.Value().URL}
+	if c := e.byURL[h.URL]; c != nil {
 		h.Probed, h.Unhealthy = c.probed, c.unhealthy
 	}
 	return h, true
@@ -298,12 +300,13 @@ func (e *Engine) recountLocked(t *target, remove bool) {
 	if remove || !t.managed {
 		return
 	}
-	c := e.byURL[t.settings.URL]
+	url := t.settings.Value().URL
+	c := e.byURL[url]
 	if c == nil {
 		c = &urlCount{}
-		e.byURL[t.settings.URL] = c
+		e.byURL[url] = c
 	}
-	now := &countedAs{url: t.settings.URL, unhealthy: t.tracker.verdict == Unhealthy}
+	now := &countedAs{url: url, unhealthy: t.tracker.verdict == Unhealthy}
 	c.probed++
 	if now.unhealthy {
 		c.unhealthy++
@@ -358,7 +361,7 @@ func (e *Engine) track(obj any) {
 		e.targets[key] = t
 		e.generation.Add(1)
 	}
-	resettle := exists && !replaced && t.settings != settings
+	resettle := exists && !replaced && t.settings.Value() != settings
 	t.probeTarget = probeTargetOf(p, settings, e.opts.CredentialsNamespace)
 	t.managed = p.Spec.Mode == crawlv1alpha1.ModeManaged
 	e.recountLocked(t, false)
@@ -438,7 +441,8 @@ func (e *Engine) work(ctx context.Context) bool {
 		return true // deleted or replaced during the probe: the result is stale
 	}
 	t.probedAt = e.opts.Clock.Now()
-	changed := t.tracker.observe(result, pt.settings.FailureThreshold, pt.settings.SuccessThreshold)
+	settings := pt.settings.Value()
+	changed := t.tracker.observe(result, settings.FailureThreshold, settings.SuccessThreshold)
 	if changed {
 		e.generation.Add(1)
 		t.unhealthySince = time.Time{}
@@ -466,7 +470,7 @@ func (e *Engine) work(ctx context.Context) bool {
 			e.mu.Unlock()
 		}
 	}
-	e.queue.AddAfter(probeItem{key: key}, e.nextProbe(pt.settings, verdict))
+	e.queue.AddAfter(probeItem{key: key}, e.nextProbe(settings, verdict))
 	return true
 }
 
@@ -500,9 +504,10 @@ func (e *Engine) notify(ctx context.Context, key types.NamespacedName) bool {
 
 // probe probes pt once, with its credentials when it takes some.
 func (e *Engine) probe(ctx context.Context, pt probeTarget) Result {
-	req := ProbeRequest{ProxyAddr: pt.address, Target: pt.settings.URL, Timeout: pt.settings.Timeout, CheckOpen: pt.checkOpen}
+	settings := pt.settings.Value()
+	req := ProbeRequest{ProxyAddr: pt.address, Target: settings.URL, Timeout: settings.Timeout, CheckOpen: pt.checkOpen}
 	if pt.hasCreds && e.opts.Credentials != nil {
-		creds, err := e.opts.Credentials.Lookup(ctx, pt.creds)
+		creds, err := e.opts.Credentials.Lookup(ctx, pt.creds.Value())
 		if err != nil && !req.CheckOpen {
 			return Result{Reason: ReasonCredentialsUnavailable, Message: err.Error()}
 		}

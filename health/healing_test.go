@@ -199,7 +199,7 @@ func TestEngineFollowsTheSpec(t *testing.T) {
 	require.Eventually(t, func() bool {
 		engine.mu.RLock()
 		defer engine.mu.RUnlock()
-		return engine.targets[key].settings.Interval == 5*time.Second
+		return engine.targets[key].settings.Value().Interval == 5*time.Second
 	}, 5*time.Second, time.Millisecond)
 	require.Eventually(t, func() bool {
 		if prober.probes("127.0.0.35:3128") >= 3 {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/debug"
 	"testing"
 	"time"
 
@@ -304,4 +305,25 @@ func TestShippedProvidersConfigs(t *testing.T) {
 // serves again under one Event reason.
 func TestOneHealthyEventReason(t *testing.T) {
 	assert.Equal(t, health.EventReasonHealthy, controllers.EventReasonHealthy)
+}
+
+// TestDefaultGCPercent: the operator runs its collector at
+// defaultGCPercent unless GOGC is set, and then at what GOGC says.
+func TestDefaultGCPercent(t *testing.T) {
+	original := debug.SetGCPercent(100)
+	t.Cleanup(func() { debug.SetGCPercent(original) })
+	current := func() int {
+		v := debug.SetGCPercent(100)
+		debug.SetGCPercent(v)
+		return v
+	}
+
+	t.Setenv("GOGC", "")
+	useDefaultGCPercent()
+	assert.Equal(t, defaultGCPercent, current(), "GOGC unset (or empty, as the chart leaves it): the operator's default")
+
+	debug.SetGCPercent(80) // as the runtime reads GOGC=80 at start
+	t.Setenv("GOGC", "80")
+	useDefaultGCPercent()
+	assert.Equal(t, 80, current(), "GOGC set: left as the runtime read it")
 }

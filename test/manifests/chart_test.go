@@ -816,8 +816,8 @@ func TestChartSetsGOMEMLIMIT(t *testing.T) {
 	assert.Nil(t, limitEnv(deploy), "no container limit: no soft limit")
 }
 
-// TestChartSetsGOGC: goGC reaches the Go runtime as GOGC; empty, Go's
-// default stands.
+// TestChartSetsGOGC: goGC reaches the Go runtime as GOGC; empty, the
+// operator's own default (50) stands.
 func TestChartSetsGOGC(t *testing.T) {
 	gogc := func(values map[string]any) *corev1.EnvVar {
 		t.Helper()
@@ -831,12 +831,12 @@ func TestChartSetsGOGC(t *testing.T) {
 		return nil
 	}
 	assert.Nil(t, gogc(nil), "unset by default")
-	env := gogc(map[string]any{"goGC": "50"})
+	env := gogc(map[string]any{"goGC": "100"})
 	require.NotNil(t, env)
-	assert.Equal(t, "50", env.Value)
-	env = gogc(map[string]any{"goGC": 50})
+	assert.Equal(t, "100", env.Value)
+	env = gogc(map[string]any{"goGC": 100})
 	require.NotNil(t, env, "a number as --set writes it")
-	assert.Equal(t, "50", env.Value)
+	assert.Equal(t, "100", env.Value)
 	_, err := chartInstall{set: map[string]any{"goGC": "fast"}}.render(t)
 	assert.ErrorContains(t, err, "goGC", "not a percentage: refused by the schema, naming the value")
 }

@@ -168,8 +168,16 @@ func recordFresh(secret *corev1.Secret, hash string, now time.Time) bool {
 	if secret.Labels[crawlv1alpha1.LabelSpecHash] != hash {
 		return false
 	}
+	written, ok := recordWritten(secret)
+	return ok && now.Sub(written) < recordRefresh
+}
+
+// recordWritten is when a record was last written for an instance about
+// to be created (credentials.AnnotationRecordWritten); ok is false when it
+// does not say, or not legibly.
+func recordWritten(secret *corev1.Secret) (written time.Time, ok bool) {
 	written, err := time.Parse(time.RFC3339, secret.Annotations[credentials.AnnotationRecordWritten])
-	return err == nil && now.Sub(written) < recordRefresh
+	return written, err == nil
 }
 
 // recordCurrent says whether the record of the running instance is in the

@@ -198,8 +198,7 @@ func (c *OrphanCollector) sweepRecords(ctx context.Context, now time.Time) error
 // is: some Proxy in its namespace records its hash, or it was written
 // within recordGrace.
 func (c *OrphanCollector) unusedRecord(ctx context.Context, secret *corev1.Secret, now time.Time, hashesIn map[string]map[string]bool) (string, error) {
-	written, err := time.Parse(time.RFC3339, secret.Annotations[credentials.AnnotationRecordWritten])
-	if err == nil && now.Sub(written) < recordGrace {
+	if written, ok := recordWritten(secret); ok && now.Sub(written) < recordGrace {
 		return "", nil
 	}
 	ns, hash := secret.Labels[crawlv1alpha1.LabelOwnerNamespace], secret.Labels[crawlv1alpha1.LabelSpecHash]

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"unique"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -13,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/intern"
 )
 
 // Roles of the operator's own credentials Secrets (LabelCredentialsRole).
@@ -72,7 +72,7 @@ func RefFor(p *crawlv1alpha1.Proxy, namespace string) (Ref, bool) {
 	case p.Spec.Mode == crawlv1alpha1.ModeManaged && p.Status.SpecHash != "":
 		// Interned: the health engine and discovery keep a Ref per proxy,
 		// and a fleet's proxies share a handful of records.
-		name := unique.Make(RecordName(p.Namespace, p.Status.SpecHash)).Value()
+		name := intern.String(RecordName(p.Namespace, p.Status.SpecHash))
 		ref := Ref{Namespace: namespace, Name: name, SpecHash: p.Status.SpecHash}
 		if p.Status.InstanceName != "" {
 			ref.Legacy = LegacyRecordName(p.Status.InstanceName)

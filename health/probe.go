@@ -13,9 +13,9 @@ import (
 	"net/url"
 	"syscall"
 	"time"
-	"unique"
 
 	"github.com/example/egress-proxies-operator/credentials"
+	"github.com/example/egress-proxies-operator/intern"
 )
 
 // Reasons a probe fails, as they appear in the Healthy condition and the
@@ -152,7 +152,7 @@ func (p *HTTPProber) Probe(ctx context.Context, pr ProbeRequest) Result {
 	_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 64<<10))
 	// Interned: the engine keeps every proxy's last result, and a fleet's
 	// answers from one target read the same.
-	message := unique.Make(fmt.Sprintf("%s answered %s through the proxy", target, res.Status)).Value()
+	message := intern.String(fmt.Sprintf("%s answered %s through the proxy", target, res.Status))
 	if res.StatusCode >= 400 {
 		return Result{Reason: ReasonBadStatus, Message: message}
 	}

@@ -6,6 +6,8 @@ import (
 
 	"golang.org/x/sync/singleflight"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/example/egress-proxies-operator/credentials"
 )
 
 // cacheCatchUp is how long a pass that finds the cache behind its own last
@@ -90,6 +92,41 @@ func (w *writeLag) forget(key types.NamespacedName) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	delete(w.superseded, key)
+}
+
+// generatedCredentials hands the credentials this process generated for a
+// provider instance to every worker that asks within maxCacheLag, and lets
+// one worker at a time generate them: during the first bring-up with a
+// provider instance every worker finds its Secret missing, and each would
+// otherwise send a create bound to fail with AlreadyExists (and write a
+// status to say it waits).
+type generatedCredentials struct {
+	mu   sync.Mutex
+	made map[credentials.Ref]generated
+}
+
+type generated struct {
+	creds credentials.Credentials
+	at    time.Time
+}
+
+// ensure returns the credentials generated for ref within maxCacheLag of
+// now, or those generate makes (remembered if it succeeds).
+func (g *generatedCredentials) ensure(ref credentials.Ref, now time.Time, generate func() (credentials.Credentials, error)) (credentials.Credentials, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if made, ok := g.made[ref]; ok && now.Sub(made.at) < maxCacheLag {
+		return made.creds, nil
+	}
+	c, err := generate()
+	if err != nil {
+		return credentials.Credentials{}, err
+	}
+	if g.made == nil {
+		g.made = map[credentials.Ref]generated{}
+	}
+	g.made[ref] = generated{creds: c, at: now}
+	return c, nil
 }
 
 // recentRecords remembers the credentials records this process wrote in

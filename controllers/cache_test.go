@@ -11,6 +11,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/example/egress-proxies-operator/credentials"
 )
 
 // TestWriteLag: a pass that reads the version its own write replaced waits;
@@ -96,4 +98,53 @@ func TestRecentRecords(t *testing.T) {
 	require.Error(t, r.ensure(failing, write(errors.New("conflict"))))
 	require.NoError(t, r.ensure(failing, slowWrite))
 	assert.EqualValues(t, 4, writes.Load(), "a failed write is tried again")
+}
+
+// TestGeneratedCredentials: the workers that find a provider instance's
+// credentials missing at once share one generation (one create), which is
+// handed out until the cache has had maxCacheLag to show it; a failed
+// generation is not remembered.
+func TestGeneratedCredentials(t *testing.T) {
+	var g generatedCredentials
+	ref := credentials.Ref{Namespace: "egress-proxies-system", Name: "provider-kind-local"}
+	now := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
+	var generations atomic.Int32
+	var createErr error // a create that fails, from the third generation on
+	generate := func() (credentials.Credentials, error) {
+		if generations.Add(1) > 2 && createErr != nil {
+			return credentials.Credentials{}, createErr
+		}
+		time.Sleep(10 * time.Millisecond) // a create's round trip: the others arrive meanwhile
+		return credentials.Generate(), nil
+	}
+	got := make([]credentials.Credentials, 8)
+	var wg sync.WaitGroup
+	for i := range got {
+		wg.Go(func() {
+			c, err := g.ensure(ref, now, generate)
+			assert.NoError(t, err)
+			got[i] = c
+		})
+	}
+	wg.Wait()
+	assert.Equal(t, int32(1), generations.Load(), "one create for every worker")
+	for _, c := range got {
+		assert.Equal(t, got[0], c, "every worker builds with the same credentials")
+	}
+	assert.False(t, got[0].IsZero())
+
+	again, err := g.ensure(ref, now.Add(maxCacheLag), generate)
+	require.NoError(t, err)
+	assert.Equal(t, int32(2), generations.Load(), "after maxCacheLag the cache is the source: missing there means generate")
+	assert.NotEqual(t, got[0], again)
+
+	other := credentials.Ref{Namespace: ref.Namespace, Name: "provider-gcp-eu"}
+	createErr = errors.New("forbidden")
+	_, err = g.ensure(other, now, generate)
+	require.ErrorIs(t, err, createErr)
+	createErr = nil
+	c, err := g.ensure(other, now, generate)
+	require.NoError(t, err)
+	assert.False(t, c.IsZero(), "a failed generation is tried again, not handed out")
+	assert.Equal(t, int32(4), generations.Load())
 }

@@ -66,27 +66,38 @@ func (r *ProxyReconciler) resolveCredentials(ctx context.Context, p *crawlv1alph
 		return credentials.Credentials{}, &specError{ReasonCredentialsError, fmt.Sprintf("the credentials of provider %s: %v", p.Spec.Provider, err)}, nil
 	}
 	// First use of this provider instance (or its Secret was deleted to
-	// rotate the credentials): generate them.
-	c = credentials.Generate()
+	// rotate the credentials): generate them, once for every worker that
+	// finds them missing before the cache shows the Secret.
+	c, err = r.generated.ensure(ref, r.clock().Now(), func() (credentials.Credentials, error) {
+		return r.generateCredentials(ctx, ref, p.Spec.Provider)
+	})
+	return c, nil, err
+}
+
+// generateCredentials generates a provider instance's credentials and
+// creates their Secret.
+func (r *ProxyReconciler) generateCredentials(ctx context.Context, ref credentials.Ref, provider string) (credentials.Credentials, error) {
+	c := credentials.Generate()
 	secret := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ref.Namespace, Name: ref.Name, Labels: mergeLabels(managedByLabel, map[string]string{
 			crawlv1alpha1.LabelCredentials:     "true",
 			crawlv1alpha1.LabelCredentialsRole: credentials.RoleProvider,
-			crawlv1alpha1.LabelProvider:        p.Spec.Provider,
+			crawlv1alpha1.LabelProvider:        provider,
 		})},
 		Type: corev1.SecretTypeBasicAuth,
 		Data: c.Data(),
 	}
-	err = r.Client.Create(ctx, secret)
-	switch {
+	switch err := r.Client.Create(ctx, secret); {
 	case err == nil:
-		logf.FromContext(ctx).Info("generated proxy credentials", "provider", p.Spec.Provider, "secret", ref.Namespace+"/"+ref.Name)
-		return c, nil, nil
+		logf.FromContext(ctx).Info("generated proxy credentials", "provider", provider, "secret", ref.Namespace+"/"+ref.Name)
+		return c, nil
 	case apierrors.IsAlreadyExists(err):
-		// Another worker generated them a moment ago; the cache shows them soon.
-		return credentials.Credentials{}, nil, fmt.Errorf("waiting for the credentials Secret %s/%s to reach the cache", ref.Namespace, ref.Name)
+		// Generated a moment ago by an earlier leader: the cache shows the
+		// Secret soon.
+		return credentials.Credentials{}, fmt.Errorf("waiting for the credentials Secret %s/%s to reach the cache", ref.Namespace, ref.Name)
+	default:
+		return credentials.Credentials{}, fmt.Errorf("creating the credentials Secret %s/%s of provider %s: %w", ref.Namespace, ref.Name, provider, err)
 	}
-	return credentials.Credentials{}, nil, fmt.Errorf("creating the credentials Secret %s/%s of provider %s: %w", ref.Namespace, ref.Name, p.Spec.Provider, err)
 }
 
 // recordRefresh is how old a record's written-at may be before a Create

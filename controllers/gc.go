@@ -41,11 +41,12 @@ const (
 	DefaultGCGracePeriod = 3 * time.Minute
 )
 
-// OrphanCollector is the safety net behind the finalizer: every interval it
-// lists each provider instance's own instances (labelled with this
-// operator's cluster and operator ids and that provider instance's name) and
-// deletes those whose owning Proxy no longer exists (or exists with another
-// UID, or no longer points at that provider instance). It never touches
+// OrphanCollector is the safety net behind the finalizer, the owner
+// references and the reconciler's pass for a Proxy found gone: every
+// interval it lists each provider instance's own instances (labelled with
+// this operator's cluster and operator ids and that provider instance's
+// name) and deletes those whose owning Proxy no longer exists (or exists
+// with another UID, or no longer points at that provider instance). It never touches
 // another cluster's or another operator's instances, nor those of Proxies
 // outside its scope, nor another provider instance's in the same project or
 // cluster, nor an instance whose owner labels are missing (made before the

@@ -125,6 +125,11 @@ type observation struct {
 	getErr error
 	// instanceProvider is the provider instance that holds instance.
 	instanceProvider string
+	// ownerCollected says that every provider the Proxy names (spec.provider,
+	// and status.provider while an instance may be left there) deletes its
+	// instances with their Proxy (providers.OwnerCollected): the Proxy needs
+	// no finalizer.
+	ownerCollected bool
 
 	// now is the reconciler's clock, read once per pass.
 	now time.Time
@@ -212,7 +217,7 @@ func plan(o observation) Action {
 		return Action{Type: ActionNothing}
 	case deleting:
 		return planDeletion(o)
-	case !hasFinalizer:
+	case !hasFinalizer && !o.ownerCollected:
 		return Action{Type: ActionAddFinalizer, Phase: phaseOr(p.Status.Phase, crawlv1alpha1.PhasePending),
 			Reason: ReasonFinalizerAdded, Message: "waiting to provision"}
 	case o.specErr != nil:

@@ -102,12 +102,19 @@ func TestPlan(t *testing.T) {
 		wantReason string
 		wantErr    bool
 		wantQuiet  bool
+		// ownerCollected: every provider the Proxy names deletes its
+		// instances with it (the kubernetes provider).
+		ownerCollected bool
 	}{
 		// Life of a Managed proxy.
 		{name: "finalizer absent: add it first", proxy: proxyFixture(withoutFinalizer),
 			wantType: ActionAddFinalizer, wantPhase: crawlv1alpha1.PhasePending},
 		{name: "finalizer absent even with a bad spec: finalizer first", proxy: proxyFixture(withoutFinalizer),
 			specErr: &specError{ReasonCloudInitError, "x"}, wantType: ActionAddFinalizer},
+		{name: "finalizer absent, provider deletes instances with their Proxy: create, no finalizer", proxy: proxyFixture(withoutFinalizer), ownerCollected: true,
+			wantType: ActionCreate, wantPhase: crawlv1alpha1.PhaseProvisioning, wantReason: ReasonCreating, wantQuiet: true},
+		{name: "finalizer absent, provider deletes instances with their Proxy, bad spec: fail at once", proxy: proxyFixture(withoutFinalizer), ownerCollected: true,
+			specErr: &specError{ReasonCloudInitError, "x"}, wantType: ActionFail, wantReason: ReasonCloudInitError},
 		{name: "no instance, nothing recorded: create quietly", proxy: proxyFixture(),
 			wantType: ActionCreate, wantPhase: crawlv1alpha1.PhaseProvisioning, wantReason: ReasonCreating, wantQuiet: true},
 		{name: "no instance after a recorded failure: create, and say so", proxy: proxyFixture(func(p *crawlv1alpha1.Proxy) { p.Status.Phase = crawlv1alpha1.PhaseFailed }),
@@ -173,6 +180,10 @@ func TestPlan(t *testing.T) {
 			specErr: &specError{ReasonProviderNotFound, "provider gone"}, wantType: ActionRemoveFinalizer},
 		{name: "deleting without our finalizer: nothing", proxy: proxyFixture(deleting, withoutFinalizer),
 			wantType: ActionNothing},
+		{name: "deleting without a finalizer, provider deletes instances with their Proxy: nothing until it is gone", proxy: proxyFixture(deleting, withoutFinalizer),
+			ownerCollected: true, instance: instance(providers.StateRunning, testHash, testUID), wantType: ActionNothing},
+		{name: "deleting with the finalizer, provider deletes instances with their Proxy: delete it as before", proxy: proxyFixture(deleting),
+			ownerCollected: true, instance: instance(providers.StateRunning, testHash, testUID), wantType: ActionDelete, wantPhase: crawlv1alpha1.PhaseDeleting},
 
 		// External proxies never touch a provider.
 		{name: "External: ready from spec", proxy: proxyFixture(external),
@@ -186,7 +197,7 @@ func TestPlan(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			got := plan(observation{
 				proxy: tc.proxy, instanceName: "px-crawl-eu-1-0123456789", desiredHash: testHash,
-				instance: tc.instance, getErr: tc.getErr, specErr: tc.specErr, now: planNow,
+				instance: tc.instance, getErr: tc.getErr, specErr: tc.specErr, now: planNow, ownerCollected: tc.ownerCollected,
 			})
 			assert.Equal(t, tc.wantType, got.Type, "message: %s", got.Message)
 			if tc.wantPhase != "" {

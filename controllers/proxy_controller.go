@@ -97,6 +97,8 @@ type ProxyReconciler struct {
 	suspects suspectedTargets
 	lag      writeLag
 	records  recentRecords
+	// generated shares a provider instance's newly generated credentials.
+	generated generatedCredentials
 }
 
 // HealthSignals is what the reconciler reads of the health engine: its
@@ -156,10 +158,12 @@ func (r *ProxyReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	log := logf.FromContext(ctx)
 	var proxy crawlv1alpha1.Proxy
 	if err := r.Client.Get(ctx, req.NamespacedName, &proxy); err != nil {
-		if apierrors.IsNotFound(err) {
-			r.lag.forget(req.NamespacedName)
+		if !apierrors.IsNotFound(err) {
+			return reconcile.Result{}, err
 		}
-		return reconcile.Result{}, client.IgnoreNotFound(err)
+		r.lag.forget(req.NamespacedName)
+		r.budget.release(req.NamespacedName)
+		return reconcile.Result{}, r.deleteInstancesOfGone(ctx, req.NamespacedName)
 	}
 	if r.lag.behind(req.NamespacedName, proxy.ResourceVersion) {
 		return reconcile.Result{RequeueAfter: cacheCatchUp}, nil
@@ -188,6 +192,7 @@ func (r *ProxyReconciler) observe(ctx context.Context, p *crawlv1alpha1.Proxy) (
 		}
 	}
 	o.instanceName = providers.InstanceName(r.Owner.ClusterID, p.Namespace, p.Name)
+	o.ownerCollected = r.ownerCollected(p.Spec.Provider) && (p.Status.Provider == "" || r.ownerCollected(p.Status.Provider))
 
 	// A Proxy being deleted needs only its instance found; anything else
 	// needs a provider that accepts the spec and a cloud-init to hash.
@@ -266,6 +271,51 @@ func (r *ProxyReconciler) findByOwner(ctx context.Context, o observation, fallba
 		}
 	}
 	return o, fallback
+}
+
+// ownerCollected says whether the provider instance called name deletes
+// its instances with their Proxy (providers.OwnerCollected); a name not in
+// the providers config does not.
+func (r *ProxyReconciler) ownerCollected(name string) bool {
+	_, ok := r.Providers[name].(providers.OwnerCollected)
+	return ok
+}
+
+// deleteInstancesOfGone deletes the instance a Proxy without a finalizer
+// left behind: the one under its instance name in each provider that
+// deletes instances with their Proxy, as the cache shows it. The cache saw
+// the Proxy before any pass made an instance for it and holds it until it
+// is deleted, so an instance found here is an orphan: of this Proxy, or of
+// an earlier Proxy of the same name. Kubernetes' garbage collector takes it
+// too, a moment later (and alone, while the operator is down: after a
+// restart, the instance's own watch event brings it here).
+func (r *ProxyReconciler) deleteInstancesOfGone(ctx context.Context, key types.NamespacedName) error {
+	log := logf.FromContext(ctx)
+	instanceName := providers.InstanceName(r.Owner.ClusterID, key.Namespace, key.Name)
+	gone := &crawlv1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
+	var errs []error
+	for _, name := range r.Providers.Names() {
+		prov := r.Providers[name]
+		if _, ok := prov.(providers.OwnerCollected); !ok {
+			continue
+		}
+		inst, err := prov.Get(ctx, instanceName, gone)
+		switch {
+		case errors.Is(err, providers.ErrNotFound):
+			continue
+		case err != nil:
+			errs = append(errs, fmt.Errorf("getting instance %s of deleted Proxy %s from provider %s: %w", instanceName, key, name, err))
+			continue
+		case inst.State == providers.StateStopping || !r.Owner.Owns(inst.Labels) || inst.ProviderName() != name:
+			continue
+		}
+		if err := prov.Delete(ctx, inst); err != nil {
+			errs = append(errs, fmt.Errorf("deleting instance %s of deleted Proxy %s: %w", inst.Name, key, err))
+			continue
+		}
+		log.Info("deleted the instance of a deleted Proxy", "provider", name, "instance", inst.Name, "ownerUID", inst.OwnerUID())
+	}
+	return errors.Join(errs...)
 }
 
 func (r *ProxyReconciler) clock() clock.PassiveClock {

@@ -51,9 +51,10 @@ func proxyUpdates(t *testing.T, ns, name string) func() []crawlv1alpha1.Proxy {
 }
 
 // TestQuietStart: a new Managed proxy whose pod runs at once is written
-// twice, the finalizer and then Ready with its instance and address: its
-// creation and start are not recorded on the way (decision 59). Its
-// credentials record is its siblings' too (decision 60).
+// once, Ready with its instance and address: its creation and start are not
+// recorded on the way (decision 59), and the kubernetes provider's pod,
+// owned by the Proxy, needs no finalizer (decision 63). Its credentials
+// record is its siblings' too (decision 60).
 func TestQuietStart(t *testing.T) {
 	env := testenv.Shared(t)
 	startReconciler(t, env, func(c client.Client) providers.Set { return kubernetesProviders(t, c) })
@@ -79,13 +80,12 @@ func TestQuietStart(t *testing.T) {
 	assert.Equal(t, credentials.RecordName(ns, ready.Status.SpecHash), records.Items[0].Name)
 
 	versions := updates()
-	require.Len(t, versions, 2, "the finalizer, then Ready: %v", phasesOf(versions))
-	assert.Contains(t, versions[0].Finalizers, crawlv1alpha1.Finalizer)
-	assert.Empty(t, versions[0].Status.Phase, "the finalizer's write says nothing")
-	assert.Equal(t, crawlv1alpha1.PhaseReady, versions[1].Status.Phase)
-	assert.Equal(t, providers.InstanceName(testOwner.ClusterID, ns, "quiet"), versions[1].Status.InstanceName, "Ready records the instance")
-	assert.Equal(t, "kind-local", versions[1].Status.Provider, "and where it lives")
-	assert.Equal(t, ready.Status.IP, versions[1].Status.IP)
+	require.Len(t, versions, 1, "Ready, and nothing before it (the pod's owner reference stands for a finalizer): %v", phasesOf(versions))
+	assert.Empty(t, versions[0].Finalizers)
+	assert.Equal(t, crawlv1alpha1.PhaseReady, versions[0].Status.Phase)
+	assert.Equal(t, providers.InstanceName(testOwner.ClusterID, ns, "quiet"), versions[0].Status.InstanceName, "Ready records the instance")
+	assert.Equal(t, "kind-local", versions[0].Status.Provider, "and where it lives")
+	assert.Equal(t, ready.Status.IP, versions[0].Status.IP)
 }
 
 func phasesOf(ps []crawlv1alpha1.Proxy) []crawlv1alpha1.ProxyPhase {

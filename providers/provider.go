@@ -53,6 +53,19 @@ type ObjectBacked interface {
 	InstanceObject() client.Object
 }
 
+// OwnerCollected is implemented by providers whose instances carry their
+// Proxy as controlling owner reference, in the Proxy's namespace, so that
+// Kubernetes' garbage collector deletes them with it (the kubernetes
+// provider's Pods). A Proxy served only by such providers needs no
+// finalizer: the reconciler deletes its instance when it finds the Proxy
+// gone, and the garbage collector does if the operator is not running. A
+// provider whose instances live outside the cluster (a VM) must not
+// implement it: only a finalizer keeps their Proxy until they are gone.
+type OwnerCollected interface {
+	// InstancesFollowTheirProxy is a marker: it says the above.
+	InstancesFollowTheirProxy()
+}
+
 // State is where an instance is in its life, as the reconciler needs to know
 // it: whatever the provider calls it.
 type State string

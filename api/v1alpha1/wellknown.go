@@ -45,7 +45,10 @@ const (
 )
 
 // Finalizer keeps a Managed Proxy in the API until its provider instance is
-// confirmed gone, so deleting a Proxy never leaks a VM or pod.
+// confirmed gone, so deleting a Proxy never leaks a VM. A Proxy whose
+// instance the cluster's garbage collector deletes with it (a kubernetes
+// provider's pod, owned by the Proxy) goes without one, unless its pool
+// created it with one.
 const Finalizer = "crawl.example.com/instance-cleanup"
 
 // Condition types reported in status.conditions.

@@ -139,6 +139,10 @@ func New(name string, raw map[string]any, deps providers.Dependencies) (provider
 	return &Provider{name: name, settings: settings, client: deps.Client}, nil
 }
 
+// InstancesFollowTheirProxy says that a proxy pod is owned by its Proxy
+// (see objectMeta), so a kubernetes Proxy needs no finalizer.
+func (p *Provider) InstancesFollowTheirProxy() {}
+
 // InstanceObject makes the reconciler watch Pods.
 func (p *Provider) InstanceObject() client.Object { return &corev1.Pod{} }
 
@@ -289,9 +293,9 @@ func pendingReason(pod *corev1.Pod) string {
 // not worth a word in the Proxy's status.
 var routineWaits = map[string]bool{"ContainerCreating": true, "PodInitializing": true}
 
-// objectMeta is shared by the pod and its Secret: the instance labels
-// plus the recommended app labels, owned by the Proxy so that Kubernetes'
-// own garbage collector is a second safety net behind the finalizer.
+// objectMeta is the pod's: the instance labels plus the recommended app
+// labels, owned by the Proxy so that Kubernetes' own garbage collector
+// deletes the pod with it (providers.OwnerCollected).
 func (p *Provider) objectMeta(req providers.CreateRequest) metav1.ObjectMeta {
 	labels := map[string]string{
 		"app.kubernetes.io/name":       "egress-proxy",

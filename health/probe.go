@@ -97,9 +97,25 @@ func (e *connectStatusError) Error() string {
 	return fmt.Sprintf("proxy answered CONNECT with %d %s", e.status, http.StatusText(e.status))
 }
 
+// probeSessions is how many targets' TLS sessions the prober keeps to
+// resume: one per probe URL in use is plenty.
+const probeSessions = 64
+
+// probeCurves are the key exchanges a probe offers: X25519, and P-256 for a
+// target without it. The probe's TLS carries nothing secret (a GET of a
+// public URL, the proxy's credentials having gone on the CONNECT before
+// it), so the hybrid post-quantum exchange Go offers by default would cost
+// every probe its ML-KEM key generation, the largest part of a handshake,
+// and protect nothing.
+var probeCurves = []tls.CurveID{tls.X25519, tls.CurveP256}
+
 // NewHTTPProber builds a prober trusting roots (nil: the system roots). One
 // transport serves every proxy: the proxy is chosen per request, and
-// keep-alives are off so every probe opens a fresh tunnel.
+// keep-alives are off so every probe opens a fresh tunnel. Its TLS sessions
+// with a target are resumed across probes and proxies: a resumed handshake
+// still needs the target's keys (a proxy that intercepts TLS cannot resume
+// a session it never saw, and its own certificate fails verification), but
+// skips sending and checking the certificate chain each time.
 func NewHTTPProber(roots *x509.CertPool) *HTTPProber {
 	t := &http.Transport{
 		Proxy: func(req *http.Request) (*url.URL, error) {
@@ -117,8 +133,9 @@ func NewHTTPProber(roots *x509.CertPool) *HTTPProber {
 			}
 			return nil
 		},
-		DialContext:         (&net.Dialer{}).DialContext,
-		TLSClientConfig:     &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
+		DialContext: (&net.Dialer{}).DialContext,
+		TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12, CurvePreferences: probeCurves,
+			ClientSessionCache: tls.NewLRUClientSessionCache(probeSessions)},
 		DisableKeepAlives:   true,
 		ForceAttemptHTTP2:   false,
 		MaxIdleConnsPerHost: -1,

@@ -2,11 +2,13 @@ package health
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -95,4 +97,53 @@ func TestProbeThroughRealSquid(t *testing.T) {
 			assert.NotEmpty(t, got.Message)
 		})
 	}
+}
+
+// TestProbesResumeTLSWithoutPostQuantumKeyShares: a fleet's probes of one
+// target, through different proxies, resume the prober's TLS session after
+// the first full handshake, and offer X25519 rather than the hybrid ML-KEM
+// exchange; a target whose certificate is not trusted still fails a probe
+// whatever sessions the prober holds for others.
+func TestProbesResumeTLSWithoutPostQuantumKeyShares(t *testing.T) {
+	var mu sync.Mutex
+	var resumed []bool
+	var offered [][]tls.CurveID
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		resumed = append(resumed, r.TLS.DidResume)
+		mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	srv.TLS = &tls.Config{GetConfigForClient: func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+		mu.Lock()
+		offered = append(offered, hello.SupportedCurves)
+		mu.Unlock()
+		return nil, nil
+	}}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	roots := x509.NewCertPool()
+	roots.AddCert(srv.Certificate())
+	target := srv.URL + "/generate_204"
+	proxies := []string{
+		squid.Start(t, squid.Config{Address: "127.0.0.1", Port: freePort(t)}).Addr,
+		squid.Start(t, squid.Config{Address: "127.0.0.1", Port: freePort(t)}).Addr,
+	}
+
+	prober := NewHTTPProber(roots)
+	for i := range 4 {
+		got := prober.Probe(context.Background(), ProbeRequest{ProxyAddr: proxies[i%2], Target: target, Timeout: 5 * time.Second})
+		require.True(t, got.Success, "probe %d: %s", i, got.Message)
+	}
+	mu.Lock()
+	assert.Equal(t, []bool{false, true, true, true}, resumed, "one full handshake, then resumed through either proxy")
+	for _, curves := range offered {
+		assert.Contains(t, curves, tls.X25519)
+		assert.NotContains(t, curves, tls.X25519MLKEM768)
+	}
+	mu.Unlock()
+
+	untrusted := NewHTTPProber(x509.NewCertPool())
+	got := untrusted.Probe(context.Background(), ProbeRequest{ProxyAddr: proxies[0], Target: target, Timeout: 5 * time.Second})
+	assert.Equal(t, ReasonTLSError, got.Reason, "message: %s", got.Message)
 }

@@ -295,10 +295,10 @@ func (r *ProxyReconciler) deleteInstancesOfGone(ctx context.Context, key types.N
 	gone := &crawlv1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
 	var errs []error
 	for _, name := range r.Providers.Names() {
-		prov := r.Providers[name]
-		if _, ok := prov.(providers.OwnerCollected); !ok {
+		if !r.ownerCollected(name) {
 			continue
 		}
+		prov := r.Providers[name]
 		inst, err := prov.Get(ctx, instanceName, gone)
 		switch {
 		case errors.Is(err, providers.ErrNotFound):

@@ -1,0 +1,346 @@
+// Package simweb is a simulated web for tests, benchmarks and the demo:
+// HTTPS and plain-HTTP sites on loopback addresses that see each request's
+// exit IP (its source address: every proxy in tests leaves from a loopback
+// address of its own) and answer it by anti-bot rules set per site, as real
+// sites do: a per-IP rate limit answered with 429 and Retry-After, a ban
+// (403 for a period) after repeated violations, a per-IP concurrency
+// limit, a list of blocked IPs, and soft blocks (200 with a block page).
+//
+// A site's rules are data, published at RulesPath, so a test computes what
+// they allow (Oracle) from the same numbers the site enforces. A site
+// counts every answer by kind and remembers the IPs it banned.
+//
+// It is test support only; production code must never import it.
+package simweb
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// RulesPath is where every site publishes its Rules as JSON.
+const RulesPath = "/.well-known/simweb-rules"
+
+// BlockPageMarker is in the body of every soft block page, so a crawler
+// (and a benchmark) can tell a block page from a page.
+const BlockPageMarker = "simweb-block-page"
+
+// Rules are one site's anti-bot rules, applied per exit IP.
+type Rules struct {
+	// RatePerSecond is the requests per second each IP may send on
+	// average, and Burst how many an idle IP may send at once (a token
+	// bucket per IP). Zero RatePerSecond: no rate limit.
+	RatePerSecond float64 `json:"ratePerSecond,omitempty"`
+	Burst         int     `json:"burst,omitempty"`
+	// BanAfter violations (requests over the rate or the concurrency
+	// limit) within BanWindow ban the IP for BanFor: every request is
+	// then answered 403, and the IP is burned on this site. Zero: no bans.
+	BanAfter  int      `json:"banAfter,omitempty"`
+	BanWindow Duration `json:"banWindow,omitempty"`
+	BanFor    Duration `json:"banFor,omitempty"`
+	// MaxConcurrent bounds each IP's requests in flight; one more is a
+	// violation. Zero: no limit.
+	MaxConcurrent int `json:"maxConcurrent,omitempty"`
+	// Blocked IPs are answered 403 from their first request.
+	Blocked []string `json:"blocked,omitempty"`
+	// SoftBlocked IPs are answered 200 with a block page.
+	SoftBlocked []string `json:"softBlocked,omitempty"`
+	// SoftViolations answers a violation with a 200 block page instead of
+	// a 429, as sites that hide their limits do (it still counts toward a
+	// ban).
+	SoftViolations bool `json:"softViolations,omitempty"`
+	// Latency is how long the site takes to answer a page.
+	Latency Duration `json:"latency,omitempty"`
+}
+
+// Duration is a time.Duration that reads and writes JSON as "1.5s".
+type Duration time.Duration
+
+// MarshalJSON writes d as Go's duration text.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// UnmarshalJSON reads Go's duration text.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("a duration must be a string such as \"1.5s\": %w", err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("duration %q: %w", s, err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Answer kinds a site counts.
+const (
+	AnswerPage      = "page"       // 200 with the page
+	AnswerLimited   = "limited"    // 429: over the rate or the concurrency limit
+	AnswerBanned    = "banned"     // 403: the IP is banned here
+	AnswerBlocked   = "blocked"    // 403: the IP is on the block list
+	AnswerSoftBlock = "soft_block" // 200 with a block page
+)
+
+// Site is one simulated web site.
+type Site struct {
+	// Host is the site's address (a loopback IP); URL its base URL.
+	Host, URL string
+	Rules     Rules
+	srv       *httptest.Server
+	roots     *x509.CertPool
+	now       func() time.Time
+
+	mu         sync.Mutex
+	ips        map[string]*ipState
+	answers    map[string]int
+	bannedIPs  []string
+	concurrent int
+}
+
+// ipState is what a site knows of one exit IP.
+type ipState struct {
+	tokens     float64
+	refilled   time.Time
+	violations []time.Time
+	bannedTill time.Time
+	inFlight   int
+	requests   int
+}
+
+// Start serves a site with rules on ip (a loopback address), over TLS when
+// https is set (with httptest's certificate), and stops it with Close.
+func Start(ip string, https bool, rules Rules) (*Site, error) {
+	lis, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		return nil, fmt.Errorf("site on %s: %w", ip, err)
+	}
+	s := &Site{Host: ip, Rules: rules, now: time.Now, ips: map[string]*ipState{}, answers: map[string]int{}}
+	s.srv = httptest.NewUnstartedServer(s)
+	s.srv.Listener = lis
+	if !https {
+		s.srv.Start()
+		s.URL = s.srv.URL
+		return s, nil
+	}
+	cert, pool, err := selfSigned(net.ParseIP(ip))
+	if err != nil {
+		_ = lis.Close()
+		return nil, err
+	}
+	s.srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	s.srv.StartTLS()
+	s.URL, s.roots = s.srv.URL, pool
+	return s, nil
+}
+
+// Roots trust the site's certificate (nil for plain HTTP).
+func (s *Site) Roots() *x509.CertPool { return s.roots }
+
+// Client is an HTTP client that trusts the site's certificate.
+func (s *Site) Client() *http.Client {
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: s.roots, MinVersion: tls.VersionTLS12}}}
+}
+
+// selfSigned is a certificate for ip and the pool that trusts it.
+func selfSigned(ip net.IP) (tls.Certificate, *x509.CertPool, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, nil, fmt.Errorf("a site's key: %w", err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: ip.String()},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IPAddresses: []net.IP{ip}, IsCA: true, BasicConstraintsValid: true,
+		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return tls.Certificate{}, nil, fmt.Errorf("a site's certificate: %w", err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return tls.Certificate{}, nil, fmt.Errorf("a site's certificate: %w", err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(leaf)
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, pool, nil
+}
+
+// Close stops the site.
+func (s *Site) Close() { s.srv.Close() }
+
+// ServeHTTP answers one request by the rules.
+func (s *Site) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == RulesPath {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(s.Rules)
+		return
+	}
+	ip, _, _ := net.SplitHostPort(r.RemoteAddr)
+	kind, retryAfter := s.admit(ip)
+	defer s.done(ip, kind)
+	switch kind {
+	case AnswerLimited:
+		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(retryAfter.Seconds()))))
+		http.Error(w, "too many requests from "+ip, http.StatusTooManyRequests)
+	case AnswerBanned:
+		http.Error(w, ip+" is banned from this site", http.StatusForbidden)
+	case AnswerBlocked:
+		http.Error(w, ip+" is blocked", http.StatusForbidden)
+	case AnswerSoftBlock:
+		_, _ = fmt.Fprintf(w, "<html><head><title>Just a moment</title></head><body class=%q>Please prove you are human.</body></html>\n", BlockPageMarker)
+	default:
+		if d := time.Duration(s.Rules.Latency); d > 0 {
+			time.Sleep(d)
+		}
+		_, _ = fmt.Fprintf(w, "<html><head><title>%s%s</title></head><body>page %s of %s</body></html>\n", s.Host, r.URL.Path, r.URL.Path, s.Host)
+	}
+}
+
+// admit decides one request's answer and counts it in flight.
+func (s *Site) admit(ip string) (kind string, retryAfter time.Duration) {
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.ips[ip]
+	if st == nil {
+		st = &ipState{tokens: float64(max(s.Rules.Burst, 1)), refilled: now}
+		s.ips[ip] = st
+	}
+	st.requests++
+	st.inFlight++
+	switch {
+	case slices.Contains(s.Rules.Blocked, ip):
+		return AnswerBlocked, 0
+	case now.Before(st.bannedTill):
+		return AnswerBanned, 0
+	case slices.Contains(s.Rules.SoftBlocked, ip):
+		return AnswerSoftBlock, 0
+	}
+	r := s.Rules
+	violation := false
+	if r.MaxConcurrent > 0 && st.inFlight > r.MaxConcurrent {
+		violation, retryAfter = true, time.Second
+	}
+	if !violation && r.RatePerSecond > 0 {
+		st.tokens = min(float64(max(r.Burst, 1)), st.tokens+now.Sub(st.refilled).Seconds()*r.RatePerSecond)
+		st.refilled = now
+		if st.tokens < 1 {
+			violation = true
+			retryAfter = time.Duration((1 - st.tokens) / r.RatePerSecond * float64(time.Second))
+		} else {
+			st.tokens--
+		}
+	}
+	if !violation {
+		return AnswerPage, 0
+	}
+	if r.BanAfter > 0 {
+		window := time.Duration(r.BanWindow)
+		st.violations = slices.DeleteFunc(append(st.violations, now), func(t time.Time) bool { return window > 0 && now.Sub(t) > window })
+		if len(st.violations) >= r.BanAfter {
+			st.bannedTill = now.Add(time.Duration(r.BanFor))
+			st.violations = nil
+			if !slices.Contains(s.bannedIPs, ip) {
+				s.bannedIPs = append(s.bannedIPs, ip)
+			}
+		}
+	}
+	if r.SoftViolations {
+		return AnswerSoftBlock, 0
+	}
+	return AnswerLimited, retryAfter
+}
+
+// done counts a finished request.
+func (s *Site) done(ip, kind string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ips[ip].inFlight--
+	s.answers[kind]++
+}
+
+// Stats are what a site answered.
+type Stats struct {
+	// Answers counts answers by kind (AnswerPage, AnswerLimited...).
+	Answers map[string]int
+	// Banned are the IPs the site banned, in the order it banned them.
+	Banned []string
+}
+
+// Pages is the pages served; Wasted every other answer.
+func (st Stats) Pages() int { return st.Answers[AnswerPage] }
+
+// Wasted is every answer that was not a page.
+func (st Stats) Wasted() int {
+	n := 0
+	for kind, c := range st.Answers {
+		if kind != AnswerPage {
+			n += c
+		}
+	}
+	return n
+}
+
+// Stats reads the site's counts so far.
+func (s *Site) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	answers := make(map[string]int, len(s.answers))
+	for k, v := range s.answers {
+		answers[k] = v
+	}
+	return Stats{Answers: answers, Banned: slices.Clone(s.bannedIPs)}
+}
+
+// Reset forgets every IP and count: a fresh site with the same rules.
+func (s *Site) Reset() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ips, s.answers, s.bannedIPs = map[string]*ipState{}, map[string]int{}, nil
+}
+
+// IsBlockPage says whether a 200's body is a soft block.
+func IsBlockPage(body []byte) bool { return strings.Contains(string(body), BlockPageMarker) }
+
+// Oracle is the most pages rules allow from ips in d: each IP that is
+// neither blocked nor soft-blocked sends its burst, then its rate, and at
+// most MaxConcurrent requests of Latency each at a time; no more than
+// demand in all. Zero RatePerSecond and MaxConcurrent: demand.
+func Oracle(rules Rules, ips []string, d time.Duration, demand int) int {
+	usable := 0
+	for _, ip := range ips {
+		if !slices.Contains(rules.Blocked, ip) && !slices.Contains(rules.SoftBlocked, ip) {
+			usable++
+		}
+	}
+	perIP := math.Inf(1)
+	if rules.RatePerSecond > 0 {
+		perIP = float64(max(rules.Burst, 1)) + rules.RatePerSecond*d.Seconds()
+	}
+	if rules.MaxConcurrent > 0 && rules.Latency > 0 {
+		perIP = min(perIP, float64(rules.MaxConcurrent)*d.Seconds()/time.Duration(rules.Latency).Seconds())
+	}
+	if math.IsInf(perIP, 1) {
+		return demand
+	}
+	return min(demand, int(math.Floor(perIP))*usable)
+}

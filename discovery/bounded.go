@@ -109,3 +109,13 @@ var (
 		Help: "Lease store calls that did not answer (timeout, connection refused, script error), by operation.",
 	}, []string{"op"})
 )
+
+func (b boundedStore) PushBack(ctx context.Context, host string, retryAfter time.Duration) (l Learned, err error) {
+	err = b.do(ctx, "push_back", func(ctx context.Context) error { l, err = b.store.PushBack(ctx, host, retryAfter); return err })
+	return l, err
+}
+
+func (b boundedStore) LearnedPace(ctx context.Context, host string) (l Learned, err error) {
+	err = b.do(ctx, "learned_pace", func(ctx context.Context) error { l, err = b.store.LearnedPace(ctx, host); return err })
+	return l, err
+}

@@ -42,6 +42,15 @@ type MemoryStore struct {
 	// their idle time.
 	sessions    map[string]*memSession
 	sessionEnds heapOf[*memSession]
+	// hostLoads: live leases per (proxy, target), absent at zero.
+	hostLoads map[string]int
+	// tats: the theoretical arrival time of the next request per (proxy,
+	// host) and, under "fleet:", per (policy, host); one in the past is as
+	// good as none, and sweepTATs drops those now and then.
+	tats      map[string]time.Time
+	tatsSweep int
+	// learned: each host's learned pace.
+	learned map[string]Learned
 }
 
 // memSession is one gateway session's routes.
@@ -85,6 +94,10 @@ func NewMemoryStore(clk clock.PassiveClock) *MemoryStore {
 		refused:     map[string]time.Time{},
 		sessions:    map[string]*memSession{},
 		sessionEnds: heapOf[*memSession]{less: func(a, b *memSession) bool { return a.until.Before(b.until) }},
+		hostLoads:   map[string]int{},
+		tats:        map[string]time.Time{},
+		tatsSweep:   1024,
+		learned:     map[string]Learned{},
 	}
 }
 
@@ -95,26 +108,204 @@ func (m *MemoryStore) Acquire(_ context.Context, req AcquireRequest) (Lease, err
 	defer m.mu.Unlock()
 	now := m.expireLocked()
 	set := m.setLocked(req.Candidates, now)
-	best, soonest := set.pick(func(id string) (time.Time, bool) {
-		if req.Target == "" {
-			return time.Time{}, false
-		}
-		until, ok := m.cooldowns[id][req.Target]
-		return until, ok
-	})
-	if best == "" {
-		e := &NoProxyAvailableError{}
-		if !soonest.IsZero() {
-			e.RetryAfter = soonest.Sub(now)
-		}
-		return Lease{}, e
+	var learned time.Duration
+	if req.Adaptive && req.Target != "" {
+		learned = m.learnedLocked(req.Target, now).Interval
 	}
-	l := &memLease{Lease: Lease{ID: uuid.NewString(), ProxyID: best, Target: req.Target, CreatedAt: now, ExpiresAt: now.Add(req.TTL)}}
+	var (
+		best string
+		wait time.Duration
+	)
+	if req.Target != "" && (req.PaceOf != nil || learned > 0) {
+		var e *NoProxyAvailableError
+		if best, wait, e = m.pickPacedLocked(set, req, learned, now); e != nil {
+			return Lease{}, e
+		}
+	} else {
+		var soonest time.Time
+		best, soonest = set.pick(func(id string) (time.Time, bool) {
+			if req.Target == "" {
+				return time.Time{}, false
+			}
+			until, ok := m.cooldowns[id][req.Target]
+			return until, ok
+		})
+		if best == "" {
+			e := &NoProxyAvailableError{}
+			if !soonest.IsZero() {
+				e.RetryAfter, e.Cause = soonest.Sub(now), CauseCooling
+			}
+			return Lease{}, e
+		}
+	}
+	l := &memLease{Lease: Lease{ID: uuid.NewString(), ProxyID: best, Target: req.Target, CreatedAt: now, ExpiresAt: now.Add(req.TTL), Wait: wait}}
 	m.leases[l.ID] = l
 	heap.Push(&m.expiries, l)
 	m.loads[best]++
+	if req.Target != "" {
+		m.hostLoads[best+"|"+req.Target]++
+	}
 	m.moveLocked(best, +1, now)
 	return m.withLoadLocked(l), nil
+}
+
+// pickPacedLocked is Acquire for a paced target: of the candidates not
+// cooling down and under their concurrency limit, the one whose next slot
+// comes first (then the least loaded, the least recently leased, by id),
+// if it comes within req.MaxWait; that slot is reserved. A linear scan:
+// every candidate's slot may differ.
+func (m *MemoryStore) pickPacedLocked(set *candidateSet, req AcquireRequest, learned time.Duration, now time.Time) (string, time.Duration, *NoProxyAvailableError) {
+	var best *pacedChoice
+	var soonest time.Duration
+	causes := map[string]int{}
+	for _, id := range req.Candidates.IDs {
+		if until, ok := m.cooldowns[id][req.Target]; ok {
+			causes[CauseCooling]++
+			soonest = minPositive(soonest, until.Sub(now))
+			continue
+		}
+		var declared Pace
+		if req.PaceOf != nil {
+			declared = req.PaceOf(id)
+		}
+		p := effectivePace(declared, learned)
+		if p.MaxConcurrent > 0 && m.hostLoads[id+"|"+req.Target] >= p.MaxConcurrent {
+			causes[CauseConcurrency]++
+			continue
+		}
+		wait := max(gcraWait(m.tats[id+"|"+req.Target], now, p.Interval, p.Burst), m.fleetWaitLocked(p, req.Target, now))
+		if wait > req.MaxWait {
+			causes[CausePaced]++
+			soonest = minPositive(soonest, wait)
+			continue
+		}
+		c := &pacedChoice{id: id, wait: wait, it: set.items[id], pace: p}
+		if best == nil || c.before(best.wait, best.it) {
+			best = c
+		}
+	}
+	if best == nil {
+		return "", 0, &NoProxyAvailableError{RetryAfter: soonest, Cause: mostCommon(causes)}
+	}
+	k := best.id + "|" + req.Target
+	m.tats[k] = gcraReserve(m.tats[k], now, best.pace.Interval)
+	if best.pace.FleetInterval > 0 {
+		fk := "fleet:" + best.pace.FleetKey + "|" + req.Target
+		m.tats[fk] = gcraReserve(m.tats[fk], now, best.pace.FleetInterval)
+	}
+	m.sweepTATsLocked(now)
+	return best.id, best.wait, nil
+}
+
+// pacedChoice is a candidate for a paced request.
+type pacedChoice struct {
+	id   string
+	wait time.Duration
+	it   *setItem
+	pace Pace
+}
+
+// before orders paced choices: the sooner slot, then as leaseFirst does.
+func (c *pacedChoice) before(wait time.Duration, it *setItem) bool {
+	if c.wait != wait {
+		return c.wait < wait
+	}
+	return leaseFirst(c.it, it)
+}
+
+func (m *MemoryStore) fleetWaitLocked(p Pace, target string, now time.Time) time.Duration {
+	if p.FleetInterval <= 0 {
+		return 0
+	}
+	return gcraWait(m.tats["fleet:"+p.FleetKey+"|"+target], now, p.FleetInterval, p.FleetBurst)
+}
+
+// gcraWait is how long from now until a request conforms to a bucket of
+// burst refilled one per interval, whose theoretical arrival time is tat.
+func gcraWait(tat, now time.Time, interval time.Duration, burst int) time.Duration {
+	if interval <= 0 || tat.IsZero() {
+		return 0
+	}
+	allowed := tat.Add(-time.Duration(max(burst, 1)-1) * interval)
+	return max(allowed.Sub(now), 0)
+}
+
+// gcraReserve is the bucket's tat once one more request is sent.
+func gcraReserve(tat, now time.Time, interval time.Duration) time.Time {
+	if interval <= 0 {
+		return tat
+	}
+	if tat.Before(now) {
+		tat = now
+	}
+	return tat.Add(interval)
+}
+
+// sweepTATsLocked drops the arrival times already past (as good as none)
+// once the map has doubled since the last sweep.
+func (m *MemoryStore) sweepTATsLocked(now time.Time) {
+	if len(m.tats) < m.tatsSweep {
+		return
+	}
+	for k, tat := range m.tats {
+		if !tat.After(now) {
+			delete(m.tats, k)
+		}
+	}
+	m.tatsSweep = max(1024, 2*len(m.tats))
+}
+
+func minPositive(a, b time.Duration) time.Duration {
+	if a <= 0 || (b > 0 && b < a) {
+		return b
+	}
+	return a
+}
+
+// mostCommon is the cause that held back most candidates ("" for none),
+// ties to the first of pace, concurrency, cooling.
+func mostCommon(causes map[string]int) string {
+	best := ""
+	for _, c := range []string{CausePaced, CauseConcurrency, CauseCooling} {
+		if causes[c] > causes[best] {
+			best = c
+		}
+	}
+	return best
+}
+
+// PushBack implements Store.
+func (m *MemoryStore) PushBack(_ context.Context, host string, retryAfter time.Duration) (Learned, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.clock.Now()
+	cur := m.learnedLocked(host, now)
+	l := Learned{Interval: PushedBack(cur.Interval, cur.Since, now, retryAfter), Since: now, PushBacks: cur.PushBacks + 1}
+	m.learned[host] = l
+	return l, nil
+}
+
+// LearnedPace implements Store.
+func (m *MemoryStore) LearnedPace(_ context.Context, host string) (Learned, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.learnedLocked(host, m.clock.Now()), nil
+}
+
+// learnedLocked is host's learned pace as of now; one decayed to nothing
+// is forgotten.
+func (m *MemoryStore) learnedLocked(host string, now time.Time) Learned {
+	l, ok := m.learned[host]
+	if !ok {
+		return Learned{}
+	}
+	eff := LearnedAt(l.Interval, l.Since, now)
+	if eff == 0 {
+		delete(m.learned, host)
+		return Learned{}
+	}
+	l.Interval = eff
+	return l
 }
 
 // Get implements Store.
@@ -338,6 +529,14 @@ func (m *MemoryStore) dropLocked(l *memLease, now time.Time) {
 		delete(m.loads, l.ProxyID)
 	} else {
 		m.loads[l.ProxyID]--
+	}
+	if l.Target != "" {
+		k := l.ProxyID + "|" + l.Target
+		if m.hostLoads[k] <= 1 {
+			delete(m.hostLoads, k)
+		} else {
+			m.hostLoads[k]--
+		}
 	}
 	m.moveLocked(l.ProxyID, -1, now)
 }

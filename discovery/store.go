@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -17,6 +18,9 @@ type Lease struct {
 	// ProxyLeases is the proxy's live leases, this one included, when the
 	// store answered: what the API shows as the proxy's activeLeases.
 	ProxyLeases int
+	// Wait is how long after CreatedAt the lease's first request to its
+	// target may go: the slot its pace reserved (zero: at once).
+	Wait time.Duration
 }
 
 // Report results a client may send.
@@ -57,17 +61,45 @@ type Route struct {
 // NoProxyAvailableError is Acquire's answer when every candidate is cooling
 // down for the target, or there is none.
 type NoProxyAvailableError struct {
-	// RetryAfter is how long until the first candidate's cooldown for the
-	// target ends, on the store's clock; zero when no candidate is cooling
-	// (there is no candidate at all).
+	// RetryAfter is how long until the first candidate may take the
+	// target again (its cooldown ends, or its pace allows a request), on
+	// the store's clock; zero when none will by itself (there is no
+	// candidate, or every one is at its concurrency limit for the target).
 	RetryAfter time.Duration
+	// Cause says what held the candidates back: NoneCooling,
+	// NonePaced... (the most common among them), "" when there is none.
+	Cause string
 }
 
+// Causes of a NoProxyAvailableError.
+const (
+	// CauseCooling: the candidates are cooling down for the target after a
+	// rate_limited report.
+	CauseCooling = "cooling"
+	// CausePaced: the target's pace allows none of them a request within
+	// the wait the request accepts.
+	CausePaced = "paced"
+	// CauseConcurrency: each holds as many leases for the target as its
+	// policy allows.
+	CauseConcurrency = "concurrency"
+)
+
 func (e *NoProxyAvailableError) Error() string {
-	if e.RetryAfter > 0 {
+	switch {
+	case e.Cause == CausePaced:
+		return fmt.Sprintf("no proxy available: the target's pace allows the next request in %s", e.RetryAfter)
+	case e.Cause == CauseConcurrency:
+		return "no proxy available: every candidate holds as many connections to the target as its policy allows"
+	case e.RetryAfter > 0:
 		return fmt.Sprintf("no proxy available: the first cooldown ends in %s", e.RetryAfter)
 	}
 	return "no proxy available"
+}
+
+// Paced says whether politeness, not the fleet's health or cooldowns, held
+// the request back: the gateway then answers 429.
+func (e *NoProxyAvailableError) Paced() bool {
+	return e.Cause == CausePaced || e.Cause == CauseConcurrency
 }
 
 // Is makes errors.Is(err, ErrNoProxyAvailable) hold.
@@ -93,6 +125,108 @@ type AcquireRequest struct {
 	// proxies cooling down for it are skipped.
 	Target string
 	TTL    time.Duration
+	// PaceOf is the declared pace of each candidate for Target (nil, or a
+	// zero Pace: none declared).
+	PaceOf func(proxy string) Pace
+	// Adaptive applies the pace the store learned for Target from its
+	// push-backs (PushBack), alone or over a slower declared one.
+	Adaptive bool
+	// MaxWait is how far ahead a paced request may reserve its slot: a
+	// candidate whose next slot is later is not available now.
+	MaxWait time.Duration
+}
+
+// Pace is how one proxy may send requests to one host: a GCRA (a token
+// bucket of Burst requests refilled one per Interval) per (proxy, host),
+// at most MaxConcurrent leases for the host at once, and, across every
+// proxy sharing FleetKey, a bucket of FleetBurst refilled one per
+// FleetInterval. Zero fields limit nothing.
+type Pace struct {
+	Interval      time.Duration
+	Burst         int
+	MaxConcurrent int
+	// FleetKey names the policy whose fleet-wide cap this is (its
+	// namespace/name); FleetInterval zero: no cap.
+	FleetKey      string
+	FleetInterval time.Duration
+	FleetBurst    int
+}
+
+// IsZero says whether p limits nothing.
+func (p Pace) IsZero() bool {
+	return p.Interval <= 0 && p.MaxConcurrent <= 0 && p.FleetInterval <= 0
+}
+
+// Learned is the per-proxy pace a store learned for a host from its
+// push-backs: requests Interval apart, as of the store's now. It halves
+// every LearnedHalfLife without a push-back, and is gone once under
+// MinLearnedInterval.
+type Learned struct {
+	Interval time.Duration
+	// Since is the last push-back that set it.
+	Since time.Time
+	// PushBacks counts the push-backs that moved it since it was set.
+	PushBacks int
+}
+
+// The adaptive pace: AIMD as TCP does, seeded by Retry-After. A push-back
+// (429 or 503) doubles the host's per-proxy interval, or sets it to the
+// site's Retry-After if that is longer (capped at MaxLearnedInterval);
+// push-backs within one interval of the last are the same burst and only
+// raise it to their Retry-After. Without push-backs the interval halves
+// every LearnedHalfLife, so the fleet speeds up slowly.
+const (
+	LearnedHalfLife    = 30 * time.Second
+	MinLearnedInterval = 10 * time.Millisecond
+	MaxLearnedInterval = time.Minute
+	// FirstLearnedInterval is a first push-back's interval when it says
+	// no Retry-After.
+	FirstLearnedInterval = 250 * time.Millisecond
+)
+
+// LearnedAt is the learned interval i set at since, as of now (zero once
+// under MinLearnedInterval): both stores compute it so.
+func LearnedAt(i time.Duration, since, now time.Time) time.Duration {
+	if i <= 0 {
+		return 0
+	}
+	el := now.Sub(since)
+	if el < 0 {
+		el = 0
+	}
+	eff := time.Duration(float64(i) * math.Exp2(-el.Seconds()/LearnedHalfLife.Seconds()))
+	if eff < MinLearnedInterval {
+		return 0
+	}
+	return eff
+}
+
+// PushedBack is a host's learned interval after a push-back at now with
+// retryAfter (zero: none said), from cur (its interval as of now) set at
+// since.
+func PushedBack(cur time.Duration, since, now time.Time, retryAfter time.Duration) time.Duration {
+	retryAfter = min(retryAfter, MaxLearnedInterval)
+	if cur > 0 && now.Sub(since) < cur {
+		return max(cur, retryAfter) // the same burst of refusals
+	}
+	next := max(2*cur, retryAfter)
+	if next <= 0 {
+		next = FirstLearnedInterval
+	}
+	return min(max(next, MinLearnedInterval), MaxLearnedInterval)
+}
+
+// effectivePace is a candidate's pace for a request: the declared one,
+// slowed to the learned interval where that is longer (a learned pace
+// alone sends one request at a time per interval).
+func effectivePace(declared Pace, learned time.Duration) Pace {
+	if learned > declared.Interval {
+		declared.Interval = learned
+		if declared.Burst < 1 {
+			declared.Burst = 1
+		}
+	}
+	return declared
 }
 
 // Store keeps leases, cooldowns and refused lease requests: the discovery
@@ -143,6 +277,12 @@ type Store interface {
 	// first report came): it cools nothing more, and returns the proxy the
 	// first one did. It returns that proxy, or ErrSessionNotFound.
 	ReportSession(ctx context.Context, session, result, target string, cooldown, window time.Duration) (string, error)
+	// PushBack records that host pushed back (a 429 or 503, with the
+	// Retry-After it said, zero for none): its learned pace slows
+	// (PushedBack). It returns the pace as it now is.
+	PushBack(ctx context.Context, host string, retryAfter time.Duration) (Learned, error)
+	// LearnedPace reads host's learned pace (the zero Learned: none).
+	LearnedPace(ctx context.Context, host string) (Learned, error)
 	// Ping says whether the store answers, for /readyz.
 	Ping(ctx context.Context) error
 }

@@ -1,6 +1,12 @@
 package redisstore
 
-import "github.com/redis/go-redis/v9"
+import (
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/example/egress-proxies-operator/discovery"
+)
 
 // Every operation is one Lua script: atomic on the server, and on the
 // server's clock. Each script opens with the same preamble: ARGV[1] is the
@@ -16,6 +22,13 @@ import "github.com/redis/go-redis/v9"
 //	P cool:<proxy>|<host> the end of the proxy's cooldown for host; expires by itself
 //	P leases, P cooldowns zsets of every lease and cooldown by end, for the
 //	                      metrics only
+//	P hl:<proxy>|<host>   zset of the proxy's lease ids for host by expiry:
+//	                      its connections to host, for a concurrency limit
+//	P tat:<proxy>|<host>  the GCRA arrival time of the proxy's next request
+//	                      to host; expires once past
+//	P fleet:<policy>|<host> the same across a policy's whole fleet
+//	P learn:<host>        hash of host's learned pace: "i" interval ms,
+//	                      "since", "n" push-backs
 //	P refused             hash pool -> last refused lease request
 //	P session:<session>   hash of a gateway session's routes: "own" -> its
 //	                      proxy, "d:<host>" -> the host's detour, "r:<host>"
@@ -41,33 +54,96 @@ local function extend(key, ms)
 end
 `
 
+// pacing is the preamble's addition for the scripts that pace hosts: a
+// GCRA per key (its theoretical arrival time in ms, expiring once past)
+// and the learned pace per host (discovery.LearnedAt, in ms).
+var pacing = fmt.Sprintf(`
+local function gcraWait(key, interval, burst)
+  if interval <= 0 then return 0 end
+  local tat = tonumber(redis.call('GET', key) or '0')
+  if tat == 0 then return 0 end
+  return math.max(tat - (math.max(burst, 1) - 1) * interval - now, 0)
+end
+local function gcraReserve(key, interval)
+  if interval <= 0 then return end
+  local tat = math.max(tonumber(redis.call('GET', key) or '0'), now) + interval
+  redis.call('SET', key, tat, 'PX', tat - now + 1000)
+end
+local function learnedAt(host)
+  local l = redis.call('HMGET', P .. 'learn:' .. host, 'i', 'since', 'n')
+  if not l[1] then return 0, 0, 0 end
+  local el = math.max(now - tonumber(l[2]), 0)
+  local eff = math.floor(tonumber(l[1]) * 2 ^ (-el / %d))
+  if eff < %d then return 0, 0, 0 end
+  return eff, tonumber(l[2]), tonumber(l[3])
+end
+`, discovery.LearnedHalfLife.Milliseconds(), discovery.MinLearnedInterval.Milliseconds())
+
 // acquireScript: ARGV[3] ttl ms, ARGV[4] target, ARGV[5] the new lease's
-// id, ARGV[6..] the candidates. Returns {1, proxy, created, expires, load}
-// or {0, ms until the first candidate's cooldown ends (0: none cooling)}.
-var acquireScript = redis.NewScript(preamble + `
+// id, ARGV[6] 1 to apply the target's learned pace, ARGV[7] the longest
+// wait ms for a paced slot, ARGV[8] k, the number of declared paces, then
+// k paces of six values each (interval ms, burst, max concurrent, fleet
+// key, fleet interval ms, fleet burst), then the candidates as pairs (id,
+// index of its pace, 0 for none). Returns {1, proxy, created, expires,
+// load, wait ms} or {0, ms until the first candidate may take the target
+// again (0: none will by itself), cause}.
+var acquireScript = redis.NewScript(preamble + pacing + `
 local ttl, target, id = tonumber(ARGV[3]), ARGV[4], ARGV[5]
-local best, bestLoad, bestLast, soonest
-for i = 6, #ARGV do
-  local proxy = ARGV[i]
-  local cooling = false
+local maxWait, k = tonumber(ARGV[7]), tonumber(ARGV[8])
+local paces, j = {}, 9
+for i = 1, k do
+  paces[i] = {interval = tonumber(ARGV[j]), burst = tonumber(ARGV[j + 1]), conc = tonumber(ARGV[j + 2]),
+    fkey = ARGV[j + 3], finterval = tonumber(ARGV[j + 4]), fburst = tonumber(ARGV[j + 5])}
+  j = j + 6
+end
+local learned = 0
+if ARGV[6] == '1' and target ~= '' then learned = learnedAt(target) end
+local paced = target ~= '' and (k > 0 or learned > 0)
+local none = {interval = 0, burst = 0, conc = 0, fkey = '', finterval = 0, fburst = 0}
+local causes = {paced = 0, concurrency = 0, cooling = 0}
+local best, bestWait, bestLoad, bestLast, bestPace, soonest
+for i = j, #ARGV, 2 do
+  local proxy, p = ARGV[i], paces[tonumber(ARGV[i + 1])] or none
+  local ok, wait = true, 0
   if target ~= '' then
     local untilv = tonumber(redis.call('GET', P .. 'cool:' .. proxy .. '|' .. target) or '0')
     if untilv > now then
-      cooling = true
-      if not soonest or untilv < soonest then soonest = untilv end
+      ok = false
+      causes.cooling = causes.cooling + 1
+      if not soonest or untilv - now < soonest then soonest = untilv - now end
     end
   end
-  if not cooling then
+  if ok and paced then
+    if learned > p.interval then
+      p = {interval = learned, burst = math.max(p.burst, 1), conc = p.conc, fkey = p.fkey, finterval = p.finterval, fburst = p.fburst}
+    end
+    if p.conc > 0 and redis.call('ZCOUNT', P .. 'hl:' .. proxy .. '|' .. target, '(' .. now, '+inf') >= p.conc then
+      ok = false
+      causes.concurrency = causes.concurrency + 1
+    else
+      wait = gcraWait(P .. 'tat:' .. proxy .. '|' .. target, p.interval, p.burst)
+      if p.finterval > 0 then wait = math.max(wait, gcraWait(P .. 'fleet:' .. p.fkey .. '|' .. target, p.finterval, p.fburst)) end
+      if wait > maxWait then
+        ok = false
+        causes.paced = causes.paced + 1
+        if not soonest or wait < soonest then soonest = wait end
+      end
+    end
+  end
+  if ok then
     local l = load(proxy)
     local last = tonumber(redis.call('GET', P .. 'last:' .. proxy) or '0')
-    if not best or l < bestLoad or (l == bestLoad and (last < bestLast or (last == bestLast and proxy < best))) then
-      best, bestLoad, bestLast = proxy, l, last
+    if not best or wait < bestWait or (wait == bestWait and (l < bestLoad or (l == bestLoad and (last < bestLast or (last == bestLast and proxy < best))))) then
+      best, bestWait, bestLoad, bestLast, bestPace = proxy, wait, l, last, p
     end
   end
 end
 if not best then
-  if soonest then return {0, soonest - now} end
-  return {0, 0}
+  local cause = ''
+  for _, c in ipairs({'paced', 'concurrency', 'cooling'}) do
+    if causes[c] > 0 and (cause == '' or causes[c] > causes[cause]) then cause = c end
+  end
+  return {0, soonest or 0, cause}
 end
 local expires = now + ttl
 local key = P .. 'lease:' .. id
@@ -77,9 +153,47 @@ local zkey = P .. 'proxy:' .. best
 redis.call('ZREMRANGEBYSCORE', zkey, '-inf', now)
 redis.call('ZADD', zkey, expires, id)
 extend(zkey, ttl)
+if target ~= '' then
+  local hkey = P .. 'hl:' .. best .. '|' .. target
+  redis.call('ZREMRANGEBYSCORE', hkey, '-inf', now)
+  redis.call('ZADD', hkey, expires, id)
+  extend(hkey, ttl)
+end
+if bestPace then
+  gcraReserve(P .. 'tat:' .. best .. '|' .. target, bestPace.interval)
+  if bestPace.finterval > 0 then gcraReserve(P .. 'fleet:' .. bestPace.fkey .. '|' .. target, bestPace.finterval) end
+end
 redis.call('SET', P .. 'last:' .. best, now, 'PX', 3600000)
 redis.call('ZADD', P .. 'leases', expires, id)
-return {1, best, now, expires, bestLoad + 1}
+return {1, best, now, expires, bestLoad + 1, bestWait}
+`)
+
+// pushBackScript: ARGV[3] host, ARGV[4] Retry-After ms (0: none). Moves
+// the host's learned pace as discovery.PushedBack does; returns {interval
+// ms, since, push-backs}.
+var pushBackScript = redis.NewScript(preamble + pacing + fmt.Sprintf(`
+local host, ra = ARGV[3], math.min(tonumber(ARGV[4]), %[1]d)
+local cur, since, n = learnedAt(host)
+local next
+if cur > 0 and now - since < cur then
+  next = math.max(cur, ra)
+else
+  next = math.max(2 * cur, ra)
+  if next <= 0 then next = %[2]d end
+  next = math.min(math.max(next, %[3]d), %[1]d)
+end
+local key = P .. 'learn:' .. host
+redis.call('HSET', key, 'i', next, 'since', now, 'n', n + 1)
+redis.call('PEXPIRE', key, %[4]d)
+return {next, now, n + 1}
+`, discovery.MaxLearnedInterval.Milliseconds(), discovery.FirstLearnedInterval.Milliseconds(),
+	discovery.MinLearnedInterval.Milliseconds(), learnedTTL.Milliseconds()))
+
+// learnedScript: ARGV[3] host. Returns {interval ms, since, push-backs},
+// zeros for none.
+var learnedScript = redis.NewScript(preamble + pacing + `
+local i, since, n = learnedAt(ARGV[3])
+return {i, since, n}
 `)
 
 // getScript: ARGV[3] the lease id. Returns {proxy, target, created,
@@ -110,8 +224,9 @@ return {l[1], l[2], tonumber(l[3]), expires, load(l[1])}
 var releaseScript = redis.NewScript(preamble + `
 local id = ARGV[3]
 local key = P .. 'lease:' .. id
-local proxy = redis.call('HGET', key, 'proxy')
-if proxy then redis.call('ZREM', P .. 'proxy:' .. proxy, id) end
+local l = redis.call('HMGET', key, 'proxy', 'target')
+if l[1] then redis.call('ZREM', P .. 'proxy:' .. l[1], id) end
+if l[1] and l[2] and l[2] ~= '' then redis.call('ZREM', P .. 'hl:' .. l[1] .. '|' .. l[2], id) end
 redis.call('ZREM', P .. 'leases', id)
 redis.call('DEL', key)
 return 1

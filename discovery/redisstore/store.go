@@ -100,23 +100,79 @@ func (s *Store) Acquire(ctx context.Context, req discovery.AcquireRequest) (disc
 
 func (s *Store) acquire(ctx context.Context, req discovery.AcquireRequest, ids []string) (discovery.Lease, error) {
 	id := uuid.NewString()
-	args := make([]any, 0, len(ids)+3)
-	args = append(args, req.TTL.Milliseconds(), req.Target, id)
-	for _, c := range ids {
-		args = append(args, c)
+	adaptive := "0"
+	if req.Adaptive {
+		adaptive = "1"
+	}
+	// Declared paces, each sent once, and each candidate's index into them.
+	var paces []discovery.Pace
+	index := map[discovery.Pace]int{}
+	of := make([]int, len(ids))
+	if req.PaceOf != nil && req.Target != "" {
+		for i, c := range ids {
+			p := req.PaceOf(c)
+			if p.IsZero() {
+				continue
+			}
+			if _, ok := index[p]; !ok {
+				paces = append(paces, p)
+				index[p] = len(paces)
+			}
+			of[i] = index[p]
+		}
+	}
+	args := make([]any, 0, 6+6*len(paces)+2*len(ids))
+	args = append(args, req.TTL.Milliseconds(), req.Target, id, adaptive, req.MaxWait.Milliseconds(), len(paces))
+	for _, p := range paces {
+		args = append(args, p.Interval.Milliseconds(), p.Burst, p.MaxConcurrent, p.FleetKey, p.FleetInterval.Milliseconds(), p.FleetBurst)
+	}
+	for i, c := range ids {
+		args = append(args, c, of[i])
 	}
 	res, err := s.run(ctx, acquireScript, args...).Slice()
 	if err != nil {
 		return discovery.Lease{}, fmt.Errorf("acquire script: %w", err)
 	}
-	if len(res) == 2 {
+	if len(res) == 3 {
 		wait, _ := res[1].(int64)
-		return discovery.Lease{}, &discovery.NoProxyAvailableError{RetryAfter: time.Duration(wait) * time.Millisecond}
+		cause, _ := res[2].(string)
+		return discovery.Lease{}, &discovery.NoProxyAvailableError{RetryAfter: time.Duration(wait) * time.Millisecond, Cause: cause}
 	}
-	if len(res) != 5 {
-		return discovery.Lease{}, fmt.Errorf("acquire script answered %d values, want 5", len(res))
+	if len(res) != 6 {
+		return discovery.Lease{}, fmt.Errorf("acquire script answered %d values, want 6", len(res))
 	}
-	return leaseOf(id, req.Target, res[1], res[2], res[3], res[4])
+	l, err := leaseOf(id, req.Target, res[1], res[2], res[3], res[4])
+	wait, _ := res[5].(int64)
+	l.Wait = time.Duration(wait) * time.Millisecond
+	return l, err
+}
+
+// learnedTTL is how long a learned pace is kept after its last push-back:
+// long enough to halve from the longest interval to under the shortest.
+const learnedTTL = 14 * discovery.LearnedHalfLife
+
+// PushBack implements discovery.Store.
+func (s *Store) PushBack(ctx context.Context, host string, retryAfter time.Duration) (discovery.Learned, error) {
+	return learnedFrom(s.run(ctx, pushBackScript, host, retryAfter.Milliseconds()), "push-back")
+}
+
+// LearnedPace implements discovery.Store.
+func (s *Store) LearnedPace(ctx context.Context, host string) (discovery.Learned, error) {
+	return learnedFrom(s.run(ctx, learnedScript, host), "learned pace")
+}
+
+func learnedFrom(cmd *redis.Cmd, what string) (discovery.Learned, error) {
+	n, err := cmd.Int64Slice()
+	if err != nil {
+		return discovery.Learned{}, fmt.Errorf("%s script: %w", what, err)
+	}
+	if len(n) != 3 {
+		return discovery.Learned{}, fmt.Errorf("%s script answered %d values, want 3", what, len(n))
+	}
+	if n[0] == 0 {
+		return discovery.Learned{}, nil
+	}
+	return discovery.Learned{Interval: time.Duration(n[0]) * time.Millisecond, Since: time.UnixMilli(n[1]).UTC(), PushBacks: int(n[2])}, nil
 }
 
 // sample draws n distinct ids at random, n < len(ids), in O(n): the

@@ -41,6 +41,11 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"Refusals", refusals},
 		{"LargeCandidateSets", largeCandidateSets},
 		{"Sessions", sessions},
+		{"Pacing", pacing},
+		{"PacingConcurrency", pacingConcurrency},
+		{"PacingFleetCap", pacingFleetCap},
+		{"LearnedPace", learnedPace},
+		{"PacingConcurrently", pacingConcurrently},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.test(t, newHarness(t)) })

@@ -1,0 +1,202 @@
+package storetest
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/example/egress-proxies-operator/discovery"
+)
+
+// paced acquires for host with one declared pace for every candidate.
+func paced(h Harness, c discovery.Candidates, host string, p discovery.Pace, maxWait time.Duration) (discovery.Lease, error) {
+	return h.Store.Acquire(context.Background(), discovery.AcquireRequest{
+		Candidates: c, Target: host, TTL: time.Minute, MaxWait: maxWait,
+		PaceOf: func(string) discovery.Pace { return p },
+	})
+}
+
+// noneAvailable asserts err is a NoProxyAvailableError with cause, and
+// returns its RetryAfter.
+func noneAvailable(t *testing.T, err error, cause string) time.Duration {
+	t.Helper()
+	var none *discovery.NoProxyAvailableError
+	require.ErrorAs(t, err, &none)
+	assert.Equal(t, cause, none.Cause)
+	return none.RetryAfter
+}
+
+// within asserts d is want to the store's millisecond.
+func within(t *testing.T, want, d time.Duration) {
+	t.Helper()
+	assert.InDelta(t, want.Seconds(), d.Seconds(), 0.002, "want %s, got %s", want, d)
+}
+
+// pacing: a declared pace is a bucket per (proxy, host): the burst goes at
+// once, then one request per interval, on the proxy whose slot comes
+// first; a request that may wait reserves a later slot and is told how
+// long; another host, or a request with no target, is not paced.
+func pacing(t *testing.T, h Harness) {
+	p := discovery.Pace{Interval: time.Second, Burst: 2}
+	set := Of("a", "b")
+	got := map[string]int{}
+	for range 4 {
+		l, err := paced(h, set, "shop.example", p, 0)
+		require.NoError(t, err)
+		assert.Zero(t, l.Wait)
+		got[l.ProxyID]++
+	}
+	assert.Equal(t, map[string]int{"a": 2, "b": 2}, got, "each proxy's burst")
+	_, err := paced(h, set, "shop.example", p, 0)
+	within(t, time.Second, noneAvailable(t, err, discovery.CausePaced))
+
+	// Waiting is allowed: the slot in a second is reserved, and the next
+	// one is a second later still on the other proxy... then two seconds.
+	l, err := paced(h, set, "shop.example", p, 5*time.Second)
+	require.NoError(t, err)
+	within(t, time.Second, l.Wait)
+	l2, err := paced(h, set, "shop.example", p, 5*time.Second)
+	require.NoError(t, err)
+	within(t, time.Second, l2.Wait)
+	assert.NotEqual(t, l.ProxyID, l2.ProxyID)
+	l3, err := paced(h, set, "shop.example", p, 5*time.Second)
+	require.NoError(t, err)
+	within(t, 2*time.Second, l3.Wait)
+
+	// Other hosts and target-less leases are not held back.
+	_, err = paced(h, set, "other.example", p, 0)
+	require.NoError(t, err)
+	_, err = acquire(h, set, "", time.Minute)
+	require.NoError(t, err)
+
+	// Time refills the buckets: three seconds on, b (one reservation
+	// behind a) may go at once.
+	h.Advance(3 * time.Second)
+	l, err = paced(h, set, "shop.example", p, 0)
+	require.NoError(t, err)
+	assert.Zero(t, l.Wait)
+
+	// A proxy cooling down for the host is skipped whatever its pace.
+	h2 := Of("c")
+	lease, err := paced(h, h2, "cool.example", p, 0)
+	require.NoError(t, err)
+	require.NoError(t, h.Store.Report(context.Background(), lease.ID, discovery.ResultRateLimited, "cool.example", time.Minute))
+	_, err = paced(h, h2, "cool.example", p, time.Hour)
+	within(t, time.Minute, noneAvailable(t, err, discovery.CauseCooling))
+}
+
+// pacingConcurrency: at most MaxConcurrent live leases per proxy for the
+// host; a release, or the lease's expiry, frees the place.
+func pacingConcurrency(t *testing.T, h Harness) {
+	p := discovery.Pace{MaxConcurrent: 2}
+	set := Of("a")
+	l1, err := paced(h, set, "shop.example", p, 0)
+	require.NoError(t, err)
+	_, err = paced(h, set, "shop.example", p, 0)
+	require.NoError(t, err)
+	_, err = paced(h, set, "shop.example", p, time.Hour)
+	noneAvailable(t, err, discovery.CauseConcurrency)
+	_, err = paced(h, set, "other.example", p, 0)
+	require.NoError(t, err, "another host has places of its own")
+	require.NoError(t, h.Store.Release(context.Background(), l1.ID))
+	_, err = paced(h, set, "shop.example", p, 0)
+	require.NoError(t, err)
+	h.Advance(time.Minute + time.Second) // every lease expired
+	for range 2 {
+		_, err = paced(h, set, "shop.example", p, 0)
+		require.NoError(t, err)
+	}
+}
+
+// pacingFleetCap: one bucket across every proxy under one policy.
+func pacingFleetCap(t *testing.T, h Harness) {
+	p := discovery.Pace{FleetKey: "crawl/shop", FleetInterval: time.Second, FleetBurst: 3}
+	set := Of("a", "b", "c", "d")
+	for range 3 {
+		_, err := paced(h, set, "shop.example", p, 0)
+		require.NoError(t, err)
+	}
+	_, err := paced(h, set, "shop.example", p, 0)
+	within(t, time.Second, noneAvailable(t, err, discovery.CausePaced))
+	other := p
+	other.FleetKey = "team-b/shop"
+	_, err = paced(h, set, "shop.example", other, 0)
+	require.NoError(t, err, "another policy's fleet has a bucket of its own")
+}
+
+// learnedPace: a push-back slows the host to the Retry-After (or doubles
+// the interval), the same burst of push-backs does not compound, the pace
+// halves every half-life and is gone once short, and an adaptive acquire
+// applies it to every proxy.
+func learnedPace(t *testing.T, h Harness) {
+	ctx := context.Background()
+	l, err := h.Store.LearnedPace(ctx, "shop.example")
+	require.NoError(t, err)
+	assert.Zero(t, l.Interval)
+
+	l, err = h.Store.PushBack(ctx, "shop.example", 2*time.Second)
+	require.NoError(t, err)
+	within(t, 2*time.Second, l.Interval)
+	assert.Equal(t, 1, l.PushBacks)
+	l, err = h.Store.PushBack(ctx, "shop.example", time.Second)
+	require.NoError(t, err)
+	within(t, 2*time.Second, l.Interval)
+
+	adaptive := func(c discovery.Candidates, maxWait time.Duration) (discovery.Lease, error) {
+		return h.Store.Acquire(ctx, discovery.AcquireRequest{Candidates: c, Target: "shop.example", TTL: time.Minute, Adaptive: true, MaxWait: maxWait})
+	}
+	set := Of("a", "b")
+	for range 2 {
+		_, err = adaptive(set, 0)
+		require.NoError(t, err)
+	}
+	_, err = adaptive(set, 0)
+	noneAvailable(t, err, discovery.CausePaced)
+	_, err = acquire(h, set, "shop.example", time.Minute)
+	require.NoError(t, err, "a request that does not ask for the learned pace is not held by it")
+
+	// Past the burst window, a push-back doubles the interval.
+	h.Advance(3 * time.Second)
+	l, err = h.Store.PushBack(ctx, "shop.example", 0)
+	require.NoError(t, err)
+	// Doubled from its value as decayed over those three seconds.
+	assert.InDelta(t, 2*discovery.LearnedAt(2*time.Second, time.Time{}, time.Time{}.Add(3*time.Second)).Seconds(), l.Interval.Seconds(), 0.003)
+
+	h.Advance(discovery.LearnedHalfLife)
+	half, err := h.Store.LearnedPace(ctx, "shop.example")
+	require.NoError(t, err)
+	assert.InDelta(t, l.Interval.Seconds()/2, half.Interval.Seconds(), 0.003)
+	h.Advance(10 * discovery.LearnedHalfLife)
+	gone, err := h.Store.LearnedPace(ctx, "shop.example")
+	require.NoError(t, err)
+	assert.Zero(t, gone.Interval)
+	_, err = adaptive(set, 0)
+	require.NoError(t, err)
+}
+
+// pacingConcurrently: many clients at once never take more than the
+// burst from a paced host, nor more leases than its concurrency limit.
+func pacingConcurrently(t *testing.T, h Harness) {
+	p := discovery.Pace{Interval: time.Hour, Burst: 3, MaxConcurrent: 2}
+	set := Of("a", "b", "c")
+	var mu sync.Mutex
+	leased := map[string]int{}
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Go(func() {
+			l, err := paced(h, set, "shop.example", p, 0)
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			leased[l.ProxyID]++
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	assert.Equal(t, map[string]int{"a": 2, "b": 2, "c": 2}, leased, "the concurrency limit binds before the burst")
+}

@@ -119,6 +119,7 @@ type options struct {
 	healthCABundle   string
 	leaseMaxTTL      time.Duration
 	cooldown         time.Duration
+	adaptivePacing   bool
 	tokenSecret      string
 	// leaseStore is memory (one replica) or redis (shared by replicas);
 	// storeTimeout bounds each of its calls.
@@ -245,6 +246,12 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	fs.DurationVar(&o.gateway.MaxTunnelLifetime, "gateway-max-tunnel-lifetime", gateway.DefaultMaxTunnelLifetime, "Any tunnel is closed at this age.")
 	fs.DurationVar(&o.gateway.SessionIdle, "gateway-session-idle", gateway.DefaultSessionIdle,
 		"A gateway session's route (its own proxy, its detours) is forgotten this long after its last tunnel.")
+	fs.DurationVar(&o.gateway.PaceWait, "gateway-pace-wait", gateway.DefaultPaceWait,
+		"How long the gateway holds a tunnel or request for its host's next paced slot; beyond it (or with 0, at once) the client gets 429 with Retry-After and Proxy-Status.")
+	fs.DurationVar(&o.gateway.PacedTunnelLifetime, "gateway-paced-tunnel-lifetime", gateway.DefaultPacedTunnelLifetime,
+		"A tunnel to a paced host is closed at this age: the gateway paces tunnels, not the requests a keep-alive tunnel carries.")
+	fs.BoolVar(&o.adaptivePacing, "adaptive-pacing", true,
+		"Pace each host by what its push-backs taught (429 or 503 reported through the API, or seen by the gateway on plain HTTP): slower on push-back, faster slowly without.")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "",
 		"Path of a kubeconfig. Default: $KUBECONFIG, the in-cluster config, then ~/.kube/config.")
 	o.zap.BindFlags(fs)
@@ -379,10 +386,14 @@ func checkGateway(o options) error {
 	}{
 		{"gateway-connect-timeout", o.gateway.ConnectTimeout}, {"gateway-idle-timeout", o.gateway.IdleTimeout},
 		{"gateway-max-tunnel-lifetime", o.gateway.MaxTunnelLifetime}, {"gateway-session-idle", o.gateway.SessionIdle},
+		{"gateway-paced-tunnel-lifetime", o.gateway.PacedTunnelLifetime},
 	} {
 		if d.value <= 0 {
 			errs = append(errs, fmt.Errorf("%w: --%s must be positive, got %s", errUsage, d.flag, d.value))
 		}
+	}
+	if o.gateway.PaceWait < 0 {
+		errs = append(errs, fmt.Errorf("%w: --gateway-pace-wait must not be negative, got %s", errUsage, o.gateway.PaceWait))
 	}
 	return errors.Join(errs...)
 }
@@ -647,6 +658,7 @@ func addDiscovery(ctx context.Context, mgr manager.Manager, restConfig *rest.Con
 		WaitForTokens:   tokenCache.WaitForCacheSync,
 		Clock:           clock.RealClock{},
 		Credentials:     creds,
+		Politeness:      discovery.Politeness{Adaptive: opts.adaptivePacing},
 	})
 	for _, c := range append(discovery.Collectors(), storeMetrics...) {
 		if err := ctrlmetrics.Registry.Register(c); err != nil {
@@ -661,6 +673,9 @@ func addDiscovery(ctx context.Context, mgr manager.Manager, restConfig *rest.Con
 	}
 	if opts.gateway.Addr != "0" {
 		gwOpts := opts.gateway
+		if gwOpts.PaceWait == 0 {
+			gwOpts.PaceWait = -1 // never wait: the gateway's zero is its default
+		}
 		gwOpts.Upstreams = server.Tunnels()
 		gw := gateway.New(gwOpts)
 		server.OnSessionReport(gw.OnSessionReport)

@@ -113,12 +113,13 @@ func (m *MemoryStore) Acquire(_ context.Context, req AcquireRequest) (Lease, err
 		learned = m.learnedLocked(req.Target, now).Interval
 	}
 	var (
-		best string
-		wait time.Duration
+		best  string
+		wait  time.Duration
+		paced bool
 	)
 	if req.Target != "" && (req.PaceOf != nil || learned > 0) {
 		var e *NoProxyAvailableError
-		if best, wait, e = m.pickPacedLocked(set, req, learned, now); e != nil {
+		if best, wait, paced, e = m.pickPacedLocked(set, req, learned, now); e != nil {
 			return Lease{}, e
 		}
 	} else {
@@ -138,7 +139,7 @@ func (m *MemoryStore) Acquire(_ context.Context, req AcquireRequest) (Lease, err
 			return Lease{}, e
 		}
 	}
-	l := &memLease{Lease: Lease{ID: uuid.NewString(), ProxyID: best, Target: req.Target, CreatedAt: now, ExpiresAt: now.Add(req.TTL), Wait: wait}}
+	l := &memLease{Lease: Lease{ID: uuid.NewString(), ProxyID: best, Target: req.Target, CreatedAt: now, ExpiresAt: now.Add(req.TTL), Wait: wait, Paced: paced}}
 	m.leases[l.ID] = l
 	heap.Push(&m.expiries, l)
 	m.loads[best]++
@@ -154,7 +155,7 @@ func (m *MemoryStore) Acquire(_ context.Context, req AcquireRequest) (Lease, err
 // comes first (then the least loaded, the least recently leased, by id),
 // if it comes within req.MaxWait; that slot is reserved. A linear scan:
 // every candidate's slot may differ.
-func (m *MemoryStore) pickPacedLocked(set *candidateSet, req AcquireRequest, learned time.Duration, now time.Time) (string, time.Duration, *NoProxyAvailableError) {
+func (m *MemoryStore) pickPacedLocked(set *candidateSet, req AcquireRequest, learned time.Duration, now time.Time) (string, time.Duration, bool, *NoProxyAvailableError) {
 	var best *pacedChoice
 	var soonest time.Duration
 	causes := map[string]int{}
@@ -185,7 +186,7 @@ func (m *MemoryStore) pickPacedLocked(set *candidateSet, req AcquireRequest, lea
 		}
 	}
 	if best == nil {
-		return "", 0, &NoProxyAvailableError{RetryAfter: soonest, Cause: mostCommon(causes)}
+		return "", 0, false, &NoProxyAvailableError{RetryAfter: soonest, Cause: mostCommon(causes)}
 	}
 	k := best.id + "|" + req.Target
 	m.tats[k] = gcraReserve(m.tats[k], now, best.pace.Interval)
@@ -194,7 +195,7 @@ func (m *MemoryStore) pickPacedLocked(set *candidateSet, req AcquireRequest, lea
 		m.tats[fk] = gcraReserve(m.tats[fk], now, best.pace.FleetInterval)
 	}
 	m.sweepTATsLocked(now)
-	return best.id, best.wait, nil
+	return best.id, best.wait, !best.pace.IsZero(), nil
 }
 
 // pacedChoice is a candidate for a paced request.

@@ -61,6 +61,10 @@ const (
 	// CodeSessionNotFound: no gateway session of that name has tunnelled
 	// lately.
 	CodeSessionNotFound = "session_not_found"
+	// CodeTargetPaced: the target's politeness (a CrawlTarget, or the pace
+	// its push-backs taught) allows no candidate a request within the
+	// lease's maxWaitSeconds; retry after Retry-After.
+	CodeTargetPaced = "target_paced"
 )
 
 // retryAfterStoreUnavailable is the Retry-After of a store_unavailable
@@ -110,6 +114,8 @@ type Options struct {
 	// Credentials reads proxies' credentials, which leases and listings
 	// carry when the API is authenticated. Nil: shown without them.
 	Credentials CredentialsLookup
+	// Politeness paces the hosts leases and tunnels target.
+	Politeness Politeness
 }
 
 // CredentialsLookup reads a proxy's credentials (credentials.Reader over
@@ -188,6 +194,7 @@ func NewServer(opts Options) *Server {
 	r.POST("/v1/leases/:id/renew", s.authed("/v1/leases/:id/renew", s.renewLease))
 	r.POST("/v1/leases/:id/report", s.authed("/v1/leases/:id/report", s.report))
 	r.POST("/v1/sessions/:session/report", s.authed("/v1/sessions/:session/report", s.reportSession))
+	r.GET("/v1/targets/:host", s.authed("/v1/targets/:host", s.getTarget))
 	r.HandleMethodNotAllowed = true
 	r.MethodNotAllowed = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		// httprouter has set the Allow header.
@@ -301,7 +308,13 @@ type leaseRequest struct {
 	Selector   Selector `json:"selector"`
 	TTLSeconds *int64   `json:"ttlSeconds"`
 	Target     string   `json:"target"`
+	// MaxWaitSeconds is how long the client will wait for a paced
+	// target's next slot (default 0: only a slot free now).
+	MaxWaitSeconds float64 `json:"maxWaitSeconds"`
 }
+
+// MaxLeaseWait bounds a lease request's maxWaitSeconds.
+const MaxLeaseWait = time.Minute
 
 // leaseResponse is a lease as the API shows it.
 type leaseResponse struct {
@@ -309,6 +322,10 @@ type leaseResponse struct {
 	Proxy     ProxyInfo `json:"proxy"`
 	Target    string    `json:"target,omitempty"`
 	ExpiresAt time.Time `json:"expiresAt"`
+	// NextRequestAt is when the lease's first request to its target may
+	// go: the slot its pace reserved. A paced lease covers that one
+	// request; lease again for the next.
+	NextRequestAt *time.Time `json:"nextRequestAt,omitempty"`
 	// State is LeaseActive, or LeaseProxyUnavailable once the proxy is no
 	// longer healthy or no longer exists (Reason says which): the lease can
 	// no longer be renewed.
@@ -334,13 +351,23 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request, _ httproute
 	if err == nil {
 		err = validateTarget(req.Target, false)
 	}
+	if err == nil && (req.MaxWaitSeconds < 0 || req.MaxWaitSeconds > MaxLeaseWait.Seconds() || math.IsNaN(req.MaxWaitSeconds)) {
+		err = fmt.Errorf("maxWaitSeconds must be between 0 and %d, got %v", int(MaxLeaseWait.Seconds()), req.MaxWaitSeconds)
+	}
 	if err != nil {
 		return writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
 	}
 	req.Target = normalizeTarget(req.Target)
 	candidates := s.opts.View.candidates(req.Selector)
-	lease, err := s.store.Acquire(r.Context(), AcquireRequest{Candidates: candidates, Target: req.Target, TTL: ttl})
+	lease, err := s.store.Acquire(r.Context(), s.acquireRequest(candidates, req.Target, ttl, time.Duration(req.MaxWaitSeconds*float64(time.Second))))
+	notePaced(err, lease.Wait)
 	var none *NoProxyAvailableError
+	if errors.As(err, &none) && none.Paced() {
+		setRetryAfter(w, none.RetryAfter)
+		return writeError(w, http.StatusTooManyRequests, CodeTargetPaced, fmt.Sprintf(
+			"the politeness for target %q allows none of the %d healthy proxies matching selector %v a request within %gs (%s); retry after Retry-After seconds or send a longer maxWaitSeconds",
+			req.Target, len(candidates.IDs), map[string]string(req.Selector), req.MaxWaitSeconds, none.Error()))
+	}
 	if errors.As(err, &none) {
 		if pool := req.Selector[attrPool]; pool != "" {
 			if err := s.store.NoteRefused(r.Context(), pool); err != nil {
@@ -425,10 +452,14 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request, ps httprouter.Pa
 	if err != nil {
 		return writeError(w, status, code, err.Error())
 	}
-	if err := s.store.Report(r.Context(), ps.ByName("id"), req.Result, normalizeTarget(req.Target), cooldown); err != nil {
+	target := normalizeTarget(req.Target)
+	if err := s.store.Report(r.Context(), ps.ByName("id"), req.Result, target, cooldown); err != nil {
 		return leaseError(w, ps.ByName("id"), err)
 	}
 	reportsTotal.WithLabelValues(req.Result).Inc()
+	if req.Result == ResultRateLimited {
+		s.pushBack(r.Context(), target, time.Duration(req.RetryAfterSeconds)*time.Second)
+	}
 	w.WriteHeader(http.StatusNoContent)
 	return http.StatusNoContent
 }
@@ -457,6 +488,9 @@ func (s *Server) reportSession(w http.ResponseWriter, r *http.Request, ps httpro
 		return storeUnavailable(w, err)
 	}
 	reportsTotal.WithLabelValues(req.Result).Inc()
+	if req.Result == ResultRateLimited {
+		s.pushBack(r.Context(), target, time.Duration(req.RetryAfterSeconds)*time.Second)
+	}
 	s.listeners.notify(SessionReport{Session: session, Target: target, Result: req.Result, Proxy: proxy})
 	w.WriteHeader(http.StatusNoContent)
 	return http.StatusNoContent
@@ -494,6 +528,10 @@ func (s *Server) leaseView(ctx context.Context, l Lease) leaseResponse {
 	}
 	s.withCredentials(ctx, &info)
 	resp := leaseResponse{LeaseID: l.ID, Proxy: info, Target: l.Target, ExpiresAt: l.ExpiresAt.UTC(), State: LeaseActive}
+	if l.Wait > 0 {
+		next := l.CreatedAt.Add(l.Wait).UTC()
+		resp.NextRequestAt = &next
+	}
 	if why := s.opts.View.unavailable(l.ProxyID); why != "" {
 		resp.State, resp.Reason = LeaseProxyUnavailable, why
 	}
@@ -781,5 +819,6 @@ var (
 // Collectors are the discovery metrics, for registration; the store's own
 // counts come from its Collectors.
 func Collectors() []prometheus.Collector {
-	return []prometheus.Collector{requestsTotal, requestDuration, reportsTotal, authEnabled, authLockedGauge, storeDuration, storeErrors}
+	return []prometheus.Collector{requestsTotal, requestDuration, reportsTotal, authEnabled, authLockedGauge, storeDuration, storeErrors,
+		pacedTotal, pacedWaitSeconds, pushBacksTotal}
 }

@@ -21,6 +21,8 @@ type Lease struct {
 	// Wait is how long after CreatedAt the lease's first request to its
 	// target may go: the slot its pace reserved (zero: at once).
 	Wait time.Duration
+	// Paced says whether a pace or concurrency limit applied to the lease.
+	Paced bool
 }
 
 // Report results a client may send.

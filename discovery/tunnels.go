@@ -82,6 +82,9 @@ type TunnelRequest struct {
 	// lasts. SessionIdle is how long a session's route outlives its last
 	// tunnel.
 	TTL, SessionIdle time.Duration
+	// MaxWait is how long the tunnel may wait for a paced host's next
+	// slot.
+	MaxWait time.Duration
 }
 
 // Upstream is the proxy one tunnel goes through, on a lease of its own.
@@ -92,6 +95,12 @@ type Upstream struct {
 	// User are the proxy's credentials (nil: it needs none).
 	User    *url.Userinfo
 	LeaseID string
+	// Wait is how long the tunnel must wait before it goes: the slot its
+	// host's pace reserved.
+	Wait time.Duration
+	// Paced says whether a pace or concurrency limit applies to the
+	// tunnel's host: the gateway then bounds the tunnel's lifetime.
+	Paced bool
 }
 
 // Pick leases the upstream for a tunnel: the session's own proxy while it
@@ -138,26 +147,30 @@ func (t *Tunnels) Pick(ctx context.Context, req TunnelRequest) (Upstream, error)
 		)
 		switch {
 		case ownUsable && !slices.Contains(avoid, route.Own):
-			lease, err = store.Acquire(ctx, AcquireRequest{Candidates: Candidates{IDs: []string{route.Own}}, Target: host, TTL: req.TTL})
+			// A session keeps its own proxy only while its pace allows a
+			// request now: politeness beats stickiness.
+			lease, err = store.Acquire(ctx, t.s.acquireRequest(Candidates{IDs: []string{route.Own}}, host, req.TTL, 0))
 			own = true
 			if errors.Is(err, ErrNoProxyAvailable) {
 				avoid = append(avoid, route.Own) // cooling down for this host only
 				continue
 			}
 		case usable(route.Detour):
-			lease, err = store.Acquire(ctx, AcquireRequest{Candidates: Candidates{IDs: []string{route.Detour}}, Target: host, TTL: req.TTL})
+			lease, err = store.Acquire(ctx, t.s.acquireRequest(Candidates{IDs: []string{route.Detour}}, host, req.TTL, 0))
 			if errors.Is(err, ErrNoProxyAvailable) {
 				avoid = append(avoid, route.Detour)
 				continue
 			}
 		default:
-			lease, err = store.Acquire(ctx, AcquireRequest{Candidates: without(candidates, avoid), Target: host, TTL: req.TTL})
+			lease, err = store.Acquire(ctx, t.s.acquireRequest(without(candidates, avoid), host, req.TTL, req.MaxWait))
+			notePaced(err, lease.Wait)
 			own = !ownUsable
 		}
 		if err != nil {
 			return Upstream{}, err
 		}
 		up, err := t.upstream(ctx, lease)
+		up.Wait, up.Paced = lease.Wait, lease.Paced
 		if err != nil {
 			warn(logf.FromContext(ctx), "gateway: skipping an upstream", "proxy", lease.ProxyID, "error", err.Error())
 			t.Release(ctx, lease.ID)
@@ -173,6 +186,13 @@ func (t *Tunnels) Pick(ctx context.Context, req TunnelRequest) (Upstream, error)
 		return up, nil
 	}
 	return Upstream{}, &NoProxyAvailableError{}
+}
+
+// PushBack tells discovery that host answered a request through the
+// gateway with a push-back (429 or 503) and retryAfter: its learned pace
+// slows, when pacing is adaptive.
+func (t *Tunnels) PushBack(ctx context.Context, host string, retryAfter time.Duration) {
+	t.s.pushBack(ctx, normalizeTarget(host), retryAfter)
 }
 
 // upstream is where a leased proxy is, with its credentials.

@@ -7,9 +7,11 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/example/egress-proxies-operator/client"
 	"github.com/example/egress-proxies-operator/discovery"
 )
 
@@ -66,10 +68,14 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, id Identity) {
 	for attempt := range g.opts.Attempts {
 		up, err := g.opts.Upstreams.Pick(ctx, discovery.TunnelRequest{
 			Session: id.Session, Selector: id.Selector, Host: r.URL.Hostname(), Avoid: avoid,
-			TTL: g.opts.LeaseTTL, SessionIdle: g.opts.SessionIdle,
+			TTL: g.opts.LeaseTTL, SessionIdle: g.opts.SessionIdle, MaxWait: g.opts.PaceWait,
 		})
 		if err != nil {
 			pickError(w, r, err, lastFailure)
+			return
+		}
+		if !waitForSlot(ctx, up) {
+			g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID)
 			return
 		}
 		resp, err := g.forwarder.RoundTrip(out.WithContext(context.WithValue(ctx, upstreamKey{}, up)))
@@ -83,6 +89,11 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, id Identity) {
 			err = errors.New("the upstream refused our credentials (407)")
 		}
 		if reason == "" {
+			if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
+				// The site pushed back: the host's pace learns from it.
+				retryAfter, _ := client.ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
+				g.opts.Upstreams.PushBack(context.WithoutCancel(ctx), r.URL.Hostname(), retryAfter)
+			}
 			g.relay(w, resp, up)
 			g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID)
 			return

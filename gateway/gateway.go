@@ -44,7 +44,17 @@ const (
 	DefaultSlotWait          = 2 * time.Second
 	DefaultLeaseTTL          = 2 * time.Minute
 	DefaultSessionIdle       = 30 * time.Minute
+	// DefaultPaceWait is how long a tunnel or request may wait for its
+	// host's next paced slot before the client is told 429.
+	DefaultPaceWait = 5 * time.Second
+	// DefaultPacedTunnelLifetime bounds a tunnel to a paced host: the
+	// gateway paces tunnels, never the requests inside them, so a
+	// keep-alive tunnel's requests are paced only by its lifetime.
+	DefaultPacedTunnelLifetime = 10 * time.Second
 )
+
+// ProxyStatusName names the gateway in the Proxy-Status header (RFC 9209).
+const ProxyStatusName = "egress-proxies-operator"
 
 // HeaderUpstream names, in a CONNECT reply and a forwarded response, the
 // proxy that carried it (namespace/name).
@@ -59,6 +69,9 @@ type Upstreams interface {
 	Pick(ctx context.Context, req discovery.TunnelRequest) (discovery.Upstream, error)
 	Renew(ctx context.Context, leaseID string, ttl time.Duration) error
 	Release(ctx context.Context, leaseID string)
+	// PushBack reports a site's 429 or 503 on a plain-HTTP request, with
+	// its Retry-After, so the host's learned pace slows.
+	PushBack(ctx context.Context, host string, retryAfter time.Duration)
 }
 
 // Options configure a Gateway; zero values take the defaults above.
@@ -80,6 +93,12 @@ type Options struct {
 	// LeaseTTL is a tunnel's lease, renewed while it lasts; SessionIdle is
 	// how long a session's route outlives its last tunnel.
 	LeaseTTL, SessionIdle time.Duration
+	// PaceWait is how long a client's tunnel or request may wait for its
+	// host's next paced slot; beyond it the client gets 429. Negative:
+	// never wait.
+	PaceWait time.Duration
+	// PacedTunnelLifetime closes a tunnel to a paced host that old.
+	PacedTunnelLifetime time.Duration
 }
 
 func (o *Options) defaults() {
@@ -100,6 +119,12 @@ func (o *Options) defaults() {
 	set(&o.MaxTunnelLifetime, DefaultMaxTunnelLifetime)
 	set(&o.LeaseTTL, DefaultLeaseTTL)
 	set(&o.SessionIdle, DefaultSessionIdle)
+	set(&o.PacedTunnelLifetime, DefaultPacedTunnelLifetime)
+	if o.PaceWait < 0 {
+		o.PaceWait = 0
+	} else if o.PaceWait == 0 {
+		o.PaceWait = DefaultPaceWait
+	}
 }
 
 // Gateway is the rotating gateway's HTTP proxy server.
@@ -250,6 +275,14 @@ func pickError(w http.ResponseWriter, r *http.Request, err error, lastFailure st
 	case errors.As(err, &none) && lastFailure != "":
 		requestsTotal.WithLabelValues(kindOf(r), outcomeUpstreamFailed).Inc()
 		http.Error(w, "no upstream could reach the target; the last one: "+lastFailure, http.StatusBadGateway)
+	case errors.As(err, &none) && none.Cause != "":
+		// Proxies match, but none may take this host now: a 429, as the
+		// site itself would say, with the cause for the crawler's log.
+		requestsTotal.WithLabelValues(kindOf(r), outcomePaced).Inc()
+		retry := max(none.RetryAfter, time.Second)
+		w.Header().Set("Retry-After", strconv.Itoa(int((retry+time.Second-1)/time.Second)))
+		w.Header().Set("Proxy-Status", proxyStatus(none))
+		http.Error(w, "no proxy may take this host now: "+none.Error(), http.StatusTooManyRequests)
 	case errors.As(err, &none):
 		requestsTotal.WithLabelValues(kindOf(r), outcomeNoProxy).Inc()
 		retry := none.RetryAfter
@@ -257,11 +290,35 @@ func pickError(w http.ResponseWriter, r *http.Request, err error, lastFailure st
 			retry = 5 * time.Second
 		}
 		w.Header().Set("Retry-After", strconv.Itoa(int((retry+time.Second-1)/time.Second)))
-		http.Error(w, "no healthy proxy matches, or every one is cooling down for this host", http.StatusServiceUnavailable)
+		http.Error(w, "no healthy proxy matches the selector", http.StatusServiceUnavailable)
 	default:
 		requestsTotal.WithLabelValues(kindOf(r), outcomeNoProxy).Inc()
 		w.Header().Set("Retry-After", "2")
 		http.Error(w, "the lease store did not answer; retry", http.StatusServiceUnavailable)
+	}
+}
+
+// proxyStatus is the RFC 9209 Proxy-Status of a request no proxy may take
+// now: connection_limit_reached, the gateway's own limit, with the cause
+// (paced, concurrency, cooling) and when to come back in its details.
+func proxyStatus(none *discovery.NoProxyAvailableError) string {
+	return fmt.Sprintf(`%s; error=connection_limit_reached; details="%s: retry in %dms"`,
+		ProxyStatusName, none.Cause, none.RetryAfter.Milliseconds())
+}
+
+// waitForSlot waits out a paced upstream's reserved slot; false when the
+// client went away first.
+func waitForSlot(ctx context.Context, up discovery.Upstream) bool {
+	if up.Wait <= 0 {
+		return true
+	}
+	timer := time.NewTimer(up.Wait)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 

@@ -15,6 +15,7 @@ const (
 	outcomeRefused        = "refused"         // unauthenticated, or a bad request
 	outcomeBusy           = "busy"            // at MaxTunnels past SlotWait
 	outcomeNoProxy        = "no_proxy"        // nothing to pick, or the store did not answer
+	outcomePaced          = "paced"           // no proxy may take the host now (its pace, concurrency or cooldowns): 429
 	outcomeUpstreamFailed = "upstream_failed" // every upstream tried failed
 
 	directionUp   = "up"   // client to site

@@ -97,8 +97,12 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 		return
 	}
 	requestsTotal.WithLabelValues(kindConnect, outcomeOK).Inc()
+	life := g.opts.MaxTunnelLifetime
+	if up.Paced {
+		life = min(life, g.opts.PacedTunnelLifetime)
+	}
 	t := &tunnel{session: id.Session, host: discovery.NormalizeTarget(host), up: up, client: clientConn, upstr: upstream.conn,
-		started: time.Now(), idle: g.opts.IdleTimeout, life: g.opts.MaxTunnelLifetime}
+		started: time.Now(), idle: g.opts.IdleTimeout, life: life}
 	t.touch()
 	g.register(t)
 	// The handler returns: net/http's connection state, its buffers and
@@ -128,10 +132,14 @@ func (g *Gateway) connectAny(ctx context.Context, id Identity, host, hostport st
 	for range g.opts.Attempts {
 		up, err := g.opts.Upstreams.Pick(ctx, discovery.TunnelRequest{
 			Session: id.Session, Selector: id.Selector, Host: host, Avoid: avoid,
-			TTL: g.opts.LeaseTTL, SessionIdle: g.opts.SessionIdle,
+			TTL: g.opts.LeaseTTL, SessionIdle: g.opts.SessionIdle, MaxWait: g.opts.PaceWait,
 		})
 		if err != nil {
 			return dialed{}, discovery.Upstream{}, lastFailure, err
+		}
+		if !waitForSlot(ctx, up) {
+			g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID)
+			return dialed{}, discovery.Upstream{}, lastFailure, ctx.Err()
 		}
 		d, reason, err := g.connect(ctx, up, hostport)
 		if err == nil {

@@ -85,7 +85,7 @@ end
 // k paces of six values each (interval ms, burst, max concurrent, fleet
 // key, fleet interval ms, fleet burst), then the candidates as pairs (id,
 // index of its pace, 0 for none). Returns {1, proxy, created, expires,
-// load, wait ms} or {0, ms until the first candidate may take the target
+// load, wait ms, 1 if a pace applied} or {0, ms until the first candidate may take the target
 // again (0: none will by itself), cause}.
 var acquireScript = redis.NewScript(preamble + pacing + `
 local ttl, target, id = tonumber(ARGV[3]), ARGV[4], ARGV[5]
@@ -165,7 +165,9 @@ if bestPace then
 end
 redis.call('SET', P .. 'last:' .. best, now, 'PX', 3600000)
 redis.call('ZADD', P .. 'leases', expires, id)
-return {1, best, now, expires, bestLoad + 1, bestWait}
+local wasPaced = 0
+if bestPace and (bestPace.interval > 0 or bestPace.conc > 0 or bestPace.finterval > 0) then wasPaced = 1 end
+return {1, best, now, expires, bestLoad + 1, bestWait, wasPaced}
 `)
 
 // pushBackScript: ARGV[3] host, ARGV[4] Retry-After ms (0: none). Moves

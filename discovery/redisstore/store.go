@@ -138,12 +138,13 @@ func (s *Store) acquire(ctx context.Context, req discovery.AcquireRequest, ids [
 		cause, _ := res[2].(string)
 		return discovery.Lease{}, &discovery.NoProxyAvailableError{RetryAfter: time.Duration(wait) * time.Millisecond, Cause: cause}
 	}
-	if len(res) != 6 {
-		return discovery.Lease{}, fmt.Errorf("acquire script answered %d values, want 6", len(res))
+	if len(res) != 7 {
+		return discovery.Lease{}, fmt.Errorf("acquire script answered %d values, want 7", len(res))
 	}
 	l, err := leaseOf(id, req.Target, res[1], res[2], res[3], res[4])
 	wait, _ := res[5].(int64)
-	l.Wait = time.Duration(wait) * time.Millisecond
+	paced, _ := res[6].(int64)
+	l.Wait, l.Paced = time.Duration(wait)*time.Millisecond, paced == 1
 	return l, err
 }
 

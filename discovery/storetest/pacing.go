@@ -48,6 +48,7 @@ func pacing(t *testing.T, h Harness) {
 		l, err := paced(h, set, "shop.example", p, 0)
 		require.NoError(t, err)
 		assert.Zero(t, l.Wait)
+		assert.True(t, l.Paced)
 		got[l.ProxyID]++
 	}
 	assert.Equal(t, map[string]int{"a": 2, "b": 2}, got, "each proxy's burst")
@@ -70,8 +71,9 @@ func pacing(t *testing.T, h Harness) {
 	// Other hosts and target-less leases are not held back.
 	_, err = paced(h, set, "other.example", p, 0)
 	require.NoError(t, err)
-	_, err = acquire(h, set, "", time.Minute)
+	free, err := acquire(h, set, "", time.Minute)
 	require.NoError(t, err)
+	assert.False(t, free.Paced)
 
 	// Time refills the buckets: three seconds on, b (one reservation
 	// behind a) may go at once.

@@ -1,0 +1,170 @@
+package discovery
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/julienschmidt/httprouter"
+	"github.com/prometheus/client_golang/prometheus"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+)
+
+// Policy is a crawler team's declared politeness for one host (a
+// CrawlTarget): the pace every proxy of its namespace keeps with the host.
+type Policy struct {
+	// Name is the policy's namespace/name.
+	Name string `json:"name"`
+	// Host is the host or wildcard domain ("*.example.com") it declares.
+	Host string `json:"host"`
+	Pace Pace   `json:"-"`
+}
+
+// Policies are the declared politeness policies, by the namespace of the
+// proxies they govern.
+type Policies interface {
+	// For is the policy for host among namespace's (false: none). An exact
+	// host wins over a wildcard, a longer wildcard over a shorter one.
+	For(namespace, host string) (Policy, bool)
+	// ForHost are host's policies in every namespace, for GET
+	// /v1/targets/{host}.
+	ForHost(host string) []Policy
+}
+
+// Politeness configures how discovery and the gateway pace hosts.
+type Politeness struct {
+	// Policies are the declared ones (nil: none).
+	Policies Policies
+	// Adaptive applies the pace each host's push-backs taught the store.
+	Adaptive bool
+}
+
+// paceOf is req's PaceOf for host: each candidate keeps the policy of its
+// namespace (candidates are namespace/name).
+func (s *Server) paceOf(host string) func(string) Pace {
+	policies := s.opts.Politeness.Policies
+	if policies == nil || host == "" {
+		return nil
+	}
+	byNamespace := map[string]Pace{}
+	return func(id string) Pace {
+		ns, _, _ := strings.Cut(id, "/")
+		p, ok := byNamespace[ns]
+		if !ok {
+			policy, _ := policies.For(ns, host)
+			p = policy.Pace
+			byNamespace[ns] = p
+		}
+		return p
+	}
+}
+
+// acquireRequest is an AcquireRequest for target with the politeness in
+// force.
+func (s *Server) acquireRequest(c Candidates, target string, ttl, maxWait time.Duration) AcquireRequest {
+	return AcquireRequest{Candidates: c, Target: target, TTL: ttl, PaceOf: s.paceOf(target),
+		Adaptive: s.opts.Politeness.Adaptive && target != "", MaxWait: maxWait}
+}
+
+// pushBack teaches the store that host pushed back, when the pace is
+// adaptive; a failure is logged (the cooldown, if any, still holds).
+func (s *Server) pushBack(ctx context.Context, host string, retryAfter time.Duration) {
+	if !s.opts.Politeness.Adaptive || host == "" {
+		return
+	}
+	l, err := s.store.PushBack(ctx, host, retryAfter)
+	if err != nil {
+		warn(logf.FromContext(ctx), "could not slow the host's learned pace", "host", host, "error", err.Error())
+		return
+	}
+	pushBacksTotal.Inc()
+	logf.FromContext(ctx).V(1).Info("host pushed back: its pace slowed", "host", host, "interval", l.Interval.String())
+}
+
+// targetView is GET /v1/targets/{host}: what paces a host now.
+type targetView struct {
+	Host string `json:"host"`
+	// Policies are the declared ones, per namespace.
+	Policies []policyView `json:"policies"`
+	// Learned is the pace its push-backs taught (absent: none).
+	Learned *learnedView `json:"learned,omitempty"`
+}
+
+type policyView struct {
+	Name                    string  `json:"name"`
+	Host                    string  `json:"host"`
+	RequestsPerSecondPerIP  float64 `json:"requestsPerSecondPerIP,omitempty"`
+	Burst                   int     `json:"burst,omitempty"`
+	MaxConcurrentPerIP      int     `json:"maxConcurrentPerIP,omitempty"`
+	FleetRequestsPerSecond  float64 `json:"fleetRequestsPerSecond,omitempty"`
+	FleetBurst              int     `json:"fleetBurst,omitempty"`
+	IntervalSecondsPerIP    float64 `json:"intervalSecondsPerIP,omitempty"`
+	FleetIntervalSeconds    float64 `json:"fleetIntervalSeconds,omitempty"`
+}
+
+type learnedView struct {
+	IntervalSeconds float64   `json:"intervalSeconds"`
+	Since           time.Time `json:"since"`
+	PushBacks       int       `json:"pushBacks"`
+}
+
+func perSecond(d time.Duration) float64 {
+	if d <= 0 {
+		return 0
+	}
+	return 1 / d.Seconds()
+}
+
+func (s *Server) getTarget(w http.ResponseWriter, r *http.Request, ps httprouter.Params) int {
+	host := normalizeTarget(ps.ByName("host"))
+	if err := validateTarget(host, true); err != nil {
+		return writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
+	}
+	out := targetView{Host: host, Policies: []policyView{}}
+	if s.opts.Politeness.Policies != nil {
+		for _, p := range s.opts.Politeness.Policies.ForHost(host) {
+			out.Policies = append(out.Policies, policyView{
+				Name: p.Name, Host: p.Host, Burst: p.Pace.Burst, MaxConcurrentPerIP: p.Pace.MaxConcurrent, FleetBurst: p.Pace.FleetBurst,
+				RequestsPerSecondPerIP: perSecond(p.Pace.Interval), IntervalSecondsPerIP: p.Pace.Interval.Seconds(),
+				FleetRequestsPerSecond: perSecond(p.Pace.FleetInterval), FleetIntervalSeconds: p.Pace.FleetInterval.Seconds(),
+			})
+		}
+	}
+	l, err := s.store.LearnedPace(r.Context(), host)
+	if err != nil {
+		return storeUnavailable(w, err)
+	}
+	if l.Interval > 0 {
+		out.Learned = &learnedView{IntervalSeconds: l.Interval.Seconds(), Since: l.Since.UTC(), PushBacks: l.PushBacks}
+	}
+	return writeJSON(w, http.StatusOK, out)
+}
+
+var (
+	pacedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "proxy_operator_discovery_paced_refusals_total",
+		Help: "Lease and tunnel requests refused because no proxy's pace or concurrency limit for the host allowed one within the wait, by cause (paced, concurrency).",
+	}, []string{"cause"})
+	pacedWaitSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "proxy_operator_discovery_paced_wait_seconds",
+		Help:    "How far ahead paced requests reserved their slot.",
+		Buckets: prometheus.ExponentialBuckets(0.01, 2, 12),
+	})
+	pushBacksTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "proxy_operator_discovery_push_backs_total",
+		Help: "Push-backs (429 or 503 from a site, reported or seen) that slowed a host's learned pace.",
+	})
+)
+
+// notePaced counts a paced decision: a refusal by its cause, a grant by
+// its wait.
+func notePaced(err error, wait time.Duration) {
+	if none, ok := err.(*NoProxyAvailableError); ok && none.Paced() { //nolint:errorlint // the store's own type, never wrapped
+		pacedTotal.WithLabelValues(none.Cause).Inc()
+		return
+	}
+	if err == nil && wait > 0 {
+		pacedWaitSeconds.Observe(wait.Seconds())
+	}
+}

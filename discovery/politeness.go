@@ -53,11 +53,27 @@ func (s *Server) paceOf(host string) func(string) Pace {
 		p, ok := byNamespace[ns]
 		if !ok {
 			policy, _ := policies.For(ns, host)
-			p = policy.Pace
+			p = withJitterReserve(policy.Pace)
 			byNamespace[ns] = p
 		}
 		return p
 	}
+}
+
+// withJitterReserve keeps one request of a declared burst in reserve: the
+// store paces when a request leaves, the site counts when it arrives, and
+// the way between varies. Requests a burst of B-1 apart on the store's
+// clock arrive within a site's bucket of B whatever the way's jitter (up
+// to one interval), so a policy set to a site's published rules never
+// trips them.
+func withJitterReserve(p Pace) Pace {
+	if p.Burst > 1 {
+		p.Burst--
+	}
+	if p.FleetBurst > 1 {
+		p.FleetBurst--
+	}
+	return p
 }
 
 // acquireRequest is an AcquireRequest for target with the politeness in

@@ -105,6 +105,7 @@ type Site struct {
 	Rules     Rules
 	srv       *httptest.Server
 	roots     *x509.CertPool
+	cert      *x509.Certificate
 	now       func() time.Time
 
 	mu         sync.Mutex
@@ -146,12 +147,16 @@ func Start(ip string, https bool, rules Rules) (*Site, error) {
 	}
 	s.srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	s.srv.StartTLS()
-	s.URL, s.roots = s.srv.URL, pool
+	s.URL, s.roots, s.cert = s.srv.URL, pool, cert.Leaf
 	return s, nil
 }
 
 // Roots trust the site's certificate (nil for plain HTTP).
 func (s *Site) Roots() *x509.CertPool { return s.roots }
+
+// Certificate is the site's self-signed certificate (nil for plain HTTP),
+// for a client that trusts several sites.
+func (s *Site) Certificate() *x509.Certificate { return s.cert }
 
 // Client is an HTTP client that trusts the site's certificate.
 func (s *Site) Client() *http.Client {

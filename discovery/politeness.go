@@ -108,15 +108,15 @@ type targetView struct {
 }
 
 type policyView struct {
-	Name                    string  `json:"name"`
-	Host                    string  `json:"host"`
-	RequestsPerSecondPerIP  float64 `json:"requestsPerSecondPerIP,omitempty"`
-	Burst                   int     `json:"burst,omitempty"`
-	MaxConcurrentPerIP      int     `json:"maxConcurrentPerIP,omitempty"`
-	FleetRequestsPerSecond  float64 `json:"fleetRequestsPerSecond,omitempty"`
-	FleetBurst              int     `json:"fleetBurst,omitempty"`
-	IntervalSecondsPerIP    float64 `json:"intervalSecondsPerIP,omitempty"`
-	FleetIntervalSeconds    float64 `json:"fleetIntervalSeconds,omitempty"`
+	Name                   string  `json:"name"`
+	Host                   string  `json:"host"`
+	RequestsPerSecondPerIP float64 `json:"requestsPerSecondPerIP,omitempty"`
+	Burst                  int     `json:"burst,omitempty"`
+	MaxConcurrentPerIP     int     `json:"maxConcurrentPerIP,omitempty"`
+	FleetRequestsPerSecond float64 `json:"fleetRequestsPerSecond,omitempty"`
+	FleetBurst             int     `json:"fleetBurst,omitempty"`
+	IntervalSecondsPerIP   float64 `json:"intervalSecondsPerIP,omitempty"`
+	FleetIntervalSeconds   float64 `json:"fleetIntervalSeconds,omitempty"`
 }
 
 type learnedView struct {

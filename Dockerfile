@@ -16,6 +16,7 @@ COPY credentials/ credentials/
 COPY gateway/ gateway/
 COPY metricsauth/ metricsauth/
 COPY intern/ intern/
+COPY client/ client/
 RUN CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} go build -trimpath -ldflags "-s -w" -o manager .
 
 FROM gcr.io/distroless/static:nonroot

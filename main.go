@@ -552,6 +552,9 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 	}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the Proxy controller: %w", err)
 	}
+	if err := (&controllers.CrawlTargetReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the CrawlTarget controller: %w", err)
+	}
 	if err := mgr.Add(&controllers.InstanceWatcher{
 		Client:    mgr.GetClient(),
 		Providers: providerSet,
@@ -631,6 +634,15 @@ func addDiscovery(ctx context.Context, mgr manager.Manager, restConfig *rest.Con
 	if err != nil {
 		return nil, fmt.Errorf("feeding the discovery view: %w", err)
 	}
+	policies := discovery.NewPolicyIndex()
+	policyInformer, err := mgr.GetCache().GetInformer(ctx, &crawlv1alpha1.CrawlTarget{})
+	if err != nil {
+		return nil, fmt.Errorf("getting the CrawlTarget informer for discovery: %w", err)
+	}
+	policiesReg, err := policyInformer.AddEventHandler(policies.Handler())
+	if err != nil {
+		return nil, fmt.Errorf("feeding discovery's politeness policies: %w", err)
+	}
 
 	ns, name, _ := strings.Cut(opts.tokenSecret, "/")
 	token, tokenCache, err := discovery.WatchTokenSecret(ctx, restConfig, mgr.GetScheme(), ns, name)
@@ -654,12 +666,13 @@ func addDiscovery(ctx context.Context, mgr manager.Manager, restConfig *rest.Con
 		StoreTimeout:    opts.storeTimeout,
 		View:            view,
 		Tokens:          token,
-		Ready:           reg.HasSynced,
+		Ready:           func() bool { return reg.HasSynced() && policiesReg.HasSynced() },
 		WaitForTokens:   tokenCache.WaitForCacheSync,
 		Clock:           clock.RealClock{},
 		Credentials:     creds,
-		Politeness:      discovery.Politeness{Adaptive: opts.adaptivePacing},
+		Politeness:      discovery.Politeness{Policies: policies, Adaptive: opts.adaptivePacing},
 	})
+	storeMetrics = append(storeMetrics, server.LearnedPaceCollector(policies, opts.storeTimeout))
 	for _, c := range append(discovery.Collectors(), storeMetrics...) {
 		if err := ctrlmetrics.Registry.Register(c); err != nil {
 			return nil, fmt.Errorf("registering discovery metrics: %w", err)

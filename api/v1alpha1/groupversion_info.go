@@ -28,7 +28,7 @@ var (
 )
 
 func addKnownTypes(scheme *runtime.Scheme) error {
-	scheme.AddKnownTypes(GroupVersion, &Proxy{}, &ProxyList{}, &ProxyPool{}, &ProxyPoolList{})
+	scheme.AddKnownTypes(GroupVersion, &Proxy{}, &ProxyList{}, &ProxyPool{}, &ProxyPoolList{}, &CrawlTarget{}, &CrawlTargetList{})
 	metav1.AddToGroupVersion(scheme, GroupVersion)
 	return nil
 }

@@ -227,9 +227,9 @@ func TestBundleALMExamples(t *testing.T) {
 		names = append(names, ex["metadata"].(map[string]any)["name"].(string))
 	}
 	var samples []string
-	for _, f := range []string{"proxy_external.yaml", "proxy_gcp.yaml", "proxy_kubernetes.yaml", "proxypool_kubernetes.yaml", "proxypool_gcp.yaml"} {
+	for _, f := range []string{"proxy_external.yaml", "proxy_gcp.yaml", "proxy_kubernetes.yaml", "proxypool_kubernetes.yaml", "proxypool_gcp.yaml", "crawltarget.yaml"} {
 		for _, u := range parseManifests(t, repoFile(t, "config/samples/"+f)) {
-			if u.GetKind() == "Proxy" || u.GetKind() == "ProxyPool" {
+			if u.GetKind() == "Proxy" || u.GetKind() == "ProxyPool" || u.GetKind() == "CrawlTarget" {
 				samples = append(samples, u.GetName())
 			}
 		}

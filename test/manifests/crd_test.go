@@ -14,6 +14,7 @@ import (
 var crdFiles = []string{
 	"config/crd/bases/crawl.example.com_proxies.yaml",
 	"config/crd/bases/crawl.example.com_proxypools.yaml",
+	"config/crd/bases/crawl.example.com_crawltargets.yaml",
 }
 
 // TestCRDCopiesAreTheGeneratedOne: the chart and the bundle ship

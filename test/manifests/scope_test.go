@@ -126,7 +126,7 @@ func TestTwoScopedReleasesShareACluster(t *testing.T) {
 			seen[key] = name
 		}
 	}
-	require.Len(t, first.ofKind("CustomResourceDefinition"), 2, "the first release brings the CRDs (the test API server has them already)")
+	require.Len(t, first.ofKind("CustomResourceDefinition"), 3, "the first release brings the CRDs (the test API server has them already)")
 	for _, objs := range []objects{first, second} {
 		for _, u := range objs {
 			if notServedHere[u.GetKind()] || u.GetKind() == "CustomResourceDefinition" {
@@ -205,7 +205,7 @@ func assertConfined(t *testing.T, env *testenv.Env, user, home string, watched [
 
 	// Nothing anywhere else.
 	resources := []struct{ group, resource string }{
-		{"crawl.example.com", "proxies"}, {"crawl.example.com", "proxypools"}, {"", "secrets"}, {"", "pods"},
+		{"crawl.example.com", "proxies"}, {"crawl.example.com", "proxypools"}, {"crawl.example.com", "crawltargets"}, {"", "secrets"}, {"", "pods"},
 		{"", "configmaps"}, {"events.k8s.io", "events"}, {"coordination.k8s.io", "leases"},
 		{"", "serviceaccounts"}, {"rbac.authorization.k8s.io", "roles"},
 	}

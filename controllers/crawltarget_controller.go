@@ -76,8 +76,8 @@ func (r *CrawlTargetReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		return ctrl.Result{}, nil
 	}
 	if err := r.Client.Status().Update(ctx, next); err != nil {
-		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
-			return ctrl.Result{Requeue: true}, nil
+		if apierrors.IsNotFound(err) {
+			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, fmt.Errorf("writing the status of CrawlTarget %s: %w", req.NamespacedName, err)
 	}

@@ -66,9 +66,9 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, id Identity) {
 	var avoid []string
 	lastFailure := ""
 	for attempt := range g.opts.Attempts {
-		up, err := g.opts.Upstreams.Pick(ctx, discovery.TunnelRequest{
+		up, err := g.pick(ctx, discovery.TunnelRequest{
 			Session: id.Session, Selector: id.Selector, Host: r.URL.Hostname(), Avoid: avoid,
-			TTL: g.opts.LeaseTTL, SessionIdle: g.opts.SessionIdle, MaxWait: g.opts.PaceWait,
+			TTL: g.opts.LeaseTTL, SessionIdle: g.opts.SessionIdle,
 		})
 		if err != nil {
 			pickError(w, r, err, lastFailure)

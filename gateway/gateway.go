@@ -306,6 +306,32 @@ func proxyStatus(none *discovery.NoProxyAvailableError) string {
 		ProxyStatusName, none.Cause, none.RetryAfter.Milliseconds())
 }
 
+// connectionPoll is how often a tunnel held back by its host's connection
+// limit asks again: a tunnel that ends frees its place without telling.
+const connectionPoll = 25 * time.Millisecond
+
+// pick asks discovery for an upstream. While every proxy is at its
+// connection limit for the host, it asks again until PaceWait has passed;
+// a paced slot within what is left of that wait is reserved at once.
+func (g *Gateway) pick(ctx context.Context, req discovery.TunnelRequest) (discovery.Upstream, error) {
+	deadline := time.Now().Add(max(g.opts.PaceWait, 0))
+	for {
+		req.MaxWait = max(time.Until(deadline), 0)
+		up, err := g.opts.Upstreams.Pick(ctx, req)
+		var none *discovery.NoProxyAvailableError
+		if !errors.As(err, &none) || none.Cause != discovery.CauseConcurrency || time.Until(deadline) <= 0 {
+			return up, err
+		}
+		timer := time.NewTimer(min(connectionPoll, time.Until(deadline)))
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			return up, err
+		}
+	}
+}
+
 // waitForSlot waits out a paced upstream's reserved slot; false when the
 // client went away first.
 func waitForSlot(ctx context.Context, up discovery.Upstream) bool {

@@ -130,9 +130,9 @@ func (g *Gateway) connectAny(ctx context.Context, id Identity, host, hostport st
 	var avoid []string
 	lastFailure := ""
 	for range g.opts.Attempts {
-		up, err := g.opts.Upstreams.Pick(ctx, discovery.TunnelRequest{
+		up, err := g.pick(ctx, discovery.TunnelRequest{
 			Session: id.Session, Selector: id.Selector, Host: host, Avoid: avoid,
-			TTL: g.opts.LeaseTTL, SessionIdle: g.opts.SessionIdle, MaxWait: g.opts.PaceWait,
+			TTL: g.opts.LeaseTTL, SessionIdle: g.opts.SessionIdle,
 		})
 		if err != nil {
 			return dialed{}, discovery.Upstream{}, lastFailure, err

@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -83,6 +84,13 @@ type product struct {
 
 func startProduct(t testing.TB, w *web, politeness discovery.Politeness) *product {
 	t.Helper()
+	return startReplica(t, w, politeness, discovery.NewMemoryStore(nil))
+}
+
+// startReplica is startProduct on store: replicas that share a store
+// (Redis) share their leases, sessions and paces.
+func startReplica(t testing.TB, w *web, politeness discovery.Politeness, store discovery.Store) *product {
+	t.Helper()
 	view := discovery.NewView(nil, "operator-ns")
 	for i, ip := range w.proxies {
 		p := &crawlv1alpha1.Proxy{
@@ -95,7 +103,7 @@ func startProduct(t testing.TB, w *web, politeness discovery.Politeness) *produc
 		view.Handler().OnAdd(p, false)
 	}
 	server := discovery.NewServer(discovery.Options{
-		Store: discovery.NewMemoryStore(nil), View: view, Tokens: discovery.StaticToken(token),
+		Store: store, View: view, Tokens: discovery.StaticToken(token),
 		DefaultTTL: discovery.DefaultTTL, MaxTTL: discovery.DefaultMaxTTL, DefaultCooldown: discovery.DefaultCooldown,
 		Politeness: politeness,
 	})
@@ -399,4 +407,23 @@ func oracle(w *web, d time.Duration, n int) int {
 		total += simweb.Oracle(s.Rules, w.proxies, d, n)
 	}
 	return total
+}
+
+// readItems reads a Scrapy JSON-lines feed: the URLs of its pages.
+func readItems(t *testing.T, path string) map[string]bool {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	got := map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		if line == "" {
+			continue
+		}
+		var item struct{ URL, Body string }
+		require.NoError(t, json.Unmarshal([]byte(line), &item))
+		if !simweb.IsBlockPage([]byte(item.Body)) && strings.Contains(item.Body, "page /page/") {
+			got[item.URL] = true
+		}
+	}
+	return got
 }

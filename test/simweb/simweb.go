@@ -108,11 +108,10 @@ type Site struct {
 	cert      *x509.Certificate
 	now       func() time.Time
 
-	mu         sync.Mutex
-	ips        map[string]*ipState
-	answers    map[string]int
-	bannedIPs  []string
-	concurrent int
+	mu        sync.Mutex
+	ips       map[string]*ipState
+	answers   map[string]int
+	bannedIPs []string
 }
 
 // ipState is what a site knows of one exit IP.

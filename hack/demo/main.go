@@ -1,16 +1,19 @@
 // Command demo runs the whole operator on this machine, no Docker needed: a
 // real API server, the operator binary, real Squid proxies and a local HTTPS
-// probe target (the test/cluster harness). It applies a Managed and an
-// External proxy and a small ProxyPool spread over three zones, waits until
-// all of them serve, prints how to use the discovery API and scale the
-// pool, and stays up until interrupted. Ctrl-C ends it, and make demo, with
-// status 0. Run it with make demo.
+// probe target (the test/cluster harness), with the rotating gateway on and
+// two simulated sites (test/simweb) that rate-limit and ban per exit IP. It
+// applies a Managed and an External proxy, a small ProxyPool spread over
+// three zones and a CrawlTarget for one site, waits until all of them
+// serve, prints how to use the discovery API, the gateway and its
+// politeness, and how to scale the pool, and stays up until interrupted.
+// Ctrl-C ends it, and make demo, with status 0. Run it with make demo.
 package main
 
 import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"os"
@@ -19,30 +22,48 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/test/cluster"
+	"github.com/example/egress-proxies-operator/test/simweb"
 	"github.com/example/egress-proxies-operator/test/squid"
 )
 
 const (
 	discoveryAddr = "127.0.0.1:8090"
+	gatewayAddr   = "127.0.0.1:3128"
 	demoPool      = "demo-pool"
+	// The simulated sites: shop over HTTPS (Squid lets CONNECT reach 443
+	// only), news over plain HTTP (port 80), each on an address of its own.
+	shopIP = "127.0.70.1"
+	newsIP = "127.0.70.2"
 )
 
+// siteRules are both sites' anti-bot rules: 2 requests a second per exit
+// IP after a burst of 4, 2 at once, and 5 violations ban the IP for 10
+// minutes.
+var siteRules = simweb.Rules{RatePerSecond: 2, Burst: 4, MaxConcurrent: 2, BanAfter: 5,
+	BanWindow: simweb.Duration(time.Minute), BanFor: simweb.Duration(10 * time.Minute), Latency: simweb.Duration(20 * time.Millisecond)}
+
 func main() {
-	if err := run(); err != nil {
+	// Ctrl-C while it starts is a stop too, not a failure.
+	if err := run(); err != nil && !errors.Is(err, context.Canceled) {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
 }
 
 func run() error {
+	// The demo speaks for itself; the control plane's library logs are not
+	// its to print.
+	logf.SetLogger(logr.Discard())
 	defer takeTerminal()()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -71,14 +92,16 @@ func run() error {
 	}); err != nil {
 		return fmt.Errorf("creating the token Secret: %w", err)
 	}
-	op, err := c.StartOperator(bin, cluster.OperatorOptions{DiscoveryAddr: discoveryAddr, ProbeAddr: "127.0.0.1:8081"})
+	op, err := c.StartOperator(bin, cluster.OperatorOptions{DiscoveryAddr: discoveryAddr, ProbeAddr: "127.0.0.1:8081",
+		ExtraArgs: []string{"--gateway-bind-address=" + gatewayAddr}})
 	if err != nil {
 		return err
 	}
 	defer op.Stop()
 
 	// The External proxy is a Squid the operator does not run.
-	external, err := squid.StartProcess(squid.Config{Address: "127.0.0.3", Port: 3128}, filepath.Join(dir, "external-squid"))
+	external, err := squid.StartProcess(squid.Config{Address: "127.0.0.3", Port: 3128,
+		Rules: squid.DefaultRules + "tcp_outgoing_address 127.0.0.3\n"}, filepath.Join(dir, "external-squid"))
 	if err != nil {
 		return err
 	}
@@ -111,6 +134,29 @@ func run() error {
 	if err := c.Env.Client.Create(ctx, pool); err != nil {
 		return fmt.Errorf("creating ProxyPool %s: %w", pool.Name, err)
 	}
+	shop, err := simweb.StartOn(shopIP+":443", true, siteRules)
+	if err != nil {
+		return fmt.Errorf("the shop site needs port 443 (root or CAP_NET_BIND_SERVICE): %w", err)
+	}
+	defer shop.Close()
+	news, err := simweb.StartOn(newsIP+":80", false, siteRules)
+	if err != nil {
+		return fmt.Errorf("the news site needs port 80 (root or CAP_NET_BIND_SERVICE): %w", err)
+	}
+	defer news.Close()
+	shopCA := filepath.Join(dir, "shop-ca.pem")
+	if err := os.WriteFile(shopCA, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: shop.Certificate().Raw}), 0o644); err != nil {
+		return err
+	}
+	// The shop's published rules, as a crawler team's CrawlTarget; the news
+	// site has none, so the fleet learns its pace from its 429s.
+	if err := c.Env.Client.Create(ctx, &crawlv1alpha1.CrawlTarget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "shop"},
+		Spec: crawlv1alpha1.CrawlTargetSpec{Host: shopIP, RequestsPerInterval: 2, Interval: metav1.Duration{Duration: time.Second},
+			Burst: ptr(int32(4)), MaxConcurrentPerIP: ptr(int32(2))},
+	}); err != nil {
+		return fmt.Errorf("creating the shop's CrawlTarget: %w", err)
+	}
 	fmt.Println("waiting for both proxies and the pool's 3 members to be Ready and Healthy...")
 	if err := waitServing(ctx, c.Env.Client, proxies, pool); err != nil {
 		return fmt.Errorf("%w (operator log: %s)", err, op.Log)
@@ -133,13 +179,35 @@ Both proxies and the pool %[8]s (3 members, one per zone) are Ready and Healthy.
   curl -s -H "Authorization: Bearer $TOKEN" -XPOST http://%[5]s/v1/leases/<leaseID>/report -d '{"result":"rate_limited","target":"example.com"}'
   curl -si -H "Authorization: Bearer $TOKEN" -XDELETE http://%[5]s/v1/leases/<leaseID>
 
+The rotating gateway (one proxy URL; the username is a session name) and two
+simulated sites that allow each exit IP 2 requests a second (4 at once) and
+ban it after 5 violations. The shop has a CrawlTarget with those rules; the
+news site has none:
+
+  curl -s -x http://demo:$TOKEN@%[9]s --cacert %[10]s https://%[11]s/page/1
+  %[4]s get crawltargets
+
+Politeness at work: 40 requests at once to the shop through the gateway.
+The gateway holds each until an IP's pace allows it (every answer is a 200,
+spread over a few seconds), or answers 429 with Retry-After and Proxy-Status
+when none will within 5s; the shop never sees a request over its limit:
+
+  for i in $(seq 40); do curl -s -o /dev/null -w '%%{http_code} %%{time_total}s\n' -x http://demo:$TOKEN@%[9]s --cacert %[10]s https://%[11]s/page/$i & done; wait
+  curl -s -H "Authorization: Bearer $TOKEN" http://%[5]s/v1/targets/%[11]s
+
+The same at the news site, which has no CrawlTarget: its first 429s (seen by
+the gateway on plain HTTP) teach the fleet its pace, shown as "learned":
+
+  for i in $(seq 40); do curl -s -o /dev/null -w '%%{http_code}\n' -x http://demo:$TOKEN@%[9]s http://%[12]s/page/$i & done; wait
+  curl -s -H "Authorization: Bearer $TOKEN" http://%[5]s/v1/targets/%[12]s
+
 Scale the pool, and watch it spread over its zones:
 
   %[4]s scale pxp/%[8]s --replicas=5
   %[4]s get pxp %[8]s -w
 
 Press Ctrl-C to stop everything.
-`, c.Kubeconfig, token, op.Log, kubectl, discoveryAddr, c.Target.CAFile, c.Target.URL, demoPool)
+`, c.Kubeconfig, token, op.Log, kubectl, discoveryAddr, c.Target.CAFile, c.Target.URL, demoPool, gatewayAddr, shopCA, shopIP, newsIP)
 	<-ctx.Done()
 	fmt.Println("\nstopping...")
 	return nil

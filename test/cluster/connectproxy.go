@@ -35,6 +35,9 @@ func StartAuthenticatingProxy(addr string, authorize func(user, password string)
 		return nil, fmt.Errorf("connect proxy on %s: %w", addr, err)
 	}
 	p := &ConnectProxy{Addr: l.Addr().String()}
+	// Tunnels leave from the proxy's own address, as a pod's would.
+	dialer := &net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: l.Addr().(*net.TCPAddr).IP}}
+	tunnel := func(w http.ResponseWriter, r *http.Request) { tunnelFrom(dialer, w, r) }
 	handler := http.HandlerFunc(tunnel)
 	if authorize != nil {
 		handler = func(w http.ResponseWriter, r *http.Request) {
@@ -77,12 +80,12 @@ func (p *ConnectProxy) Close() {
 	p.once.Do(func() { _ = p.srv.Close() })
 }
 
-func tunnel(w http.ResponseWriter, r *http.Request) {
+func tunnelFrom(dialer *net.Dialer, w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodConnect {
 		http.Error(w, "CONNECT only", http.StatusMethodNotAllowed)
 		return
 	}
-	dst, err := net.DialTimeout("tcp", r.Host, 5*time.Second)
+	dst, err := dialer.DialContext(r.Context(), "tcp", r.Host)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadGateway)
 		return

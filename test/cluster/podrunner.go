@@ -198,8 +198,9 @@ func (r *PodRunner) start(ctx context.Context, pod *corev1.Pod) error {
 	n := r.nextIP
 	r.mu.Unlock()
 	ip := LoopbackIP(1, n)
-	// The pod's own address: what a pod IP is on a node.
-	conf = httpPortLine.ReplaceAllString(conf, "http_port "+ip+":"+m[1])
+	// The pod's own address: what a pod IP is on a node. Requests leave
+	// from it too, so a site sees each proxy's own IP.
+	conf = httpPortLine.ReplaceAllString(conf, "http_port "+ip+":"+m[1]) + "\ntcp_outgoing_address " + ip + "\n"
 	port, _ := strconv.Atoi(m[1]) // digits, by the regexp
 	dir := filepath.Join(r.dir, string(pod.UID))
 	// The pod's emptyDir mounts, emulated as directories of its own.

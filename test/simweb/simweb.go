@@ -124,12 +124,23 @@ type ipState struct {
 	requests   int
 }
 
-// Start serves a site with rules on ip (a loopback address), over TLS when
-// https is set (with httptest's certificate), and stops it with Close.
+// Start serves a site with rules on a free port of ip (a loopback
+// address), over TLS when https is set (with a certificate of its own for
+// ip), and stops it with Close.
 func Start(ip string, https bool, rules Rules) (*Site, error) {
-	lis, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	return StartOn(net.JoinHostPort(ip, "0"), https, rules)
+}
+
+// StartOn is Start on addr (ip:port): a Squid with the usual rules lets
+// CONNECT reach port 443 only, and plain HTTP 80.
+func StartOn(addr string, https bool, rules Rules) (*Site, error) {
+	ip, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return nil, fmt.Errorf("site on %s: %w", ip, err)
+		return nil, fmt.Errorf("site address %q: %w", addr, err)
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("site on %s: %w", addr, err)
 	}
 	s := &Site{Host: ip, Rules: rules, now: time.Now, ips: map[string]*ipState{}, answers: map[string]int{}}
 	s.srv = httptest.NewUnstartedServer(s)

@@ -107,6 +107,10 @@ type Lease struct {
 	// serving (Reason says why): lease another.
 	State  string `json:"state"`
 	Reason string `json:"reason,omitempty"`
+	// Paced says the target's politeness applied: the lease covers one
+	// request, sent no earlier than NextRequestAt (when set).
+	Paced         bool       `json:"paced,omitempty"`
+	NextRequestAt *time.Time `json:"nextRequestAt,omitempty"`
 }
 
 // ProxyURL is the proxy's URL, credentials included, for
@@ -128,6 +132,9 @@ type LeaseRequest struct {
 	Target string
 	// TTL is the lease's life; 0 takes the API's default (300s).
 	TTL time.Duration
+	// MaxWait is how long the caller will wait for a paced target's next
+	// slot (at most a minute); 0: only a slot free now.
+	MaxWait time.Duration
 }
 
 // Lease leases the least-loaded healthy proxy matching req. With none free
@@ -139,6 +146,9 @@ func (c *Client) Lease(ctx context.Context, req LeaseRequest) (*Lease, error) {
 	}
 	if req.TTL > 0 {
 		body["ttlSeconds"] = ttlSeconds(req.TTL)
+	}
+	if req.MaxWait > 0 {
+		body["maxWaitSeconds"] = req.MaxWait.Seconds()
 	}
 	var l Lease
 	if err := c.do(ctx, http.MethodPost, "/v1/leases", body, http.StatusCreated, &l); err != nil {

@@ -39,10 +39,17 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
+	return newFixtureWith(t, discovery.Politeness{})
+}
+
+// newFixtureWith is newFixture with the discovery server's politeness.
+func newFixtureWith(t *testing.T, politeness discovery.Politeness) *fixture {
+	t.Helper()
 	f := &fixture{view: discovery.NewView(nil, "operator-ns"), proxies: map[string]*crawlv1alpha1.Proxy{}, squids: map[string]*squid.Squid{}}
 	api := httptest.NewServer(discovery.NewServer(discovery.Options{
 		Store: discovery.NewMemoryStore(nil), View: f.view, Tokens: discovery.StaticToken(token),
 		DefaultTTL: discovery.DefaultTTL, MaxTTL: discovery.DefaultMaxTTL, DefaultCooldown: time.Minute,
+		Politeness: politeness,
 	}).Handler())
 	t.Cleanup(api.Close)
 	var err error
@@ -307,4 +314,70 @@ func TestTransportRacingRequestsKeepOneLease(t *testing.T) {
 	assert.NotEmpty(t, tr.Current(host))
 	assert.Eventually(t, func() bool { return activeLeases(t, f) == 1 }, 5*time.Second, 50*time.Millisecond,
 		"one lease for the host; the racing ones released")
+}
+
+// onePolicy declares one pace for host, in every namespace.
+type onePolicy struct {
+	host string
+	pace discovery.Pace
+}
+
+func (o onePolicy) For(_, host string) (discovery.Policy, bool) {
+	return discovery.Policy{Name: "crawl/site", Host: o.host, Pace: o.pace}, host == o.host
+}
+
+func (o onePolicy) ForHost(host string) []discovery.Policy {
+	p, ok := o.For("", host)
+	if !ok {
+		return nil
+	}
+	return []discovery.Policy{p}
+}
+
+// TestTransportPacesAPolicedHost: with a policy of one request per 400ms
+// per proxy, a paced lease covers one request, the Transport waits for
+// the slot its lease reserved, and every lease is released with its
+// answer's body.
+func TestTransportPacesAPolicedHost(t *testing.T) {
+	host := "127.0.0.1"
+	f := newFixtureWith(t, discovery.Politeness{Policies: onePolicy{host: host, pace: discovery.Pace{Interval: 400 * time.Millisecond, Burst: 1}}})
+	var mu sync.Mutex
+	var arrivals []time.Time
+	inner := f.site.Config.Handler
+	f.site.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		arrivals = append(arrivals, time.Now())
+		mu.Unlock()
+		inner.ServeHTTP(w, r)
+	})
+	tr := f.transport(time.Minute)
+	web := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	for range 4 {
+		resp, err := web.Get(f.siteURL("/"))
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		require.NoError(t, resp.Body.Close())
+		assert.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	require.Len(t, arrivals, 4)
+	// Two proxies, one request each per 400ms: the third request waited
+	// for the first proxy's next slot.
+	assert.GreaterOrEqual(t, arrivals[2].Sub(arrivals[0]), 350*time.Millisecond, "the third request was not paced: %v", arrivals)
+	assert.GreaterOrEqual(t, arrivals[3].Sub(arrivals[1]), 350*time.Millisecond, "the fourth request was not paced: %v", arrivals)
+	assert.Empty(t, tr.Current(host), "a paced lease is not kept for the next request")
+	assert.Zero(t, activeLeases(t, f), "each paced lease was released with its answer")
+
+	// The API says so: a paced lease, and when its request may go.
+	l, err := f.c.Lease(context.Background(), client.LeaseRequest{Target: host, MaxWait: 5 * time.Second})
+	require.NoError(t, err)
+	assert.True(t, l.Paced)
+	require.NotNil(t, l.NextRequestAt, "both proxies sent a request moments ago: the slot is ahead")
+	assert.True(t, l.NextRequestAt.After(time.Now().Add(-time.Second)))
+	_, err = f.c.Lease(context.Background(), client.LeaseRequest{Target: host})
+	var apiErr *client.APIError
+	require.ErrorAs(t, err, &apiErr, "no wait allowed, no slot free now")
+	assert.Equal(t, http.StatusTooManyRequests, apiErr.StatusCode)
+	assert.Equal(t, discovery.CodeTargetPaced, apiErr.Code)
+	assert.Positive(t, apiErr.RetryAfter)
+	require.NoError(t, tr.Close())
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"sync"
@@ -17,6 +18,9 @@ import (
 // through another proxy; a proxy that fails (the tunnel cannot be opened,
 // the proxy is deleted or stops being healthy) is released and the request
 // is sent once more through a new lease, when its body can be sent again.
+// A host with a politeness policy (or a pace the fleet learned) gets a
+// paced lease, which covers one request: the Transport sends it at the
+// slot the lease reserved and leases again for the next.
 //
 // Set Client; the rest is optional. Close releases every lease.
 type Transport struct {
@@ -24,6 +28,10 @@ type Transport struct {
 	// Selector and TTL are those of every lease it takes.
 	Selector map[string]string
 	TTL      time.Duration
+	// MaxWait is how long a request may wait for its host's next paced
+	// slot (0: DefaultMaxWait); beyond it the lease is refused with
+	// target_paced and the request fails with that APIError.
+	MaxWait time.Duration
 	// Base sends the requests; its Proxy is replaced by the lease's. Nil:
 	// a clone of http.DefaultTransport.
 	Base *http.Transport
@@ -38,6 +46,9 @@ type Transport struct {
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
+
+// DefaultMaxWait is a Transport's wait for a paced slot.
+const DefaultMaxWait = 5 * time.Second
 
 type proxyKey struct{}
 
@@ -72,6 +83,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if err != nil {
 			return nil, err
 		}
+		if err := waitUntil(req.Context(), lease.NextRequestAt); err != nil {
+			t.drop(host, held)
+			return nil, err
+		}
 		out := req.Clone(context.WithValue(req.Context(), proxyKey{}, proxy))
 		if attempt > 0 && req.Body != nil {
 			if out.Body, err = req.GetBody(); err != nil {
@@ -91,6 +106,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, fmt.Errorf("through proxy %s: %w", lease.Proxy.ID, err)
 		}
 		t.observe(req.Context(), host, held, resp)
+		if lease.Paced {
+			// One request per paced lease, held until its answer is read
+			// (it counts toward the host's connections): the next request
+			// leases its own slot.
+			t.forget(host, held)
+			resp.Body = &releaseOnClose{ReadCloser: resp.Body, release: func() { _ = held.Release(context.Background()) }}
+		}
 		return resp, nil
 	}
 }
@@ -147,7 +169,11 @@ func (t *Transport) heldFor(ctx context.Context, host string) (*Held, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	h, err := t.Client.Hold(t.ctx, LeaseRequest{Selector: t.Selector, Target: host, TTL: t.TTL})
+	maxWait := t.MaxWait
+	if maxWait <= 0 {
+		maxWait = DefaultMaxWait
+	}
+	h, err := t.Client.Hold(t.ctx, LeaseRequest{Selector: t.Selector, Target: host, TTL: t.TTL, MaxWait: maxWait})
 	if err != nil {
 		return nil, fmt.Errorf("leasing a proxy for %s: %w", host, err)
 	}
@@ -189,12 +215,31 @@ func lost(h *Held) bool {
 
 // drop releases held and forgets it for host, if it is still host's.
 func (t *Transport) drop(host string, held *Held) {
+	t.forget(host, held)
+	go func() { _ = held.Release(context.Background()) }()
+}
+
+// forget stops handing held out for host, if it is still host's.
+func (t *Transport) forget(host string, held *Held) {
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	if t.byHost[host] == held {
 		delete(t.byHost, host)
 	}
-	t.mu.Unlock()
-	go func() { _ = held.Release(context.Background()) }()
+}
+
+// releaseOnClose is a response body that releases its paced lease once
+// the caller is done with it.
+type releaseOnClose struct {
+	io.ReadCloser
+	once    sync.Once
+	release func()
+}
+
+func (b *releaseOnClose) Close() error {
+	err := b.ReadCloser.Close()
+	b.once.Do(b.release)
+	return err
 }
 
 // observe reports a rate-limited answer and moves host to another proxy.
@@ -208,4 +253,23 @@ func (t *Transport) observe(ctx context.Context, host string, held *Held, resp *
 	// proxy all the same, and the site's answer goes back to the caller.
 	_ = t.Client.Report(context.WithoutCancel(ctx), held.Lease().ID, r)
 	t.drop(host, held)
+}
+
+// waitUntil waits for at (nil: not at all), or ctx's end.
+func waitUntil(ctx context.Context, at *time.Time) error {
+	if at == nil {
+		return nil
+	}
+	d := time.Until(*at)
+	if d <= 0 {
+		return nil
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

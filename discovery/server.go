@@ -322,9 +322,11 @@ type leaseResponse struct {
 	Proxy     ProxyInfo `json:"proxy"`
 	Target    string    `json:"target,omitempty"`
 	ExpiresAt time.Time `json:"expiresAt"`
-	// NextRequestAt is when the lease's first request to its target may
-	// go: the slot its pace reserved. A paced lease covers that one
-	// request; lease again for the next.
+	// Paced says, in the answer that created it, that the target's
+	// politeness applied: the lease covers one request, at NextRequestAt
+	// when that is set (the slot its pace reserved); lease again for the
+	// next.
+	Paced         bool       `json:"paced,omitempty"`
 	NextRequestAt *time.Time `json:"nextRequestAt,omitempty"`
 	// State is LeaseActive, or LeaseProxyUnavailable once the proxy is no
 	// longer healthy or no longer exists (Reason says which): the lease can
@@ -388,7 +390,9 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request, _ httproute
 	if err != nil {
 		return storeUnavailable(w, err)
 	}
-	return writeJSON(w, http.StatusCreated, s.leaseView(r.Context(), lease))
+	view := s.leaseView(r.Context(), lease)
+	view.Paced = lease.Paced
+	return writeJSON(w, http.StatusCreated, view)
 }
 
 func (s *Server) getLease(w http.ResponseWriter, r *http.Request, ps httprouter.Params) int {

@@ -1,18 +1,12 @@
 package cluster
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
 	"log"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -20,6 +14,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/example/egress-proxies-operator/test/simweb"
 )
 
 // targetIPs are where the probe target may listen, first free wins, so
@@ -60,13 +56,13 @@ func StartTarget(dir string) (*Target, error) {
 	if l == nil {
 		return nil, fmt.Errorf("the probe target found no free address among %v on port 443: %w", targetIPs, errors.Join(errs...))
 	}
-	cert, caPEM, err := selfSigned(net.ParseIP(ip))
+	cert, err := simweb.SelfSigned(net.ParseIP(ip), "egress-proxies-operator local probe target")
 	if err != nil {
 		_ = l.Close()
 		return nil, err
 	}
 	caFile := filepath.Join(dir, "probe-target-ca.pem")
-	if err := os.WriteFile(caFile, caPEM, 0o644); err != nil {
+	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Leaf.Raw}), 0o644); err != nil {
 		_ = l.Close()
 		return nil, err
 	}
@@ -91,31 +87,6 @@ func StartTarget(dir string) (*Target, error) {
 
 // Close stops the target.
 func (t *Target) Close() { _ = t.srv.Close() }
-
-// selfSigned makes a certificate for ip, self-signed so it is its own CA.
-func selfSigned(ip net.IP) (tls.Certificate, []byte, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return tls.Certificate{}, nil, err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(time.Now().UnixNano()),
-		Subject:               pkix.Name{CommonName: "egress-proxies-operator local probe target"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		IPAddresses:           []net.IP{ip},
-		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		return tls.Certificate{}, nil, err
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key},
-		pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), nil
-}
 
 // httpGet returns the status of a GET, for readiness waits.
 func httpGet(url string) (int, error) {

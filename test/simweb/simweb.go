@@ -150,11 +150,13 @@ func StartOn(addr string, https bool, rules Rules) (*Site, error) {
 		s.URL = s.srv.URL
 		return s, nil
 	}
-	cert, pool, err := selfSigned(net.ParseIP(ip))
+	cert, err := SelfSigned(net.ParseIP(ip), "simweb site "+ip)
 	if err != nil {
 		_ = lis.Close()
 		return nil, err
 	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert.Leaf)
 	s.srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	s.srv.StartTLS()
 	s.URL, s.roots, s.cert = s.srv.URL, pool, cert.Leaf
@@ -173,14 +175,15 @@ func (s *Site) Client() *http.Client {
 	return &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: s.roots, MinVersion: tls.VersionTLS12}}}
 }
 
-// selfSigned is a certificate for ip and the pool that trusts it.
-func selfSigned(ip net.IP) (tls.Certificate, *x509.CertPool, error) {
+// SelfSigned makes a certificate for ip, self-signed so that it is its own
+// CA (Leaf set), for a local server that clients must trust by name.
+func SelfSigned(ip net.IP, commonName string) (tls.Certificate, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return tls.Certificate{}, nil, fmt.Errorf("a site's key: %w", err)
+		return tls.Certificate{}, fmt.Errorf("a key for %s: %w", ip, err)
 	}
 	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: ip.String()},
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: commonName},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
 		IPAddresses: []net.IP{ip}, IsCA: true, BasicConstraintsValid: true,
 		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
@@ -188,15 +191,13 @@ func selfSigned(ip net.IP) (tls.Certificate, *x509.CertPool, error) {
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
-		return tls.Certificate{}, nil, fmt.Errorf("a site's certificate: %w", err)
+		return tls.Certificate{}, fmt.Errorf("a certificate for %s: %w", ip, err)
 	}
 	leaf, err := x509.ParseCertificate(der)
 	if err != nil {
-		return tls.Certificate{}, nil, fmt.Errorf("a site's certificate: %w", err)
+		return tls.Certificate{}, fmt.Errorf("a certificate for %s: %w", ip, err)
 	}
-	pool := x509.NewCertPool()
-	pool.AddCert(leaf)
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, pool, nil
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, nil
 }
 
 // Close stops the site.

@@ -22,8 +22,9 @@ import (
 // the soak's token is always valid (a 401 would mean the operator served
 // before loading it), and a 500 is never right.
 var documented = map[string][]int{
-	"list":        {http.StatusOK, http.StatusBadRequest},
-	"lease":       {http.StatusCreated, http.StatusBadRequest, http.StatusRequestEntityTooLarge, http.StatusServiceUnavailable},
+	"list": {http.StatusOK, http.StatusBadRequest},
+	// 429 target_paced: the target's learned pace allows no proxy a request now.
+	"lease":       {http.StatusCreated, http.StatusBadRequest, http.StatusRequestEntityTooLarge, http.StatusServiceUnavailable, http.StatusTooManyRequests},
 	"bad-lease":   {http.StatusBadRequest}, // a malformed body: exactly 400, never anything else
 	"get":         {http.StatusOK, http.StatusNotFound},
 	"renew":       {http.StatusOK, http.StatusBadRequest, http.StatusNotFound, http.StatusConflict, http.StatusRequestEntityTooLarge}, // 409: the proxy stopped serving

@@ -46,7 +46,7 @@ type MemoryStore struct {
 	hostLoads map[string]int
 	// tats: the theoretical arrival time of the next request per (proxy,
 	// host) and, under "fleet:", per (policy, host); one in the past is as
-	// good as none, and sweepTATs drops those now and then.
+	// good as none, and sweepTATsLocked drops those now and then.
 	tats      map[string]time.Time
 	tatsSweep int
 	// learned: each host's learned pace.

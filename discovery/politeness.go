@@ -41,10 +41,11 @@ type Politeness struct {
 }
 
 // paceOf is req's PaceOf for host: each candidate keeps the policy of its
-// namespace (candidates are namespace/name).
+// namespace (candidates are namespace/name). Nil when no policy covers the
+// host anywhere, so an unpaced lease keeps the store's fast path.
 func (s *Server) paceOf(host string) func(string) Pace {
 	policies := s.opts.Politeness.Policies
-	if policies == nil || host == "" {
+	if policies == nil || host == "" || len(policies.ForHost(host)) == 0 {
 		return nil
 	}
 	byNamespace := map[string]Pace{}

@@ -1,0 +1,78 @@
+package discovery
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestPolitenessAPI: a paced lease reserves its slot and says when it may
+// go; a lease that may not wait is refused 429 target_paced with
+// Retry-After; a rate_limited report teaches a host without a policy its
+// pace; GET /v1/targets/{host} shows both; bad input is refused.
+func TestPolitenessAPI(t *testing.T) {
+	f := newFixture(t)
+	index := NewPolicyIndex()
+	index.Handler().OnAdd(crawlTarget("crawl", "shop", "shop.example", 1, f.clock.Now()), false)
+	f.srv.opts.Politeness = Politeness{Policies: index, Adaptive: true}
+	f.proxy("eu-1", "127.0.0.11", true, nil)
+
+	// One request a second per proxy, a burst of one: the first goes now,
+	// the second a second later when it may wait, and not at all when not.
+	first := f.do("POST", "/v1/leases", `{"target":"shop.example"}`)
+	require.Equal(t, http.StatusCreated, first.status, first.raw)
+	assert.Equal(t, true, first.body["paced"])
+	assert.Nil(t, first.body["nextRequestAt"], "a slot free now")
+	waiting := f.do("POST", "/v1/leases", `{"target":"shop.example","maxWaitSeconds":5}`)
+	require.Equal(t, http.StatusCreated, waiting.status, waiting.raw)
+	assert.Equal(t, f.clock.Now().Add(time.Second).Format(time.RFC3339), waiting.body["nextRequestAt"])
+	refused := f.do("POST", "/v1/leases", `{"target":"shop.example"}`)
+	assert.Equal(t, http.StatusTooManyRequests, refused.status)
+	assert.Equal(t, CodeTargetPaced, errorCode(refused))
+	assert.Equal(t, "2", refused.header.Get("Retry-After"), "two reserved slots ahead")
+	assert.Contains(t, errorMessage(refused), `target "shop.example"`)
+	unpaced := f.do("POST", "/v1/leases", `{"target":"news.example"}`)
+	require.Equal(t, http.StatusCreated, unpaced.status)
+	assert.Nil(t, unpaced.body["paced"], "a host no policy names is not paced")
+
+	for _, bad := range []string{`{"target":"shop.example","maxWaitSeconds":-1}`, `{"target":"shop.example","maxWaitSeconds":61}`} {
+		r := f.do("POST", "/v1/leases", bad)
+		assert.Equal(t, http.StatusBadRequest, r.status, bad)
+		assert.Contains(t, errorMessage(r), "maxWaitSeconds must be between 0 and 60")
+	}
+
+	// news.example pushes back: its learned pace is the site's Retry-After.
+	id := unpaced.body["leaseID"].(string)
+	r := f.do("POST", "/v1/leases/"+id+"/report", `{"result":"rate_limited","target":"news.example","retryAfterSeconds":3}`)
+	require.Equal(t, http.StatusNoContent, r.status, r.raw)
+	news := f.do("GET", "/v1/targets/News.Example.:443", "")
+	require.Equal(t, http.StatusOK, news.status, news.raw)
+	assert.Equal(t, "news.example", news.body["host"])
+	assert.Empty(t, news.body["policies"])
+	learned := news.body["learned"].(map[string]any)
+	assert.InDelta(t, 3.0, learned["intervalSeconds"], 0.001)
+	assert.InDelta(t, 1.0, learned["pushBacks"], 0)
+
+	shop := f.do("GET", "/v1/targets/shop.example", "")
+	require.Equal(t, http.StatusOK, shop.status)
+	policies := shop.body["policies"].([]any)
+	require.Len(t, policies, 1)
+	assert.Equal(t, "crawl/shop", policies[0].(map[string]any)["name"])
+	assert.InDelta(t, 1.0, policies[0].(map[string]any)["requestsPerSecondPerIP"], 0.001)
+	assert.Nil(t, shop.body["learned"])
+
+	bad := f.do("GET", "/v1/targets/"+strings.Repeat("x", 254), "")
+	assert.Equal(t, http.StatusBadRequest, bad.status)
+
+	// The learned-pace metric covers the hosts policies name, no others.
+	c := f.srv.LearnedPaceCollector(index, time.Second)
+	problems, err := testutil.CollectAndLint(c)
+	require.NoError(t, err)
+	assert.Empty(t, problems)
+	assert.Equal(t, 1, testutil.CollectAndCount(c), "one series: shop.example")
+}

@@ -373,6 +373,7 @@ func TestChartDefaultsAreTheOperatorsDefaults(t *testing.T) {
 			Discovery struct {
 				LeaseMaxTTL       string `json:"leaseMaxTTL"`
 				RateLimitCooldown string
+				AdaptivePacing    bool
 			}
 			Reconcile struct{ Workers int }
 			KubeAPI   struct {
@@ -391,6 +392,7 @@ func TestChartDefaultsAreTheOperatorsDefaults(t *testing.T) {
 		Gateway struct {
 			MaxTunnels, Attempts                                        int
 			ConnectTimeout, IdleTimeout, MaxTunnelLifetime, SessionIdle string
+			PaceWait, PacedTunnelLifetime                               string
 		}
 	}
 	require.NoError(t, yaml.Unmarshal(repoFile(t, chartDir+"/values.yaml"), &gw))
@@ -415,12 +417,15 @@ func TestChartDefaultsAreTheOperatorsDefaults(t *testing.T) {
 		{gw.Gateway.IdleTimeout, gateway.DefaultIdleTimeout, "gateway.idleTimeout"},
 		{gw.Gateway.MaxTunnelLifetime, gateway.DefaultMaxTunnelLifetime, "gateway.maxTunnelLifetime"},
 		{gw.Gateway.SessionIdle, gateway.DefaultSessionIdle, "gateway.sessionIdle"},
+		{gw.Gateway.PaceWait, gateway.DefaultPaceWait, "gateway.paceWait"},
+		{gw.Gateway.PacedTunnelLifetime, gateway.DefaultPacedTunnelLifetime, "gateway.pacedTunnelLifetime"},
 	} {
 		got, err := time.ParseDuration(d.value)
 		require.NoError(t, err, d.what)
 		assert.Equal(t, d.want, got, "operator.%s", d.what)
 	}
 	assert.False(t, op.GC.DryRun)
+	assert.True(t, op.Discovery.AdaptivePacing, "main's --adaptive-pacing is on by default")
 	assert.Equal(t, health.DefaultURL, op.Health.ProbeURL)
 	assert.Equal(t, health.DefaultFailureThreshold, op.Health.FailureThreshold)
 	assert.Equal(t, health.DefaultSuccessThreshold, op.Health.SuccessThreshold)

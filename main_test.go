@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/example/egress-proxies-operator/controllers"
+	"github.com/example/egress-proxies-operator/gateway"
 	"github.com/example/egress-proxies-operator/health"
 	"github.com/example/egress-proxies-operator/providers"
 	"github.com/example/egress-proxies-operator/providers/gcp"
@@ -80,6 +81,15 @@ func TestParseFlags(t *testing.T) {
 		assert.Equal(t, 30*time.Second, o.gateway.IdleTimeout)
 		assert.Equal(t, 5*time.Minute, o.gateway.SessionIdle)
 		assert.Equal(t, time.Hour, o.gateway.MaxTunnelLifetime)
+		assert.Equal(t, gateway.DefaultPaceWait, o.gateway.PaceWait)
+		assert.Equal(t, gateway.DefaultPacedTunnelLifetime, o.gateway.PacedTunnelLifetime)
+		assert.True(t, o.adaptivePacing, "hosts are paced by their push-backs unless told otherwise")
+
+		o, err = parseFlags([]string{"--gateway-bind-address=:3128", "--gateway-pace-wait=0", "--gateway-paced-tunnel-lifetime=2s", "--adaptive-pacing=false"}, &bytes.Buffer{})
+		require.NoError(t, err)
+		assert.Zero(t, o.gateway.PaceWait, "0: answer 429 at once")
+		assert.Equal(t, 2*time.Second, o.gateway.PacedTunnelLifetime)
+		assert.False(t, o.adaptivePacing)
 	})
 
 	t.Run("the redis lease store", func(t *testing.T) {
@@ -167,6 +177,9 @@ func TestParseFlags(t *testing.T) {
 		{"gateway address without port", []string{"--gateway-bind-address=gw"}, "--gateway-bind-address"},
 		{"no gateway tunnels", []string{"--gateway-bind-address=:3128", "--gateway-max-tunnels=0"}, "--gateway-max-tunnels"},
 		{"zero gateway idle", []string{"--gateway-bind-address=:3128", "--gateway-idle-timeout=0"}, "--gateway-idle-timeout"},
+		{"negative pace wait", []string{"--gateway-bind-address=:3128", "--gateway-pace-wait=-1s"}, "--gateway-pace-wait must not be negative"},
+		{"zero paced tunnel lifetime", []string{"--gateway-bind-address=:3128", "--gateway-paced-tunnel-lifetime=0"}, "--gateway-paced-tunnel-lifetime"},
+		{"adaptive pacing not a bool", []string{"--adaptive-pacing=sometimes"}, "adaptive-pacing"},
 	}
 	for _, tc := range bad {
 		t.Run(tc.name, func(t *testing.T) {

@@ -322,11 +322,7 @@ func (g *Gateway) pick(ctx context.Context, req discovery.TunnelRequest) (discov
 		if !errors.As(err, &none) || none.Cause != discovery.CauseConcurrency || time.Until(deadline) <= 0 {
 			return up, err
 		}
-		timer := time.NewTimer(min(connectionPoll, time.Until(deadline)))
-		select {
-		case <-timer.C:
-		case <-ctx.Done():
-			timer.Stop()
+		if !sleep(ctx, min(connectionPoll, time.Until(deadline))) {
 			return up, err
 		}
 	}
@@ -334,11 +330,14 @@ func (g *Gateway) pick(ctx context.Context, req discovery.TunnelRequest) (discov
 
 // waitForSlot waits out a paced upstream's reserved slot; false when the
 // client went away first.
-func waitForSlot(ctx context.Context, up discovery.Upstream) bool {
-	if up.Wait <= 0 {
-		return true
+func waitForSlot(ctx context.Context, up discovery.Upstream) bool { return sleep(ctx, up.Wait) }
+
+// sleep waits d, or less when ctx ends first (then false).
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
 	}
-	timer := time.NewTimer(up.Wait)
+	timer := time.NewTimer(d)
 	defer timer.Stop()
 	select {
 	case <-timer.C:

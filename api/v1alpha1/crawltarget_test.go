@@ -2,7 +2,6 @@ package v1alpha1_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -10,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/test/testenv"
@@ -18,11 +16,7 @@ import (
 
 func crawlTargetFromSpec(t *testing.T, spec string) *unstructured.Unstructured {
 	t.Helper()
-	doc := fmt.Sprintf("apiVersion: crawl.example.com/v1alpha1\nkind: CrawlTarget\nmetadata:\n  name: ct-%d\n  namespace: default\nspec:\n%s",
-		nameSeq.Add(1), indent(spec))
-	u := &unstructured.Unstructured{}
-	require.NoError(t, yaml.Unmarshal([]byte(doc), &u.Object), doc)
-	return u
+	return objectFromSpec(t, "CrawlTarget", "ct", spec)
 }
 
 // TestCrawlTargetValidation: bad politeness is refused by the API server

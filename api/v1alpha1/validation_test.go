@@ -28,8 +28,15 @@ var nameSeq atomic.Int64
 // Go's omitempty.
 func proxyFromSpec(t *testing.T, spec string) *unstructured.Unstructured {
 	t.Helper()
-	doc := fmt.Sprintf("apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata:\n  name: px-%d\n  namespace: default\nspec:\n%s",
-		nameSeq.Add(1), indent(spec))
+	return objectFromSpec(t, "Proxy", "px", spec)
+}
+
+// objectFromSpec is an object of kind, named prefix-<n> in default, with
+// spec as raw YAML.
+func objectFromSpec(t *testing.T, kind, prefix, spec string) *unstructured.Unstructured {
+	t.Helper()
+	doc := fmt.Sprintf("apiVersion: crawl.example.com/v1alpha1\nkind: %s\nmetadata:\n  name: %s-%d\n  namespace: default\nspec:\n%s",
+		kind, prefix, nameSeq.Add(1), indent(spec))
 	u := &unstructured.Unstructured{}
 	require.NoError(t, yaml.Unmarshal([]byte(doc), &u.Object), doc)
 	return u

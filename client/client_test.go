@@ -322,16 +322,11 @@ type onePolicy struct {
 	pace discovery.Pace
 }
 
-func (o onePolicy) For(_, host string) (discovery.Policy, bool) {
-	return discovery.Policy{Name: "crawl/site", Host: o.host, Pace: o.pace}, host == o.host
-}
-
 func (o onePolicy) ForHost(host string) []discovery.Policy {
-	p, ok := o.For("", host)
-	if !ok {
+	if host != o.host {
 		return nil
 	}
-	return []discovery.Policy{p}
+	return []discovery.Policy{{Name: "crawl/site", Host: o.host, Pace: o.pace}}
 }
 
 // TestTransportPacesAPolicedHost: with a policy of one request per 400ms

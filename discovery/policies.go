@@ -62,9 +62,10 @@ func (x *PolicyIndex) upsert(obj any) {
 	x.byNS[c.Namespace][c.Name] = c
 }
 
-// For implements Policies: the most specific CrawlTarget of namespace that
-// covers host (an exact host, then the longest wildcard); of two naming
-// the same host, the one that precedes (the older, then by name).
+// For is the policy for host among namespace's (false: none): the most
+// specific CrawlTarget that covers host (an exact host, then the longest
+// wildcard); of two naming the same host, the one that precedes (the
+// older, then by name).
 func (x *PolicyIndex) For(namespace, host string) (Policy, bool) {
 	x.mu.RLock()
 	defer x.mu.RUnlock()

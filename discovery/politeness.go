@@ -24,11 +24,8 @@ type Policy struct {
 // Policies are the declared politeness policies, by the namespace of the
 // proxies they govern.
 type Policies interface {
-	// For is the policy for host among namespace's (false: none). An exact
-	// host wins over a wildcard, a longer wildcard over a shorter one.
-	For(namespace, host string) (Policy, bool)
-	// ForHost are host's policies in every namespace, for GET
-	// /v1/targets/{host}.
+	// ForHost is the policy in force for host in each namespace that has
+	// one (at most one per namespace, named namespace/name).
 	ForHost(host string) []Policy
 }
 
@@ -41,23 +38,25 @@ type Politeness struct {
 }
 
 // paceOf is req's PaceOf for host: each candidate keeps the policy of its
-// namespace (candidates are namespace/name). Nil when no policy covers the
-// host anywhere, so an unpaced lease keeps the store's fast path.
+// namespace (candidates and policies are namespace/name). Nil when no
+// policy covers the host anywhere, so an unpaced lease keeps the store's
+// fast path.
 func (s *Server) paceOf(host string) func(string) Pace {
-	policies := s.opts.Politeness.Policies
-	if policies == nil || host == "" || len(policies.ForHost(host)) == 0 {
+	if s.opts.Politeness.Policies == nil || host == "" {
 		return nil
 	}
-	byNamespace := map[string]Pace{}
+	policies := s.opts.Politeness.Policies.ForHost(host)
+	if len(policies) == 0 {
+		return nil
+	}
+	byNamespace := make(map[string]Pace, len(policies))
+	for _, p := range policies {
+		ns, _, _ := strings.Cut(p.Name, "/")
+		byNamespace[ns] = withJitterReserve(p.Pace)
+	}
 	return func(id string) Pace {
 		ns, _, _ := strings.Cut(id, "/")
-		p, ok := byNamespace[ns]
-		if !ok {
-			policy, _ := policies.For(ns, host)
-			p = withJitterReserve(policy.Pace)
-			byNamespace[ns] = p
-		}
-		return p
+		return byNamespace[ns]
 	}
 }
 

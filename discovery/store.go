@@ -68,8 +68,9 @@ type NoProxyAvailableError struct {
 	// the store's clock; zero when none will by itself (there is no
 	// candidate, or every one is at its concurrency limit for the target).
 	RetryAfter time.Duration
-	// Cause says what held the candidates back: NoneCooling,
-	// NonePaced... (the most common among them), "" when there is none.
+	// Cause says what held the candidates back (the most common among
+	// CausePaced, CauseConcurrency and CauseCooling), "" when there is no
+	// candidate at all.
 	Cause string
 }
 

@@ -359,11 +359,6 @@ func policyOf(name, host string, r simweb.Rules) discovery.Policy {
 // staticPolicies are policies by host for every namespace.
 type staticPolicies map[string]discovery.Policy
 
-func (s staticPolicies) For(_, host string) (discovery.Policy, bool) {
-	p, ok := s[host]
-	return p, ok
-}
-
 func (s staticPolicies) ForHost(host string) []discovery.Policy {
 	if p, ok := s[host]; ok {
 		return []discovery.Policy{p}

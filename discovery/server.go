@@ -390,8 +390,14 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request, _ httproute
 	if err != nil {
 		return storeUnavailable(w, err)
 	}
+	// Only the answer that creates a lease says how it was paced: both
+	// stores know it then, and a paced lease covers that one request.
 	view := s.leaseView(r.Context(), lease)
 	view.Paced = lease.Paced
+	if lease.Wait > 0 {
+		next := lease.CreatedAt.Add(lease.Wait).UTC()
+		view.NextRequestAt = &next
+	}
 	return writeJSON(w, http.StatusCreated, view)
 }
 
@@ -532,10 +538,6 @@ func (s *Server) leaseView(ctx context.Context, l Lease) leaseResponse {
 	}
 	s.withCredentials(ctx, &info)
 	resp := leaseResponse{LeaseID: l.ID, Proxy: info, Target: l.Target, ExpiresAt: l.ExpiresAt.UTC(), State: LeaseActive}
-	if l.Wait > 0 {
-		next := l.CreatedAt.Add(l.Wait).UTC()
-		resp.NextRequestAt = &next
-	}
 	if why := s.opts.View.unavailable(l.ProxyID); why != "" {
 		resp.State, resp.Reason = LeaseProxyUnavailable, why
 	}

@@ -365,33 +365,57 @@ func (e *Engine) track(obj any) {
 	t.probeTarget = probeTargetOf(p, settings, e.opts.CredentialsNamespace)
 	t.managed = p.Spec.Mode == crawlv1alpha1.ModeManaged
 	e.recountLocked(t, false)
-	last := t.lastProbe
+	// Decided under the lock: a probe worker may be changing the verdict
+	// and the last probe's time as soon as it is released.
+	due, schedule := e.firstProbeDue(tracked{
+		exists: exists, replaced: replaced, resettle: resettle, adoptedAt: adoptedAt,
+		everProbed: p.Status.LastHealthCheckTime != nil, lastProbe: t.lastProbe, verdict: t.tracker.verdict,
+	}, settings, now)
 	e.mu.Unlock()
+	if schedule {
+		e.queue.AddAfter(probeItem{key: key}, due)
+	}
+}
+
+// tracked is what track knows of a proxy it just took up or updated.
+type tracked struct {
+	exists, replaced, resettle bool
+	// adoptedAt is when the probe ahead it adopted finished (zero: none).
+	adoptedAt time.Time
+	// everProbed: the status records a probe by anyone.
+	everProbed bool
+	lastProbe  time.Time
+	verdict    Verdict
+}
+
+// firstProbeDue is when a tracked proxy is probed next, or schedule false
+// when its schedule stands. Jitter aside (spread, nextProbe), it is pure.
+func (e *Engine) firstProbeDue(t tracked, settings Settings, now time.Time) (due time.Duration, schedule bool) {
 	switch {
-	case !adoptedAt.IsZero():
+	case !t.adoptedAt.IsZero():
 		// Probed ahead of this status: next due as after any probe.
-		e.queue.AddAfter(probeItem{key: key}, max(0, adoptedAt.Add(e.nextProbe(settings, t.tracker.verdict)).Sub(now)))
-	case replaced:
+		return max(0, t.adoptedAt.Add(e.nextProbe(settings, t.verdict)).Sub(now)), true
+	case t.replaced:
 		// A replaced instance or a changed address is probed at once: an
 		// address nobody has probed is never served on an old verdict.
-		e.queue.AddAfter(probeItem{key: key}, 0)
-	case !exists && p.Status.LastHealthCheckTime == nil:
+		return 0, true
+	case !t.exists && !t.everProbed:
 		// A new proxy, never probed by anyone: not Ready until its first
 		// verdict, so that verdict is due now.
-		e.queue.AddAfter(probeItem{key: key}, 0)
-	case !exists:
+		return 0, true
+	case !t.exists:
 		// Known before this engine started (a restart, a new leader):
 		// spread over the interval, so thousands are not probed at once.
-		e.queue.AddAfter(probeItem{key: key}, e.spread(settings.Interval))
-	case resettle:
+		return e.spread(settings.Interval), true
+	case t.resettle:
 		// New settings take effect at the next probe, due by the new
 		// interval; the queue keeps whichever time comes first.
-		next := time.Duration(0)
-		if !last.IsZero() {
-			next = max(0, last.Add(settings.Interval).Sub(now))
+		if t.lastProbe.IsZero() {
+			return 0, true
 		}
-		e.queue.AddAfter(probeItem{key: key}, next)
+		return max(0, t.lastProbe.Add(settings.Interval).Sub(now)), true
 	}
+	return 0, false
 }
 
 // forget stops probing a proxy and drops its verdict.

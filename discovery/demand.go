@@ -11,10 +11,9 @@ import (
 type PoolDemand struct {
 	// ActiveLeases are the leases its members hold now.
 	ActiveLeases int
-	// LastRefused is when a lease request selecting the pool was last
-	// answered 503 no_proxy_available, on any replica sharing the store
-	// (zero: never since the store began). A selector names a pool by name
-	// only, so two pools of one name in different namespaces share it.
+	// LastRefused is when a lease request whose selector matched one of
+	// the pool's members was last answered 503 no_proxy_available, on any
+	// replica sharing the store (zero: not within RefusedMemory).
 	LastRefused time.Time
 }
 
@@ -28,7 +27,7 @@ func (s *Server) PoolDemand(ctx context.Context, namespace, pool string) (PoolDe
 	for _, n := range leases {
 		d.ActiveLeases += n
 	}
-	if d.LastRefused, err = s.store.LastRefused(ctx, pool); err != nil {
+	if d.LastRefused, err = s.store.LastRefused(ctx, namespace+"/"+pool); err != nil {
 		return PoolDemand{}, fmt.Errorf("reading when a lease of pool %s/%s was last refused: %w", namespace, pool, err)
 	}
 	return d, nil

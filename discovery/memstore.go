@@ -462,7 +462,13 @@ func (m *MemoryStore) ActiveLeases(_ context.Context, ids []string) ([]int, erro
 func (m *MemoryStore) NoteRefused(_ context.Context, pool string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.refused[pool] = m.clock.Now()
+	now := m.clock.Now()
+	for p, at := range m.refused {
+		if now.Sub(at) >= RefusedMemory {
+			delete(m.refused, p)
+		}
+	}
+	m.refused[pool] = now
 	return nil
 }
 
@@ -470,7 +476,10 @@ func (m *MemoryStore) NoteRefused(_ context.Context, pool string) error {
 func (m *MemoryStore) LastRefused(_ context.Context, pool string) (time.Time, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.refused[pool], nil
+	if at, ok := m.refused[pool]; ok && m.clock.Since(at) < RefusedMemory {
+		return at, nil
+	}
+	return time.Time{}, nil
 }
 
 // Ping implements Store: memory always answers.

@@ -232,6 +232,11 @@ func effectivePace(declared Pace, learned time.Duration) Pace {
 	return declared
 }
 
+// RefusedMemory is how long a store remembers a pool's refused lease
+// request: far longer than the autoscaler looks back, and short enough
+// that a pool deleted or never created leaves nothing behind.
+const RefusedMemory = 10 * time.Minute
+
 // Store keeps leases, cooldowns and refused lease requests: the discovery
 // API's only mutable state. Every replica that serves discovery on a shared
 // backend sees the same state. Each method is safe for concurrent use,
@@ -259,9 +264,10 @@ type Store interface {
 	Report(ctx context.Context, id, result, target string, cooldown time.Duration) error
 	// ActiveLeases counts the live leases of each proxy of ids, in order.
 	ActiveLeases(ctx context.Context, ids []string) ([]int, error)
-	// NoteRefused records that a lease request selecting pool was refused
-	// for want of a proxy; LastRefused reads when that last happened (zero:
-	// not since the store began). Pools size themselves by it.
+	// NoteRefused records that a lease request selecting pool (its
+	// namespace/name) was refused for want of a proxy; LastRefused reads
+	// when that last happened (zero: not within RefusedMemory). Pools size
+	// themselves by it.
 	NoteRefused(ctx context.Context, pool string) error
 	LastRefused(ctx context.Context, pool string) (time.Time, error)
 	// Route reads a gateway session's route for host (the zero Route when

@@ -364,6 +364,27 @@ func validateSelector(field string, s Selector) error {
 	return nil
 }
 
+// poolsSelected are the pools (namespace/name) that have a member sel
+// matches, serving or not: the autoscalers a refused lease concerns. The
+// names come from the cluster, never from the request, so a client cannot
+// make the store remember pools that do not exist.
+func (v *View) poolsSelected(sel Selector) []string {
+	if sel[attrPool] == "" {
+		return nil
+	}
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	var pools []string
+	for _, e := range v.entries {
+		if sel.Matches(e.attributes.m) {
+			if pool := e.key.Namespace + "/" + e.attributes.m[attrPool]; !slices.Contains(pools, pool) {
+				pools = append(pools, pool)
+			}
+		}
+	}
+	return pools
+}
+
 // poolMembers are the ids of the Proxies of one pool, serving or not.
 func (v *View) poolMembers(namespace, pool string) []string {
 	v.mu.RLock()

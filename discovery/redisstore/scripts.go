@@ -21,7 +21,9 @@ import (
 //	P last:<proxy>        when the proxy was last leased (ties), for an hour
 //	P cool:<proxy>|<host> the end of the proxy's cooldown for host; expires by itself
 //	P leases, P cooldowns zsets of every lease and cooldown by end, for the
-//	                      metrics only
+//	                      metrics only; each write that adds to one drops
+//	                      what ended from it, so they never outgrow the
+//	                      live leases and cooldowns, scraped or not
 //	P hl:<proxy>|<host>   zset of the proxy's lease ids for host by expiry:
 //	                      its connections to host, for a concurrency limit
 //	P tat:<proxy>|<host>  the GCRA arrival time of the proxy's next request
@@ -29,7 +31,8 @@ import (
 //	P fleet:<policy>|<host> the same across a policy's whole fleet
 //	P learn:<host>        hash of host's learned pace: "i" interval ms,
 //	                      "since", "n" push-backs
-//	P refused             hash pool -> last refused lease request
+//	P refused:<ns>/<pool> when a lease request selecting the pool was last
+//	                      refused; expires after discovery.RefusedMemory
 //	P session:<session>   hash of a gateway session's routes: "own" -> its
 //	                      proxy, "d:<host>" -> the host's detour, "r:<host>"
 //	                      -> "<ms>|<proxy>" of its last rate_limited report,
@@ -164,6 +167,7 @@ if bestPace then
   if bestPace.finterval > 0 then gcraReserve(P .. 'fleet:' .. bestPace.fkey .. '|' .. target, bestPace.finterval) end
 end
 redis.call('SET', P .. 'last:' .. best, now, 'PX', 3600000)
+redis.call('ZREMRANGEBYSCORE', P .. 'leases', '-inf', now)
 redis.call('ZADD', P .. 'leases', expires, id)
 local wasPaced = 0
 if bestPace and (bestPace.interval > 0 or bestPace.conc > 0 or bestPace.finterval > 0) then wasPaced = 1 end
@@ -218,6 +222,7 @@ redis.call('PEXPIRE', key, ttl)
 local zkey = P .. 'proxy:' .. l[1]
 redis.call('ZADD', zkey, expires, id)
 extend(zkey, ttl)
+redis.call('ZREMRANGEBYSCORE', P .. 'leases', '-inf', now)
 redis.call('ZADD', P .. 'leases', expires, id)
 return {l[1], l[2], tonumber(l[3]), expires, load(l[1])}
 `)
@@ -243,6 +248,7 @@ local function cool(proxy, target, ms)
   local old = tonumber(redis.call('GET', key) or '0')
   if untilv > old then
     redis.call('SET', key, untilv, 'PX', untilv - now)
+    redis.call('ZREMRANGEBYSCORE', P .. 'cooldowns', '-inf', now)
     redis.call('ZADD', P .. 'cooldowns', untilv, member)
   end
 end
@@ -318,8 +324,16 @@ redis.call('ZREMRANGEBYSCORE', P .. 'cooldowns', '-inf', now)
 return {redis.call('ZCARD', P .. 'leases'), redis.call('ZCARD', P .. 'cooldowns')}
 `)
 
-// noteRefusedScript: ARGV[3] the pool.
-var noteRefusedScript = redis.NewScript(preamble + `
-redis.call('HSET', P .. 'refused', ARGV[3], now)
+// noteRefusedScript: ARGV[3] the pool (namespace/name).
+var noteRefusedScript = redis.NewScript(preamble + fmt.Sprintf(`
+redis.call('SET', P .. 'refused:' .. ARGV[3], now, 'PX', %d)
 return 1
-`)
+`, discovery.RefusedMemory.Milliseconds()))
+
+// lastRefusedScript: ARGV[3] the pool. Returns when it was last refused,
+// 0 for not within discovery.RefusedMemory on the store's clock.
+var lastRefusedScript = redis.NewScript(preamble + fmt.Sprintf(`
+local at = tonumber(redis.call('GET', P .. 'refused:' .. ARGV[3]) or '0')
+if now - at >= %d then return 0 end
+return at
+`, discovery.RefusedMemory.Milliseconds()))

@@ -348,12 +348,12 @@ func (s *Store) NoteRefused(ctx context.Context, pool string) error {
 
 // LastRefused implements discovery.Store.
 func (s *Store) LastRefused(ctx context.Context, pool string) (time.Time, error) {
-	ms, err := s.client.HGet(ctx, s.prefix+"refused", pool).Int64()
-	switch {
-	case errors.Is(err, redis.Nil):
-		return time.Time{}, nil
-	case err != nil:
+	ms, err := s.run(ctx, lastRefusedScript, pool).Int64()
+	if err != nil {
 		return time.Time{}, fmt.Errorf("reading when pool %s was last refused: %w", pool, err)
+	}
+	if ms == 0 {
+		return time.Time{}, nil
 	}
 	return time.UnixMilli(ms).UTC(), nil
 }

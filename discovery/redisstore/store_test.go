@@ -120,3 +120,30 @@ func TestScriptsSurviveAFlush(t *testing.T) {
 		require.NoError(t, store.Release(ctx, l.ID))
 	}
 }
+
+// TestIndexesStayBoundedWithoutScrapes: the metrics' indexes of leases and
+// cooldowns hold only what is live after each write, so a store nobody
+// scrapes does not grow, and a first scrape after weeks has nothing to
+// trim.
+func TestIndexesStayBoundedWithoutScrapes(t *testing.T) {
+	srv := redisserver.Start(t, "")
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = client.Close() })
+	ctx := context.Background()
+	var offset atomic.Int64
+	store := redisstore.New(redisstore.Options{Client: client, KeyPrefix: "bounded:",
+		TimeOffset: func() time.Duration { return time.Duration(offset.Load()) }})
+	for round := range 3 {
+		for i := range 300 {
+			l, err := store.Acquire(ctx, discovery.AcquireRequest{Candidates: storetest.Of("ns/a", "ns/b"), Target: fmt.Sprintf("site-%d.example", i), TTL: time.Second})
+			require.NoError(t, err)
+			require.NoError(t, store.Report(ctx, l.ID, discovery.ResultRateLimited, l.Target, time.Second))
+		}
+		leases, err := client.ZCard(ctx, "bounded:leases").Result()
+		require.NoError(t, err)
+		cooldowns, err := client.ZCard(ctx, "bounded:cooldowns").Result()
+		require.NoError(t, err)
+		assert.Equal(t, [2]int64{300, 300}, [2]int64{leases, cooldowns}, "round %d: the live ones only, never the ended ones of earlier rounds", round)
+		offset.Add(int64(2 * time.Second)) // every lease and cooldown of this round ends
+	}
+}

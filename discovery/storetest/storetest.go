@@ -296,21 +296,27 @@ func activeLeases(t *testing.T, h Harness) {
 
 func refusals(t *testing.T, h Harness) {
 	ctx := context.Background()
-	last, err := h.Store.LastRefused(ctx, "eu")
+	last, err := h.Store.LastRefused(ctx, "crawl/eu")
 	require.NoError(t, err)
 	assert.True(t, last.IsZero(), "never refused")
-	require.NoError(t, h.Store.NoteRefused(ctx, "eu"))
-	first, err := h.Store.LastRefused(ctx, "eu")
+	require.NoError(t, h.Store.NoteRefused(ctx, "crawl/eu"))
+	first, err := h.Store.LastRefused(ctx, "crawl/eu")
 	require.NoError(t, err)
 	assert.False(t, first.IsZero())
 	h.Advance(time.Minute)
-	require.NoError(t, h.Store.NoteRefused(ctx, "eu"))
-	second, err := h.Store.LastRefused(ctx, "eu")
+	require.NoError(t, h.Store.NoteRefused(ctx, "crawl/eu"))
+	second, err := h.Store.LastRefused(ctx, "crawl/eu")
 	require.NoError(t, err)
 	assert.InDelta(t, time.Minute.Seconds(), second.Sub(first).Seconds(), 1, "on the store's clock")
-	other, err := h.Store.LastRefused(ctx, "us")
+	for _, other := range []string{"crawl/us", "other/eu"} {
+		last, err := h.Store.LastRefused(ctx, other)
+		require.NoError(t, err)
+		assert.True(t, last.IsZero(), "per pool and namespace: %s", other)
+	}
+	h.Advance(discovery.RefusedMemory)
+	forgotten, err := h.Store.LastRefused(ctx, "crawl/eu")
 	require.NoError(t, err)
-	assert.True(t, other.IsZero(), "per pool")
+	assert.True(t, forgotten.IsZero(), "a refusal is forgotten after RefusedMemory, so pools that come and go leave nothing behind")
 	require.NoError(t, h.Store.Ping(ctx))
 }
 

@@ -376,3 +376,43 @@ func TestTransportPacesAPolicedHost(t *testing.T) {
 	assert.Positive(t, apiErr.RetryAfter)
 	require.NoError(t, tr.Close())
 }
+
+// TestTransportHoldsLeasesOnlyForHostsInUse: a host's lease is released
+// once it idles past IdleTimeout, at most MaxHosts are held at once (the
+// least recently used goes first), and one host in two spellings is one
+// lease.
+func TestTransportHoldsLeasesOnlyForHostsInUse(t *testing.T) {
+	f := newFixture(t)
+	tr := f.transport(time.Minute)
+	tr.Base.TLSClientConfig.InsecureSkipVerify = true // the site's certificate does not name localhost
+	tr.MaxHosts = 1
+	tr.IdleTimeout = 300 * time.Millisecond
+	defer tr.Close()
+	_, port, err := net.SplitHostPort(strings.TrimPrefix(f.site.URL, "https://"))
+	require.NoError(t, err)
+	web := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	get := func(host string) {
+		t.Helper()
+		resp, err := web.Get("https://" + host + ":" + port + "/")
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		require.NoError(t, resp.Body.Close())
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	// The site under two names; the transport cannot tell.
+	get("localhost")
+	get("LOCALHOST.")
+	assert.Equal(t, 1, activeLeases(t, f), "localhost and LOCALHOST. are one host")
+	assert.NotEmpty(t, tr.Current("Localhost"))
+
+	get("127.0.0.1")
+	assert.Empty(t, tr.Current("localhost"), "beyond MaxHosts the least recently used host's lease goes")
+	assert.NotEmpty(t, tr.Current("127.0.0.1"))
+	require.Eventually(t, func() bool { return activeLeases(t, f) == 1 }, 5*time.Second, 20*time.Millisecond, "and is released in the API")
+
+	require.Eventually(t, func() bool { return activeLeases(t, f) == 0 }, 5*time.Second, 20*time.Millisecond,
+		"a host with no request for IdleTimeout holds no lease")
+	assert.Empty(t, tr.Current("127.0.0.1"))
+	get("localhost")
+	assert.Equal(t, 1, activeLeases(t, f), "a host that comes back leases again")
+}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 )
@@ -22,6 +23,12 @@ import (
 // paced lease, which covers one request: the Transport sends it at the
 // slot the lease reserved and leases again for the next.
 //
+// A host's lease is released once no request has gone to it for
+// IdleTimeout, and at most MaxHosts are held at once (beyond it, the least
+// recently used host's goes), so a crawl over many hosts holds leases for
+// the hosts it is crawling now, not for every host it ever saw. Hosts are
+// compared as DNS does: Example.COM. is example.com.
+//
 // Set Client; the rest is optional. Close releases every lease.
 type Transport struct {
 	Client *Client
@@ -35,6 +42,12 @@ type Transport struct {
 	// Base sends the requests; its Proxy is replaced by the lease's. Nil:
 	// a clone of http.DefaultTransport.
 	Base *http.Transport
+	// IdleTimeout releases a host's lease once no request has gone to the
+	// host for that long (0: DefaultIdleTimeout).
+	IdleTimeout time.Duration
+	// MaxHosts bounds the leases held at once, one per host (0:
+	// DefaultMaxHosts).
+	MaxHosts int
 
 	once  sync.Once
 	inner *http.Transport
@@ -42,13 +55,27 @@ type Transport struct {
 	stop  context.CancelFunc
 
 	mu     sync.Mutex
-	byHost map[string]*Held
+	byHost map[string]*hostLease
+}
+
+// hostLease is a host's lease and when a request last took it.
+type hostLease struct {
+	held *Held
+	used time.Time
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
 
-// DefaultMaxWait is a Transport's wait for a paced slot.
-const DefaultMaxWait = 5 * time.Second
+// Defaults of a Transport.
+const (
+	// DefaultMaxWait is a Transport's wait for a paced slot.
+	DefaultMaxWait = 5 * time.Second
+	// DefaultIdleTimeout is how long a host's lease outlives its last
+	// request.
+	DefaultIdleTimeout = time.Minute
+	// DefaultMaxHosts bounds the leases a Transport holds at once.
+	DefaultMaxHosts = 256
+)
 
 type proxyKey struct{}
 
@@ -63,16 +90,55 @@ func (t *Transport) init() {
 			u, _ := req.Context().Value(proxyKey{}).(*url.URL)
 			return u, nil
 		}
-		// Leases outlive any one request: they are renewed until Close.
+		if t.IdleTimeout <= 0 {
+			t.IdleTimeout = DefaultIdleTimeout
+		}
+		if t.MaxHosts <= 0 {
+			t.MaxHosts = DefaultMaxHosts
+		}
+		// Leases outlive any one request: they are renewed until they
+		// idle, or until Close.
 		t.ctx, t.stop = context.WithCancel(context.Background())
-		t.byHost = map[string]*Held{}
+		t.byHost = map[string]*hostLease{}
+		go t.releaseIdle()
 	})
+}
+
+// releaseIdle releases, every so often, the leases of hosts no request
+// took for IdleTimeout, until Close.
+func (t *Transport) releaseIdle() {
+	ticker := time.NewTicker(max(t.IdleTimeout/4, 10*time.Millisecond))
+	defer ticker.Stop()
+	for {
+		select {
+		case <-t.ctx.Done():
+			return
+		case now := <-ticker.C:
+			t.mu.Lock()
+			var idle []*Held
+			for host, h := range t.byHost {
+				if now.Sub(h.used) >= t.IdleTimeout {
+					idle = append(idle, h.held)
+					delete(t.byHost, host)
+				}
+			}
+			t.mu.Unlock()
+			for _, h := range idle {
+				_ = h.Release(context.Background())
+			}
+		}
+	}
+}
+
+// normalizeHost compares hosts as DNS does: case and a trailing dot aside.
+func normalizeHost(host string) string {
+	return strings.ToLower(strings.TrimSuffix(host, "."))
 }
 
 // RoundTrip implements http.RoundTripper.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	t.init()
-	host := req.URL.Hostname()
+	host := normalizeHost(req.URL.Hostname())
 	for attempt := 0; ; attempt++ {
 		held, err := t.heldFor(req.Context(), host)
 		if err != nil {
@@ -122,7 +188,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // transport sends the request (and nothing reports how the site answered).
 func (t *Transport) Proxy(req *http.Request) (*url.URL, error) {
 	t.init()
-	held, err := t.heldFor(req.Context(), req.URL.Hostname())
+	held, err := t.heldFor(req.Context(), normalizeHost(req.URL.Hostname()))
 	if err != nil {
 		return nil, err
 	}
@@ -135,8 +201,8 @@ func (t *Transport) Current(host string) string {
 	t.init()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if h, ok := t.byHost[host]; ok {
-		return h.Lease().Proxy.ID
+	if h, ok := t.byHost[normalizeHost(host)]; ok {
+		return h.held.Lease().Proxy.ID
 	}
 	return ""
 }
@@ -146,11 +212,11 @@ func (t *Transport) Close() error {
 	t.init()
 	t.mu.Lock()
 	held := t.byHost
-	t.byHost = map[string]*Held{}
+	t.byHost = map[string]*hostLease{}
 	t.mu.Unlock()
 	var errs []error
 	for _, h := range held {
-		errs = append(errs, h.Release(context.Background()))
+		errs = append(errs, h.held.Release(context.Background()))
 	}
 	t.stop()
 	t.inner.CloseIdleConnections()
@@ -179,12 +245,31 @@ func (t *Transport) heldFor(ctx context.Context, host string) (*Held, error) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if other, ok := t.byHost[host]; ok && !lost(other) {
+	if other, ok := t.byHost[host]; ok && !lost(other.held) {
 		go func() { _ = h.Release(context.WithoutCancel(ctx)) }()
-		return other, nil
+		other.used = time.Now()
+		return other.held, nil
 	}
-	t.byHost[host] = h
+	t.byHost[host] = &hostLease{held: h, used: time.Now()}
+	if len(t.byHost) > t.MaxHosts {
+		t.evictLocked(host)
+	}
 	return h, nil
+}
+
+// evictLocked releases the lease of the least recently used host other
+// than keep.
+func (t *Transport) evictLocked(keep string) {
+	oldest := ""
+	for host, h := range t.byHost {
+		if host != keep && (oldest == "" || h.used.Before(t.byHost[oldest].used)) {
+			oldest = host
+		}
+	}
+	if h, ok := t.byHost[oldest]; ok {
+		delete(t.byHost, oldest)
+		go func() { _ = h.held.Release(context.Background()) }()
+	}
 }
 
 // live is host's lease unless there is none or it was lost; a lost one is
@@ -196,12 +281,13 @@ func (t *Transport) live(host string) *Held {
 	if !ok {
 		return nil
 	}
-	if lost(h) {
+	if lost(h.held) {
 		delete(t.byHost, host)
-		go func() { _ = h.Release(context.Background()) }()
+		go func() { _ = h.held.Release(context.Background()) }()
 		return nil
 	}
-	return h
+	h.used = time.Now()
+	return h.held
 }
 
 func lost(h *Held) bool {
@@ -223,7 +309,7 @@ func (t *Transport) drop(host string, held *Held) {
 func (t *Transport) forget(host string, held *Held) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.byHost[host] == held {
+	if h, ok := t.byHost[host]; ok && h.held == held {
 		delete(t.byHost, host)
 	}
 }

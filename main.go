@@ -121,6 +121,7 @@ type options struct {
 	cooldown         time.Duration
 	adaptivePacing   bool
 	tokenSecret      string
+	discoveryAuth    string
 	// leaseStore is memory (one replica) or redis (shared by replicas);
 	// storeTimeout bounds each of its calls.
 	leaseStore     string
@@ -217,7 +218,9 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	fs.StringVar(&o.credentialsNamespace, "credentials-namespace", "",
 		"namespace where the operator keeps the proxy credentials it generates per provider instance and the record of each instance's. Default: the operator's namespace.")
 	fs.StringVar(&o.tokenSecret, "discovery-token-secret", "",
-		"namespace/name of the Secret whose key \"token\" is the discovery API's bearer token. Default: discovery-token in the operator's namespace. No Secret: unauthenticated.")
+		"namespace/name of the Secret whose key \"token\" is the discovery API's bearer token. Default: discovery-token in the operator's namespace. The operator creates it with a random token when it is missing.")
+	fs.StringVar(&o.discoveryAuth, "discovery-auth", authRequired,
+		"required: the discovery API and the gateway ask every client for a token (a missing or empty token Secret refuses everyone); none: the API serves unauthenticated and hands out no proxy credentials, and the gateway refuses everyone.")
 	fs.IntVar(&o.maxConcurrentReconciles, "max-concurrent-reconciles", controllers.DefaultMaxConcurrentReconciles,
 		"Proxies reconciled at once (never the same Proxy twice); each reconcile makes at most one provider call.")
 	fs.Float64Var(&o.kubeAPIQPS, "kube-api-qps", controllers.DefaultKubeAPIQPS,
@@ -339,6 +342,9 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	}
 	if errs1123 := validation.IsDNS1123Label(o.credentialsNamespace); len(errs1123) > 0 {
 		errs = append(errs, fmt.Errorf("%w: --credentials-namespace %q is not a namespace name: %s", errUsage, o.credentialsNamespace, strings.Join(errs1123, "; ")))
+	}
+	if o.discoveryAuth != authRequired && o.discoveryAuth != authNone {
+		errs = append(errs, fmt.Errorf("%w: --discovery-auth must be %s or %s, got %q", errUsage, authRequired, authNone, o.discoveryAuth))
 	}
 	if ns, name, ok := strings.Cut(o.tokenSecret, "/"); !ok || ns == "" || name == "" {
 		errs = append(errs, fmt.Errorf("%w: --discovery-token-secret %q must be namespace/name", errUsage, o.tokenSecret))
@@ -644,13 +650,9 @@ func addDiscovery(ctx context.Context, mgr manager.Manager, restConfig *rest.Con
 		return nil, fmt.Errorf("feeding discovery's politeness policies: %w", err)
 	}
 
-	ns, name, _ := strings.Cut(opts.tokenSecret, "/")
-	token, tokenCache, err := discovery.WatchTokenSecret(ctx, restConfig, mgr.GetScheme(), ns, name)
+	tokens, waitForTokens, err := addTokenSource(ctx, mgr, restConfig, opts)
 	if err != nil {
 		return nil, err
-	}
-	if err := mgr.Add(everyReplica{tokenCache}); err != nil {
-		return nil, fmt.Errorf("adding the discovery token cache: %w", err)
 	}
 
 	store, storeMetrics, err := newLeaseStore(opts)
@@ -665,9 +667,9 @@ func addDiscovery(ctx context.Context, mgr manager.Manager, restConfig *rest.Con
 		Store:           store,
 		StoreTimeout:    opts.storeTimeout,
 		View:            view,
-		Tokens:          token,
+		Tokens:          tokens,
 		Ready:           func() bool { return reg.HasSynced() && policiesReg.HasSynced() },
-		WaitForTokens:   tokenCache.WaitForCacheSync,
+		WaitForTokens:   waitForTokens,
 		Clock:           clock.RealClock{},
 		Credentials:     creds,
 		Politeness:      discovery.Politeness{Policies: policies, Adaptive: opts.adaptivePacing},
@@ -716,6 +718,35 @@ func newLeaseStore(opts options) (discovery.Store, []prometheus.Collector, error
 	}
 	store := redisstore.New(redisstore.Options{Client: client, KeyPrefix: opts.redisKeyPrefix})
 	return store, store.Collectors(opts.storeTimeout), nil
+}
+
+// The values of --discovery-auth.
+const (
+	authRequired = "required"
+	authNone     = "none"
+)
+
+// addTokenSource is the discovery token: with --discovery-auth=none no
+// token at all; otherwise the token Secret, followed through a cache that
+// holds only it, and kept in place by a TokenKeeper (created with a random
+// token when missing). The wait is nil when there is nothing to wait for.
+func addTokenSource(ctx context.Context, mgr manager.Manager, restConfig *rest.Config, opts options) (discovery.TokenSource, func(context.Context) bool, error) {
+	if opts.discoveryAuth == authNone {
+		return discovery.StaticToken(""), nil, nil
+	}
+	ns, name, _ := strings.Cut(opts.tokenSecret, "/")
+	token, tokenCache, err := discovery.WatchTokenSecret(ctx, restConfig, mgr.GetScheme(), ns, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := mgr.Add(everyReplica{tokenCache}); err != nil {
+		return nil, nil, fmt.Errorf("adding the discovery token cache: %w", err)
+	}
+	keeper := &discovery.TokenKeeper{Client: mgr.GetClient(), Key: types.NamespacedName{Namespace: ns, Name: name}, Token: token, Synced: tokenCache.WaitForCacheSync}
+	if err := mgr.Add(keeper); err != nil {
+		return nil, nil, fmt.Errorf("adding the discovery token keeper: %w", err)
+	}
+	return token, tokenCache.WaitForCacheSync, nil
 }
 
 // everyReplica makes a cache of the operator's own start on every replica,

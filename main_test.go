@@ -143,6 +143,7 @@ func TestParseFlags(t *testing.T) {
 		wantText string
 	}{
 		{"unknown flag", []string{"--no-such-flag"}, "no-such-flag"},
+		{"auth neither required nor none", []string{"--discovery-auth=off"}, `--discovery-auth must be required or none, got "off"`},
 		{"stray argument", []string{"serve"}, `unexpected arguments ["serve"]`},
 		{"discovery address without port", []string{"--discovery-bind-address=localhost"}, "--discovery-bind-address"},
 		{"metrics port not a number", []string{"--metrics-bind-address=:https"}, "--metrics-bind-address"},

@@ -59,7 +59,7 @@ func TestCredentialsOnlyToAuthenticatedClients(t *testing.T) {
 		for _, res := range []response{f.do("POST", "/v1/leases", `{}`), f.do("GET", "/v1/proxies", "")} {
 			require.Less(t, res.status, 300, res.raw)
 			assert.NotContains(t, res.raw, "s3cret-password-0123")
-			assert.Contains(t, res.raw, "the discovery API is unauthenticated, so it never hands out proxy credentials")
+			assert.Contains(t, res.raw, "the discovery API runs unauthenticated (--discovery-auth=none), so it never hands out proxy credentials")
 			assert.Contains(t, res.raw, `"url":"http://127.0.0.9:3128"`)
 		}
 	})

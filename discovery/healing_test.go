@@ -95,7 +95,7 @@ func TestTargetsAreHosts(t *testing.T) {
 	}
 }
 
-// TestAuthFailsClosed: once a token was required, losing it refuses every
+// TestAuthFailsClosed: with a token required, losing it refuses every
 // request (401, with a message saying why and a metric), until it is back.
 // Bearer is matched case-insensitively and the token trimmed.
 func TestAuthFailsClosed(t *testing.T) {
@@ -114,7 +114,7 @@ func TestAuthFailsClosed(t *testing.T) {
 	tok.value = "" // the Secret is gone
 	r := f.do("GET", "/v1/proxies", "")
 	assert.Equal(t, http.StatusUnauthorized, r.status, "no token at all: refused, never open")
-	assert.Contains(t, errorMessage(r), "deleted or has no token")
+	assert.Contains(t, errorMessage(r), "missing or has no token")
 	r = f.do("GET", "/v1/proxies", "", "Authorization", "Bearer ")
 	assert.Equal(t, http.StatusUnauthorized, r.status, "an empty bearer token never matches the missing one")
 	assert.Equal(t, http.StatusUnauthorized, f.do("POST", "/v1/leases", `{}`, "Authorization", "Bearer s3cret").status, "the old token no longer works")

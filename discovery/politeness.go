@@ -149,7 +149,7 @@ func (s *Server) getTarget(w http.ResponseWriter, r *http.Request, ps httprouter
 	}
 	l, err := s.store.LearnedPace(r.Context(), host)
 	if err != nil {
-		return storeUnavailable(w, err)
+		return storeUnavailable(r.Context(), w, err)
 	}
 	if l.Interval > 0 {
 		out.Learned = &learnedView{IntervalSeconds: l.Interval.Seconds(), Since: l.Since.UTC(), PushBacks: l.PushBacks}

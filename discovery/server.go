@@ -71,17 +71,17 @@ const (
 // answer: long enough not to hammer a Redis that is coming back.
 const retryAfterStoreUnavailable = 2 * time.Second
 
-// TokenSource supplies the bearer token. required false means no token was
-// ever configured, and the API serves unauthenticated (as the README says);
-// required with an empty token means the token is gone, and every request
-// is refused until it is back.
+// TokenSource supplies the bearer token. required false means the API was
+// configured to serve unauthenticated (--discovery-auth=none), and then
+// never hands out proxy credentials; required with an empty token means the
+// token is missing, and every request is refused until it is there.
 type TokenSource interface {
 	Token() (token string, required bool)
 }
 
 // Auth states, as the proxy_operator_discovery_auth_enabled metric does not
-// tell them apart: open (no token ever configured), enforced, locked (the
-// token Secret went away).
+// tell them apart: open (--discovery-auth=none), enforced, locked (the
+// token Secret is missing or empty).
 const (
 	authUnknown int32 = iota - 1
 	authOpen
@@ -126,7 +126,7 @@ type CredentialsLookup interface {
 
 // Why a proxy is shown without its credentials.
 const (
-	withheldUnauthenticated = "the discovery API is unauthenticated, so it never hands out proxy credentials: create its token Secret (see docs/security.md) and send Authorization: Bearer <token>"
+	withheldUnauthenticated = "the discovery API runs unauthenticated (--discovery-auth=none), so it never hands out proxy credentials: run it with --discovery-auth=required (the default; see docs/security.md) and send Authorization: Bearer <token>"
 	withheldUnavailable     = "the proxy's credentials cannot be read right now; lease another or retry"
 )
 
@@ -294,7 +294,7 @@ func (s *Server) listProxies(w http.ResponseWriter, r *http.Request, _ httproute
 	}
 	leases, err := s.store.ActiveLeases(r.Context(), ids)
 	if err != nil {
-		return storeUnavailable(w, err)
+		return storeUnavailable(r.Context(), w, err)
 	}
 	for i := range proxies {
 		proxies[i].ActiveLeases = leases[i]
@@ -371,7 +371,7 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request, _ httproute
 			req.Target, len(candidates.IDs), map[string]string(req.Selector), req.MaxWaitSeconds, none.Error()))
 	}
 	if errors.As(err, &none) {
-		if pool := req.Selector[attrPool]; pool != "" {
+		for _, pool := range s.opts.View.poolsSelected(req.Selector) {
 			if err := s.store.NoteRefused(r.Context(), pool); err != nil {
 				warn(logf.FromContext(r.Context()), "could not record a refused lease for the pool's autoscaler", "pool", pool, "error", err.Error())
 			}
@@ -388,7 +388,7 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request, _ httproute
 		return writeError(w, http.StatusServiceUnavailable, CodeNoProxyAvailable, msg)
 	}
 	if err != nil {
-		return storeUnavailable(w, err)
+		return storeUnavailable(r.Context(), w, err)
 	}
 	// Only the answer that creates a lease says how it was paced: both
 	// stores know it then, and a paced lease covers that one request.
@@ -404,14 +404,14 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request, _ httproute
 func (s *Server) getLease(w http.ResponseWriter, r *http.Request, ps httprouter.Params) int {
 	lease, err := s.store.Get(r.Context(), ps.ByName("id"))
 	if err != nil {
-		return leaseError(w, ps.ByName("id"), err)
+		return leaseError(r.Context(), w, ps.ByName("id"), err)
 	}
 	return writeJSON(w, http.StatusOK, s.leaseView(r.Context(), lease))
 }
 
 func (s *Server) releaseLease(w http.ResponseWriter, r *http.Request, ps httprouter.Params) int {
 	if err := s.store.Release(r.Context(), ps.ByName("id")); err != nil {
-		return storeUnavailable(w, err)
+		return storeUnavailable(r.Context(), w, err)
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return http.StatusNoContent
@@ -435,7 +435,7 @@ func (s *Server) renewLease(w http.ResponseWriter, r *http.Request, ps httproute
 	}
 	lease, err := s.store.Get(r.Context(), ps.ByName("id"))
 	if err != nil {
-		return leaseError(w, ps.ByName("id"), err)
+		return leaseError(r.Context(), w, ps.ByName("id"), err)
 	}
 	// A lease on a proxy that went away is not extended: the client should
 	// lease another. The lease itself lives on until its TTL, so a report
@@ -445,7 +445,7 @@ func (s *Server) renewLease(w http.ResponseWriter, r *http.Request, ps httproute
 			fmt.Sprintf("lease %q is not renewed: %s; release it and lease another", lease.ID, why))
 	}
 	if lease, err = s.store.Renew(r.Context(), lease.ID, ttl); err != nil {
-		return leaseError(w, ps.ByName("id"), err)
+		return leaseError(r.Context(), w, ps.ByName("id"), err)
 	}
 	return writeJSON(w, http.StatusOK, s.leaseView(r.Context(), lease))
 }
@@ -464,7 +464,7 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request, ps httprouter.Pa
 	}
 	target := normalizeTarget(req.Target)
 	if err := s.store.Report(r.Context(), ps.ByName("id"), req.Result, target, cooldown); err != nil {
-		return leaseError(w, ps.ByName("id"), err)
+		return leaseError(r.Context(), w, ps.ByName("id"), err)
 	}
 	reportsTotal.WithLabelValues(req.Result).Inc()
 	if req.Result == ResultRateLimited {
@@ -495,7 +495,7 @@ func (s *Server) reportSession(w http.ResponseWriter, r *http.Request, ps httpro
 		return writeError(w, http.StatusNotFound, CodeSessionNotFound,
 			fmt.Sprintf("no gateway session %q has tunnelled lately (it never did, or was idle past its time)", session))
 	case err != nil:
-		return storeUnavailable(w, err)
+		return storeUnavailable(r.Context(), w, err)
 	}
 	reportsTotal.WithLabelValues(req.Result).Inc()
 	if req.Result == ResultRateLimited {
@@ -573,7 +573,7 @@ func (s *Server) authed(route string, h handle) httprouter.Handle {
 			got, found := bearerToken(r.Header.Get("Authorization"))
 			msg := "a valid bearer token is required (Authorization: Bearer <token>)"
 			if state == authLocked {
-				msg = "the discovery token Secret was deleted or has no token: every request is refused until a token is back"
+				msg = "the discovery token Secret is missing or has no token: every request is refused until a token is there (the operator recreates a deleted one)"
 			}
 			if state == authLocked || !found || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="egress-proxies-operator"`)
@@ -628,10 +628,10 @@ func (s *Server) noteAuth(ctx context.Context, state int32) {
 	log := logf.FromContext(ctx).WithName("discovery")
 	switch state {
 	case authOpen:
-		warn(log, "no discovery token Secret: the discovery API serves UNAUTHENTICATED; create the Secret to require a bearer token")
+		warn(log, "--discovery-auth=none: the discovery API serves UNAUTHENTICATED and hands out no proxy credentials")
 	case authLocked:
-		log.Error(errors.New("discovery token lost"),
-			"the discovery token Secret was deleted or lost its token key: the API refuses every request until a token is back")
+		log.Error(errors.New("discovery token missing"),
+			"the discovery token Secret is missing or has no token key: the API refuses every request until a token is there")
 	case authEnforced:
 		if old != authUnknown {
 			log.Info("discovery API authentication enforced")
@@ -771,18 +771,21 @@ func writeError(w http.ResponseWriter, status int, code, message string) int {
 
 // leaseError answers a store error about one lease: 404 when the store
 // says it is not live, 503 when the store did not answer.
-func leaseError(w http.ResponseWriter, id string, err error) int {
+func leaseError(ctx context.Context, w http.ResponseWriter, id string, err error) int {
 	if errors.Is(err, ErrLeaseNotFound) {
 		return writeError(w, http.StatusNotFound, CodeLeaseNotFound, fmt.Sprintf("lease %q does not exist: it was released or expired (or, with the in-memory lease store, lost when the operator restarted)", id))
 	}
-	return storeUnavailable(w, err)
+	return storeUnavailable(ctx, w, err)
 }
 
-// storeUnavailable answers 503 store_unavailable with a Retry-After.
-func storeUnavailable(w http.ResponseWriter, err error) int {
+// storeUnavailable answers 503 store_unavailable with a Retry-After. The
+// cause goes to the operator's log, not to the client: it names the
+// store's address.
+func storeUnavailable(ctx context.Context, w http.ResponseWriter, err error) int {
+	logf.FromContext(ctx).Error(err, "the lease store did not answer")
 	setRetryAfter(w, retryAfterStoreUnavailable)
 	return writeError(w, http.StatusServiceUnavailable, CodeStoreUnavailable,
-		"the lease store did not answer in time; retry after Retry-After seconds ("+err.Error()+")")
+		"the lease store did not answer in time; retry after Retry-After seconds (the operator's log has the cause)")
 }
 
 func setRetryAfter(w http.ResponseWriter, d time.Duration) {
@@ -814,11 +817,11 @@ var (
 	}, []string{"result"})
 	authEnabled = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "proxy_operator_discovery_auth_enabled",
-		Help: "1 when the discovery API requires a bearer token, 0 when it serves unauthenticated.",
+		Help: "1 when the discovery API requires a bearer token, 0 when it serves unauthenticated (--discovery-auth=none).",
 	})
 	authLockedGauge = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "proxy_operator_discovery_auth_locked",
-		Help: "1 while the discovery token Secret is missing after a token was set: every request is refused.",
+		Help: "1 while the discovery token Secret is missing or empty: every request is refused.",
 	})
 )
 

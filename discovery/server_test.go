@@ -463,7 +463,8 @@ func TestStoreUnavailable(t *testing.T) {
 		assert.Equal(t, http.StatusServiceUnavailable, r.status, "%s %s", req[0], req[1])
 		assert.Equal(t, CodeStoreUnavailable, errorCode(r), "%s %s", req[0], req[1])
 		assert.Equal(t, "2", r.header.Get("Retry-After"), "%s %s", req[0], req[1])
-		assert.Contains(t, errorMessage(r), "connection refused", "the cause is named")
+		assert.NotContains(t, r.raw, "6379", "the store's address stays in the operator's log")
+		assert.NotContains(t, r.raw, "connection refused")
 	}
 	assert.Equal(t, before+1, testutil.ToFloat64(storeErrors.WithLabelValues("acquire")))
 
@@ -483,7 +484,7 @@ func TestStoreTimeout(t *testing.T) {
 	assert.Less(t, time.Since(start), time.Second)
 	assert.Equal(t, http.StatusServiceUnavailable, r.status)
 	assert.Equal(t, CodeStoreUnavailable, errorCode(r))
-	assert.Contains(t, errorMessage(r), "deadline exceeded")
+	assert.Contains(t, errorMessage(r), "did not answer in time")
 }
 
 // hangingStore's Acquire waits until its context ends, as a call to a
@@ -535,3 +536,31 @@ func TestCandidateCacheFollowsVerdicts(t *testing.T) {
 	h.healthy["crawl/eu-1"], h.gen = true, h.gen+1
 	assert.Equal(t, http.StatusCreated, f.do("POST", "/v1/leases", `{}`).status)
 }
+
+// TestRefusalsAreRecordedForRealPools: a refused lease is remembered for
+// the autoscaler of each pool (namespace/name) with a member the selector
+// matches; a pool name a client made up, or one in another namespace,
+// leaves nothing in the store.
+func TestRefusalsAreRecordedForRealPools(t *testing.T) {
+	f := newFixture(t)
+	member := f.proxy("eu-0", "127.0.0.11", false, nil) // unhealthy: the pool cannot serve
+	member.OwnerReferences = []metav1.OwnerReference{{APIVersion: crawlv1alpha1.GroupVersion.String(), Kind: "ProxyPool", Name: "eu", UID: "u", Controller: ptrTo(true)}}
+	f.view.upsert(member)
+
+	for _, pool := range []string{"eu", "made-up-1", "made-up-2"} {
+		r := f.do("POST", "/v1/leases", `{"selector":{"pool":"`+pool+`"}}`)
+		require.Equal(t, http.StatusServiceUnavailable, r.status, pool)
+	}
+	demand, err := f.srv.PoolDemand(context.Background(), "crawl", "eu")
+	require.NoError(t, err)
+	assert.Equal(t, f.clock.Now(), demand.LastRefused, "the pool's autoscaler sees the refusal")
+	other, err := f.srv.PoolDemand(context.Background(), "elsewhere", "eu")
+	require.NoError(t, err)
+	assert.True(t, other.LastRefused.IsZero(), "a pool of the same name in another namespace saw none")
+	f.store.mu.Lock()
+	remembered := len(f.store.refused)
+	f.store.mu.Unlock()
+	assert.Equal(t, 1, remembered, "made-up pool names are not remembered")
+}
+
+func ptrTo[T any](v T) *T { return &v }

@@ -18,10 +18,10 @@ import (
 
 // Errors of the gateway's side of discovery.
 var (
-	// ErrGatewayLocked: no discovery token is configured (or it was lost),
-	// so the gateway refuses everyone: without a token it would be an open
-	// proxy.
-	ErrGatewayLocked = errors.New("the gateway needs the discovery token: create its Secret (see docs/security.md)")
+	// ErrGatewayLocked: the discovery API runs unauthenticated
+	// (--discovery-auth=none) or its token Secret is missing, so the
+	// gateway refuses everyone: without a token it would be an open proxy.
+	ErrGatewayLocked = errors.New("the gateway needs the discovery token: run the operator with --discovery-auth=required and the token Secret in place (see docs/security.md)")
 	// ErrWrongToken: the client's password is not the discovery token.
 	ErrWrongToken = errors.New("the proxy password must be the discovery API token")
 	// ErrInvalidTunnel: the request cannot be served as asked (a bad
@@ -55,7 +55,9 @@ type Tunnels struct {
 // Tunnels returns the server's side of the gateway.
 func (s *Server) Tunnels() *Tunnels { return &Tunnels{s: s} }
 
-// Authorize checks a gateway client's password against the discovery token.
+// Authorize checks a gateway client's password against the discovery
+// token. ErrGatewayLocked comes first, whatever the password (even none):
+// a gateway without a token refuses everyone alike.
 func (t *Tunnels) Authorize(password string) error {
 	token, required := t.s.opts.Tokens.Token()
 	switch {

@@ -60,6 +60,10 @@ const ProxyStatusName = "egress-proxies-operator"
 // proxy that carried it (namespace/name).
 const HeaderUpstream = "X-Egress-Proxy"
 
+// lockedRetryAfter is the Retry-After of the 503 a gateway without a
+// token answers: a configuration change, not a moment's load.
+const lockedRetryAfter = 60 * time.Second
+
 // realm is the Basic realm of the gateway's 407s.
 const realm = `Basic realm="egress-proxies-operator gateway"`
 
@@ -194,8 +198,11 @@ func (g *Gateway) Start(ctx context.Context) error {
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	id, status, msg := g.authenticate(r)
 	if status != 0 {
-		if status == http.StatusProxyAuthRequired {
+		switch status {
+		case http.StatusProxyAuthRequired:
 			w.Header().Set("Proxy-Authenticate", realm)
+		case http.StatusServiceUnavailable:
+			w.Header().Set("Retry-After", strconv.Itoa(int(lockedRetryAfter/time.Second)))
 		}
 		requestsTotal.WithLabelValues(kindOf(r), outcomeRefused).Inc()
 		http.Error(w, msg, status)
@@ -216,12 +223,14 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // session and selector (ParseUsername), the password the discovery token.
 func (g *Gateway) authenticate(r *http.Request) (Identity, int, string) {
 	user, password, ok := proxyBasicAuth(r.Header.Get("Proxy-Authorization"))
-	if !ok {
-		return Identity{}, http.StatusProxyAuthRequired, "proxy credentials required: http://<session>:<discovery token>@<gateway>"
-	}
-	switch err := g.opts.Upstreams.Authorize(password); {
+	err := g.opts.Upstreams.Authorize(password)
+	switch {
 	case errors.Is(err, discovery.ErrGatewayLocked):
+		// Everyone alike, with or without credentials: nothing they send
+		// can help until the operator has a token.
 		return Identity{}, http.StatusServiceUnavailable, err.Error()
+	case !ok:
+		return Identity{}, http.StatusProxyAuthRequired, "proxy credentials required: http://<session>:<discovery token>@<gateway>"
 	case err != nil:
 		return Identity{}, http.StatusProxyAuthRequired, err.Error()
 	}

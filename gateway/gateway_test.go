@@ -364,17 +364,27 @@ func TestTheGatewayIsNeverOpen(t *testing.T) {
 	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
 	assert.NotEmpty(t, resp.Header.Get("Retry-After"))
 
-	// With no token configured, the gateway refuses everyone.
-	locked := gateway.New(gateway.Options{Upstreams: discovery.NewServer(discovery.Options{
-		Store: discovery.NewMemoryStore(nil), View: f.view, Tokens: discovery.StaticToken(""),
-	}).Tunnels()})
-	rec := httptest.NewRecorder()
-	req := httptest.NewRequest(http.MethodConnect, "http://"+target, nil)
-	req.Host = target
-	req.Header.Set("Proxy-Authorization", basic("s1", ""))
-	locked.ServeHTTP(rec, req)
-	assert.Equal(t, http.StatusServiceUnavailable, rec.Code)
-	assert.Contains(t, rec.Body.String(), "needs the discovery token")
+	// With no token (--discovery-auth=none, or the token Secret missing),
+	// the gateway refuses everyone alike: 503 with a Retry-After, whether
+	// or not they send credentials, and never asks for any.
+	for name, tokens := range map[string]discovery.TokenSource{"auth none": discovery.StaticToken(""), "Secret missing": discovery.NewSecretToken()} {
+		locked := gateway.New(gateway.Options{Upstreams: discovery.NewServer(discovery.Options{
+			Store: discovery.NewMemoryStore(nil), View: f.view, Tokens: tokens,
+		}).Tunnels()})
+		for _, auth := range []string{"", basic("s1", ""), basic("s1", token)} {
+			rec := httptest.NewRecorder()
+			req := httptest.NewRequest(http.MethodConnect, "http://"+target, nil)
+			req.Host = target
+			if auth != "" {
+				req.Header.Set("Proxy-Authorization", auth)
+			}
+			locked.ServeHTTP(rec, req)
+			assert.Equal(t, http.StatusServiceUnavailable, rec.Code, "%s, Proxy-Authorization %q", name, auth)
+			assert.Equal(t, "60", rec.Header().Get("Retry-After"), "%s, Proxy-Authorization %q", name, auth)
+			assert.Empty(t, rec.Header().Get("Proxy-Authenticate"), "no credentials can help")
+			assert.Contains(t, rec.Body.String(), "needs the discovery token")
+		}
+	}
 }
 
 func TestBoundedTunnels(t *testing.T) {

@@ -167,6 +167,56 @@ func BuildOperator(dir string) (string, error) {
 	return BuildShipped(dir, "egress-proxies-operator", ".")
 }
 
+// BuildRaceOperator builds the operator binary into dir with the race
+// detector, for the tests that run the whole process (e2e, HA, soak): the
+// only place discovery, the gateway, the health engine and the reconciler
+// run together. Operator.DataRaces reads what it found. Benchmarks build
+// the shipped binary instead, since the detector slows everything down.
+func BuildRaceOperator(dir string) (string, error) {
+	bin := filepath.Join(dir, "egress-proxies-operator-race")
+	cmd := exec.Command("go", "build", "-race", "-o", bin, ".")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=1") // the detector needs cgo
+	cmd.Dir = testenv.RepoRoot()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building the operator with -race (it needs gcc: apt-get install gcc): %w\n%s", err, out)
+	}
+	return bin, nil
+}
+
+// raceReport opens each report the race detector writes.
+const raceReport = "WARNING: DATA RACE"
+
+// DataRaces is every race report in the operator's log so far, or "".
+func (o *Operator) DataRaces() string { return racesIn(o.Log) }
+
+// DataRaces is every race report in the logs of every operator this
+// cluster ran, or "".
+func (c *Cluster) DataRaces() string {
+	logs, _ := filepath.Glob(filepath.Join(c.Dir, "operator-*.log"))
+	var all []string
+	for _, log := range logs {
+		if races := racesIn(log); races != "" {
+			all = append(all, log+":\n"+races)
+		}
+	}
+	return strings.Join(all, "\n")
+}
+
+// racesIn is the race reports in one log.
+func racesIn(path string) string {
+	out, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Sprintf("reading %s: %v", path, err)
+	}
+	var reports []string
+	for _, chunk := range strings.Split(string(out), "==================\n")[1:] {
+		if strings.HasPrefix(chunk, raceReport) {
+			reports = append(reports, chunk)
+		}
+	}
+	return strings.Join(reports, "==================\n")
+}
+
 // BuildShipped builds the main package pkg (relative to the repository's
 // root) into dir/name with the image's build flags and returns its path.
 func BuildShipped(dir, name, pkg string) (string, error) {

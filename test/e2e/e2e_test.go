@@ -61,7 +61,7 @@ func runMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}
-	if world.bin, err = cluster.BuildOperator(dir); err != nil {
+	if world.bin, err = cluster.BuildRaceOperator(dir); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}
@@ -85,6 +85,10 @@ func runMain(m *testing.M) int {
 	}
 	code := m.Run()
 	world.operator.Stop()
+	if races := world.cluster.DataRaces(); races != "" {
+		fmt.Fprintf(os.Stderr, "e2e: the operator (built with -race) found data races:\n%s\n", races)
+		code = 1
+	}
 	if code != 0 {
 		if tail, err := readTail(world.operator.Log, 6000); err == nil {
 			fmt.Fprintf(os.Stderr, "--- operator log (tail) ---\n%s\n", tail)
@@ -431,6 +435,23 @@ func testAuth(t *testing.T) {
 	}, 10*time.Second, poll, "the rotated token works without a restart")
 	assert.Equal(t, http.StatusUnauthorized, call(t, "GET", "/v1/proxies", "", world.token).status, "the old one no longer does")
 	world.token = rotated
+
+	// Deleting the Secret never opens the API: the operator makes a new
+	// one with a random token (a rotation), and only that one works.
+	require.NoError(t, c.Delete(ctx, &secret))
+	var recreated corev1.Secret
+	require.Eventually(t, func() bool {
+		err := c.Get(ctx, client.ObjectKey{Namespace: cluster.OperatorNamespace, Name: "discovery-token"}, &recreated)
+		return err == nil && recreated.UID != secret.UID && len(recreated.Data["token"]) > 0
+	}, 10*time.Second, poll, "the operator recreates a deleted token Secret")
+	generated := string(recreated.Data["token"])
+	assert.NotEqual(t, rotated, generated, "with a new, random token")
+	require.Eventually(t, func() bool {
+		return call(t, "GET", "/v1/proxies", "", generated).status == http.StatusOK
+	}, 10*time.Second, poll, "the generated token works")
+	assert.Equal(t, http.StatusUnauthorized, call(t, "GET", "/v1/proxies", "", rotated).status, "the deleted one does not")
+	assert.Equal(t, http.StatusUnauthorized, call(t, "GET", "/v1/proxies", "", "").status, "and no token still gets nothing")
+	world.token = generated
 }
 
 func ptr[T any](v T) *T { return &v }

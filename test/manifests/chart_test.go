@@ -124,9 +124,9 @@ func cmpOr(s, def string) string {
 func TestChartRendersForEachRegion(t *testing.T) {
 	for _, tc := range []struct {
 		values, provider, gsa string
-		tokenCreated          bool
+		tokenCreated          bool // every region's values do; TestChartAuth covers the rest
 	}{
-		{"", "kind-local", "", false},
+		{"", "kind-local", "", true},
 		{"values-gcp-eu.yaml", "gcp-eu", "egress-proxies-operator@my-crawl-project.iam.gserviceaccount.com", true},
 		{"values-gcp-us.yaml", "gcp-us", "egress-proxies-operator@my-crawl-project.iam.gserviceaccount.com", true},
 	} {
@@ -159,11 +159,8 @@ func TestChartRendersForEachRegion(t *testing.T) {
 				assert.Equal(t, releaseNamespace+"/"+secret.Name, flag, "the operator reads the Secret the chart creates")
 				assert.Regexp(t, `^[A-Za-z0-9]{48}$`, string(secret.Data["token"]), "a random token")
 				assert.NotContains(t, r.notes, "UNAUTHENTICATED")
-			} else {
-				assert.False(t, r.objects.one(t, "Secret", &secret), "no Secret unless asked for")
-				assert.Equal(t, releaseNamespace+"/egress-proxies-operator-discovery-token", flag)
-				assert.Contains(t, r.notes, "UNAUTHENTICATED", "NOTES say the API is open until the Secret exists")
 			}
+			assert.Equal(t, "required", managerArg(t, deploy, "--discovery-auth"), "secure by default")
 
 			for _, u := range r.objects {
 				for _, label := range []string{"app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version", "app.kubernetes.io/managed-by", "helm.sh/chart"} {
@@ -844,4 +841,26 @@ func TestChartSetsGOGC(t *testing.T) {
 	assert.Equal(t, "100", env.Value)
 	_, err := chartInstall{set: map[string]any{"goGC": "fast"}}.render(t)
 	assert.ErrorContains(t, err, "goGC", "not a percentage: refused by the schema, naming the value")
+}
+
+// TestChartAuth: without a token Secret from the chart the operator makes
+// one (NOTES say so, and never that the API is open); discovery.auth=none
+// is the only way to an unauthenticated API, and NOTES say what it costs.
+func TestChartAuth(t *testing.T) {
+	r := chartInstall{set: map[string]any{"discovery": map[string]any{"token": map[string]any{"create": false}}}}.mustRender(t)
+	var deploy appsv1.Deployment
+	require.True(t, r.objects.one(t, "Deployment", &deploy))
+	var secret corev1.Secret
+	assert.False(t, r.objects.one(t, "Secret", &secret), "no Secret unless asked for")
+	assert.Equal(t, "required", managerArg(t, deploy, "--discovery-auth"))
+	assert.Contains(t, r.notes, "The operator creates the Secret")
+	assert.NotContains(t, r.notes, "UNAUTHENTICATED")
+
+	r = chartInstall{set: map[string]any{"discovery": map[string]any{"auth": "none"}}}.mustRender(t)
+	require.True(t, r.objects.one(t, "Deployment", &deploy))
+	assert.Equal(t, "none", managerArg(t, deploy, "--discovery-auth"))
+	assert.Contains(t, r.notes, "UNAUTHENTICATED")
+
+	_, err := chartInstall{set: map[string]any{"discovery": map[string]any{"auth": "off"}}}.render(t)
+	assert.ErrorContains(t, err, "/discovery/auth", "the schema refuses anything but required and none")
 }

@@ -112,6 +112,12 @@ func newWorld(t *testing.T) *world {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Stop)
+	// Runs once every operator has stopped (cleanups run last first).
+	t.Cleanup(func() {
+		if races := c.DataRaces(); races != "" {
+			t.Errorf("the operator (built with -race) found data races:\n%s", races)
+		}
+	})
 	w := &world{cluster: c, fake: fake, vms: cluster.NewVMRunner(fake), replacements: map[string]float64{}}
 	go w.vms.Run(t.Context())
 	t.Cleanup(w.vms.CloseAll)
@@ -136,7 +142,7 @@ func newWorld(t *testing.T) *world {
 		Data: map[string][]byte{"token": []byte(token)}}); err != nil {
 		t.Fatal(err)
 	}
-	if w.bin, err = cluster.BuildOperator(dir); err != nil {
+	if w.bin, err = cluster.BuildRaceOperator(dir); err != nil {
 		t.Fatal(err)
 	}
 	discovery := cluster.FreeAddr()

@@ -48,7 +48,7 @@ import (
 	"github.com/example/egress-proxies-operator/gateway"
 	"github.com/example/egress-proxies-operator/health"
 	"github.com/example/egress-proxies-operator/intern"
-	"github.com/example/egress-proxies-operator/metricsauth"
+	"github.com/example/egress-proxies-operator/kubeauth"
 	"github.com/example/egress-proxies-operator/providers"
 	"github.com/example/egress-proxies-operator/providers/gcp"
 	"github.com/example/egress-proxies-operator/providers/kubernetes"
@@ -871,14 +871,14 @@ func newScheme() *runtime.Scheme {
 
 // newManager builds the controller-runtime manager with secure metrics
 // (kubebuilder v4's TokenReview and SubjectAccessReview, through package
-// metricsauth), health probes and leader election.
+// kubeauth), health probes and leader election.
 func newManager(restConfig *rest.Config, opts options) (manager.Manager, error) {
 	metricsOpts := metricsserver.Options{
 		BindAddress:   opts.metricsAddr,
 		SecureServing: opts.metricsSecure,
 	}
 	if opts.metricsSecure {
-		metricsOpts.FilterProvider = metricsauth.WithAuthenticationAndAuthorization
+		metricsOpts.FilterProvider = kubeauth.WithAuthenticationAndAuthorization
 	}
 	if !opts.enableHTTP2 {
 		metricsOpts.TLSOpts = []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }}

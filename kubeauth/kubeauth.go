@@ -1,9 +1,13 @@
-// Package metricsauth guards the operator's metrics endpoint the way
-// kubebuilder's secure metrics do: a scraper's bearer token is checked with
-// a TokenReview, and what it may read with a SubjectAccessReview on the
-// request's path and verb, both answered by the API server and both cached.
+// Package kubeauth asks the API server who holds a bearer token
+// (TokenReview) and what they may do (SubjectAccessReview), both cached and
+// retried as k8s.io/apiserver's delegating authenticator and authorizer do.
+// Filter guards the operator's metrics endpoint the way kubebuilder's
+// secure metrics do (a SubjectAccessReview on the request's path and verb);
+// Reviewer checks crawler teams' ServiceAccount tokens, for an audience of
+// the operator's, and their access to the virtual resources the tenant
+// package names.
 //
-// It replaces controller-runtime's filters.WithAuthenticationAndAuthorization,
+// Filter replaces controller-runtime's filters.WithAuthenticationAndAuthorization,
 // which does the same two reviews through k8s.io/apiserver's delegating
 // authenticator and authorizer. Those link k8s.io/apiserver and, through its
 // webhook authorizer, cel-go: 8 MB of the operator's binary and some 12 MiB
@@ -11,7 +15,7 @@
 // API calls. This package makes them with client-go alone, and must never
 // import k8s.io/apiserver (depguard enforces it). It knows nothing of
 // Proxies.
-package metricsauth
+package kubeauth
 
 import (
 	"context"
@@ -94,14 +98,57 @@ func NewFilter(tokens TokenReviewer, access AccessReviewer) metricsserver.Filter
 // guard holds the reviewers and what they answered lately. Its caches are
 // keyed by hashes: a token is never kept.
 type guard struct {
-	tokens    TokenReviewer
-	access    AccessReviewer
+	tokens TokenReviewer
+	access AccessReviewer
+	// audiences, when set, are what a token must be issued for.
+	audiences []string
 	users     *cache.LRUExpireCache // sha256(token) → user (*authenticationv1.UserInfo, nil when refused)
-	decisions *cache.LRUExpireCache // sha256(user, verb, path) → bool
+	decisions *cache.LRUExpireCache // sha256(user, attributes) → bool
 }
 
 func newGuard(tokens TokenReviewer, access AccessReviewer) *guard {
 	return &guard{tokens: tokens, access: access, users: cache.NewLRUExpireCache(cacheSize), decisions: cache.NewLRUExpireCache(cacheSize)}
+}
+
+// Reviewer checks bearer tokens issued for one audience and what their
+// users may do on resources, with the caches the metrics filter has: a
+// token is reviewed once a minute, an allowed access once in five, a
+// denied one once in thirty seconds (so a revoked RoleBinding stops
+// access within five minutes, a new one starts it within thirty seconds).
+type Reviewer struct{ g *guard }
+
+// NewReviewer is a Reviewer for tokens whose audiences include audience.
+func NewReviewer(tokens TokenReviewer, access AccessReviewer, audience string) *Reviewer {
+	g := newGuard(tokens, access)
+	g.audiences = []string{audience}
+	return &Reviewer{g: g}
+}
+
+// NewReviewerFor builds a Reviewer's two clients from a config and an HTTP
+// client.
+func NewReviewerFor(config *rest.Config, httpClient *http.Client, audience string) (*Reviewer, error) {
+	authn, err := authenticationclient.NewForConfigAndClient(config, httpClient)
+	if err != nil {
+		return nil, fmt.Errorf("building the TokenReview client: %w", err)
+	}
+	authz, err := authorizationclient.NewForConfigAndClient(config, httpClient)
+	if err != nil {
+		return nil, fmt.Errorf("building the SubjectAccessReview client: %w", err)
+	}
+	return NewReviewer(authn.TokenReviews(), authz.SubjectAccessReviews(), audience), nil
+}
+
+// Authenticate is the user token belongs to, nil when the API server does
+// not know it or it was not issued for the audience (expired, revoked, its
+// ServiceAccount deleted); err when the API server could not say.
+func (r *Reviewer) Authenticate(ctx context.Context, token string) (*authenticationv1.UserInfo, error) {
+	return r.g.authenticate(ctx, token)
+}
+
+// Allowed says whether user may do what attrs describe.
+func (r *Reviewer) Allowed(ctx context.Context, user *authenticationv1.UserInfo, attrs authorizationv1.ResourceAttributes) (bool, error) {
+	allowed, _, err := r.g.decide(ctx, user, authorizationv1.SubjectAccessReviewSpec{ResourceAttributes: &attrs})
+	return allowed, err
 }
 
 func (g *guard) serve(log logr.Logger, next http.Handler, w http.ResponseWriter, req *http.Request) {
@@ -160,26 +207,47 @@ func (g *guard) authenticate(ctx context.Context, token string) (*authentication
 	}
 	var answer *authenticationv1.TokenReview
 	err := review(ctx, func(ctx context.Context) (err error) {
-		answer, err = g.tokens.Create(ctx, &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: token}}, metav1.CreateOptions{})
+		answer, err = g.tokens.Create(ctx, &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: token, Audiences: g.audiences}}, metav1.CreateOptions{})
 		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("reviewing a bearer token: %w", err)
 	}
 	var user *authenticationv1.UserInfo
-	if answer.Status.Authenticated {
+	if answer.Status.Authenticated && audiencesMatch(g.audiences, answer.Status.Audiences) {
 		user = &answer.Status.User
 	}
 	g.users.Add(key, user, tokenTTL)
 	return user, nil
 }
 
+// audiencesMatch says whether a token reviewed for want was issued for one
+// of them: the API server answers with the intersection, and an
+// authenticator that ignores audiences answers none (then any will do only
+// when none was wanted).
+func audiencesMatch(want, got []string) bool {
+	if len(want) == 0 {
+		return true
+	}
+	for _, a := range got {
+		if slices.Contains(want, a) {
+			return true
+		}
+	}
+	return false
+}
+
 // authorize says whether user may verb path, with the API server's reason.
 func (g *guard) authorize(ctx context.Context, user *authenticationv1.UserInfo, verb, path string) (bool, string, error) {
-	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-		User: user.Username, UID: user.UID, Groups: user.Groups, Extra: extraOf(user.Extra),
+	return g.decide(ctx, user, authorizationv1.SubjectAccessReviewSpec{
 		NonResourceAttributes: &authorizationv1.NonResourceAttributes{Path: path, Verb: verb},
-	}}
+	})
+}
+
+// decide asks whether user may do what spec's attributes describe.
+func (g *guard) decide(ctx context.Context, user *authenticationv1.UserInfo, spec authorizationv1.SubjectAccessReviewSpec) (bool, string, error) {
+	spec.User, spec.UID, spec.Groups, spec.Extra = user.Username, user.UID, user.Groups, extraOf(user.Extra)
+	sar := &authorizationv1.SubjectAccessReview{Spec: spec}
 	key := decisionKey(sar.Spec)
 	if cached, ok := g.decisions.Get(key); ok {
 		return cached.(bool), "cached", nil
@@ -190,7 +258,7 @@ func (g *guard) authorize(ctx context.Context, user *authenticationv1.UserInfo, 
 		return err
 	})
 	if err != nil {
-		return false, "", fmt.Errorf("reviewing %s's access to %s %s: %w", user.Username, verb, path, err)
+		return false, "", fmt.Errorf("reviewing %s's access to %s: %w", user.Username, describe(spec), err)
 	}
 	allowed := answer.Status.Allowed && !answer.Status.Denied
 	ttl := denyTTL
@@ -268,9 +336,31 @@ func decisionKey(spec authorizationv1.SubjectAccessReviewSpec) string {
 		b.WriteString(";")
 	}
 	b.WriteString("|")
-	field(spec.NonResourceAttributes.Verb)
-	field(spec.NonResourceAttributes.Path)
+	field(describe(spec))
 	return digest(b.String())
+}
+
+// describe names what a review asks about: "get /metrics", or "create
+// crawl.example.com/proxypools/lease eu in crawl".
+func describe(spec authorizationv1.SubjectAccessReviewSpec) string {
+	if n := spec.NonResourceAttributes; n != nil {
+		return n.Verb + " " + n.Path
+	}
+	r := spec.ResourceAttributes
+	if r == nil {
+		return ""
+	}
+	what := r.Verb + " " + r.Group + "/" + r.Resource
+	if r.Subresource != "" {
+		what += "/" + r.Subresource
+	}
+	if r.Name != "" {
+		what += " " + r.Name
+	}
+	if r.Namespace != "" {
+		what += " in " + r.Namespace
+	}
+	return what
 }
 
 func digest(s string) string {

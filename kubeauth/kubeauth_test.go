@@ -1,4 +1,4 @@
-package metricsauth
+package kubeauth
 
 import (
 	"context"

@@ -52,6 +52,7 @@ import (
 	"github.com/example/egress-proxies-operator/providers"
 	"github.com/example/egress-proxies-operator/providers/gcp"
 	"github.com/example/egress-proxies-operator/providers/kubernetes"
+	"github.com/example/egress-proxies-operator/tenant"
 )
 
 // RBAC the manager itself needs; each component declares its own next to
@@ -122,6 +123,8 @@ type options struct {
 	adaptivePacing   bool
 	tokenSecret      string
 	discoveryAuth    string
+	tenantAudience   string
+	tenantReviewTTL  time.Duration
 	// leaseStore is memory (one replica) or redis (shared by replicas);
 	// storeTimeout bounds each of its calls.
 	leaseStore     string
@@ -221,6 +224,10 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 		"namespace/name of the Secret whose key \"token\" is the discovery API's bearer token. Default: discovery-token in the operator's namespace. The operator creates it with a random token when it is missing.")
 	fs.StringVar(&o.discoveryAuth, "discovery-auth", authRequired,
 		"required: the discovery API and the gateway ask every client for a token (a missing or empty token Secret refuses everyone); none: the API serves unauthenticated and hands out no proxy credentials, and the gateway refuses everyone.")
+	fs.StringVar(&o.tenantAudience, "tenant-audience", tenant.DefaultAudience,
+		"Audience a crawler team's ServiceAccount token must be issued for: such a token is accepted beside the discovery token, and RBAC (create on proxypools/lease, proxies/lease) says which proxies it may lease. Empty: the discovery token only.")
+	fs.DurationVar(&o.tenantReviewTTL, "tenant-review-ttl", kubeauth.DefaultReviewTTL,
+		"How long the API server's answers on a ServiceAccount token and on what it may lease are reused: a revoked RoleBinding or a deleted ServiceAccount stops leases within it.")
 	fs.IntVar(&o.maxConcurrentReconciles, "max-concurrent-reconciles", controllers.DefaultMaxConcurrentReconciles,
 		"Proxies reconciled at once (never the same Proxy twice); each reconcile makes at most one provider call.")
 	fs.Float64Var(&o.kubeAPIQPS, "kube-api-qps", controllers.DefaultKubeAPIQPS,
@@ -342,6 +349,9 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	}
 	if errs1123 := validation.IsDNS1123Label(o.credentialsNamespace); len(errs1123) > 0 {
 		errs = append(errs, fmt.Errorf("%w: --credentials-namespace %q is not a namespace name: %s", errUsage, o.credentialsNamespace, strings.Join(errs1123, "; ")))
+	}
+	if o.tenantReviewTTL <= 0 {
+		errs = append(errs, fmt.Errorf("%w: --tenant-review-ttl must be positive, got %s", errUsage, o.tenantReviewTTL))
 	}
 	if o.discoveryAuth != authRequired && o.discoveryAuth != authNone {
 		errs = append(errs, fmt.Errorf("%w: --discovery-auth must be %s or %s, got %q", errUsage, authRequired, authNone, o.discoveryAuth))
@@ -654,6 +664,14 @@ func addDiscovery(ctx context.Context, mgr manager.Manager, restConfig *rest.Con
 	if err != nil {
 		return nil, err
 	}
+	var tenants discovery.Tenants
+	if opts.discoveryAuth == authRequired && opts.tenantAudience != "" {
+		reviewer, err := kubeauth.NewReviewerFor(restConfig, mgr.GetHTTPClient(), opts.tenantAudience, opts.tenantReviewTTL)
+		if err != nil {
+			return nil, fmt.Errorf("reviewing crawler teams' ServiceAccount tokens: %w", err)
+		}
+		tenants = tenant.NewChecker(reviewer)
+	}
 
 	store, storeMetrics, err := newLeaseStore(opts)
 	if err != nil {
@@ -673,6 +691,7 @@ func addDiscovery(ctx context.Context, mgr manager.Manager, restConfig *rest.Con
 		Clock:           clock.RealClock{},
 		Credentials:     creds,
 		Politeness:      discovery.Politeness{Policies: policies, Adaptive: opts.adaptivePacing},
+		Tenants:         tenants,
 	})
 	storeMetrics = append(storeMetrics, server.LearnedPaceCollector(policies, opts.storeTimeout))
 	for _, c := range append(discovery.Collectors(), storeMetrics...) {

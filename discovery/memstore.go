@@ -139,7 +139,7 @@ func (m *MemoryStore) Acquire(_ context.Context, req AcquireRequest) (Lease, err
 			return Lease{}, e
 		}
 	}
-	l := &memLease{Lease: Lease{ID: uuid.NewString(), ProxyID: best, Target: req.Target, CreatedAt: now, ExpiresAt: now.Add(req.TTL), Wait: wait, Paced: paced}}
+	l := &memLease{Lease: Lease{ID: uuid.NewString(), ProxyID: best, Target: req.Target, CreatedAt: now, ExpiresAt: now.Add(req.TTL), Wait: wait, Paced: paced, Holder: req.Holder}}
 	m.leases[l.ID] = l
 	heap.Push(&m.expiries, l)
 	m.loads[best]++

@@ -23,6 +23,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/example/egress-proxies-operator/credentials"
+	"github.com/example/egress-proxies-operator/tenant"
 )
 
 // Defaults for the discovery flags.
@@ -61,6 +62,9 @@ const (
 	// CodeSessionNotFound: no gateway session of that name has tunnelled
 	// lately.
 	CodeSessionNotFound = "session_not_found"
+	// CodeAuthUnavailable: the API server could not say who the client is
+	// or what it may lease; retry after Retry-After.
+	CodeAuthUnavailable = "auth_unavailable"
 	// CodeTargetPaced: the target's politeness (a CrawlTarget, or the pace
 	// its push-backs taught) allows no candidate a request within the
 	// lease's maxWaitSeconds; retry after Retry-After.
@@ -116,6 +120,10 @@ type Options struct {
 	Credentials CredentialsLookup
 	// Politeness paces the hosts leases and tunnels target.
 	Politeness Politeness
+	// Tenants, when set, accepts bearer tokens other than the discovery
+	// token (ServiceAccount tokens) and narrows each such tenant to the
+	// proxies RBAC lets it lease. Nil: the discovery token only.
+	Tenants Tenants
 }
 
 // CredentialsLookup reads a proxy's credentials (credentials.Reader over
@@ -287,7 +295,10 @@ func (s *Server) listProxies(w http.ResponseWriter, r *http.Request, _ httproute
 	if err != nil {
 		return writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
 	}
-	proxies := s.opts.View.list(sel, healthy)
+	proxies, err := s.visible(r.Context(), s.opts.View.list(sel, healthy))
+	if err != nil {
+		return authUnavailable(r.Context(), w, err)
+	}
 	ids := make([]string, len(proxies))
 	for i := range proxies {
 		ids[i] = proxies[i].ID
@@ -360,8 +371,14 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request, _ httproute
 		return writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
 	}
 	req.Target = normalizeTarget(req.Target)
-	candidates := s.opts.View.candidates(req.Selector)
-	lease, err := s.store.Acquire(r.Context(), s.acquireRequest(candidates, req.Target, ttl, time.Duration(req.MaxWaitSeconds*float64(time.Second))))
+	t := tenantOf(r.Context())
+	candidates, err := s.leasableCandidates(r.Context(), t, s.opts.View.candidates(req.Selector))
+	if err != nil {
+		return authUnavailable(r.Context(), w, err)
+	}
+	acquire := s.acquireRequest(candidates, req.Target, ttl, time.Duration(req.MaxWaitSeconds*float64(time.Second)))
+	acquire.Holder = t.Name
+	lease, err := s.store.Acquire(r.Context(), acquire)
 	notePaced(err, lease.Wait)
 	var none *NoProxyAvailableError
 	if errors.As(err, &none) && none.Paced() {
@@ -402,7 +419,7 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request, _ httproute
 }
 
 func (s *Server) getLease(w http.ResponseWriter, r *http.Request, ps httprouter.Params) int {
-	lease, err := s.store.Get(r.Context(), ps.ByName("id"))
+	lease, err := s.heldLease(r.Context(), ps.ByName("id"))
 	if err != nil {
 		return leaseError(r.Context(), w, ps.ByName("id"), err)
 	}
@@ -410,6 +427,18 @@ func (s *Server) getLease(w http.ResponseWriter, r *http.Request, ps httprouter.
 }
 
 func (s *Server) releaseLease(w http.ResponseWriter, r *http.Request, ps httprouter.Params) int {
+	if !tenantOf(r.Context()).All() {
+		// Only its holder ends a lease; one gone already (or another
+		// tenant's, which this one cannot tell apart) is released all the
+		// same.
+		switch _, err := s.heldLease(r.Context(), ps.ByName("id")); {
+		case errors.Is(err, ErrLeaseNotFound):
+			w.WriteHeader(http.StatusNoContent)
+			return http.StatusNoContent
+		case err != nil:
+			return leaseError(r.Context(), w, ps.ByName("id"), err)
+		}
+	}
 	if err := s.store.Release(r.Context(), ps.ByName("id")); err != nil {
 		return storeUnavailable(r.Context(), w, err)
 	}
@@ -433,7 +462,7 @@ func (s *Server) renewLease(w http.ResponseWriter, r *http.Request, ps httproute
 	if err != nil {
 		return writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
 	}
-	lease, err := s.store.Get(r.Context(), ps.ByName("id"))
+	lease, err := s.heldLease(r.Context(), ps.ByName("id"))
 	if err != nil {
 		return leaseError(r.Context(), w, ps.ByName("id"), err)
 	}
@@ -463,6 +492,11 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request, ps httprouter.Pa
 		return writeError(w, status, code, err.Error())
 	}
 	target := normalizeTarget(req.Target)
+	if !tenantOf(r.Context()).All() {
+		if _, err := s.heldLease(r.Context(), ps.ByName("id")); err != nil {
+			return leaseError(r.Context(), w, ps.ByName("id"), err)
+		}
+	}
 	if err := s.store.Report(r.Context(), ps.ByName("id"), req.Result, target, cooldown); err != nil {
 		return leaseError(r.Context(), w, ps.ByName("id"), err)
 	}
@@ -489,7 +523,8 @@ func (s *Server) reportSession(w http.ResponseWriter, r *http.Request, ps httpro
 		return writeError(w, status, code, err.Error())
 	}
 	target := normalizeTarget(req.Target)
-	proxy, err := s.store.ReportSession(r.Context(), session, req.Result, target, cooldown, SessionReportWindow)
+	key := SessionKey(tenantOf(r.Context()), session)
+	proxy, err := s.store.ReportSession(r.Context(), key, req.Result, target, cooldown, SessionReportWindow)
 	switch {
 	case errors.Is(err, ErrSessionNotFound):
 		return writeError(w, http.StatusNotFound, CodeSessionNotFound,
@@ -501,7 +536,7 @@ func (s *Server) reportSession(w http.ResponseWriter, r *http.Request, ps httpro
 	if req.Result == ResultRateLimited {
 		s.pushBack(r.Context(), target, time.Duration(req.RetryAfterSeconds)*time.Second)
 	}
-	s.listeners.notify(SessionReport{Session: session, Target: target, Result: req.Result, Proxy: proxy})
+	s.listeners.notify(SessionReport{Session: key, Target: target, Result: req.Result, Proxy: proxy})
 	w.WriteHeader(http.StatusNoContent)
 	return http.StatusNoContent
 }
@@ -570,19 +605,44 @@ func (s *Server) authed(route string, h handle) httprouter.Handle {
 		state := authStateOf(token, required)
 		s.noteAuth(r.Context(), state)
 		if required {
-			got, found := bearerToken(r.Header.Get("Authorization"))
-			msg := "a valid bearer token is required (Authorization: Bearer <token>)"
-			if state == authLocked {
-				msg = "the discovery token Secret is missing or has no token: every request is refused until a token is there (the operator recreates a deleted one)"
+			got, _ := bearerToken(r.Header.Get("Authorization"))
+			t, err := s.identify(r.Context(), got, token)
+			if err != nil {
+				logf.FromContext(r.Context()).Error(err, "could not review a bearer token")
+				setRetryAfter(w, retryAfterStoreUnavailable)
+				s.count(route, writeError(w, http.StatusServiceUnavailable, CodeAuthUnavailable,
+					"the API server could not review the bearer token; retry after Retry-After seconds"), s.opts.Clock.Since(start))
+				return
 			}
-			if state == authLocked || !found || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
+			if t == nil {
+				msg := "a valid bearer token is required (Authorization: Bearer <token>): the discovery token, or a ServiceAccount token for the operator's audience"
+				if state == authLocked {
+					msg = "the discovery token Secret is missing or has no token: every request with it is refused until a token is there (the operator recreates a deleted one)"
+				}
 				w.Header().Set("WWW-Authenticate", `Bearer realm="egress-proxies-operator"`)
 				s.count(route, writeError(w, http.StatusUnauthorized, CodeUnauthorized, msg), s.opts.Clock.Since(start))
 				return
 			}
+			r = r.WithContext(withTenant(r.Context(), t))
 		}
 		s.count(route, h(w, r, ps), s.opts.Clock.Since(start))
 	}
+}
+
+// identify is who presents got: the Platform tenant for the discovery
+// token (want; never when it is missing), a ServiceAccount's tenant for a
+// token the API server issued for the operator's audience, nil for
+// anything else.
+func (s *Server) identify(ctx context.Context, got, want string) (*tenant.Tenant, error) {
+	switch {
+	case got == "":
+		return nil, nil
+	case want != "" && subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1:
+		return tenant.Platform, nil
+	case s.opts.Tenants == nil:
+		return nil, nil
+	}
+	return s.opts.Tenants.Identify(ctx, got)
 }
 
 // bearerToken reads an Authorization header of the Bearer scheme, whose name
@@ -776,6 +836,15 @@ func leaseError(ctx context.Context, w http.ResponseWriter, id string, err error
 		return writeError(w, http.StatusNotFound, CodeLeaseNotFound, fmt.Sprintf("lease %q does not exist: it was released or expired (or, with the in-memory lease store, lost when the operator restarted)", id))
 	}
 	return storeUnavailable(ctx, w, err)
+}
+
+// authUnavailable answers 503 auth_unavailable: the API server did not say
+// what the tenant may lease.
+func authUnavailable(ctx context.Context, w http.ResponseWriter, err error) int {
+	logf.FromContext(ctx).Error(err, "could not review what a tenant may lease")
+	setRetryAfter(w, retryAfterStoreUnavailable)
+	return writeError(w, http.StatusServiceUnavailable, CodeAuthUnavailable,
+		"the API server could not say which proxies you may lease; retry after Retry-After seconds")
 }
 
 // storeUnavailable answers 503 store_unavailable with a Retry-After. The

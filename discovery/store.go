@@ -23,6 +23,9 @@ type Lease struct {
 	Wait time.Duration
 	// Paced says whether a pace or concurrency limit applied to the lease.
 	Paced bool
+	// Holder is who took the lease (AcquireRequest.Holder): only they may
+	// renew, release or report on it.
+	Holder string
 }
 
 // Report results a client may send.
@@ -124,6 +127,9 @@ type Candidates struct {
 // AcquireRequest asks for a lease.
 type AcquireRequest struct {
 	Candidates Candidates
+	// Holder names who takes the lease (a tenant; "" for none), kept with
+	// it for the lease's life.
+	Holder string
 	// Target is the normalized host the client will crawl ("" for none):
 	// proxies cooling down for it are skipped.
 	Target string

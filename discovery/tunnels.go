@@ -2,7 +2,6 @@ package discovery
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"net"
@@ -14,6 +13,8 @@ import (
 	"time"
 
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/example/egress-proxies-operator/tenant"
 )
 
 // Errors of the gateway's side of discovery.
@@ -23,7 +24,7 @@ var (
 	// gateway refuses everyone: without a token it would be an open proxy.
 	ErrGatewayLocked = errors.New("the gateway needs the discovery token: run the operator with --discovery-auth=required and the token Secret in place (see docs/security.md)")
 	// ErrWrongToken: the client's password is not the discovery token.
-	ErrWrongToken = errors.New("the proxy password must be the discovery API token")
+	ErrWrongToken = errors.New("the proxy password must be the discovery API token or a ServiceAccount token for the operator's audience")
 	// ErrInvalidTunnel: the request cannot be served as asked (a bad
 	// session name or selector, no host).
 	ErrInvalidTunnel = errors.New("invalid tunnel request")
@@ -55,22 +56,30 @@ type Tunnels struct {
 // Tunnels returns the server's side of the gateway.
 func (s *Server) Tunnels() *Tunnels { return &Tunnels{s: s} }
 
-// Authorize checks a gateway client's password against the discovery
-// token. ErrGatewayLocked comes first, whatever the password (even none):
-// a gateway without a token refuses everyone alike.
-func (t *Tunnels) Authorize(password string) error {
+// Authorize is the tenant a gateway client's password names: the
+// discovery token, or a ServiceAccount token for the operator's audience.
+// ErrGatewayLocked comes first, whatever the password (even none): a
+// gateway that can check no token refuses everyone alike.
+func (t *Tunnels) Authorize(ctx context.Context, password string) (*tenant.Tenant, error) {
 	token, required := t.s.opts.Tokens.Token()
-	switch {
-	case !required || token == "":
-		return ErrGatewayLocked
-	case subtle.ConstantTimeCompare([]byte(password), []byte(token)) != 1:
-		return ErrWrongToken
+	if !required || (token == "" && t.s.opts.Tenants == nil) {
+		return nil, ErrGatewayLocked
 	}
-	return nil
+	who, err := t.s.identify(ctx, password, token)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("reviewing the proxy password: %w", err)
+	case who == nil:
+		return nil, ErrWrongToken
+	}
+	return who, nil
 }
 
 // TunnelRequest asks for an upstream for one tunnel.
 type TunnelRequest struct {
+	// Tenant is who asks (Authorize): the tunnel goes only through proxies
+	// it may lease, and its sessions are its own. Nil: Anonymous.
+	Tenant *tenant.Tenant
 	// Session sticks the tunnel to the session's own proxy; "" rotates:
 	// every tunnel goes to the least-loaded proxy.
 	Session string
@@ -124,7 +133,20 @@ func (t *Tunnels) Pick(ctx context.Context, req TunnelRequest) (Upstream, error)
 		return Upstream{}, fmt.Errorf("%w: %w", ErrInvalidTunnel, err)
 	}
 	store := t.s.store
-	candidates := t.s.opts.View.candidates(req.Selector)
+	who := req.Tenant
+	if who == nil {
+		who = tenant.Anonymous
+	}
+	session := SessionKey(who, req.Session)
+	candidates, err := t.s.leasableCandidates(ctx, who, t.s.opts.View.candidates(req.Selector))
+	if err != nil {
+		return Upstream{}, err
+	}
+	acquire := func(c Candidates, maxWait time.Duration) (Lease, error) {
+		r := t.s.acquireRequest(c, host, req.TTL, maxWait)
+		r.Holder = who.Name
+		return store.Acquire(ctx, r)
+	}
 	avoid := slices.Clone(req.Avoid)
 	usable := func(id string) bool {
 		_, found := slices.BinarySearch(candidates.IDs, id)
@@ -132,8 +154,7 @@ func (t *Tunnels) Pick(ctx context.Context, req TunnelRequest) (Upstream, error)
 	}
 	var route Route
 	if req.Session != "" {
-		var err error
-		if route, err = store.Route(ctx, req.Session, host); err != nil {
+		if route, err = store.Route(ctx, session, host); err != nil {
 			return Upstream{}, err
 		}
 	}
@@ -151,20 +172,20 @@ func (t *Tunnels) Pick(ctx context.Context, req TunnelRequest) (Upstream, error)
 		case ownUsable && !slices.Contains(avoid, route.Own):
 			// A session keeps its own proxy only while its pace allows a
 			// request now: politeness beats stickiness.
-			lease, err = store.Acquire(ctx, t.s.acquireRequest(Candidates{IDs: []string{route.Own}}, host, req.TTL, 0))
+			lease, err = acquire(Candidates{IDs: []string{route.Own}}, 0)
 			own = true
 			if errors.Is(err, ErrNoProxyAvailable) {
 				avoid = append(avoid, route.Own) // cooling down for this host only
 				continue
 			}
 		case usable(route.Detour):
-			lease, err = store.Acquire(ctx, t.s.acquireRequest(Candidates{IDs: []string{route.Detour}}, host, req.TTL, 0))
+			lease, err = acquire(Candidates{IDs: []string{route.Detour}}, 0)
 			if errors.Is(err, ErrNoProxyAvailable) {
 				avoid = append(avoid, route.Detour)
 				continue
 			}
 		default:
-			lease, err = store.Acquire(ctx, t.s.acquireRequest(without(candidates, avoid), host, req.TTL, req.MaxWait))
+			lease, err = acquire(without(candidates, avoid), req.MaxWait)
 			notePaced(err, lease.Wait)
 			own = !ownUsable
 		}
@@ -180,7 +201,7 @@ func (t *Tunnels) Pick(ctx context.Context, req TunnelRequest) (Upstream, error)
 			continue
 		}
 		if req.Session != "" {
-			if err := store.SetRoute(ctx, req.Session, host, lease.ProxyID, own, req.SessionIdle); err != nil {
+			if err := store.SetRoute(ctx, session, host, lease.ProxyID, own, req.SessionIdle); err != nil {
 				warn(logf.FromContext(ctx), "gateway: the session's route was not recorded; its next tunnel may go elsewhere",
 					"session", req.Session, "error", err.Error())
 			}

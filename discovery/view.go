@@ -18,6 +18,7 @@ import (
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/credentials"
+	"github.com/example/egress-proxies-operator/tenant"
 )
 
 // HealthSource says whether a proxy passes its probes. The health engine
@@ -362,6 +363,17 @@ func validateSelector(field string, s Selector) error {
 		}
 	}
 	return nil
+}
+
+// tenantProxy is what RBAC is asked about the proxy id.
+func (v *View) tenantProxy(id string) (tenant.Proxy, bool) {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	e, ok := v.entries[id]
+	if !ok {
+		return tenant.Proxy{}, false
+	}
+	return tenant.Proxy{Namespace: e.key.Namespace, Name: e.key.Name, Pool: e.attributes.m[attrPool]}, true
 }
 
 // poolsSelected are the pools (namespace/name) that have a member sel

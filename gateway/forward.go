@@ -67,7 +67,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, id Identity) {
 	lastFailure := ""
 	for attempt := range g.opts.Attempts {
 		up, err := g.pick(ctx, discovery.TunnelRequest{
-			Session: id.Session, Selector: id.Selector, Host: r.URL.Hostname(), Avoid: avoid,
+			Tenant: id.Tenant, Session: id.Session, Selector: id.Selector, Host: r.URL.Hostname(), Avoid: avoid,
 			TTL: g.opts.LeaseTTL, SessionIdle: g.opts.SessionIdle,
 		})
 		if err != nil {

@@ -32,6 +32,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/example/egress-proxies-operator/discovery"
+	"github.com/example/egress-proxies-operator/tenant"
 )
 
 // Defaults for the gateway's flags.
@@ -62,14 +63,19 @@ const HeaderUpstream = "X-Egress-Proxy"
 
 // lockedRetryAfter is the Retry-After of the 503 a gateway without a
 // token answers: a configuration change, not a moment's load.
-const lockedRetryAfter = 60 * time.Second
+// reviewRetryAfter is that of a 503 when the API server could not review
+// a ServiceAccount token.
+const (
+	lockedRetryAfter = 60 * time.Second
+	reviewRetryAfter = 2 * time.Second
+)
 
 // realm is the Basic realm of the gateway's 407s.
 const realm = `Basic realm="egress-proxies-operator gateway"`
 
 // Upstreams is discovery's side of the gateway (*discovery.Tunnels).
 type Upstreams interface {
-	Authorize(password string) error
+	Authorize(ctx context.Context, password string) (*tenant.Tenant, error)
 	Pick(ctx context.Context, req discovery.TunnelRequest) (discovery.Upstream, error)
 	Renew(ctx context.Context, leaseID string, ttl time.Duration) error
 	Release(ctx context.Context, leaseID string)
@@ -196,16 +202,16 @@ func (g *Gateway) Start(ctx context.Context) error {
 // ServeHTTP authenticates the client, then tunnels a CONNECT or forwards a
 // plain-HTTP request.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	id, status, msg := g.authenticate(r)
-	if status != 0 {
-		switch status {
-		case http.StatusProxyAuthRequired:
+	id, refused := g.authenticate(r)
+	if refused != nil {
+		if refused.status == http.StatusProxyAuthRequired {
 			w.Header().Set("Proxy-Authenticate", realm)
-		case http.StatusServiceUnavailable:
-			w.Header().Set("Retry-After", strconv.Itoa(int(lockedRetryAfter/time.Second)))
+		}
+		if refused.retryAfter > 0 {
+			w.Header().Set("Retry-After", strconv.Itoa(int(refused.retryAfter/time.Second)))
 		}
 		requestsTotal.WithLabelValues(kindOf(r), outcomeRefused).Inc()
-		http.Error(w, msg, status)
+		http.Error(w, refused.msg, refused.status)
 		return
 	}
 	switch {
@@ -219,26 +225,39 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// refusal is why the gateway refuses a client before any tunnel: its
+// status, message and, for a 503, when to come back.
+type refusal struct {
+	status     int
+	msg        string
+	retryAfter time.Duration
+}
+
 // authenticate reads the client's Proxy-Authorization: the username is the
-// session and selector (ParseUsername), the password the discovery token.
-func (g *Gateway) authenticate(r *http.Request) (Identity, int, string) {
+// session and selector (ParseUsername), the password the discovery token
+// or the client's ServiceAccount token.
+func (g *Gateway) authenticate(r *http.Request) (Identity, *refusal) {
 	user, password, ok := proxyBasicAuth(r.Header.Get("Proxy-Authorization"))
-	err := g.opts.Upstreams.Authorize(password)
+	who, err := g.opts.Upstreams.Authorize(r.Context(), password)
 	switch {
 	case errors.Is(err, discovery.ErrGatewayLocked):
 		// Everyone alike, with or without credentials: nothing they send
 		// can help until the operator has a token.
-		return Identity{}, http.StatusServiceUnavailable, err.Error()
+		return Identity{}, &refusal{http.StatusServiceUnavailable, err.Error(), lockedRetryAfter}
 	case !ok:
-		return Identity{}, http.StatusProxyAuthRequired, "proxy credentials required: http://<session>:<discovery token>@<gateway>"
+		return Identity{}, &refusal{status: http.StatusProxyAuthRequired, msg: "proxy credentials required: http://<session>:<discovery token or ServiceAccount token>@<gateway>"}
+	case errors.Is(err, discovery.ErrWrongToken):
+		return Identity{}, &refusal{status: http.StatusProxyAuthRequired, msg: err.Error()}
 	case err != nil:
-		return Identity{}, http.StatusProxyAuthRequired, err.Error()
+		logf.FromContext(r.Context()).Error(err, "gateway: could not check a client's password")
+		return Identity{}, &refusal{http.StatusServiceUnavailable, "the gateway could not check the proxy password; retry", reviewRetryAfter}
 	}
 	id, err := ParseUsername(user)
 	if err != nil {
-		return Identity{}, http.StatusBadRequest, "proxy username: " + err.Error()
+		return Identity{}, &refusal{status: http.StatusBadRequest, msg: "proxy username: " + err.Error()}
 	}
-	return id, 0, ""
+	id.Tenant = who
+	return id, nil
 }
 
 // proxyBasicAuth parses a Proxy-Authorization header of the Basic scheme.

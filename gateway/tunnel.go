@@ -101,7 +101,7 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 	if up.Paced {
 		life = min(life, g.opts.PacedTunnelLifetime)
 	}
-	t := &tunnel{session: id.Session, host: discovery.NormalizeTarget(host), up: up, client: clientConn, upstr: upstream.conn,
+	t := &tunnel{session: discovery.SessionKey(id.Tenant, id.Session), host: discovery.NormalizeTarget(host), up: up, client: clientConn, upstr: upstream.conn,
 		started: time.Now(), idle: g.opts.IdleTimeout, life: life}
 	t.touch()
 	g.register(t)
@@ -131,7 +131,7 @@ func (g *Gateway) connectAny(ctx context.Context, id Identity, host, hostport st
 	lastFailure := ""
 	for range g.opts.Attempts {
 		up, err := g.pick(ctx, discovery.TunnelRequest{
-			Session: id.Session, Selector: id.Selector, Host: host, Avoid: avoid,
+			Tenant: id.Tenant, Session: id.Session, Selector: id.Selector, Host: host, Avoid: avoid,
 			TTL: g.opts.LeaseTTL, SessionIdle: g.opts.SessionIdle,
 		})
 		if err != nil {

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/example/egress-proxies-operator/discovery"
+	"github.com/example/egress-proxies-operator/tenant"
 )
 
 // Identity is what a client's proxy username asks for.
@@ -14,6 +15,9 @@ type Identity struct {
 	Session string
 	// Selector restricts the upstreams, as a lease's selector does.
 	Selector discovery.Selector
+	// Tenant is who the password names (set by the gateway, not the
+	// username): tunnels go only through proxies it may lease.
+	Tenant *tenant.Tenant
 }
 
 // ParseUsername reads a proxy username: a session name, then any number of

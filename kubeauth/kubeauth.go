@@ -102,31 +102,41 @@ type guard struct {
 	access AccessReviewer
 	// audiences, when set, are what a token must be issued for.
 	audiences []string
+	// How long answers are reused.
+	tokenTTL, allowTTL, denyTTL time.Duration
 	users     *cache.LRUExpireCache // sha256(token) → user (*authenticationv1.UserInfo, nil when refused)
 	decisions *cache.LRUExpireCache // sha256(user, attributes) → bool
 }
 
 func newGuard(tokens TokenReviewer, access AccessReviewer) *guard {
-	return &guard{tokens: tokens, access: access, users: cache.NewLRUExpireCache(cacheSize), decisions: cache.NewLRUExpireCache(cacheSize)}
+	return &guard{tokens: tokens, access: access, tokenTTL: tokenTTL, allowTTL: allowTTL, denyTTL: denyTTL,
+		users: cache.NewLRUExpireCache(cacheSize), decisions: cache.NewLRUExpireCache(cacheSize)}
 }
 
 // Reviewer checks bearer tokens issued for one audience and what their
-// users may do on resources, with the caches the metrics filter has: a
-// token is reviewed once a minute, an allowed access once in five, a
-// denied one once in thirty seconds (so a revoked RoleBinding stops
-// access within five minutes, a new one starts it within thirty seconds).
+// users may do on resources. Each answer is reused for its TTL, so a
+// revoked RoleBinding or a deleted ServiceAccount stops access within it,
+// and a new binding starts it within it.
 type Reviewer struct{ g *guard }
 
-// NewReviewer is a Reviewer for tokens whose audiences include audience.
-func NewReviewer(tokens TokenReviewer, access AccessReviewer, audience string) *Reviewer {
+// DefaultReviewTTL is how long a Reviewer reuses an answer.
+const DefaultReviewTTL = time.Minute
+
+// NewReviewer is a Reviewer for tokens whose audiences include audience,
+// reusing answers for ttl (0: DefaultReviewTTL).
+func NewReviewer(tokens TokenReviewer, access AccessReviewer, audience string, ttl time.Duration) *Reviewer {
+	if ttl <= 0 {
+		ttl = DefaultReviewTTL
+	}
 	g := newGuard(tokens, access)
 	g.audiences = []string{audience}
+	g.tokenTTL, g.allowTTL, g.denyTTL = ttl, ttl, ttl
 	return &Reviewer{g: g}
 }
 
 // NewReviewerFor builds a Reviewer's two clients from a config and an HTTP
 // client.
-func NewReviewerFor(config *rest.Config, httpClient *http.Client, audience string) (*Reviewer, error) {
+func NewReviewerFor(config *rest.Config, httpClient *http.Client, audience string, ttl time.Duration) (*Reviewer, error) {
 	authn, err := authenticationclient.NewForConfigAndClient(config, httpClient)
 	if err != nil {
 		return nil, fmt.Errorf("building the TokenReview client: %w", err)
@@ -135,7 +145,7 @@ func NewReviewerFor(config *rest.Config, httpClient *http.Client, audience strin
 	if err != nil {
 		return nil, fmt.Errorf("building the SubjectAccessReview client: %w", err)
 	}
-	return NewReviewer(authn.TokenReviews(), authz.SubjectAccessReviews(), audience), nil
+	return NewReviewer(authn.TokenReviews(), authz.SubjectAccessReviews(), audience, ttl), nil
 }
 
 // Authenticate is the user token belongs to, nil when the API server does
@@ -217,7 +227,7 @@ func (g *guard) authenticate(ctx context.Context, token string) (*authentication
 	if answer.Status.Authenticated && audiencesMatch(g.audiences, answer.Status.Audiences) {
 		user = &answer.Status.User
 	}
-	g.users.Add(key, user, tokenTTL)
+	g.users.Add(key, user, g.tokenTTL)
 	return user, nil
 }
 
@@ -261,9 +271,9 @@ func (g *guard) decide(ctx context.Context, user *authenticationv1.UserInfo, spe
 		return false, "", fmt.Errorf("reviewing %s's access to %s: %w", user.Username, describe(spec), err)
 	}
 	allowed := answer.Status.Allowed && !answer.Status.Denied
-	ttl := denyTTL
+	ttl := g.denyTTL
 	if allowed {
-		ttl = allowTTL
+		ttl = g.allowTTL
 	}
 	g.decisions.Add(key, allowed, ttl)
 	return allowed, answer.Status.Reason, nil

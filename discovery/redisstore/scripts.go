@@ -15,7 +15,8 @@ import (
 //
 // Keys (P is the prefix):
 //
-//	P lease:<id>          hash proxy, target, created, expires; expires by itself
+//	P lease:<id>          hash proxy, target, created, expires, holder;
+//	                      expires by itself
 //	P proxy:<proxy>       zset of the proxy's lease ids by expiry: its load is
 //	                      the members not yet expired; expires with its last lease
 //	P last:<proxy>        when the proxy was last leased (ties), for an hour
@@ -48,7 +49,7 @@ local function load(proxy)
   return redis.call('ZCOUNT', P .. 'proxy:' .. proxy, '(' .. now, '+inf')
 end
 local function live(id)
-  local l = redis.call('HMGET', P .. 'lease:' .. id, 'proxy', 'target', 'created', 'expires')
+  local l = redis.call('HMGET', P .. 'lease:' .. id, 'proxy', 'target', 'created', 'expires', 'holder')
   if not l[1] or tonumber(l[4]) <= now then return nil end
   return l
 end
@@ -84,7 +85,8 @@ end
 
 // acquireScript: ARGV[3] ttl ms, ARGV[4] target, ARGV[5] the new lease's
 // id, ARGV[6] 1 to apply the target's learned pace, ARGV[7] the longest
-// wait ms for a paced slot, ARGV[8] k, the number of declared paces, then
+// wait ms for a paced slot, ARGV[8] k, the number of declared paces,
+// ARGV[9] who holds the lease (discovery.Lease.Holder), then
 // k paces of six values each (interval ms, burst, max concurrent, fleet
 // key, fleet interval ms, fleet burst), then the candidates as pairs (id,
 // index of its pace, 0 for none). Returns {1, proxy, created, expires,
@@ -92,8 +94,8 @@ end
 // again (0: none will by itself), cause}.
 var acquireScript = redis.NewScript(preamble + pacing + `
 local ttl, target, id = tonumber(ARGV[3]), ARGV[4], ARGV[5]
-local maxWait, k = tonumber(ARGV[7]), tonumber(ARGV[8])
-local paces, j = {}, 9
+local maxWait, k, holder = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
+local paces, j = {}, 10
 for i = 1, k do
   paces[i] = {interval = tonumber(ARGV[j]), burst = tonumber(ARGV[j + 1]), conc = tonumber(ARGV[j + 2]),
     fkey = ARGV[j + 3], finterval = tonumber(ARGV[j + 4]), fburst = tonumber(ARGV[j + 5])}
@@ -150,7 +152,7 @@ if not best then
 end
 local expires = now + ttl
 local key = P .. 'lease:' .. id
-redis.call('HSET', key, 'proxy', best, 'target', target, 'created', now, 'expires', expires)
+redis.call('HSET', key, 'proxy', best, 'target', target, 'created', now, 'expires', expires, 'holder', holder)
 redis.call('PEXPIRE', key, ttl)
 local zkey = P .. 'proxy:' .. best
 redis.call('ZREMRANGEBYSCORE', zkey, '-inf', now)
@@ -203,11 +205,11 @@ return {i, since, n}
 `)
 
 // getScript: ARGV[3] the lease id. Returns {proxy, target, created,
-// expires, load} or nil.
+// expires, load, holder} or nil.
 var getScript = redis.NewScript(preamble + `
 local l = live(ARGV[3])
 if not l then return nil end
-return {l[1], l[2], tonumber(l[3]), tonumber(l[4]), load(l[1])}
+return {l[1], l[2], tonumber(l[3]), tonumber(l[4]), load(l[1]), l[5] or ''}
 `)
 
 // renewScript: ARGV[3] the lease id, ARGV[4] ttl ms. Returns what get does.
@@ -224,7 +226,7 @@ redis.call('ZADD', zkey, expires, id)
 extend(zkey, ttl)
 redis.call('ZREMRANGEBYSCORE', P .. 'leases', '-inf', now)
 redis.call('ZADD', P .. 'leases', expires, id)
-return {l[1], l[2], tonumber(l[3]), expires, load(l[1])}
+return {l[1], l[2], tonumber(l[3]), expires, load(l[1]), l[5] or ''}
 `)
 
 // releaseScript: ARGV[3] the lease id. Idempotent.

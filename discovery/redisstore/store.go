@@ -121,8 +121,8 @@ func (s *Store) acquire(ctx context.Context, req discovery.AcquireRequest, ids [
 			of[i] = index[p]
 		}
 	}
-	args := make([]any, 0, 6+6*len(paces)+2*len(ids))
-	args = append(args, req.TTL.Milliseconds(), req.Target, id, adaptive, req.MaxWait.Milliseconds(), len(paces))
+	args := make([]any, 0, 7+6*len(paces)+2*len(ids))
+	args = append(args, req.TTL.Milliseconds(), req.Target, id, adaptive, req.MaxWait.Milliseconds(), len(paces), req.Holder)
 	for _, p := range paces {
 		args = append(args, p.Interval.Milliseconds(), p.Burst, p.MaxConcurrent, p.FleetKey, p.FleetInterval.Milliseconds(), p.FleetBurst)
 	}
@@ -144,7 +144,7 @@ func (s *Store) acquire(ctx context.Context, req discovery.AcquireRequest, ids [
 	l, err := leaseOf(id, req.Target, res[1], res[2], res[3], res[4])
 	wait, _ := res[5].(int64)
 	paced, _ := res[6].(int64)
-	l.Wait, l.Paced = time.Duration(wait)*time.Millisecond, paced == 1
+	l.Wait, l.Paced, l.Holder = time.Duration(wait)*time.Millisecond, paced == 1, req.Holder
 	return l, err
 }
 
@@ -210,11 +210,13 @@ func (s *Store) leaseFrom(id string, cmd *redis.Cmd) (discovery.Lease, error) {
 	if err != nil {
 		return discovery.Lease{}, fmt.Errorf("lease script: %w", err)
 	}
-	if len(res) != 5 {
-		return discovery.Lease{}, fmt.Errorf("lease script answered %d values, want 5", len(res))
+	if len(res) != 6 {
+		return discovery.Lease{}, fmt.Errorf("lease script answered %d values, want 6", len(res))
 	}
 	target, _ := res[1].(string)
-	return leaseOf(id, target, res[0], res[2], res[3], res[4])
+	l, err := leaseOf(id, target, res[0], res[2], res[3], res[4])
+	l.Holder, _ = res[5].(string)
+	return l, err
 }
 
 func leaseOf(id, target string, proxy, created, expires, load any) (discovery.Lease, error) {

@@ -209,9 +209,10 @@ func expiry(t *testing.T, h Harness) {
 
 func renewAndReport(t *testing.T, h Harness) {
 	ctx := context.Background()
-	l, err := acquire(h, Of("a", "b"), "Example.com", time.Minute)
+	l, err := h.Store.Acquire(ctx, discovery.AcquireRequest{Candidates: Of("a", "b"), Target: "Example.com", TTL: time.Minute, Holder: "system:serviceaccount:crawl-a:crawler"})
 	require.NoError(t, err)
 	assert.Equal(t, "Example.com", l.Target, "the target is kept as given")
+	assert.Equal(t, "system:serviceaccount:crawl-a:crawler", l.Holder, "the holder is kept")
 	assert.Equal(t, time.Minute, l.ExpiresAt.Sub(l.CreatedAt))
 
 	h.Advance(50 * time.Second)
@@ -224,6 +225,8 @@ func renewAndReport(t *testing.T, h Harness) {
 	require.NoError(t, err, "renewed past its first expiry")
 	assert.Equal(t, renewed.ExpiresAt, got.ExpiresAt)
 	assert.Equal(t, l.ProxyID, got.ProxyID)
+	assert.Equal(t, l.Holder, renewed.Holder, "renewed, with its holder")
+	assert.Equal(t, l.Holder, got.Holder)
 
 	// ok and error reports cool nothing; rate_limited cools for its target
 	// only, and a shorter cooldown never cuts a longer one short.

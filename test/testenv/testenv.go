@@ -182,3 +182,11 @@ func (e *Env) WriteKubeconfig(path string) error {
 	}
 	return nil
 }
+
+// ServiceAccountSigner is the key file the API server signs ServiceAccount
+// tokens with, and the issuer it names in them: tests mint tokens the API
+// server never issued (an expired one) with them.
+func (e *Env) ServiceAccountSigner() (keyFile, issuer string) {
+	s := e.env.ControlPlane.APIServer
+	return filepath.Join(s.CertDir, "sa-signer.key"), s.SecureServing.URL("https", "/").String()
+}

@@ -14,7 +14,8 @@ COPY health/ health/
 COPY discovery/ discovery/
 COPY credentials/ credentials/
 COPY gateway/ gateway/
-COPY metricsauth/ metricsauth/
+COPY kubeauth/ kubeauth/
+COPY tenant/ tenant/
 COPY intern/ intern/
 COPY client/ client/
 RUN CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} go build -trimpath -ldflags "-s -w" -o manager .

@@ -70,7 +70,7 @@ manifests: $(CONTROLLER_GEN) ## Generate the CRD (config/crd/bases) and RBAC (co
 	$(CONTROLLER_GEN) crd rbac:roleName=manager-role paths=./... \
 		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
 	mkdir -p $(CHART)/files/crds $(CHART)/files/rbac
-	cp config/crd/bases/crawl.example.com_proxies.yaml config/crd/bases/crawl.example.com_proxypools.yaml config/crd/bases/crawl.example.com_crawltargets.yaml $(CHART)/files/crds/
+	cp config/crd/bases/crawl.example.com_proxies.yaml config/crd/bases/crawl.example.com_proxypools.yaml config/crd/bases/crawl.example.com_crawltargets.yaml config/crd/bases/crawl.example.com_tenantquotas.yaml $(CHART)/files/crds/
 	cp $(addprefix config/rbac/,$(CHART_RBAC)) $(CHART)/files/rbac/
 
 .PHONY: bundle

@@ -30,7 +30,7 @@ func (b boundedStore) do(ctx context.Context, op string, call func(context.Conte
 	start := time.Now()
 	err := call(ctx)
 	storeDuration.WithLabelValues(op).Observe(time.Since(start).Seconds())
-	if err == nil || errors.Is(err, ErrLeaseNotFound) || errors.Is(err, ErrNoProxyAvailable) || errors.Is(err, ErrSessionNotFound) {
+	if err == nil || errors.Is(err, ErrLeaseNotFound) || errors.Is(err, ErrNoProxyAvailable) || errors.Is(err, ErrSessionNotFound) || errors.Is(err, ErrQuotaExceeded) {
 		return err
 	}
 	storeErrors.WithLabelValues(op).Inc()
@@ -38,6 +38,15 @@ func (b boundedStore) do(ctx context.Context, op string, call func(context.Conte
 		return err
 	}
 	return fmt.Errorf("%w: %s: %w", ErrStoreUnavailable, op, err)
+}
+
+func (b boundedStore) Admit(ctx context.Context, key string, interval time.Duration, burst int) error {
+	return b.do(ctx, "admit", func(ctx context.Context) error { return b.store.Admit(ctx, key, interval, burst) })
+}
+
+func (b boundedStore) AddUsage(ctx context.Context, key string, n int64, ttl time.Duration) (total int64, err error) {
+	err = b.do(ctx, "add_usage", func(ctx context.Context) error { total, err = b.store.AddUsage(ctx, key, n, ttl); return err })
+	return total, err
 }
 
 func (b boundedStore) Acquire(ctx context.Context, req AcquireRequest) (l Lease, err error) {

@@ -51,6 +51,15 @@ type MemoryStore struct {
 	tatsSweep int
 	// learned: each host's learned pace.
 	learned map[string]Learned
+	// limited: the live leases under each Limit key, absent at zero.
+	limited map[string]int
+	// usage: counts by key, and when each ends.
+	usage map[string]*usageCount
+}
+
+type usageCount struct {
+	n    int64
+	ends time.Time
 }
 
 // memSession is one gateway session's routes.
@@ -98,6 +107,8 @@ func NewMemoryStore(clk clock.PassiveClock) *MemoryStore {
 		tats:        map[string]time.Time{},
 		tatsSweep:   1024,
 		learned:     map[string]Learned{},
+		limited:     map[string]int{},
+		usage:       map[string]*usageCount{},
 	}
 }
 
@@ -107,6 +118,9 @@ func (m *MemoryStore) Acquire(_ context.Context, req AcquireRequest) (Lease, err
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.expireLocked()
+	if req.Limit.Key != "" && m.limited[req.Limit.Key] >= req.Limit.Max {
+		return Lease{}, &QuotaExceededError{RetryAfter: m.firstEndLocked(req.Limit.Key, now)}
+	}
 	set := m.setLocked(req.Candidates, now)
 	var learned time.Duration
 	if req.Adaptive && req.Target != "" {
@@ -139,7 +153,11 @@ func (m *MemoryStore) Acquire(_ context.Context, req AcquireRequest) (Lease, err
 			return Lease{}, e
 		}
 	}
-	l := &memLease{Lease: Lease{ID: uuid.NewString(), ProxyID: best, Target: req.Target, CreatedAt: now, ExpiresAt: now.Add(req.TTL), Wait: wait, Paced: paced, Holder: req.Holder}}
+	l := &memLease{Lease: Lease{ID: uuid.NewString(), ProxyID: best, Target: req.Target, CreatedAt: now, ExpiresAt: now.Add(req.TTL), Wait: wait, Paced: paced, Holder: req.Holder},
+		limit: req.Limit.Key}
+	if l.limit != "" {
+		m.limited[l.limit]++
+	}
 	m.leases[l.ID] = l
 	heap.Push(&m.expiries, l)
 	m.loads[best]++
@@ -307,6 +325,57 @@ func (m *MemoryStore) learnedLocked(host string, now time.Time) Learned {
 	}
 	l.Interval = eff
 	return l
+}
+
+// firstEndLocked is how long until the first live lease under limit key
+// ends: a scan, made only when a tenant is at its limit.
+func (m *MemoryStore) firstEndLocked(key string, now time.Time) time.Duration {
+	var first time.Time
+	for _, l := range m.leases {
+		if l.limit == key && (first.IsZero() || l.ExpiresAt.Before(first)) {
+			first = l.ExpiresAt
+		}
+	}
+	if first.IsZero() {
+		return 0
+	}
+	return first.Sub(now)
+}
+
+// Admit implements Store.
+func (m *MemoryStore) Admit(_ context.Context, key string, interval time.Duration, burst int) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.clock.Now()
+	k := "admit:" + key
+	if wait := gcraWait(m.tats[k], now, interval, burst); wait > 0 {
+		return &QuotaExceededError{RetryAfter: wait}
+	}
+	m.tats[k] = gcraReserve(m.tats[k], now, interval)
+	m.sweepTATsLocked(now)
+	return nil
+}
+
+// AddUsage implements Store.
+func (m *MemoryStore) AddUsage(_ context.Context, key string, n int64, ttl time.Duration) (int64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.clock.Now()
+	for k, u := range m.usage {
+		if !now.Before(u.ends) {
+			delete(m.usage, k)
+		}
+	}
+	u, ok := m.usage[key]
+	if !ok {
+		if n == 0 {
+			return 0, nil
+		}
+		u = &usageCount{ends: now.Add(ttl)}
+		m.usage[key] = u
+	}
+	u.n += n
+	return u.n, nil
 }
 
 // Get implements Store.
@@ -535,6 +604,13 @@ func (m *MemoryStore) expireLocked() time.Time {
 // dropLocked forgets a lease already out of the expiry heap.
 func (m *MemoryStore) dropLocked(l *memLease, now time.Time) {
 	delete(m.leases, l.ID)
+	if l.limit != "" {
+		if m.limited[l.limit] <= 1 {
+			delete(m.limited, l.limit)
+		} else {
+			m.limited[l.limit]--
+		}
+	}
 	if m.loads[l.ProxyID] <= 1 {
 		delete(m.loads, l.ProxyID)
 	} else {
@@ -657,6 +733,8 @@ func (it *setItem) setIndex(i int) { it.index = i }
 type memLease struct {
 	Lease
 	index int
+	// limit is the Limit key it counts under ("" for none).
+	limit string
 }
 
 func (l *memLease) setIndex(i int) { l.index = i }

@@ -63,6 +63,33 @@ type Route struct {
 	Detour string
 }
 
+// Limit caps the live leases taken under one key (a tenant's leases, or
+// its tunnels): with Max of them live, Acquire answers
+// *QuotaExceededError.
+type Limit struct {
+	Key string
+	Max int
+}
+
+// ErrQuotaExceeded: a tenant is at one of its limits. Acquire and Admit
+// return it inside a *QuotaExceededError.
+var ErrQuotaExceeded = errors.New("quota exceeded")
+
+// QuotaExceededError says which of a tenant's limits a request met and
+// when to come back.
+type QuotaExceededError struct {
+	// RetryAfter is when the first of the key's leases ends, or when the
+	// rate allows the next; zero when the store cannot tell.
+	RetryAfter time.Duration
+}
+
+func (e *QuotaExceededError) Error() string {
+	return fmt.Sprintf("quota exceeded: retry in %s", e.RetryAfter)
+}
+
+// Unwrap makes errors.Is(err, ErrQuotaExceeded) hold.
+func (e *QuotaExceededError) Unwrap() error { return ErrQuotaExceeded }
+
 // NoProxyAvailableError is Acquire's answer when every candidate is cooling
 // down for the target, or there is none.
 type NoProxyAvailableError struct {
@@ -130,6 +157,9 @@ type AcquireRequest struct {
 	// Holder names who takes the lease (a tenant; "" for none), kept with
 	// it for the lease's life.
 	Holder string
+	// Limit, when its Key is set, caps the live leases taken under that
+	// key: a tenant's share of the fleet.
+	Limit Limit
 	// Target is the normalized host the client will crawl ("" for none):
 	// proxies cooling down for it are skipped.
 	Target string
@@ -298,6 +328,13 @@ type Store interface {
 	PushBack(ctx context.Context, host string, retryAfter time.Duration) (Learned, error)
 	// LearnedPace reads host's learned pace (the zero Learned: none).
 	LearnedPace(ctx context.Context, host string) (Learned, error)
+	// Admit takes one from key's rate (a GCRA of interval and burst) when
+	// it allows one now; otherwise it takes nothing and returns a
+	// *QuotaExceededError saying when it will.
+	Admit(ctx context.Context, key string, interval time.Duration, burst int) error
+	// AddUsage adds n to key's count, which ends ttl after its first use,
+	// and returns the count (n 0 only reads it).
+	AddUsage(ctx context.Context, key string, n int64, ttl time.Duration) (int64, error)
 	// Ping says whether the store answers, for /readyz.
 	Ping(ctx context.Context) error
 }

@@ -28,7 +28,7 @@ var (
 )
 
 func addKnownTypes(scheme *runtime.Scheme) error {
-	scheme.AddKnownTypes(GroupVersion, &Proxy{}, &ProxyList{}, &ProxyPool{}, &ProxyPoolList{}, &CrawlTarget{}, &CrawlTargetList{})
+	scheme.AddKnownTypes(GroupVersion, &Proxy{}, &ProxyList{}, &ProxyPool{}, &ProxyPoolList{}, &CrawlTarget{}, &CrawlTargetList{}, &TenantQuota{}, &TenantQuotaList{})
 	metav1.AddToGroupVersion(scheme, GroupVersion)
 	return nil
 }

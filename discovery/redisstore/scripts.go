@@ -15,8 +15,12 @@ import (
 //
 // Keys (P is the prefix):
 //
-//	P lease:<id>          hash proxy, target, created, expires, holder;
-//	                      expires by itself
+//	P lease:<id>          hash proxy, target, created, expires, holder,
+//	                      limit; expires by itself
+//	P limit:<key>         zset of the lease ids under a Limit key by expiry;
+//	                      expires with its last lease
+//	P admit:<key>         the GCRA arrival time of a tenant's rate (Admit)
+//	P usage:<key>         a count (AddUsage); expires ttl after its first use
 //	P proxy:<proxy>       zset of the proxy's lease ids by expiry: its load is
 //	                      the members not yet expired; expires with its last lease
 //	P last:<proxy>        when the proxy was last leased (ties), for an hour
@@ -49,7 +53,7 @@ local function load(proxy)
   return redis.call('ZCOUNT', P .. 'proxy:' .. proxy, '(' .. now, '+inf')
 end
 local function live(id)
-  local l = redis.call('HMGET', P .. 'lease:' .. id, 'proxy', 'target', 'created', 'expires', 'holder')
+  local l = redis.call('HMGET', P .. 'lease:' .. id, 'proxy', 'target', 'created', 'expires', 'holder', 'limit')
   if not l[1] or tonumber(l[4]) <= now then return nil end
   return l
 end
@@ -86,16 +90,29 @@ end
 // acquireScript: ARGV[3] ttl ms, ARGV[4] target, ARGV[5] the new lease's
 // id, ARGV[6] 1 to apply the target's learned pace, ARGV[7] the longest
 // wait ms for a paced slot, ARGV[8] k, the number of declared paces,
-// ARGV[9] who holds the lease (discovery.Lease.Holder), then
+// ARGV[9] who holds the lease (discovery.Lease.Holder), ARGV[10] and
+// ARGV[11] its Limit's key ("" for none) and max, then
 // k paces of six values each (interval ms, burst, max concurrent, fleet
 // key, fleet interval ms, fleet burst), then the candidates as pairs (id,
 // index of its pace, 0 for none). Returns {1, proxy, created, expires,
 // load, wait ms, 1 if a pace applied} or {0, ms until the first candidate may take the target
-// again (0: none will by itself), cause}.
+// again (0: none will by itself), cause}; cause "quota" when the Limit is
+// reached (the ms until the first of its leases ends).
 var acquireScript = redis.NewScript(preamble + pacing + `
 local ttl, target, id = tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local maxWait, k, holder = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
-local paces, j = {}, 10
+local lkey, lmax = ARGV[10], tonumber(ARGV[11])
+if lkey ~= '' then
+  local z = P .. 'limit:' .. lkey
+  redis.call('ZREMRANGEBYSCORE', z, '-inf', now)
+  if redis.call('ZCARD', z) >= lmax then
+    local first = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
+    local wait = 0
+    if first[2] then wait = tonumber(first[2]) - now end
+    return {0, wait, 'quota'}
+  end
+end
+local paces, j = {}, 12
 for i = 1, k do
   paces[i] = {interval = tonumber(ARGV[j]), burst = tonumber(ARGV[j + 1]), conc = tonumber(ARGV[j + 2]),
     fkey = ARGV[j + 3], finterval = tonumber(ARGV[j + 4]), fburst = tonumber(ARGV[j + 5])}
@@ -152,8 +169,13 @@ if not best then
 end
 local expires = now + ttl
 local key = P .. 'lease:' .. id
-redis.call('HSET', key, 'proxy', best, 'target', target, 'created', now, 'expires', expires, 'holder', holder)
+redis.call('HSET', key, 'proxy', best, 'target', target, 'created', now, 'expires', expires, 'holder', holder, 'limit', lkey)
 redis.call('PEXPIRE', key, ttl)
+if lkey ~= '' then
+  local z = P .. 'limit:' .. lkey
+  redis.call('ZADD', z, expires, id)
+  extend(z, ttl)
+end
 local zkey = P .. 'proxy:' .. best
 redis.call('ZREMRANGEBYSCORE', zkey, '-inf', now)
 redis.call('ZADD', zkey, expires, id)
@@ -226,6 +248,10 @@ redis.call('ZADD', zkey, expires, id)
 extend(zkey, ttl)
 redis.call('ZREMRANGEBYSCORE', P .. 'leases', '-inf', now)
 redis.call('ZADD', P .. 'leases', expires, id)
+if l[6] and l[6] ~= '' then
+  redis.call('ZADD', P .. 'limit:' .. l[6], expires, id)
+  extend(P .. 'limit:' .. l[6], ttl)
+end
 return {l[1], l[2], tonumber(l[3]), expires, load(l[1]), l[5] or ''}
 `)
 
@@ -233,8 +259,9 @@ return {l[1], l[2], tonumber(l[3]), expires, load(l[1]), l[5] or ''}
 var releaseScript = redis.NewScript(preamble + `
 local id = ARGV[3]
 local key = P .. 'lease:' .. id
-local l = redis.call('HMGET', key, 'proxy', 'target')
+local l = redis.call('HMGET', key, 'proxy', 'target', 'limit')
 if l[1] then redis.call('ZREM', P .. 'proxy:' .. l[1], id) end
+if l[3] and l[3] ~= '' then redis.call('ZREM', P .. 'limit:' .. l[3], id) end
 if l[1] and l[2] and l[2] ~= '' then redis.call('ZREM', P .. 'hl:' .. l[1] .. '|' .. l[2], id) end
 redis.call('ZREM', P .. 'leases', id)
 redis.call('DEL', key)
@@ -324,6 +351,27 @@ var countsScript = redis.NewScript(preamble + `
 redis.call('ZREMRANGEBYSCORE', P .. 'leases', '-inf', now)
 redis.call('ZREMRANGEBYSCORE', P .. 'cooldowns', '-inf', now)
 return {redis.call('ZCARD', P .. 'leases'), redis.call('ZCARD', P .. 'cooldowns')}
+`)
+
+// admitScript: ARGV[3] the key, ARGV[4] interval ms, ARGV[5] burst.
+// Returns 0 when admitted (one taken), else the ms until one is allowed.
+var admitScript = redis.NewScript(preamble + pacing + `
+local key, interval, burst = P .. 'admit:' .. ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+local wait = gcraWait(key, interval, burst)
+if wait > 0 then return wait end
+gcraReserve(key, interval)
+return 0
+`)
+
+// addUsageScript: ARGV[3] the key, ARGV[4] n, ARGV[5] ttl ms. Returns the
+// count.
+var addUsageScript = redis.NewScript(preamble + `
+local key = P .. 'usage:' .. ARGV[3]
+local n = tonumber(ARGV[4])
+if n == 0 then return tonumber(redis.call('GET', key) or '0') end
+local total = redis.call('INCRBY', key, n)
+if redis.call('PTTL', key) < 0 then redis.call('PEXPIRE', key, tonumber(ARGV[5])) end
+return total
 `)
 
 // noteRefusedScript: ARGV[3] the pool (namespace/name).

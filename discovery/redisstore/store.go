@@ -121,8 +121,8 @@ func (s *Store) acquire(ctx context.Context, req discovery.AcquireRequest, ids [
 			of[i] = index[p]
 		}
 	}
-	args := make([]any, 0, 7+6*len(paces)+2*len(ids))
-	args = append(args, req.TTL.Milliseconds(), req.Target, id, adaptive, req.MaxWait.Milliseconds(), len(paces), req.Holder)
+	args := make([]any, 0, 9+6*len(paces)+2*len(ids))
+	args = append(args, req.TTL.Milliseconds(), req.Target, id, adaptive, req.MaxWait.Milliseconds(), len(paces), req.Holder, req.Limit.Key, req.Limit.Max)
 	for _, p := range paces {
 		args = append(args, p.Interval.Milliseconds(), p.Burst, p.MaxConcurrent, p.FleetKey, p.FleetInterval.Milliseconds(), p.FleetBurst)
 	}
@@ -136,6 +136,9 @@ func (s *Store) acquire(ctx context.Context, req discovery.AcquireRequest, ids [
 	if len(res) == 3 {
 		wait, _ := res[1].(int64)
 		cause, _ := res[2].(string)
+		if cause == "quota" {
+			return discovery.Lease{}, &discovery.QuotaExceededError{RetryAfter: time.Duration(wait) * time.Millisecond}
+		}
 		return discovery.Lease{}, &discovery.NoProxyAvailableError{RetryAfter: time.Duration(wait) * time.Millisecond, Cause: cause}
 	}
 	if len(res) != 7 {
@@ -338,6 +341,27 @@ func (s *Store) loads(ctx context.Context, ids []string) ([]*redis.Cmd, error) {
 	}
 	_, err := pipe.Exec(ctx)
 	return cmds, err
+}
+
+// Admit implements discovery.Store.
+func (s *Store) Admit(ctx context.Context, key string, interval time.Duration, burst int) error {
+	wait, err := s.run(ctx, admitScript, key, interval.Milliseconds(), burst).Int64()
+	if err != nil {
+		return fmt.Errorf("admit script: %w", err)
+	}
+	if wait > 0 {
+		return &discovery.QuotaExceededError{RetryAfter: time.Duration(wait) * time.Millisecond}
+	}
+	return nil
+}
+
+// AddUsage implements discovery.Store.
+func (s *Store) AddUsage(ctx context.Context, key string, n int64, ttl time.Duration) (int64, error) {
+	total, err := s.run(ctx, addUsageScript, key, n, ttl.Milliseconds()).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("add-usage script: %w", err)
+	}
+	return total, nil
 }
 
 // NoteRefused implements discovery.Store.

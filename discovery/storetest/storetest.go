@@ -46,6 +46,10 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"PacingFleetCap", pacingFleetCap},
 		{"LearnedPace", learnedPace},
 		{"PacingConcurrently", pacingConcurrently},
+		{"Limits", limits},
+		{"LimitsConcurrently", limitsConcurrently},
+		{"Admit", admit},
+		{"Usage", usage},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.test(t, newHarness(t)) })

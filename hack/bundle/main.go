@@ -54,7 +54,7 @@ type Options struct {
 	BaseCSV       string
 	Icon          string
 	CRDs          []string // controller-gen's CRDs, copied byte for byte
-	Samples       string   // directory of samples; its Proxies, ProxyPools and CrawlTargets become alm-examples
+	Samples       string   // directory of samples; its Proxies, ProxyPools, CrawlTargets and TenantQuotas become alm-examples
 	OutDir        string
 	Dockerfile    string
 }
@@ -64,7 +64,7 @@ func main() {
 		Kustomization: "config/default",
 		BaseCSV:       "config/manifests/bases/egress-proxies-operator.clusterserviceversion.yaml",
 		Icon:          "config/manifests/icon.svg",
-		CRDs:          []string{"config/crd/bases/crawl.example.com_proxies.yaml", "config/crd/bases/crawl.example.com_proxypools.yaml", "config/crd/bases/crawl.example.com_crawltargets.yaml"},
+		CRDs:          []string{"config/crd/bases/crawl.example.com_proxies.yaml", "config/crd/bases/crawl.example.com_proxypools.yaml", "config/crd/bases/crawl.example.com_crawltargets.yaml", "config/crd/bases/crawl.example.com_tenantquotas.yaml"},
 		Samples:       "config/samples",
 		OutDir:        "bundle",
 		Dockerfile:    "bundle.Dockerfile",
@@ -368,8 +368,8 @@ func checkOwned(csv operatorsv1alpha1.ClusterServiceVersion, objs []*unstructure
 	return nil
 }
 
-// almExamples is the JSON list of the sample Proxies, ProxyPools and
-// CrawlTargets, the objects a catalog offers to create.
+// almExamples is the JSON list of the sample Proxies, ProxyPools,
+// CrawlTargets and TenantQuotas, the objects a catalog offers to create.
 func almExamples(dir string) (string, error) {
 	paths, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
 	if err != nil {
@@ -383,7 +383,8 @@ func almExamples(dir string) (string, error) {
 			return "", err
 		}
 		for _, u := range objs {
-			if u.GetKind() == "Proxy" || u.GetKind() == "ProxyPool" || u.GetKind() == "CrawlTarget" {
+			switch u.GetKind() {
+			case "Proxy", "ProxyPool", "CrawlTarget", "TenantQuota":
 				examples = append(examples, u.Object)
 			}
 		}

@@ -15,6 +15,7 @@ var crdFiles = []string{
 	"config/crd/bases/crawl.example.com_proxies.yaml",
 	"config/crd/bases/crawl.example.com_proxypools.yaml",
 	"config/crd/bases/crawl.example.com_crawltargets.yaml",
+	"config/crd/bases/crawl.example.com_tenantquotas.yaml",
 }
 
 // TestCRDCopiesAreTheGeneratedOne: the chart and the bundle ship

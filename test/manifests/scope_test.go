@@ -126,7 +126,7 @@ func TestTwoScopedReleasesShareACluster(t *testing.T) {
 			seen[key] = name
 		}
 	}
-	require.Len(t, first.ofKind("CustomResourceDefinition"), 3, "the first release brings the CRDs (the test API server has them already)")
+	require.Len(t, first.ofKind("CustomResourceDefinition"), 4, "the first release brings the CRDs (the test API server has them already)")
 	for _, objs := range []objects{first, second} {
 		for _, u := range objs {
 			if notServedHere[u.GetKind()] || u.GetKind() == "CustomResourceDefinition" {

@@ -1,0 +1,117 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/example/egress-proxies-operator/discovery"
+)
+
+// limited acquires under a Limit.
+func limited(h Harness, key string, max int, ttl time.Duration) (discovery.Lease, error) {
+	return h.Store.Acquire(context.Background(), discovery.AcquireRequest{Candidates: Of("a", "b"), TTL: ttl, Limit: discovery.Limit{Key: key, Max: max}})
+}
+
+// limits: a Limit caps the live leases under its key, and no other key's;
+// the refusal says when the first of them ends; a release, an expiry and
+// a renewal move that; Max 0 refuses all.
+func limits(t *testing.T, h Harness) {
+	ctx := context.Background()
+	first, err := limited(h, "lease|team-a", 2, time.Minute)
+	require.NoError(t, err)
+	h.Advance(10 * time.Second)
+	second, err := limited(h, "lease|team-a", 2, time.Minute)
+	require.NoError(t, err)
+	_, err = limited(h, "lease|team-a", 2, time.Minute)
+	var quota *discovery.QuotaExceededError
+	require.ErrorAs(t, err, &quota, "the third lease is over the limit")
+	assert.ErrorIs(t, err, discovery.ErrQuotaExceeded)
+	assert.InDelta(t, (50 * time.Second).Seconds(), quota.RetryAfter.Seconds(), 1, "when the first lease ends")
+	_, err = limited(h, "lease|team-b", 2, time.Minute)
+	require.NoError(t, err, "another key is not limited by this one")
+	_, err = h.Store.Acquire(ctx, discovery.AcquireRequest{Candidates: Of("a"), TTL: time.Minute})
+	require.NoError(t, err, "nor is a lease under no limit")
+
+	_, err = h.Store.Renew(ctx, first.ID, 2*time.Minute)
+	require.NoError(t, err)
+	_, err = limited(h, "lease|team-a", 2, time.Minute)
+	require.ErrorAs(t, err, &quota)
+	assert.InDelta(t, time.Minute.Seconds(), quota.RetryAfter.Seconds(), 1, "a renewal moves its end: the second lease now ends first")
+
+	require.NoError(t, h.Store.Release(ctx, second.ID))
+	third, err := limited(h, "lease|team-a", 2, time.Minute)
+	require.NoError(t, err, "a release frees a place")
+	_, err = limited(h, "lease|team-a", 2, time.Minute)
+	require.ErrorAs(t, err, &quota)
+
+	h.Advance(2*time.Minute + time.Second)
+	_, err = h.Store.Get(ctx, third.ID)
+	require.ErrorIs(t, err, discovery.ErrLeaseNotFound)
+	_, err = limited(h, "lease|team-a", 2, time.Minute)
+	require.NoError(t, err, "expired leases free their places")
+	_, err = limited(h, "lease|team-c", 0, time.Minute)
+	require.ErrorAs(t, err, &quota, "Max 0 allows none")
+}
+
+// limitsConcurrently: many clients at once never hold more than Max.
+func limitsConcurrently(t *testing.T, h Harness) {
+	const max = 5
+	var ok, refused atomic.Int64
+	var wg sync.WaitGroup
+	for range 40 {
+		wg.Go(func() {
+			_, err := limited(h, "tunnel|team-a", max, time.Minute)
+			switch {
+			case err == nil:
+				ok.Add(1)
+			case errors.Is(err, discovery.ErrQuotaExceeded):
+				refused.Add(1)
+			default:
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	assert.Equal(t, int64(max), ok.Load(), "exactly Max leases, whatever the races")
+	assert.Equal(t, int64(40-max), refused.Load())
+}
+
+// admit: a rate admits a burst, then one per interval, on the store's
+// clock; a refusal takes nothing and says when.
+func admit(t *testing.T, h Harness) {
+	ctx := context.Background()
+	for i := range 3 {
+		require.NoError(t, h.Store.Admit(ctx, "tunnels|team-a", 100*time.Millisecond, 3), "burst %d", i)
+	}
+	err := h.Store.Admit(ctx, "tunnels|team-a", 100*time.Millisecond, 3)
+	var quota *discovery.QuotaExceededError
+	require.ErrorAs(t, err, &quota)
+	assert.InDelta(t, 0.1, quota.RetryAfter.Seconds(), 0.02)
+	require.NoError(t, h.Store.Admit(ctx, "tunnels|team-b", 100*time.Millisecond, 3), "per key")
+	h.Advance(100 * time.Millisecond)
+	require.NoError(t, h.Store.Admit(ctx, "tunnels|team-a", 100*time.Millisecond, 3), "one interval later, one more")
+	require.Error(t, h.Store.Admit(ctx, "tunnels|team-a", 100*time.Millisecond, 3))
+}
+
+// usage: counts add up per key; adding nothing reads.
+func usage(t *testing.T, h Harness) {
+	ctx := context.Background()
+	n, err := h.Store.AddUsage(ctx, "bytes|team-a|2026-12-05", 0, time.Hour)
+	require.NoError(t, err)
+	assert.Zero(t, n)
+	_, err = h.Store.AddUsage(ctx, "bytes|team-a|2026-12-05", 1500, time.Hour)
+	require.NoError(t, err)
+	n, err = h.Store.AddUsage(ctx, "bytes|team-a|2026-12-05", 1<<33, time.Hour)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1500+1<<33), n, "beyond 32 bits")
+	n, err = h.Store.AddUsage(ctx, "bytes|team-b|2026-12-05", 0, time.Hour)
+	require.NoError(t, err)
+	assert.Zero(t, n, "per key")
+}

@@ -659,6 +659,15 @@ func addDiscovery(ctx context.Context, mgr manager.Manager, restConfig *rest.Con
 	if err != nil {
 		return nil, fmt.Errorf("feeding discovery's politeness policies: %w", err)
 	}
+	quotas := discovery.NewQuotaIndex()
+	quotaInformer, err := mgr.GetCache().GetInformer(ctx, &crawlv1alpha1.TenantQuota{})
+	if err != nil {
+		return nil, fmt.Errorf("getting the TenantQuota informer for discovery: %w", err)
+	}
+	quotasReg, err := quotaInformer.AddEventHandler(quotas.Handler())
+	if err != nil {
+		return nil, fmt.Errorf("feeding discovery's tenant quotas: %w", err)
+	}
 
 	tokens, waitForTokens, err := addTokenSource(ctx, mgr, restConfig, opts)
 	if err != nil {
@@ -686,12 +695,13 @@ func addDiscovery(ctx context.Context, mgr manager.Manager, restConfig *rest.Con
 		StoreTimeout:    opts.storeTimeout,
 		View:            view,
 		Tokens:          tokens,
-		Ready:           func() bool { return reg.HasSynced() && policiesReg.HasSynced() },
+		Ready:           func() bool { return reg.HasSynced() && policiesReg.HasSynced() && quotasReg.HasSynced() },
 		WaitForTokens:   waitForTokens,
 		Clock:           clock.RealClock{},
 		Credentials:     creds,
 		Politeness:      discovery.Politeness{Policies: policies, Adaptive: opts.adaptivePacing},
 		Tenants:         tenants,
+		Quotas:          quotas,
 	})
 	storeMetrics = append(storeMetrics, server.LearnedPaceCollector(policies, opts.storeTimeout))
 	for _, c := range append(discovery.Collectors(), storeMetrics...) {

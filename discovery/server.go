@@ -62,6 +62,9 @@ const (
 	// CodeSessionNotFound: no gateway session of that name has tunnelled
 	// lately.
 	CodeSessionNotFound = "session_not_found"
+	// CodeQuotaExceeded: the tenant is at one of its TenantQuota's limits;
+	// retry after Retry-After.
+	CodeQuotaExceeded = "quota_exceeded"
 	// CodeAuthUnavailable: the API server could not say who the client is
 	// or what it may lease; retry after Retry-After.
 	CodeAuthUnavailable = "auth_unavailable"
@@ -124,6 +127,8 @@ type Options struct {
 	// token (ServiceAccount tokens) and narrows each such tenant to the
 	// proxies RBAC lets it lease. Nil: the discovery token only.
 	Tenants Tenants
+	// Quotas bounds each tenant's share (TenantQuotas). Nil: no limits.
+	Quotas Quotas
 }
 
 // CredentialsLookup reads a proxy's credentials (credentials.Reader over
@@ -377,8 +382,13 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request, _ httproute
 		return authUnavailable(r.Context(), w, err)
 	}
 	acquire := s.acquireRequest(candidates, req.Target, ttl, time.Duration(req.MaxWaitSeconds*float64(time.Second)))
-	acquire.Holder = t.Name
+	acquire.Holder, acquire.Limit = t.Name, s.limitFor(t, LimitLeases)
 	lease, err := s.store.Acquire(r.Context(), acquire)
+	var quota *QuotaError
+	if errors.As(s.quotaError(t, LimitLeases, err), &quota) {
+		setRetryAfter(w, max(quota.RetryAfter, time.Second))
+		return writeError(w, http.StatusTooManyRequests, CodeQuotaExceeded, quota.Error())
+	}
 	notePaced(err, lease.Wait)
 	var none *NoProxyAvailableError
 	if errors.As(err, &none) && none.Paced() {
@@ -898,5 +908,5 @@ var (
 // counts come from its Collectors.
 func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{requestsTotal, requestDuration, reportsTotal, authEnabled, authLockedGauge, storeDuration, storeErrors,
-		pacedTotal, pacedWaitSeconds, pushBacksTotal}
+		pacedTotal, pacedWaitSeconds, pushBacksTotal, quotaRefusals}
 }

@@ -2,12 +2,16 @@ package discovery
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"testing"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	authenticationv1 "k8s.io/api/authentication/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -105,4 +109,79 @@ func TestTenantsLeaseOnlyTheirPools(t *testing.T) {
 	}
 	assert.Equal(t, "system:serviceaccount:team-a:crawler/s1", SessionKey(a, "s1"))
 	assert.Equal(t, "s1", SessionKey(tenant.Platform, "s1"), "the platform's sessions keep their names")
+}
+
+// TestQuotasHoldAtTheirLimits: a tenant with a TenantQuota holds at most
+// maxLeases leases and maxTunnels tunnels (429 quota_exceeded with
+// Retry-After when the first ends), opens tunnels at tunnelsPerSecond,
+// and none once the day's gateway bytes are spent (until midnight UTC);
+// below each limit nothing is refused, and other tenants are not bound by
+// it.
+func TestQuotasHoldAtTheirLimits(t *testing.T) {
+	f := newFixture(t)
+	f.token.value = "platform-token"
+	teams := twoTeams()
+	teams.pools["system:serviceaccount:team-b:crawler"] = "eu" // both teams share the pool here
+	f.srv.opts.Tenants = teams
+	quotas := NewQuotaIndex()
+	f.srv.opts.Quotas = quotas
+	two, one := int32(2), int32(1)
+	quotas.upsert(&crawlv1alpha1.TenantQuota{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "crawler"},
+		Spec: crawlv1alpha1.TenantQuotaSpec{MaxLeases: &two, MaxTunnels: &one, TunnelsPerSecond: &two, GatewayBytesPerDay: resource.NewQuantity(1000, resource.BinarySI)}})
+	for i := range 3 {
+		f.member("eu", fmt.Sprintf("eu-%d", i), fmt.Sprintf("127.0.0.%d", 11+i))
+	}
+	as := func(token string) []string { return []string{"Authorization", "Bearer " + token} }
+
+	var ids []string
+	for range 2 {
+		r := f.do("POST", "/v1/leases", `{"ttlSeconds":60}`, as("token-a")...)
+		require.Equal(t, http.StatusCreated, r.status, "below the limit: %s", r.raw)
+		ids = append(ids, r.body["leaseID"].(string))
+		f.clock.Step(10 * time.Second)
+	}
+	over := f.do("POST", "/v1/leases", `{}`, as("token-a")...)
+	assert.Equal(t, http.StatusTooManyRequests, over.status)
+	assert.Equal(t, CodeQuotaExceeded, errorCode(over))
+	assert.Equal(t, "40", over.header.Get("Retry-After"), "when the first lease ends")
+	assert.Contains(t, errorMessage(over), "TenantQuota team-a/crawler")
+	assert.Equal(t, http.StatusCreated, f.do("POST", "/v1/leases", `{}`, as("token-b")...).status, "another tenant is not bound by it")
+	assert.Equal(t, http.StatusCreated, f.do("POST", "/v1/leases", `{}`, as("platform-token")...).status, "nor is the platform")
+	require.Equal(t, http.StatusNoContent, f.do("DELETE", "/v1/leases/"+ids[0], "", as("token-a")...).status)
+	assert.Equal(t, http.StatusCreated, f.do("POST", "/v1/leases", `{}`, as("token-a")...).status, "a released lease frees its place")
+
+	ctx := context.Background()
+	tunnels := f.srv.Tunnels()
+	a, err := tunnels.Authorize(ctx, "token-a")
+	require.NoError(t, err)
+	pick := func() error {
+		_, err := tunnels.Pick(ctx, TunnelRequest{Tenant: a, Host: "example.com", TTL: time.Minute, SessionIdle: time.Minute})
+		return err
+	}
+	require.NoError(t, pick(), "one tunnel")
+	var quota *QuotaError
+	require.ErrorAs(t, pick(), &quota, "a second tunnel is over maxTunnels")
+	assert.Equal(t, LimitTunnels, quota.Limit)
+
+	require.NoError(t, tunnels.Admit(ctx, a))
+	require.NoError(t, tunnels.Admit(ctx, a), "a second's worth at once")
+	require.ErrorAs(t, tunnels.Admit(ctx, a), &quota)
+	assert.Equal(t, LimitTunnelsPerSecond, quota.Limit)
+	assert.InDelta(t, 0.5, quota.RetryAfter.Seconds(), 0.01)
+	f.clock.Step(500 * time.Millisecond)
+	require.NoError(t, tunnels.Admit(ctx, a), "the rate allows one more half a second later")
+
+	f.clock.Step(time.Second)
+	tunnels.CountBytes(ctx, a, 999)
+	require.NoError(t, tunnels.Admit(ctx, a), "below the day's bytes")
+	f.clock.Step(time.Second)
+	tunnels.CountBytes(ctx, a, 1)
+	require.ErrorAs(t, tunnels.Admit(ctx, a), &quota, "the day's bytes are spent")
+	assert.Equal(t, LimitBytesPerDay, quota.Limit)
+	now := f.clock.Now()
+	assert.Equal(t, time.Date(now.Year(), now.Month(), now.Day()+1, 0, 0, 0, 0, time.UTC).Sub(now), quota.RetryAfter, "until midnight UTC")
+	f.clock.SetTime(time.Date(now.Year(), now.Month(), now.Day()+1, 0, 0, 1, 0, time.UTC))
+	require.NoError(t, tunnels.Admit(ctx, a), "a new day")
+
+	assert.Equal(t, 1.0, testutil.ToFloat64(quotaRefusals.WithLabelValues("system:serviceaccount:team-a:crawler", LimitLeases)))
 }

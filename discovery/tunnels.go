@@ -142,10 +142,12 @@ func (t *Tunnels) Pick(ctx context.Context, req TunnelRequest) (Upstream, error)
 	if err != nil {
 		return Upstream{}, err
 	}
+	limit := t.s.limitFor(who, LimitTunnels)
 	acquire := func(c Candidates, maxWait time.Duration) (Lease, error) {
 		r := t.s.acquireRequest(c, host, req.TTL, maxWait)
-		r.Holder = who.Name
-		return store.Acquire(ctx, r)
+		r.Holder, r.Limit = who.Name, limit
+		l, err := store.Acquire(ctx, r)
+		return l, t.s.quotaError(who, LimitTunnels, err)
 	}
 	avoid := slices.Clone(req.Avoid)
 	usable := func(id string) bool {

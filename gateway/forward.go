@@ -94,8 +94,9 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, id Identity) {
 				retryAfter, _ := client.ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
 				g.opts.Upstreams.PushBack(context.WithoutCancel(ctx), r.URL.Hostname(), retryAfter)
 			}
-			g.relay(w, resp, up)
+			n := g.relay(w, resp, up)
 			g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID)
+			g.opts.Upstreams.CountBytes(context.WithoutCancel(ctx), id.Tenant, n+max(r.ContentLength, 0))
 			return
 		}
 		upstreamFailures.WithLabelValues(reason).Inc()
@@ -111,8 +112,9 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, id Identity) {
 	}
 }
 
-// relay writes an upstream's response back to the client.
-func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, up discovery.Upstream) {
+// relay writes an upstream's response back to the client, and returns
+// the body's bytes.
+func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, up discovery.Upstream) int64 {
 	defer resp.Body.Close()
 	stripHop(resp.Header)
 	for k, vs := range resp.Header {
@@ -125,4 +127,5 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, up discovery
 	n, _ := io.Copy(w, resp.Body)
 	bytesTotal.WithLabelValues(directionDown).Add(float64(n))
 	requestsTotal.WithLabelValues(kindHTTP, outcomeOK).Inc()
+	return n
 }

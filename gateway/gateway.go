@@ -82,6 +82,11 @@ type Upstreams interface {
 	// PushBack reports a site's 429 or 503 on a plain-HTTP request, with
 	// its Retry-After, so the host's learned pace slows.
 	PushBack(ctx context.Context, host string, retryAfter time.Duration)
+	// Admit checks a tenant's tunnels-per-second and bytes-per-day quota
+	// before a tunnel or request (a *discovery.QuotaError when over);
+	// CountBytes adds what one carried.
+	Admit(ctx context.Context, who *tenant.Tenant) error
+	CountBytes(ctx context.Context, who *tenant.Tenant, n int64)
 }
 
 // Options configure a Gateway; zero values take the defaults above.
@@ -214,6 +219,10 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, refused.msg, refused.status)
 		return
 	}
+	if err := g.opts.Upstreams.Admit(r.Context(), id.Tenant); err != nil {
+		pickError(w, r, err, "")
+		return
+	}
 	switch {
 	case r.Method == http.MethodConnect:
 		g.tunnel(w, r, id)
@@ -296,7 +305,17 @@ func (g *Gateway) freeSlot() { <-g.slots }
 // pickError answers a client whose tunnel found no upstream.
 func pickError(w http.ResponseWriter, r *http.Request, err error, lastFailure string) {
 	var none *discovery.NoProxyAvailableError
+	var quota *discovery.QuotaError
 	switch {
+	case errors.As(err, &quota):
+		// The tenant's own limit: a 429 with when to come back, as a site
+		// would answer.
+		requestsTotal.WithLabelValues(kindOf(r), outcomeQuota).Inc()
+		retry := max(quota.RetryAfter, time.Second)
+		w.Header().Set("Retry-After", strconv.Itoa(int((retry+time.Second-1)/time.Second)))
+		w.Header().Set("Proxy-Status", fmt.Sprintf(`%s; error=connection_limit_reached; details="quota %s: retry in %dms"`,
+			ProxyStatusName, quota.Limit, quota.RetryAfter.Milliseconds()))
+		http.Error(w, quota.Error(), http.StatusTooManyRequests)
 	case errors.Is(err, discovery.ErrInvalidTunnel):
 		requestsTotal.WithLabelValues(kindOf(r), outcomeRefused).Inc()
 		http.Error(w, err.Error(), http.StatusBadRequest)

@@ -12,6 +12,7 @@ const (
 	kindHTTP    = "http"
 
 	outcomeOK             = "ok"
+	outcomeQuota          = "quota"           // the tenant is at a TenantQuota limit: 429
 	outcomeRefused        = "refused"         // unauthenticated, or a bad request
 	outcomeBusy           = "busy"            // at MaxTunnels past SlotWait
 	outcomeNoProxy        = "no_proxy"        // nothing to pick, or the store did not answer

@@ -19,6 +19,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/example/egress-proxies-operator/discovery"
+	"github.com/example/egress-proxies-operator/tenant"
 )
 
 // Why a tunnel ended, for the metrics.
@@ -33,7 +34,10 @@ const (
 
 // tunnel is one client's CONNECT, spliced to its upstream.
 type tunnel struct {
+	tenant        *tenant.Tenant
 	session, host string
+	// moved counts the bytes carried both ways, for the tenant's quota.
+	moved atomic.Int64
 	up            discovery.Upstream
 	client, upstr net.Conn
 	started       time.Time
@@ -101,7 +105,7 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 	if up.Paced {
 		life = min(life, g.opts.PacedTunnelLifetime)
 	}
-	t := &tunnel{session: discovery.SessionKey(id.Tenant, id.Session), host: discovery.NormalizeTarget(host), up: up, client: clientConn, upstr: upstream.conn,
+	t := &tunnel{tenant: id.Tenant, session: discovery.SessionKey(id.Tenant, id.Session), host: discovery.NormalizeTarget(host), up: up, client: clientConn, upstr: upstream.conn,
 		started: time.Now(), idle: g.opts.IdleTimeout, life: life}
 	t.touch()
 	g.register(t)
@@ -118,6 +122,7 @@ func (g *Gateway) carry(ctx context.Context, t *tunnel, early, pending []byte) {
 	defer g.opts.Upstreams.Release(ctx, t.up.LeaseID)
 	defer g.unregister(t)
 	t.run(early, pending)
+	g.opts.Upstreams.CountBytes(ctx, t.tenant, t.moved.Load())
 	tunnelsClosed.WithLabelValues(t.reason).Inc()
 	tunnelDuration.Observe(time.Since(t.started).Seconds())
 }
@@ -238,9 +243,9 @@ func (t *tunnel) run(early, pendingDown []byte) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t.pipe(up, t.client, early, bytesTotal.WithLabelValues(directionUp))
+		t.pipe(up, t.client, early, both{bytesTotal.WithLabelValues(directionUp), &t.moved})
 	}()
-	t.pipe(t.client, up, pendingDown, bytesTotal.WithLabelValues(directionDown))
+	t.pipe(t.client, up, pendingDown, both{bytesTotal.WithLabelValues(directionDown), &t.moved})
 	<-done
 	t.close(closedDone)
 }
@@ -264,6 +269,17 @@ var buffers = sync.Pool{New: func() any { b := make([]byte, chunk); return &b }}
 
 // counter is what a direction counts its bytes with.
 type counter interface{ Add(float64) }
+
+// both counts a direction's bytes in the metric and the tunnel's total.
+type both struct {
+	metric counter
+	total  *atomic.Int64
+}
+
+func (b both) Add(n float64) {
+	b.metric.Add(n)
+	b.total.Add(int64(n))
+}
 
 // pipe copies src to dst until src ends (then half-closes dst), either
 // fails, or the tunnel is idle or too old. It waits on a one-byte read, so

@@ -1,0 +1,208 @@
+package discovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	toolscache "k8s.io/client-go/tools/cache"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/tenant"
+)
+
+// Quota is a tenant's share of the fleet (its TenantQuota). A nil cap and
+// a zero rate or volume are no limit.
+type Quota struct {
+	// Source names the TenantQuota (namespace/name), for messages.
+	Source                string
+	MaxLeases, MaxTunnels *int
+	TunnelsPerSecond      int
+	GatewayBytesPerDay    int64
+}
+
+// Quotas says what a tenant's share is (QuotaIndex).
+type Quotas interface {
+	QuotaOf(tenantName string) (Quota, bool)
+}
+
+// QuotaIndex is the TenantQuotas the manager's cache holds, by the tenant
+// each bounds. An informer feeds it (Handler).
+type QuotaIndex struct {
+	mu       sync.RWMutex
+	byTenant map[string]Quota
+}
+
+var _ Quotas = (*QuotaIndex)(nil)
+
+// NewQuotaIndex returns an empty index.
+func NewQuotaIndex() *QuotaIndex { return &QuotaIndex{byTenant: map[string]Quota{}} }
+
+// QuotaOf implements Quotas.
+func (x *QuotaIndex) QuotaOf(tenantName string) (Quota, bool) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	q, ok := x.byTenant[tenantName]
+	return q, ok
+}
+
+// Handler is the informer handler that keeps the index current.
+func (x *QuotaIndex) Handler() toolscache.ResourceEventHandler {
+	return toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    x.upsert,
+		UpdateFunc: func(_, obj any) { x.upsert(obj) },
+		DeleteFunc: func(obj any) {
+			if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+				obj = tomb.Obj
+			}
+			if q, ok := obj.(*crawlv1alpha1.TenantQuota); ok {
+				x.mu.Lock()
+				defer x.mu.Unlock()
+				delete(x.byTenant, q.ServiceAccountUser())
+			}
+		},
+	}
+}
+
+func (x *QuotaIndex) upsert(obj any) {
+	q, ok := obj.(*crawlv1alpha1.TenantQuota)
+	if !ok {
+		return
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.byTenant[q.ServiceAccountUser()] = QuotaOf(q)
+}
+
+// QuotaOf reads a TenantQuota's limits.
+func QuotaOf(q *crawlv1alpha1.TenantQuota) Quota {
+	out := Quota{Source: q.Namespace + "/" + q.Name}
+	toInt := func(p *int32) *int {
+		if p == nil {
+			return nil
+		}
+		n := int(*p)
+		return &n
+	}
+	out.MaxLeases, out.MaxTunnels = toInt(q.Spec.MaxLeases), toInt(q.Spec.MaxTunnels)
+	if q.Spec.TunnelsPerSecond != nil {
+		out.TunnelsPerSecond = int(*q.Spec.TunnelsPerSecond)
+	}
+	if q.Spec.GatewayBytesPerDay != nil {
+		out.GatewayBytesPerDay = q.Spec.GatewayBytesPerDay.Value()
+	}
+	return out
+}
+
+// The limits a refusal names, in metrics and error messages.
+const (
+	LimitLeases           = "leases"
+	LimitTunnels          = "tunnels"
+	LimitTunnelsPerSecond = "tunnels_per_second"
+	LimitBytesPerDay      = "gateway_bytes_per_day"
+)
+
+// QuotaError is a tenant's request refused at one of its limits: the
+// discovery API and the gateway answer it 429 with Retry-After.
+type QuotaError struct {
+	Tenant, Limit, Source string
+	RetryAfter            time.Duration
+}
+
+func (e *QuotaError) Error() string {
+	return fmt.Sprintf("%s is at its %s quota (TenantQuota %s); retry in %s", e.Tenant, e.Limit, e.Source, e.RetryAfter.Round(time.Millisecond))
+}
+
+// Unwrap makes errors.Is(err, ErrQuotaExceeded) hold.
+func (e *QuotaError) Unwrap() error { return ErrQuotaExceeded }
+
+// quotaOf is t's quota, if it has one.
+func (s *Server) quotaOf(t *tenant.Tenant) (Quota, bool) {
+	if s.opts.Quotas == nil || t == nil || t.All() {
+		return Quota{}, false
+	}
+	return s.opts.Quotas.QuotaOf(t.Name)
+}
+
+// limitFor is the Limit a tenant's lease (kind LimitLeases) or tunnel
+// (LimitTunnels) counts under; the zero Limit when it has none.
+func (s *Server) limitFor(t *tenant.Tenant, kind string) Limit {
+	q, ok := s.quotaOf(t)
+	if !ok {
+		return Limit{}
+	}
+	max := q.MaxLeases
+	if kind == LimitTunnels {
+		max = q.MaxTunnels
+	}
+	if max == nil {
+		return Limit{}
+	}
+	return Limit{Key: kind + "|" + t.Name, Max: *max}
+}
+
+// quotaError turns the store's refusal of a tenant's lease or tunnel into
+// a QuotaError naming the limit, and counts it; other errors pass.
+func (s *Server) quotaError(t *tenant.Tenant, limit string, err error) error {
+	var over *QuotaExceededError
+	if !errors.As(err, &over) {
+		return err
+	}
+	q, _ := s.quotaOf(t)
+	quotaRefusals.WithLabelValues(t.Name, limit).Inc()
+	return &QuotaError{Tenant: t.Name, Limit: limit, Source: q.Source, RetryAfter: over.RetryAfter}
+}
+
+// bytesKey is the usage key of t's gateway bytes on the UTC day of now.
+func bytesKey(t *tenant.Tenant, now time.Time) string {
+	return "bytes|" + t.Name + "|" + now.UTC().Format(time.DateOnly)
+}
+
+// Admit lets a tenant's gateway client open one tunnel (or send one
+// plain-HTTP request) under its tunnels-per-second and bytes-per-day
+// limits, or returns a *QuotaError. The lease each tunnel takes counts
+// toward its maxTunnels in Pick.
+func (t *Tunnels) Admit(ctx context.Context, who *tenant.Tenant) error {
+	q, ok := t.s.quotaOf(who)
+	if !ok {
+		return nil
+	}
+	if q.GatewayBytesPerDay > 0 {
+		now := t.s.opts.Clock.Now().UTC()
+		used, err := t.s.store.AddUsage(ctx, bytesKey(who, now), 0, 48*time.Hour)
+		if err != nil {
+			return err
+		}
+		if used >= q.GatewayBytesPerDay {
+			midnight := time.Date(now.Year(), now.Month(), now.Day()+1, 0, 0, 0, 0, time.UTC)
+			return t.s.quotaError(who, LimitBytesPerDay, &QuotaExceededError{RetryAfter: midnight.Sub(now)})
+		}
+	}
+	if q.TunnelsPerSecond > 0 {
+		err := t.s.store.Admit(ctx, "tunnels|"+who.Name, time.Second/time.Duration(q.TunnelsPerSecond), q.TunnelsPerSecond)
+		return t.s.quotaError(who, LimitTunnelsPerSecond, err)
+	}
+	return nil
+}
+
+// CountBytes adds the bytes a tenant's tunnel or request carried to its
+// day's count, when it has a bytes-per-day limit; a count the store could
+// not take is logged (the tunnel is over by then).
+func (t *Tunnels) CountBytes(ctx context.Context, who *tenant.Tenant, n int64) {
+	q, ok := t.s.quotaOf(who)
+	if !ok || q.GatewayBytesPerDay <= 0 || n <= 0 {
+		return
+	}
+	if _, err := t.s.store.AddUsage(ctx, bytesKey(who, t.s.opts.Clock.Now()), n, 48*time.Hour); err != nil {
+		warn(logf.FromContext(ctx), "a tunnel's bytes were not counted toward its tenant's quota", "tenant", who.Name, "error", err.Error())
+	}
+}
+
+var quotaRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "proxy_operator_tenant_quota_refusals_total",
+	Help: "Requests refused at a tenant's TenantQuota, by tenant (only tenants with a TenantQuota, so the label is bounded by those objects) and limit (leases, tunnels, tunnels_per_second, gateway_bytes_per_day).",
+}, []string{"tenant", "limit"})

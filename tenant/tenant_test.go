@@ -2,14 +2,6 @@ package tenant_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/rand"
-	"crypto/sha256"
-	"crypto/x509"
-	"encoding/base64"
-	"encoding/json"
-	"encoding/pem"
-	"os"
 	"testing"
 	"time"
 
@@ -73,12 +65,11 @@ func TestCheckerAgainstTheAPIServer(t *testing.T) {
 	assert.True(t, mayLease(t, newChecker(t, env, ttl), whoB, eu), "a grant on every Proxy covers pool members")
 
 	assert.Nil(t, identify(t, checker, token(t, admin, a, "some-other-service")), "a token for another audience")
-	keyFile, issuer := env.ServiceAccountSigner()
 	sa, err := admin.CoreV1().ServiceAccounts(teamA).Get(ctx, "crawler", metav1.GetOptions{})
 	require.NoError(t, err)
-	assert.NotNil(t, identify(t, newChecker(t, env, ttl), mint(t, keyFile, issuer, sa, time.Now().Add(time.Hour))),
+	assert.NotNil(t, identify(t, newChecker(t, env, ttl), env.MintServiceAccountToken(t, sa, tenant.DefaultAudience, time.Now().Add(time.Hour))),
 		"a token minted with the API server's key is accepted (so the next refusal is the expiry's)")
-	assert.Nil(t, identify(t, newChecker(t, env, ttl), mint(t, keyFile, issuer, sa, time.Now().Add(-time.Minute))), "an expired token")
+	assert.Nil(t, identify(t, newChecker(t, env, ttl), env.MintServiceAccountToken(t, sa, tenant.DefaultAudience, time.Now().Add(-time.Minute))), "an expired token")
 	assert.Nil(t, identify(t, newChecker(t, env, ttl), "not-a-token"))
 
 	require.NoError(t, admin.CoreV1().ServiceAccounts(teamB).Delete(ctx, "crawler", metav1.DeleteOptions{}))
@@ -148,41 +139,4 @@ func token(t *testing.T, admin kubernetes.Interface, sa *corev1.ServiceAccount, 
 		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{Audiences: []string{audience}}}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	return tr.Status.Token
-}
-
-// mint signs a ServiceAccount token for sa (ES256), for the operator's
-// audience, expiring at exp, with the API server's own key: what TokenRequest
-// issues, but with an expiry TokenRequest would not allow.
-func mint(t *testing.T, keyFile, issuer string, sa *corev1.ServiceAccount, exp time.Time) string {
-	t.Helper()
-	raw, err := os.ReadFile(keyFile)
-	require.NoError(t, err)
-	block, _ := pem.Decode(raw)
-	require.NotNil(t, block, "a PEM key in %s", keyFile)
-	parsed, err := x509.ParsePKCS8PrivateKey(block.Bytes)
-	if err != nil {
-		parsed, err = x509.ParseECPrivateKey(block.Bytes)
-	}
-	require.NoError(t, err)
-	key, ok := parsed.(*ecdsa.PrivateKey)
-	require.True(t, ok, "envtest signs with an ECDSA key, got %T", parsed)
-	enc := func(v any) string {
-		b, err := json.Marshal(v)
-		require.NoError(t, err)
-		return base64.RawURLEncoding.EncodeToString(b)
-	}
-	iat := exp.Add(-2 * time.Hour)
-	claims := map[string]any{
-		"iss": issuer, "sub": "system:serviceaccount:" + sa.Namespace + ":" + sa.Name, "aud": []string{tenant.DefaultAudience},
-		"exp": exp.Unix(), "iat": iat.Unix(), "nbf": iat.Unix(),
-		"kubernetes.io": map[string]any{"namespace": sa.Namespace, "serviceaccount": map[string]any{"name": sa.Name, "uid": string(sa.UID)}},
-	}
-	signing := enc(map[string]string{"alg": "ES256", "typ": "JWT"}) + "." + enc(claims)
-	sum := sha256.Sum256([]byte(signing))
-	r, sv, err := ecdsa.Sign(rand.Reader, key, sum[:])
-	require.NoError(t, err)
-	sig := make([]byte, 64) // JWS ES256: r and s, 32 bytes each
-	r.FillBytes(sig[:32])
-	sv.FillBytes(sig[32:])
-	return signing + "." + base64.RawURLEncoding.EncodeToString(sig)
 }

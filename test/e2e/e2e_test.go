@@ -77,7 +77,7 @@ func runMain(m *testing.M) int {
 	}
 	world.gateway = cluster.FreeAddr()
 	world.opts = cluster.OperatorOptions{DiscoveryAddr: cluster.FreeAddr(), ProbeAddr: cluster.FreeAddr(),
-		ExtraArgs: []string{"--pool-autoscale-interval=1s", "--gateway-bind-address=" + world.gateway}}
+		ExtraArgs: []string{"--pool-autoscale-interval=1s", "--gateway-bind-address=" + world.gateway, "--tenant-review-ttl=1s"}}
 	world.discovery = "http://" + world.opts.DiscoveryAddr
 	if world.operator, err = world.cluster.StartOperator(world.bin, world.opts); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
@@ -212,6 +212,7 @@ func TestE2E(t *testing.T) {
 	t.Run("pool autoscaling", testPoolAutoscaling)
 	t.Run("external", testExternal)
 	t.Run("gateway", testGateway)
+	t.Run("tenants", testTenants)
 	t.Run("restart", testRestart)
 	t.Run("shared leases on redis", testSharedLeases)
 	t.Run("auth", testAuth)

@@ -6,12 +6,20 @@ package testenv
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
 	"sync"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -183,10 +191,51 @@ func (e *Env) WriteKubeconfig(path string) error {
 	return nil
 }
 
-// ServiceAccountSigner is the key file the API server signs ServiceAccount
-// tokens with, and the issuer it names in them: tests mint tokens the API
-// server never issued (an expired one) with them.
-func (e *Env) ServiceAccountSigner() (keyFile, issuer string) {
+// MintServiceAccountToken signs a token for sa, for audience, expiring at
+// exp, with the API server's own ServiceAccount key (ES256): what
+// TokenRequest issues, but with an expiry TokenRequest would not allow (an
+// expired one, for tests of refusal).
+func (e *Env) MintServiceAccountToken(t testing.TB, sa *corev1.ServiceAccount, audience string, exp time.Time) string {
+	t.Helper()
 	s := e.env.ControlPlane.APIServer
-	return filepath.Join(s.CertDir, "sa-signer.key"), s.SecureServing.URL("https", "/").String()
+	keyFile, issuer := filepath.Join(s.CertDir, "sa-signer.key"), s.SecureServing.URL("https", "/").String()
+	raw, err := os.ReadFile(keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, _ := pem.Decode(raw)
+	if block == nil {
+		t.Fatalf("no PEM key in %s", keyFile)
+	}
+	parsed, err := x509.ParsePKCS8PrivateKey(block.Bytes)
+	if err != nil {
+		parsed, err = x509.ParseECPrivateKey(block.Bytes)
+	}
+	key, ok := parsed.(*ecdsa.PrivateKey)
+	if err != nil || !ok {
+		t.Fatalf("envtest's ServiceAccount key is not ECDSA (%T): %v", parsed, err)
+	}
+	enc := func(v any) string {
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return base64.RawURLEncoding.EncodeToString(b)
+	}
+	iat := exp.Add(-2 * time.Hour)
+	claims := map[string]any{
+		"iss": issuer, "sub": "system:serviceaccount:" + sa.Namespace + ":" + sa.Name, "aud": []string{audience},
+		"exp": exp.Unix(), "iat": iat.Unix(), "nbf": iat.Unix(),
+		"kubernetes.io": map[string]any{"namespace": sa.Namespace, "serviceaccount": map[string]any{"name": sa.Name, "uid": string(sa.UID)}},
+	}
+	signing := enc(map[string]string{"alg": "ES256", "typ": "JWT"}) + "." + enc(claims)
+	sum := sha256.Sum256([]byte(signing))
+	r, sv, err := ecdsa.Sign(rand.Reader, key, sum[:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig := make([]byte, 64) // JWS ES256: r and s, 32 bytes each
+	r.FillBytes(sig[:32])
+	sv.FillBytes(sig[32:])
+	return signing + "." + base64.RawURLEncoding.EncodeToString(sig)
 }

@@ -125,6 +125,8 @@ type options struct {
 	discoveryAuth    string
 	tenantAudience   string
 	tenantReviewTTL  time.Duration
+	ledgerFile       string
+	ledgerRetention  time.Duration
 	// leaseStore is memory (one replica) or redis (shared by replicas);
 	// storeTimeout bounds each of its calls.
 	leaseStore     string
@@ -226,6 +228,10 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 		"required: the discovery API and the gateway ask every client for a token (a missing or empty token Secret refuses everyone); none: the API serves unauthenticated and hands out no proxy credentials, and the gateway refuses everyone.")
 	fs.StringVar(&o.tenantAudience, "tenant-audience", tenant.DefaultAudience,
 		"Audience a crawler team's ServiceAccount token must be issued for: such a token is accepted beside the discovery token, and RBAC (create on proxypools/lease, proxies/lease) says which proxies it may lease. Empty: the discovery token only.")
+	fs.StringVar(&o.ledgerFile, "ledger-file", "",
+		"File the ledger (every lease and gateway tunnel: tenant, session, proxy, exit IP, target, start, end, bytes) is appended to as JSON lines. Empty: the operator's log, under the logger \"ledger\".")
+	fs.DurationVar(&o.ledgerRetention, "ledger-retention", discovery.DefaultLedgerRetention,
+		"How long the lease store keeps ledger records for GET /v1/attribution (the memory store keeps at most the last 250000).")
 	fs.DurationVar(&o.tenantReviewTTL, "tenant-review-ttl", kubeauth.DefaultReviewTTL,
 		"How long the API server's answers on a ServiceAccount token and on what it may lease are reused: a revoked RoleBinding or a deleted ServiceAccount stops leases within it.")
 	fs.IntVar(&o.maxConcurrentReconciles, "max-concurrent-reconciles", controllers.DefaultMaxConcurrentReconciles,
@@ -349,6 +355,9 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	}
 	if errs1123 := validation.IsDNS1123Label(o.credentialsNamespace); len(errs1123) > 0 {
 		errs = append(errs, fmt.Errorf("%w: --credentials-namespace %q is not a namespace name: %s", errUsage, o.credentialsNamespace, strings.Join(errs1123, "; ")))
+	}
+	if o.ledgerRetention <= 0 {
+		errs = append(errs, fmt.Errorf("%w: --ledger-retention must be positive, got %s", errUsage, o.ledgerRetention))
 	}
 	if o.tenantReviewTTL <= 0 {
 		errs = append(errs, fmt.Errorf("%w: --tenant-review-ttl must be positive, got %s", errUsage, o.tenantReviewTTL))
@@ -686,6 +695,10 @@ func addDiscovery(ctx context.Context, mgr manager.Manager, restConfig *rest.Con
 	if err != nil {
 		return nil, err
 	}
+	ledger, err := newLedgerSink(opts)
+	if err != nil {
+		return nil, err
+	}
 	server := discovery.NewServer(discovery.Options{
 		Addr:            opts.discoveryAddr,
 		DefaultTTL:      discovery.DefaultTTL,
@@ -702,6 +715,8 @@ func addDiscovery(ctx context.Context, mgr manager.Manager, restConfig *rest.Con
 		Politeness:      discovery.Politeness{Policies: policies, Adaptive: opts.adaptivePacing},
 		Tenants:         tenants,
 		Quotas:          quotas,
+		Ledger:          ledger,
+		LedgerRetention: opts.ledgerRetention,
 	})
 	storeMetrics = append(storeMetrics, server.LearnedPaceCollector(policies, opts.storeTimeout))
 	for _, c := range append(discovery.Collectors(), storeMetrics...) {
@@ -747,6 +762,20 @@ func newLeaseStore(opts options) (discovery.Store, []prometheus.Collector, error
 	}
 	store := redisstore.New(redisstore.Options{Client: client, KeyPrefix: opts.redisKeyPrefix})
 	return store, store.Collectors(opts.storeTimeout), nil
+}
+
+// newLedgerSink is where ledger records are written: --ledger-file,
+// opened for appending (and created), or the operator's log.
+func newLedgerSink(opts options) (discovery.LedgerSink, error) {
+	log := ctrl.Log.WithName("ledger")
+	if opts.ledgerFile == "" {
+		return discovery.LogSink{Log: log}, nil
+	}
+	f, err := os.OpenFile(opts.ledgerFile, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("opening --ledger-file: %w", err)
+	}
+	return discovery.NewJSONLines(f, log), nil
 }
 
 // The values of --discovery-auth.

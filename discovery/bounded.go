@@ -49,6 +49,15 @@ func (b boundedStore) AddUsage(ctx context.Context, key string, n int64, ttl tim
 	return total, err
 }
 
+func (b boundedStore) AppendLedger(ctx context.Context, e LedgerEntry, retention time.Duration) error {
+	return b.do(ctx, "append_ledger", func(ctx context.Context) error { return b.store.AppendLedger(ctx, e, retention) })
+}
+
+func (b boundedStore) ReadLedger(ctx context.Context, from, to time.Time) (out []LedgerEntry, err error) {
+	err = b.do(ctx, "read_ledger", func(ctx context.Context) error { out, err = b.store.ReadLedger(ctx, from, to); return err })
+	return out, err
+}
+
 func (b boundedStore) Acquire(ctx context.Context, req AcquireRequest) (l Lease, err error) {
 	err = b.do(ctx, "acquire", func(ctx context.Context) error { l, err = b.store.Acquire(ctx, req); return err })
 	return l, err

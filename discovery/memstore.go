@@ -3,6 +3,8 @@ package discovery
 import (
 	"container/heap"
 	"context"
+	"slices"
+	"sort"
 	"sync"
 	"time"
 
@@ -55,7 +57,13 @@ type MemoryStore struct {
 	limited map[string]int
 	// usage: counts by key, and when each ends.
 	usage map[string]*usageCount
+	// ledger: the records, oldest first, at most MaxMemoryLedger.
+	ledger []LedgerEntry
 }
+
+// MaxMemoryLedger bounds the ledger records the memory store keeps (some
+// 60 MiB); the JSON-lines log keeps every one.
+const MaxMemoryLedger = 250_000
 
 type usageCount struct {
 	n    int64
@@ -376,6 +384,33 @@ func (m *MemoryStore) AddUsage(_ context.Context, key string, n int64, ttl time.
 	}
 	u.n += n
 	return u.n, nil
+}
+
+// AppendLedger implements Store.
+func (m *MemoryStore) AppendLedger(_ context.Context, e LedgerEntry, retention time.Duration) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.clock.Now()
+	e.At = now
+	oldest := now.Add(-retention)
+	cut := sort.Search(len(m.ledger), func(i int) bool { return !m.ledger[i].At.Before(oldest) })
+	cut = max(cut, len(m.ledger)+1-MaxMemoryLedger)
+	// Resliced, not copied: the next growth of the slice leaves the
+	// forgotten records behind.
+	m.ledger = append(m.ledger[cut:], e)
+	return nil
+}
+
+// ReadLedger implements Store.
+func (m *MemoryStore) ReadLedger(_ context.Context, from, to time.Time) ([]LedgerEntry, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	lo := sort.Search(len(m.ledger), func(i int) bool { return !m.ledger[i].At.Before(from) })
+	hi := sort.Search(len(m.ledger), func(i int) bool { return m.ledger[i].At.After(to) })
+	if hi < lo {
+		return nil, nil
+	}
+	return slices.Clone(m.ledger[lo:hi]), nil
 }
 
 // Get implements Store.

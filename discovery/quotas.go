@@ -157,9 +157,10 @@ func (s *Server) quotaError(t *tenant.Tenant, limit string, err error) error {
 	return &QuotaError{Tenant: t.Name, Limit: limit, Source: q.Source, RetryAfter: over.RetryAfter}
 }
 
-// bytesKey is the usage key of t's gateway bytes on the UTC day of now.
-func bytesKey(t *tenant.Tenant, now time.Time) string {
-	return "bytes|" + t.Name + "|" + now.UTC().Format(time.DateOnly)
+// bytesKey is the usage key of a tenant's gateway bytes on the UTC day of
+// now.
+func bytesKey(tenantName string, now time.Time) string {
+	return "bytes|" + tenantName + "|" + now.UTC().Format(time.DateOnly)
 }
 
 // Admit lets a tenant's gateway client open one tunnel (or send one
@@ -173,7 +174,7 @@ func (t *Tunnels) Admit(ctx context.Context, who *tenant.Tenant) error {
 	}
 	if q.GatewayBytesPerDay > 0 {
 		now := t.s.opts.Clock.Now().UTC()
-		used, err := t.s.store.AddUsage(ctx, bytesKey(who, now), 0, 48*time.Hour)
+		used, err := t.s.store.AddUsage(ctx, bytesKey(who.Name, now), 0, 48*time.Hour)
 		if err != nil {
 			return err
 		}
@@ -189,16 +190,19 @@ func (t *Tunnels) Admit(ctx context.Context, who *tenant.Tenant) error {
 	return nil
 }
 
-// CountBytes adds the bytes a tenant's tunnel or request carried to its
+// countBytes adds the bytes a tenant's tunnel or request carried to its
 // day's count, when it has a bytes-per-day limit; a count the store could
 // not take is logged (the tunnel is over by then).
-func (t *Tunnels) CountBytes(ctx context.Context, who *tenant.Tenant, n int64) {
-	q, ok := t.s.quotaOf(who)
-	if !ok || q.GatewayBytesPerDay <= 0 || n <= 0 {
+func (t *Tunnels) countBytes(ctx context.Context, tenantName string, n int64) {
+	if t.s.opts.Quotas == nil || n <= 0 {
 		return
 	}
-	if _, err := t.s.store.AddUsage(ctx, bytesKey(who, t.s.opts.Clock.Now()), n, 48*time.Hour); err != nil {
-		warn(logf.FromContext(ctx), "a tunnel's bytes were not counted toward its tenant's quota", "tenant", who.Name, "error", err.Error())
+	q, ok := t.s.opts.Quotas.QuotaOf(tenantName)
+	if !ok || q.GatewayBytesPerDay <= 0 {
+		return
+	}
+	if _, err := t.s.store.AddUsage(ctx, bytesKey(tenantName, t.s.opts.Clock.Now()), n, 48*time.Hour); err != nil {
+		warn(logf.FromContext(ctx), "a tunnel's bytes were not counted toward its tenant's quota", "tenant", tenantName, "error", err.Error())
 	}
 }
 

@@ -47,6 +47,7 @@ const (
 	CodeInvalidRequest   = "invalid_request"
 	CodeBodyTooLarge     = "body_too_large"
 	CodeUnauthorized     = "unauthorized"
+	CodeForbidden        = "forbidden"
 	CodeLeaseNotFound    = "lease_not_found"
 	CodeNotFound         = "not_found"
 	CodeMethodNotAllowed = "method_not_allowed"
@@ -129,6 +130,10 @@ type Options struct {
 	Tenants Tenants
 	// Quotas bounds each tenant's share (TenantQuotas). Nil: no limits.
 	Quotas Quotas
+	// Ledger receives every ledger record (the JSON-lines log); the store
+	// keeps them for LedgerRetention (DefaultLedgerRetention when 0).
+	Ledger          LedgerSink
+	LedgerRetention time.Duration
 }
 
 // CredentialsLookup reads a proxy's credentials (credentials.Reader over
@@ -208,6 +213,7 @@ func NewServer(opts Options) *Server {
 	r.POST("/v1/leases/:id/report", s.authed("/v1/leases/:id/report", s.report))
 	r.POST("/v1/sessions/:session/report", s.authed("/v1/sessions/:session/report", s.reportSession))
 	r.GET("/v1/targets/:host", s.authed("/v1/targets/:host", s.getTarget))
+	r.GET("/v1/attribution", s.authed("/v1/attribution", s.getAttribution))
 	r.HandleMethodNotAllowed = true
 	r.MethodNotAllowed = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		// httprouter has set the Allow header.
@@ -419,6 +425,7 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request, _ httproute
 	}
 	// Only the answer that creates a lease says how it was paced: both
 	// stores know it then, and a paced lease covers that one request.
+	s.record(r.Context(), LedgerLease, LedgerStart, lease, "", lease.ExpiresAt, 0)
 	view := s.leaseView(r.Context(), lease)
 	view.Paced = lease.Paced
 	if lease.Wait > 0 {
@@ -437,21 +444,20 @@ func (s *Server) getLease(w http.ResponseWriter, r *http.Request, ps httprouter.
 }
 
 func (s *Server) releaseLease(w http.ResponseWriter, r *http.Request, ps httprouter.Params) int {
-	if !tenantOf(r.Context()).All() {
-		// Only its holder ends a lease; one gone already (or another
-		// tenant's, which this one cannot tell apart) is released all the
-		// same.
-		switch _, err := s.heldLease(r.Context(), ps.ByName("id")); {
-		case errors.Is(err, ErrLeaseNotFound):
-			w.WriteHeader(http.StatusNoContent)
-			return http.StatusNoContent
-		case err != nil:
-			return leaseError(r.Context(), w, ps.ByName("id"), err)
-		}
-	}
-	if err := s.store.Release(r.Context(), ps.ByName("id")); err != nil {
+	// Only its holder ends a lease; one gone already (or another tenant's,
+	// which this one cannot tell apart) is released all the same.
+	lease, err := s.heldLease(r.Context(), ps.ByName("id"))
+	switch {
+	case errors.Is(err, ErrLeaseNotFound):
+		w.WriteHeader(http.StatusNoContent)
+		return http.StatusNoContent
+	case err != nil:
 		return storeUnavailable(r.Context(), w, err)
 	}
+	if err := s.store.Release(r.Context(), lease.ID); err != nil {
+		return storeUnavailable(r.Context(), w, err)
+	}
+	s.record(r.Context(), LedgerLease, LedgerEnd, lease, "", s.opts.Clock.Now(), 0)
 	w.WriteHeader(http.StatusNoContent)
 	return http.StatusNoContent
 }
@@ -486,6 +492,7 @@ func (s *Server) renewLease(w http.ResponseWriter, r *http.Request, ps httproute
 	if lease, err = s.store.Renew(r.Context(), lease.ID, ttl); err != nil {
 		return leaseError(r.Context(), w, ps.ByName("id"), err)
 	}
+	s.record(r.Context(), LedgerLease, LedgerRenew, lease, "", lease.ExpiresAt, 0)
 	return writeJSON(w, http.StatusOK, s.leaseView(r.Context(), lease))
 }
 

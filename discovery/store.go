@@ -335,6 +335,11 @@ type Store interface {
 	// AddUsage adds n to key's count, which ends ttl after its first use,
 	// and returns the count (n 0 only reads it).
 	AddUsage(ctx context.Context, key string, n int64, ttl time.Duration) (int64, error)
+	// AppendLedger keeps a ledger record, stamped At on the store's clock,
+	// and forgets those older than retention.
+	AppendLedger(ctx context.Context, e LedgerEntry, retention time.Duration) error
+	// ReadLedger returns the records stamped from from to to, in order.
+	ReadLedger(ctx context.Context, from, to time.Time) ([]LedgerEntry, error)
 	// Ping says whether the store answers, for /readyz.
 	Ping(ctx context.Context) error
 }

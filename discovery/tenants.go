@@ -12,6 +12,21 @@ import (
 type Tenants interface {
 	Identify(ctx context.Context, token string) (*tenant.Tenant, error)
 	MayLease(ctx context.Context, t *tenant.Tenant, p tenant.Proxy) (bool, error)
+	MayReadAttribution(ctx context.Context, t *tenant.Tenant) (bool, error)
+}
+
+// mayReadAttribution says whether the request's tenant may ask the ledger
+// who held an IP: a permission of its own, since the answer names every
+// tenant.
+func (s *Server) mayReadAttribution(ctx context.Context) (bool, error) {
+	t := tenantOf(ctx)
+	switch {
+	case t.All():
+		return true, nil
+	case s.opts.Tenants == nil:
+		return false, nil
+	}
+	return s.opts.Tenants.MayReadAttribution(ctx, t)
 }
 
 type tenantKey struct{}

@@ -23,10 +23,15 @@ import (
 type fakeTenants struct {
 	byToken map[string]*tenant.Tenant
 	pools   map[string]string // tenant name -> the pool it may lease
+	readers map[string]bool   // tenants that may read the ledger
 }
 
 func (f *fakeTenants) Identify(_ context.Context, token string) (*tenant.Tenant, error) {
 	return f.byToken[token], nil
+}
+
+func (f *fakeTenants) MayReadAttribution(_ context.Context, t *tenant.Tenant) (bool, error) {
+	return t.All() || f.readers[t.Name], nil
 }
 
 func (f *fakeTenants) MayLease(_ context.Context, t *tenant.Tenant, p tenant.Proxy) (bool, error) {
@@ -154,13 +159,14 @@ func TestQuotasHoldAtTheirLimits(t *testing.T) {
 	tunnels := f.srv.Tunnels()
 	a, err := tunnels.Authorize(ctx, "token-a")
 	require.NoError(t, err)
-	pick := func() error {
-		_, err := tunnels.Pick(ctx, TunnelRequest{Tenant: a, Host: "example.com", TTL: time.Minute, SessionIdle: time.Minute})
-		return err
+	pick := func() (Upstream, error) {
+		return tunnels.Pick(ctx, TunnelRequest{Tenant: a, Host: "example.com", TTL: time.Minute, SessionIdle: time.Minute})
 	}
-	require.NoError(t, pick(), "one tunnel")
+	tunnel, err := pick()
+	require.NoError(t, err, "one tunnel")
 	var quota *QuotaError
-	require.ErrorAs(t, pick(), &quota, "a second tunnel is over maxTunnels")
+	_, err = pick()
+	require.ErrorAs(t, err, &quota, "a second tunnel is over maxTunnels")
 	assert.Equal(t, LimitTunnels, quota.Limit)
 
 	require.NoError(t, tunnels.Admit(ctx, a))
@@ -172,10 +178,12 @@ func TestQuotasHoldAtTheirLimits(t *testing.T) {
 	require.NoError(t, tunnels.Admit(ctx, a), "the rate allows one more half a second later")
 
 	f.clock.Step(time.Second)
-	tunnels.CountBytes(ctx, a, 999)
+	tunnels.Release(ctx, tunnel.LeaseID, "", 999) // what the tunnel carried
 	require.NoError(t, tunnels.Admit(ctx, a), "below the day's bytes")
+	_, err = pick()
+	require.NoError(t, err, "its release freed its place under maxTunnels")
 	f.clock.Step(time.Second)
-	tunnels.CountBytes(ctx, a, 1)
+	tunnels.countBytes(ctx, a.Name, 1)
 	require.ErrorAs(t, tunnels.Admit(ctx, a), &quota, "the day's bytes are spent")
 	assert.Equal(t, LimitBytesPerDay, quota.Limit)
 	now := f.clock.Now()

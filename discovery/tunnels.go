@@ -198,10 +198,11 @@ func (t *Tunnels) Pick(ctx context.Context, req TunnelRequest) (Upstream, error)
 		up.Wait, up.Paced = lease.Wait, lease.Paced
 		if err != nil {
 			warn(logf.FromContext(ctx), "gateway: skipping an upstream", "proxy", lease.ProxyID, "error", err.Error())
-			t.Release(ctx, lease.ID)
+			_ = store.Release(ctx, lease.ID) // never used, so never recorded
 			avoid = append(avoid, lease.ProxyID)
 			continue
 		}
+		t.s.record(ctx, LedgerTunnel, LedgerStart, lease, req.Session, lease.ExpiresAt, 0)
 		if req.Session != "" {
 			if err := store.SetRoute(ctx, session, host, lease.ProxyID, own, req.SessionIdle); err != nil {
 				warn(logf.FromContext(ctx), "gateway: the session's route was not recorded; its next tunnel may go elsewhere",
@@ -256,17 +257,31 @@ func without(c Candidates, drop []string) Candidates {
 }
 
 // Renew extends a tunnel's lease while the tunnel lasts.
-func (t *Tunnels) Renew(ctx context.Context, leaseID string, ttl time.Duration) error {
-	_, err := t.s.store.Renew(ctx, leaseID, ttl)
+func (t *Tunnels) Renew(ctx context.Context, leaseID, session string, ttl time.Duration) error {
+	lease, err := t.s.store.Renew(ctx, leaseID, ttl)
+	if err == nil {
+		t.s.record(ctx, LedgerTunnel, LedgerRenew, lease, session, lease.ExpiresAt, 0)
+	}
 	return err
 }
 
-// Release ends a tunnel's lease; failures are logged (the lease expires by
-// itself).
-func (t *Tunnels) Release(ctx context.Context, leaseID string) {
-	if err := t.s.store.Release(ctx, leaseID); err != nil {
-		warn(logf.FromContext(ctx), "gateway: releasing a tunnel's lease failed; it expires by itself", "lease", leaseID, "error", err.Error())
+// Release ends a tunnel's lease, recording the bytes it carried in the
+// ledger and toward its tenant's daily quota; failures are logged (the
+// lease expires by itself).
+func (t *Tunnels) Release(ctx context.Context, leaseID, session string, bytes int64) {
+	lease, err := t.s.store.Get(ctx, leaseID)
+	if err == nil {
+		err = t.s.store.Release(ctx, leaseID)
 	}
+	switch {
+	case errors.Is(err, ErrLeaseNotFound):
+		return
+	case err != nil:
+		warn(logf.FromContext(ctx), "gateway: releasing a tunnel's lease failed; it expires by itself", "lease", leaseID, "error", err.Error())
+		return
+	}
+	t.s.record(ctx, LedgerTunnel, LedgerEnd, lease, session, t.s.opts.Clock.Now(), bytes)
+	t.countBytes(ctx, lease.Holder, bytes)
 }
 
 // SessionReport is a client's report on a gateway session's requests to a

@@ -75,7 +75,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, id Identity) {
 			return
 		}
 		if !waitForSlot(ctx, up) {
-			g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID)
+			g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID, id.Session, 0)
 			return
 		}
 		resp, err := g.forwarder.RoundTrip(out.WithContext(context.WithValue(ctx, upstreamKey{}, up)))
@@ -95,12 +95,11 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, id Identity) {
 				g.opts.Upstreams.PushBack(context.WithoutCancel(ctx), r.URL.Hostname(), retryAfter)
 			}
 			n := g.relay(w, resp, up)
-			g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID)
-			g.opts.Upstreams.CountBytes(context.WithoutCancel(ctx), id.Tenant, n+max(r.ContentLength, 0))
+			g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID, id.Session, n+max(r.ContentLength, 0))
 			return
 		}
 		upstreamFailures.WithLabelValues(reason).Inc()
-		g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID)
+		g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID, id.Session, 0)
 		if !retryable || attempt+1 == g.opts.Attempts {
 			requestsTotal.WithLabelValues(kindHTTP, outcomeUpstreamFailed).Inc()
 			http.Error(w, "the upstream failed: "+err.Error(), http.StatusBadGateway)

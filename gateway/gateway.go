@@ -77,16 +77,16 @@ const realm = `Basic realm="egress-proxies-operator gateway"`
 type Upstreams interface {
 	Authorize(ctx context.Context, password string) (*tenant.Tenant, error)
 	Pick(ctx context.Context, req discovery.TunnelRequest) (discovery.Upstream, error)
-	Renew(ctx context.Context, leaseID string, ttl time.Duration) error
-	Release(ctx context.Context, leaseID string)
+	// Renew extends a tunnel's lease; Release ends it with the bytes it
+	// carried (both are recorded in the ledger, with the session).
+	Renew(ctx context.Context, leaseID, session string, ttl time.Duration) error
+	Release(ctx context.Context, leaseID, session string, bytes int64)
 	// PushBack reports a site's 429 or 503 on a plain-HTTP request, with
 	// its Retry-After, so the host's learned pace slows.
 	PushBack(ctx context.Context, host string, retryAfter time.Duration)
 	// Admit checks a tenant's tunnels-per-second and bytes-per-day quota
-	// before a tunnel or request (a *discovery.QuotaError when over);
-	// CountBytes adds what one carried.
+	// before a tunnel or request (a *discovery.QuotaError when over).
 	Admit(ctx context.Context, who *tenant.Tenant) error
-	CountBytes(ctx context.Context, who *tenant.Tenant, n int64)
 }
 
 // Options configure a Gateway; zero values take the defaults above.
@@ -407,7 +407,7 @@ func (g *Gateway) renewLeases(ctx context.Context, log logr.Logger) {
 		case <-ticker.C:
 		}
 		for _, t := range g.open() {
-			if err := g.opts.Upstreams.Renew(ctx, t.up.LeaseID, g.opts.LeaseTTL); err != nil && ctx.Err() == nil {
+			if err := g.opts.Upstreams.Renew(ctx, t.up.LeaseID, t.session, g.opts.LeaseTTL); err != nil && ctx.Err() == nil {
 				log.V(1).Info("renewing a tunnel's lease failed", "proxy", t.up.ProxyID, "lease", t.up.LeaseID, "error", err.Error())
 			}
 		}

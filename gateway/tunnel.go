@@ -19,7 +19,6 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/example/egress-proxies-operator/discovery"
-	"github.com/example/egress-proxies-operator/tenant"
 )
 
 // Why a tunnel ended, for the metrics.
@@ -34,8 +33,9 @@ const (
 
 // tunnel is one client's CONNECT, spliced to its upstream.
 type tunnel struct {
-	tenant        *tenant.Tenant
-	session, host string
+	// session is the session's key (discovery.SessionKey), name the one
+	// the client gave.
+	session, name, host string
 	// moved counts the bytes carried both ways, for the tenant's quota.
 	moved atomic.Int64
 	up            discovery.Upstream
@@ -77,7 +77,7 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 	bg := logf.IntoContext(context.Background(), logf.FromContext(ctx))
 	abandon := func() {
 		_ = upstream.conn.Close()
-		g.opts.Upstreams.Release(bg, up.LeaseID)
+		g.opts.Upstreams.Release(bg, up.LeaseID, id.Session, 0)
 		g.freeSlot()
 	}
 	hj, ok := w.(http.Hijacker)
@@ -105,7 +105,7 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 	if up.Paced {
 		life = min(life, g.opts.PacedTunnelLifetime)
 	}
-	t := &tunnel{tenant: id.Tenant, session: discovery.SessionKey(id.Tenant, id.Session), host: discovery.NormalizeTarget(host), up: up, client: clientConn, upstr: upstream.conn,
+	t := &tunnel{session: discovery.SessionKey(id.Tenant, id.Session), name: id.Session, host: discovery.NormalizeTarget(host), up: up, client: clientConn, upstr: upstream.conn,
 		started: time.Now(), idle: g.opts.IdleTimeout, life: life}
 	t.touch()
 	g.register(t)
@@ -119,10 +119,9 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 // its registration.
 func (g *Gateway) carry(ctx context.Context, t *tunnel, early, pending []byte) {
 	defer g.freeSlot()
-	defer g.opts.Upstreams.Release(ctx, t.up.LeaseID)
+	defer func() { g.opts.Upstreams.Release(ctx, t.up.LeaseID, t.name, t.moved.Load()) }()
 	defer g.unregister(t)
 	t.run(early, pending)
-	g.opts.Upstreams.CountBytes(ctx, t.tenant, t.moved.Load())
 	tunnelsClosed.WithLabelValues(t.reason).Inc()
 	tunnelDuration.Observe(time.Since(t.started).Seconds())
 }
@@ -143,7 +142,7 @@ func (g *Gateway) connectAny(ctx context.Context, id Identity, host, hostport st
 			return dialed{}, discovery.Upstream{}, lastFailure, err
 		}
 		if !waitForSlot(ctx, up) {
-			g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID)
+			g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID, id.Session, 0)
 			return dialed{}, discovery.Upstream{}, lastFailure, ctx.Err()
 		}
 		d, reason, err := g.connect(ctx, up, hostport)
@@ -153,7 +152,7 @@ func (g *Gateway) connectAny(ctx context.Context, id Identity, host, hostport st
 		upstreamFailures.WithLabelValues(reason).Inc()
 		logf.FromContext(ctx).Info("upstream failed a tunnel; trying another", "proxy", up.ProxyID, "reason", reason, "error", err.Error(),
 			"session", id.Session, "host", host)
-		g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID)
+		g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID, id.Session, 0)
 		avoid = append(avoid, up.ProxyID)
 		lastFailure = fmt.Sprintf("%s: %v", up.ProxyID, err)
 	}

@@ -7,6 +7,7 @@
 //
 //	create proxypools/lease  on a pool (resourceNames) or every pool: lease its members
 //	create proxies/lease     on a Proxy (resourceNames) or every Proxy: lease it
+//	get proxies/attribution  cluster-wide: ask the ledger who held an IP when
 //
 // so granting a team a pool is an ordinary Role and RoleBinding, and
 // deleting the binding stops its next lease within the review cache's
@@ -36,6 +37,10 @@ const (
 	// ResourcePools and ResourceProxies are the resources it is made on.
 	ResourcePools   = "proxypools"
 	ResourceProxies = "proxies"
+	// VerbAttribution on SubresourceAttribution of ResourceProxies,
+	// cluster-wide, reads the ledger.
+	VerbAttribution        = "get"
+	SubresourceAttribution = "attribution"
 )
 
 // DefaultAudience is the audience a crawler's ServiceAccount token must be
@@ -115,6 +120,20 @@ func (c *Checker) MayLease(ctx context.Context, t *Tenant, p Proxy) (bool, error
 		return c.allowed(ctx, t, p.Namespace, ResourceProxies, "")
 	}
 	return c.allowed(ctx, t, p.Namespace, ResourceProxies, p.Name)
+}
+
+// MayReadAttribution says whether t may ask the ledger who held an IP.
+func (c *Checker) MayReadAttribution(ctx context.Context, t *Tenant) (bool, error) {
+	if t.All() {
+		return true, nil
+	}
+	ok, err := c.reviewer.Allowed(ctx, t.user, authorizationv1.ResourceAttributes{
+		Verb: VerbAttribution, Group: crawlv1alpha1.GroupVersion.Group, Resource: ResourceProxies, Subresource: SubresourceAttribution,
+	})
+	if err != nil {
+		return false, fmt.Errorf("asking whether %s may read the ledger: %w", t.Name, err)
+	}
+	return ok, nil
 }
 
 func (c *Checker) allowed(ctx context.Context, t *Tenant, namespace, resource, name string) (bool, error) {

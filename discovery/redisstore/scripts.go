@@ -21,6 +21,8 @@ import (
 //	                      expires with its last lease
 //	P admit:<key>         the GCRA arrival time of a tenant's rate (Admit)
 //	P usage:<key>         a count (AddUsage); expires ttl after its first use
+//	P ledger              stream of ledger records ("e": the JSON) by the
+//	                      store's ms; trimmed to the retention on append
 //	P proxy:<proxy>       zset of the proxy's lease ids by expiry: its load is
 //	                      the members not yet expired; expires with its last lease
 //	P last:<proxy>        when the proxy was last leased (ties), for an hour
@@ -387,3 +389,19 @@ local at = tonumber(redis.call('GET', P .. 'refused:' .. ARGV[3]) or '0')
 if now - at >= %d then return 0 end
 return at
 `, discovery.RefusedMemory.Milliseconds()))
+
+// appendLedgerScript: ARGV[3] the record (JSON), ARGV[4] retention ms.
+// Adds it to the ledger stream under the store's time in ms (never before
+// the last record's, so the stream stays ordered if TIME steps back), and
+// trims what is older than the retention. Returns the record's ms.
+var appendLedgerScript = redis.NewScript(preamble + `
+local key = P .. 'ledger'
+local ms = now
+local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
+if last[1] then
+  local lastms = tonumber(string.match(last[1][1], '^(%d+)'))
+  if lastms > ms then ms = lastms end
+end
+redis.call('XADD', key, 'MINID', tostring(now - tonumber(ARGV[4])), ms .. '-*', 'e', ARGV[3])
+return ms
+`)

@@ -16,9 +16,12 @@ package redisstore
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	mathrand "math/rand/v2"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -362,6 +365,44 @@ func (s *Store) AddUsage(ctx context.Context, key string, n int64, ttl time.Dura
 		return 0, fmt.Errorf("add-usage script: %w", err)
 	}
 	return total, nil
+}
+
+// AppendLedger implements discovery.Store.
+func (s *Store) AppendLedger(ctx context.Context, e discovery.LedgerEntry, retention time.Duration) error {
+	e.At = time.Time{}
+	raw, err := json.Marshal(e)
+	if err != nil {
+		return fmt.Errorf("encoding a ledger record: %w", err)
+	}
+	if err := s.run(ctx, appendLedgerScript, string(raw), retention.Milliseconds()).Err(); err != nil {
+		return fmt.Errorf("append-ledger script: %w", err)
+	}
+	return nil
+}
+
+// ReadLedger implements discovery.Store: XRANGE over the stream's ids,
+// which are the records' times in ms.
+func (s *Store) ReadLedger(ctx context.Context, from, to time.Time) ([]discovery.LedgerEntry, error) {
+	msgs, err := s.client.XRange(ctx, s.prefix+"ledger", strconv.FormatInt(from.UnixMilli(), 10), strconv.FormatInt(to.UnixMilli(), 10)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("reading the ledger stream: %w", err)
+	}
+	out := make([]discovery.LedgerEntry, 0, len(msgs))
+	for _, m := range msgs {
+		raw, _ := m.Values["e"].(string)
+		var e discovery.LedgerEntry
+		if err := json.Unmarshal([]byte(raw), &e); err != nil {
+			return nil, fmt.Errorf("ledger record %s: %w", m.ID, err)
+		}
+		ms, _, _ := strings.Cut(m.ID, "-")
+		at, err := strconv.ParseInt(ms, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("ledger record id %q: %w", m.ID, err)
+		}
+		e.At = time.UnixMilli(at).UTC()
+		out = append(out, e)
+	}
+	return out, nil
 }
 
 // NoteRefused implements discovery.Store.

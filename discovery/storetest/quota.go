@@ -115,3 +115,45 @@ func usage(t *testing.T, h Harness) {
 	require.NoError(t, err)
 	assert.Zero(t, n, "per key")
 }
+
+// ledger: records come back in order, stamped on the store's clock, from
+// an inclusive range; those older than the retention are forgotten.
+func ledger(t *testing.T, h Harness) {
+	ctx := context.Background()
+	var stamps []time.Time
+	for i, event := range []string{discovery.LedgerStart, discovery.LedgerRenew, discovery.LedgerEnd} {
+		e := discovery.LedgerEntry{Kind: discovery.LedgerLease, Event: event, LeaseID: "l1", Tenant: "team-a", Proxy: "ns/a", IP: "203.0.113.7", Target: "x.com",
+			Start: time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC), Until: time.Date(2026, 12, 5, 12, 5+i, 0, 0, time.UTC)}
+		require.NoError(t, h.Store.AppendLedger(ctx, e, time.Hour))
+		got, err := h.Store.ReadLedger(ctx, time.Unix(0, 0), time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC))
+		require.NoError(t, err)
+		require.Len(t, got, i+1)
+		stamps = append(stamps, got[i].At)
+		h.Advance(time.Minute)
+	}
+	all, err := h.Store.ReadLedger(ctx, stamps[0], stamps[2])
+	require.NoError(t, err)
+	require.Len(t, all, 3, "the range is inclusive")
+	for i, e := range all {
+		assert.Equal(t, []string{discovery.LedgerStart, discovery.LedgerRenew, discovery.LedgerEnd}[i], e.Event, "in order")
+		assert.Equal(t, "203.0.113.7", e.IP)
+		assert.Equal(t, "team-a", e.Tenant)
+		assert.True(t, e.Until.Equal(time.Date(2026, 12, 5, 12, 5+i, 0, 0, time.UTC)), "each record whole")
+	}
+	assert.InDelta(t, time.Minute.Seconds(), all[1].At.Sub(all[0].At).Seconds(), 1, "stamped on the store's clock")
+	middle, err := h.Store.ReadLedger(ctx, stamps[1], stamps[1])
+	require.NoError(t, err)
+	require.Len(t, middle, 1)
+	assert.Equal(t, discovery.LedgerRenew, middle[0].Event)
+
+	h.Advance(2 * time.Hour)
+	require.NoError(t, h.Store.AppendLedger(ctx, discovery.LedgerEntry{LeaseID: "l2", Event: discovery.LedgerStart}, time.Hour))
+	kept, err := h.Store.ReadLedger(ctx, stamps[0].Add(-time.Hour), stamps[2].Add(4*time.Hour))
+	require.NoError(t, err)
+	ids := []string{}
+	for _, e := range kept {
+		ids = append(ids, e.LeaseID)
+	}
+	assert.NotContains(t, ids, "l1", "records past the retention are forgotten")
+	assert.Contains(t, ids, "l2")
+}

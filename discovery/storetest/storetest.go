@@ -50,6 +50,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"LimitsConcurrently", limitsConcurrently},
 		{"Admit", admit},
 		{"Usage", usage},
+		{"Ledger", ledger},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.test(t, newHarness(t)) })

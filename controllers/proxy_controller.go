@@ -30,6 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/credentials"
 	"github.com/example/egress-proxies-operator/providers"
 )
 
@@ -214,6 +215,9 @@ func (r *ProxyReconciler) observe(ctx context.Context, p *crawlv1alpha1.Proxy) (
 			o.getErr = err
 			return o, nil
 		}
+		// Every instance built now checks per-lease credentials; its
+		// record says so, for discovery and the health engine.
+		o.credentials.Scheme = credentials.SchemeLease
 		o.desiredHash = specHash(&p.Spec, o.cloudInit, o.credentials)
 	}
 

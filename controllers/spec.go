@@ -18,8 +18,10 @@ import (
 
 // specHash hashes exactly the fields whose change replaces the instance:
 // provider, port, placement, the cloud-init content (resolved, so rotating
-// a Secret's content counts as a change) and the credentials' fingerprint
-// (so does a new password). Attributes and health
+// a Secret's content counts as a change), the credentials' fingerprint
+// (so does a new password) and their scheme (so an instance that checks
+// the shared password is replaced by one that checks per-lease
+// credentials). Attributes and health
 // check overrides are left out: they never need a new instance. 16 hex
 // characters fit every label-value limit with room to spare.
 func specHash(spec *crawlv1alpha1.ProxySpec, cloudInit string, creds credentials.Credentials) string {
@@ -30,7 +32,8 @@ func specHash(spec *crawlv1alpha1.ProxySpec, cloudInit string, creds credentials
 		Placement *crawlv1alpha1.Placement `json:"placement,omitempty"`
 		CloudInit string                   `json:"cloudInit,omitempty"`
 		Auth      string                   `json:"auth,omitempty"`
-	}{spec.Provider, spec.Port, spec.Placement, cloudInit, creds.Fingerprint()})
+		Scheme    string                   `json:"scheme,omitempty"`
+	}{spec.Provider, spec.Port, spec.Placement, cloudInit, creds.Fingerprint(), creds.Scheme})
 	if err != nil {
 		// Marshalling strings, ints and string maps cannot fail.
 		panic(fmt.Sprintf("hashing a Proxy spec: %v", err))

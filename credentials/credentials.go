@@ -26,6 +26,11 @@ import (
 type Credentials struct {
 	Username string
 	Password string
+	// Scheme says how the instances built with them check clients:
+	// SchemeLease (per-lease credentials signed with a key derived from
+	// the password), or "" (the password itself: instances built before
+	// SchemeLease).
+	Scheme string
 }
 
 // Keys of a credentials Secret: those of the kubernetes.io/basic-auth type.
@@ -88,7 +93,7 @@ func Generate() Credentials {
 // FromSecret reads and checks credentials from a Secret's username and
 // password keys.
 func FromSecret(secret *corev1.Secret) (Credentials, error) {
-	c := Credentials{Username: string(secret.Data[KeyUsername]), Password: string(secret.Data[KeyPassword])}
+	c := Credentials{Username: string(secret.Data[KeyUsername]), Password: string(secret.Data[KeyPassword]), Scheme: string(secret.Data[KeyScheme])}
 	if err := c.Validate(); err != nil {
 		return Credentials{}, fmt.Errorf("credentials Secret %s/%s: %w", secret.Namespace, secret.Name, err)
 	}
@@ -97,7 +102,11 @@ func FromSecret(secret *corev1.Secret) (Credentials, error) {
 
 // Data is the credentials as a Secret's data.
 func (c Credentials) Data() map[string][]byte {
-	return map[string][]byte{KeyUsername: []byte(c.Username), KeyPassword: []byte(c.Password)}
+	data := map[string][]byte{KeyUsername: []byte(c.Username), KeyPassword: []byte(c.Password)}
+	if c.Scheme != "" {
+		data[KeyScheme] = []byte(c.Scheme)
+	}
+	return data
 }
 
 // Fingerprint is a hash of the credentials for the spec hash, so that a

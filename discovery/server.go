@@ -146,11 +146,14 @@ type CredentialsLookup interface {
 const (
 	withheldUnauthenticated = "the discovery API runs unauthenticated (--discovery-auth=none), so it never hands out proxy credentials: run it with --discovery-auth=required (the default; see docs/security.md) and send Authorization: Bearer <token>"
 	withheldUnavailable     = "the proxy's credentials cannot be read right now; lease another or retry"
+	withheldPerLease        = "this proxy takes credentials of a lease's own: lease it (POST /v1/leases) and use the lease's"
 )
 
-// withCredentials fills in a proxy's credentials, or says why it does not:
-// only an authenticated API hands them out.
-func (s *Server) withCredentials(ctx context.Context, info *ProxyInfo) {
+// withCredentials fills in a proxy's credentials for lease (nil for a
+// listing), or says why it does not: only an authenticated API hands them
+// out, and a proxy that checks per-lease credentials gets the lease's own,
+// signed for it and expiring with it.
+func (s *Server) withCredentials(ctx context.Context, info *ProxyInfo, lease *Lease) {
 	if !info.hasCreds {
 		return
 	}
@@ -163,6 +166,13 @@ func (s *Server) withCredentials(ctx context.Context, info *ProxyInfo) {
 		return
 	}
 	c, err := s.opts.Credentials.Lookup(ctx, info.creds)
+	if err == nil && c.Scheme == credentials.SchemeLease {
+		if lease == nil {
+			info.CredentialsWithheld = withheldPerLease
+			return
+		}
+		c, err = c.SignedFor(info.ID, lease.ID, lease.ExpiresAt)
+	}
 	if err != nil {
 		warn(logf.FromContext(ctx), "proxy credentials unavailable", "proxy", info.ID, "error", err.Error())
 		info.CredentialsWithheld = withheldUnavailable
@@ -185,6 +195,8 @@ type Server struct {
 	authState atomic.Int32
 	// listeners hear of session reports (the gateway).
 	listeners sessionListeners
+	// revoker tells proxies of released leases.
+	revoker *revoker
 }
 
 // NewServer builds the API.
@@ -198,7 +210,7 @@ func NewServer(opts Options) *Server {
 	if opts.StoreTimeout <= 0 {
 		opts.StoreTimeout = DefaultStoreTimeout
 	}
-	s := &Server{opts: opts, router: httprouter.New(), store: boundedStore{store: opts.Store, timeout: opts.StoreTimeout}}
+	s := &Server{opts: opts, router: httprouter.New(), store: boundedStore{store: opts.Store, timeout: opts.StoreTimeout}, revoker: newRevoker()}
 	s.authState.Store(authUnknown)
 	r := s.router
 	r.GET("/healthz", s.plain("/healthz", func(w http.ResponseWriter, _ *http.Request, _ httprouter.Params) {
@@ -243,6 +255,7 @@ func (s *Server) Start(ctx context.Context) error {
 		return fmt.Errorf("discovery API: the token Secret's cache did not sync")
 	}
 	s.noteAuth(ctx, authStateOf(s.opts.Tokens.Token()))
+	go s.revoker.run(ctx)
 	l, err := (&net.ListenConfig{}).Listen(ctx, "tcp", s.opts.Addr)
 	if err != nil {
 		return fmt.Errorf("discovery API listening on %s: %w", s.opts.Addr, err)
@@ -320,7 +333,7 @@ func (s *Server) listProxies(w http.ResponseWriter, r *http.Request, _ httproute
 	}
 	for i := range proxies {
 		proxies[i].ActiveLeases = leases[i]
-		s.withCredentials(r.Context(), &proxies[i])
+		s.withCredentials(r.Context(), &proxies[i], nil)
 	}
 	return writeJSON(w, http.StatusOK, map[string]any{"proxies": proxies})
 }
@@ -457,6 +470,7 @@ func (s *Server) releaseLease(w http.ResponseWriter, r *http.Request, ps httprou
 	if err := s.store.Release(r.Context(), lease.ID); err != nil {
 		return storeUnavailable(r.Context(), w, err)
 	}
+	s.revoke(r.Context(), lease)
 	s.record(r.Context(), LedgerLease, LedgerEnd, lease, "", s.opts.Clock.Now(), 0)
 	w.WriteHeader(http.StatusNoContent)
 	return http.StatusNoContent
@@ -588,7 +602,7 @@ func (s *Server) leaseView(ctx context.Context, l Lease) leaseResponse {
 	if !ok {
 		info = ProxyInfo{ID: l.ProxyID, Attributes: map[string]string{}}
 	}
-	s.withCredentials(ctx, &info)
+	s.withCredentials(ctx, &info, &l)
 	resp := leaseResponse{LeaseID: l.ID, Proxy: info, Target: l.Target, ExpiresAt: l.ExpiresAt.UTC(), State: LeaseActive}
 	if why := s.opts.View.unavailable(l.ProxyID); why != "" {
 		resp.State, resp.Reason = LeaseProxyUnavailable, why
@@ -915,5 +929,5 @@ var (
 // counts come from its Collectors.
 func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{requestsTotal, requestDuration, reportsTotal, authEnabled, authLockedGauge, storeDuration, storeErrors,
-		pacedTotal, pacedWaitSeconds, pushBacksTotal, quotaRefusals}
+		pacedTotal, pacedWaitSeconds, pushBacksTotal, quotaRefusals, revocationsTotal}
 }

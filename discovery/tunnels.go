@@ -233,6 +233,11 @@ func (t *Tunnels) upstream(ctx context.Context, lease Lease) (Upstream, error) {
 			return Upstream{}, errors.New("its credentials cannot be read")
 		}
 		c, err := t.s.opts.Credentials.Lookup(ctx, info.creds)
+		if err == nil {
+			// The gateway's own credentials for its own lease: they never
+			// leave the operator.
+			c, err = c.SignedFor(lease.ProxyID, lease.ID, lease.ExpiresAt)
+		}
 		if err != nil {
 			return Upstream{}, fmt.Errorf("reading its credentials: %w", err)
 		}

@@ -86,7 +86,7 @@ func (e *Engine) probeAhead(ctx context.Context, key types.NamespacedName) bool 
 	e.mu.Unlock()
 
 	start := e.opts.Clock.Now()
-	result := e.probe(ctx, pt)
+	result := e.probe(ctx, key, pt)
 	observeProbe(result, e.opts.Clock.Since(start))
 
 	e.mu.Lock()

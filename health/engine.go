@@ -455,7 +455,7 @@ func (e *Engine) work(ctx context.Context) bool {
 		return true // forgotten while it waited
 	}
 
-	result := e.probe(ctx, pt)
+	result := e.probe(ctx, key, pt)
 	observeProbe(result, e.opts.Clock.Since(start))
 
 	e.mu.Lock()
@@ -526,12 +526,22 @@ func (e *Engine) notify(ctx context.Context, key types.NamespacedName) bool {
 	}
 }
 
-// probe probes pt once, with its credentials when it takes some.
-func (e *Engine) probe(ctx context.Context, pt probeTarget) Result {
+// probeCredentialsLifetime is how long the credentials a probe signs for
+// itself (on a proxy that takes per-lease ones) are good for: the probe's
+// own, never handed out, so the expiry only has to outlast the probe.
+const probeCredentialsLifetime = time.Minute
+
+// probe probes the proxy key at pt once, with its credentials when it
+// takes some (signed for the probe, on a proxy that takes per-lease ones).
+func (e *Engine) probe(ctx context.Context, key types.NamespacedName, pt probeTarget) Result {
 	settings := pt.settings.Value()
 	req := ProbeRequest{ProxyAddr: pt.address, Target: settings.URL, Timeout: settings.Timeout, CheckOpen: pt.checkOpen}
 	if pt.hasCreds && e.opts.Credentials != nil {
 		creds, err := e.opts.Credentials.Lookup(ctx, pt.creds.Value())
+		if err == nil {
+			// The proxy checks the expiry on its own (wall) clock.
+			creds, err = creds.SignedFor(key.String(), "probe", time.Now().Add(settings.Timeout+probeCredentialsLifetime))
+		}
 		if err != nil && !req.CheckOpen {
 			return Result{Reason: ReasonCredentialsUnavailable, Message: err.Error()}
 		}

@@ -25,16 +25,21 @@ var DeniedDestinations = []string{
 // files land in a directory of their own and are installed over it once the
 // package is in.
 const (
-	vmStagingDir   = "/etc/egress-proxy"
-	vmSquidConf    = "/etc/squid/squid.conf"
-	vmPasswordFile = "/etc/squid/passwd"
-	vmAuthHelper   = "/usr/lib/squid/basic_ncsa_auth"
+	vmStagingDir  = "/etc/egress-proxy"
+	vmSquidConf   = "/etc/squid/squid.conf"
+	vmLeaseKey    = "/etc/squid/lease.key"
+	vmLeaseAuth   = "/usr/local/lib/egress-proxy/lease-auth.pl"
+	vmRevokedFile = "/var/spool/squid/revoked-leases"
 )
 
-// passwordFileMetadataKey is the instance metadata key holding the password
-// file (a bcrypt hash, never the password): a user's own cloud-init reads
-// it from the metadata server to require the same credentials.
-const passwordFileMetadataKey = "egress-proxy-password-file"
+// Instance metadata keys holding the proxy's lease key (this proxy's own,
+// never the provider's password) and the lease-auth helper: a user's own
+// cloud-init reads them from the metadata server to check the same
+// per-lease credentials.
+const (
+	leaseKeyMetadataKey  = "egress-proxy-lease-key"
+	leaseAuthMetadataKey = "egress-proxy-lease-auth"
+)
 
 // cloudConfig is the subset of cloud-config the operator writes.
 type cloudConfig struct {
@@ -53,14 +58,15 @@ type writeFile struct {
 // renderCloudInit is the user-data of a VM whose Proxy brings none: Squid
 // with the credentials and the source ranges of the provider's firewall,
 // CONNECT to 443 only and DeniedDestinations refused.
-func (p *Provider) renderCloudInit(req providers.CreateRequest, passwordFile string) (string, error) {
+func (p *Provider) renderCloudInit(req providers.CreateRequest, leaseKey string) (string, error) {
 	conf, err := squidconf.Render(squidconf.Params{
 		Owner:              req.Proxy.Namespace + "/" + req.Proxy.Name,
 		Port:               req.Proxy.Spec.Port,
 		AllowedSources:     p.settings.Firewall.SourceRanges,
 		DeniedDestinations: DeniedDestinations,
-		AuthHelper:         vmAuthHelper,
-		PasswordFile:       vmPasswordFile,
+		AuthHelper:         vmLeaseAuth,
+		KeyFile:            vmLeaseKey,
+		RevokedFile:        vmRevokedFile,
 	})
 	if err != nil {
 		return "", providers.Terminal("%v", err)
@@ -70,12 +76,14 @@ func (p *Provider) renderCloudInit(req providers.CreateRequest, passwordFile str
 		Packages:      []string{"squid"},
 		WriteFiles: []writeFile{
 			{Path: vmStagingDir + "/squid.conf", Permissions: "0600", Content: conf},
-			{Path: vmStagingDir + "/passwd", Permissions: "0600", Content: passwordFile},
+			{Path: vmStagingDir + "/lease.key", Permissions: "0600", Content: leaseKey},
+			{Path: vmStagingDir + "/lease-auth.pl", Permissions: "0600", Content: squidconf.LeaseAuthHelper},
 		},
 		Runcmd: [][]string{
 			{"install", "-o", "root", "-g", "root", "-m", "0644", vmStagingDir + "/squid.conf", vmSquidConf},
 			// proxy is Debian's squid user (uid 13), present in every image.
-			{"install", "-o", "root", "-g", "proxy", "-m", "0640", vmStagingDir + "/passwd", vmPasswordFile},
+			{"install", "-o", "root", "-g", "proxy", "-m", "0640", vmStagingDir + "/lease.key", vmLeaseKey},
+			{"install", "-D", "-o", "root", "-g", "root", "-m", "0755", vmStagingDir + "/lease-auth.pl", vmLeaseAuth},
 			{"rm", "-rf", vmStagingDir},
 			{"systemctl", "enable", "squid"},
 			{"systemctl", "restart", "squid"},

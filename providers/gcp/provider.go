@@ -26,6 +26,7 @@ import (
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/providers"
+	"github.com/example/egress-proxies-operator/providers/squidconf"
 )
 
 // Type is this provider's type name in the providers config.
@@ -253,17 +254,14 @@ func (p *Provider) Create(ctx context.Context, req providers.CreateRequest) erro
 	if req.Credentials.IsZero() {
 		return providers.ErrNoCredentials
 	}
-	passwordFile, err := req.Credentials.PasswordFile()
-	if err != nil {
-		return providers.Terminal("%v", err)
-	}
+	leaseKey := req.Credentials.LeaseKeyFile(req.Proxy.Namespace + "/" + req.Proxy.Name)
 	userData := req.CloudInit
 	if userData == "" {
-		if userData, err = p.renderCloudInit(req, passwordFile); err != nil {
+		if userData, err = p.renderCloudInit(req, leaseKey); err != nil {
 			return err
 		}
 	}
-	vm := p.vm(req, pl, userData, passwordFile)
+	vm := p.vm(req, pl, userData, leaseKey)
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
 	for attempt := range maxRequestIDs {
@@ -368,7 +366,7 @@ func (p *Provider) aggregatedList(ctx context.Context, filter string) ([]provide
 // user-data and the password file beside it, the operator's labels, its
 // network tag (which its firewall rule targets) with the configured ones,
 // and the configured service account.
-func (p *Provider) vm(req providers.CreateRequest, pl placement, userData, passwordFile string) *computepb.Instance {
+func (p *Provider) vm(req providers.CreateRequest, pl placement, userData, leaseKey string) *computepb.Instance {
 	s := p.settings
 	labels := toGCELabels(req.Labels)
 	labels[gceLabelKeys[crawlv1alpha1.LabelProvider]] = p.name
@@ -406,7 +404,8 @@ func (p *Provider) vm(req providers.CreateRequest, pl placement, userData, passw
 		NetworkInterfaces: []*computepb.NetworkInterface{iface},
 		Metadata: &computepb.Metadata{Items: []*computepb.Items{
 			{Key: proto.String("user-data"), Value: proto.String(userData)},
-			{Key: proto.String(passwordFileMetadataKey), Value: proto.String(passwordFile)},
+			{Key: proto.String(leaseKeyMetadataKey), Value: proto.String(leaseKey)},
+			{Key: proto.String(leaseAuthMetadataKey), Value: proto.String(squidconf.LeaseAuthHelper)},
 		}},
 		Tags: &computepb.Tags{Items: append([]string{TargetTag(p.name)}, s.NetworkTags...)},
 	}

@@ -11,13 +11,13 @@ import (
 	"cloud.google.com/go/compute/apiv1/computepb"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/crypto/bcrypt"
 	"google.golang.org/api/option"
 	"google.golang.org/protobuf/proto"
 	"sigs.k8s.io/yaml"
 
 	"github.com/example/egress-proxies-operator/providers"
 	"github.com/example/egress-proxies-operator/providers/gcp/fakecompute"
+	"github.com/example/egress-proxies-operator/providers/squidconf"
 )
 
 // metadataOf returns a VM's metadata items by key.
@@ -51,7 +51,8 @@ func TestDefaultCloudInitIsHardened(t *testing.T) {
 	conf := files[vmStagingDir+"/squid.conf"]
 	for _, line := range []string{
 		"http_port 3128",
-		"auth_param basic program /usr/lib/squid/basic_ncsa_auth /etc/squid/passwd",
+		"auth_param basic program /usr/bin/perl /usr/local/lib/egress-proxy/lease-auth.pl /etc/squid/lease.key /var/spool/squid/revoked-leases",
+		"auth_param basic credentialsttl 5 seconds",
 		"acl authenticated proxy_auth REQUIRED",
 		"acl clients src 198.51.100.0/24 203.0.113.0/24", // the firewall's ranges
 		"acl denied_destinations dst 0.0.0.0/8 127.0.0.0/8 169.254.0.0/16 10.0.0.0/8 172.16.0.0/12 192.168.0.0/16 100.64.0.0/10 ::1/128 fe80::/10 fc00::/7",
@@ -65,15 +66,16 @@ func TestDefaultCloudInitIsHardened(t *testing.T) {
 	} {
 		assert.Contains(t, strings.Split(conf, "\n"), line, "squid.conf lacks %q", line)
 	}
-	// The password file carries the credentials as a bcrypt hash that
-	// verifies the password, and never the password itself.
-	passwd := files[vmStagingDir+"/passwd"]
-	user, hash, ok := strings.Cut(strings.TrimSpace(passwd), ":")
-	require.True(t, ok, "password file line: %q", passwd)
-	assert.Equal(t, testCredentials.Username, user)
-	assert.NoError(t, bcrypt.CompareHashAndPassword([]byte(hash), []byte(testCredentials.Password)))
+	// The VM checks per-lease credentials with its own key, derived from
+	// the password and never the password itself; a custom cloud-init
+	// reads the key and the helper from the metadata server.
+	key := files[vmStagingDir+"/lease.key"]
+	assert.Equal(t, testCredentials.LeaseKeyFile(req.Proxy.Namespace+"/"+req.Proxy.Name), key)
+	assert.NotEqual(t, testCredentials.LeaseKeyFile("other/proxy"), key, "each proxy has its own key")
+	assert.Equal(t, squidconf.LeaseAuthHelper, files[vmStagingDir+"/lease-auth.pl"])
 	assert.NotContains(t, userData, testCredentials.Password)
-	assert.Equal(t, passwd, meta[passwordFileMetadataKey], "a custom cloud-init reads the same file from the metadata server")
+	assert.Equal(t, key, meta[leaseKeyMetadataKey], "a custom cloud-init reads the same key from the metadata server")
+	assert.Equal(t, squidconf.LeaseAuthHelper, meta[leaseAuthMetadataKey])
 	assert.Contains(t, vm.GetTags().GetItems(), TargetTag("gcp-eu"), "the VM carries the tag its firewall rule targets")
 
 	// The rendered config is one real Squid accepts.

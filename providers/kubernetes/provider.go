@@ -24,6 +24,7 @@ import (
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/providers"
+	"github.com/example/egress-proxies-operator/providers/squidconf"
 )
 
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete
@@ -43,12 +44,12 @@ const (
 	spoolDir     = "/var/spool/squid"
 	logDir       = "/var/log/squid"
 	squidConfKey = "squid.conf"
-	// passwordFileKey is the password file's name in configDir: the
-	// username and a bcrypt hash, never the password.
-	passwordFileKey = "passwd"
-	// DefaultAuthHelper is where Debian and Ubuntu install Squid's
-	// password-file helper.
-	DefaultAuthHelper = "/usr/lib/squid/basic_ncsa_auth"
+	// leaseAuthKey and leaseKeyKey are the lease-auth helper's and the
+	// proxy's lease key's names in configDir; revokedFile is where the
+	// helper keeps revoked leases (the spool emptyDir, writable).
+	leaseAuthKey = "lease-auth.pl"
+	leaseKeyKey  = "lease.key"
+	revokedFile  = spoolDir + "/revoked-leases"
 	// squidUID is the proxy user of Debian and Ubuntu images.
 	squidUID int64 = 13
 )
@@ -66,15 +67,19 @@ type Settings struct {
 	// Default: loopback and link-local (cloud metadata servers). An explicit
 	// empty list denies nothing.
 	DeniedDestinationRanges *[]string `json:"deniedDestinationRanges,omitempty"`
-	// AuthHelper is the path of basic_ncsa_auth in the image. Default:
-	// /usr/lib/squid/basic_ncsa_auth.
+	// Perl is the path of perl in the image, which runs the lease-auth
+	// helper. Default: /usr/bin/perl (Debian's and Ubuntu's squid package
+	// brings it).
+	Perl string `json:"perl,omitempty"`
+	// AuthHelper is accepted and ignored: proxies no longer check a
+	// password file with Squid's basic_ncsa_auth.
 	AuthHelper string `json:"authHelper,omitempty"`
 }
 
 // resolved are Settings with the defaults applied.
 type resolved struct {
 	Image                   string
-	AuthHelper              string
+	Perl                    string
 	AllowedSourceRanges     []string
 	DeniedDestinationRanges []string
 }
@@ -83,15 +88,15 @@ type resolved struct {
 func (s Settings) resolve() (resolved, error) {
 	r := resolved{
 		Image:                   s.Image,
-		AuthHelper:              s.AuthHelper,
+		Perl:                    s.Perl,
 		AllowedSourceRanges:     s.AllowedSourceRanges,
 		DeniedDestinationRanges: []string{"127.0.0.0/8", "169.254.0.0/16", "::1/128", "fe80::/10"},
 	}
 	if r.Image == "" {
 		r.Image = "ubuntu/squid"
 	}
-	if r.AuthHelper == "" {
-		r.AuthHelper = DefaultAuthHelper
+	if r.Perl == "" {
+		r.Perl = squidconf.DefaultPerl
 	}
 	if len(r.AllowedSourceRanges) == 0 {
 		r.AllowedSourceRanges = []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"}
@@ -176,11 +181,12 @@ func (p *Provider) Get(ctx context.Context, name string, proxy *crawlv1alpha1.Pr
 	return &inst, nil
 }
 
-// Create creates the proxy's pod, and nothing else: its squid.conf and
-// password file travel in its annotations, which a downward API volume
-// projects as files, so a proxy costs one write where a Secret and a
-// ConfigMap beside the pod made three. (The password file holds a bcrypt
-// hash, never the password: what a GCE VM's metadata holds too.) The
+// Create creates the proxy's pod, and nothing else: its squid.conf, the
+// lease-auth helper and the proxy's lease key travel in its annotations,
+// which a downward API volume projects as files, so a proxy costs one write
+// where a Secret and a ConfigMap beside the pod made three. (The lease key
+// is this proxy's alone, derived from the provider's password, never the
+// password: what a GCE VM's metadata holds too.) The
 // cloud-init document is in the pod's spec-hash label, which changes with
 // it and so replaces the pod. An existing pod is left alone: Create after a
 // lost reply is a no-op.
@@ -189,15 +195,11 @@ func (p *Provider) Create(ctx context.Context, req providers.CreateRequest) erro
 		return providers.ErrNoCredentials
 	}
 	owner := req.Proxy
-	passwords, err := req.Credentials.PasswordFile()
-	if err != nil {
-		return providers.Terminal("%v", err)
-	}
 	squidConf, err := renderSquidConfig(owner.Namespace+"/"+owner.Name, owner.Spec.Port, p.settings)
 	if err != nil {
 		return providers.Terminal("%v", err)
 	}
-	pod := p.pod(req, squidConf, passwords)
+	pod := p.pod(req, squidConf, req.Credentials.LeaseKeyFile(owner.Namespace+"/"+owner.Name))
 	if err := p.client.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
 		return classify(fmt.Errorf("creating pod %s/%s: %w", pod.Namespace, pod.Name, err))
 	}
@@ -206,8 +208,9 @@ func (p *Provider) Create(ctx context.Context, req providers.CreateRequest) erro
 
 // Annotations that carry a proxy pod's files, projected into configDir.
 const (
-	AnnotationSquidConf    = "crawl.example.com/squid.conf"
-	AnnotationPasswordFile = "crawl.example.com/squid-passwd"
+	AnnotationSquidConf = "crawl.example.com/squid.conf"
+	AnnotationLeaseAuth = "crawl.example.com/lease-auth"
+	AnnotationLeaseKey  = "crawl.example.com/lease-key"
 )
 
 // Delete deletes the pod, and the Secret and ConfigMap in which instances
@@ -326,7 +329,7 @@ func (p *Provider) objectMeta(req providers.CreateRequest) metav1.ObjectMeta {
 // privilege escalation, all capabilities dropped, RuntimeDefault seccomp,
 // read-only root filesystem), a TCP readiness probe on the proxy port, and
 // resource requests so it schedules predictably.
-func (p *Provider) pod(req providers.CreateRequest, squidConf, passwords string) *corev1.Pod {
+func (p *Provider) pod(req providers.CreateRequest, squidConf, leaseKey string) *corev1.Pod {
 	port := req.Proxy.Spec.Port
 	emptyDir := func(name string) corev1.Volume {
 		return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}
@@ -338,7 +341,7 @@ func (p *Provider) pod(req providers.CreateRequest, squidConf, passwords string)
 		nodeSelector = map[string]string{corev1.LabelTopologyZone: pl.Zone}
 	}
 	meta := p.objectMeta(req)
-	meta.Annotations = map[string]string{AnnotationSquidConf: squidConf, AnnotationPasswordFile: passwords}
+	meta.Annotations = map[string]string{AnnotationSquidConf: squidConf, AnnotationLeaseAuth: squidconf.LeaseAuthHelper, AnnotationLeaseKey: leaseKey}
 	annotation := func(path, key string) corev1.DownwardAPIVolumeFile {
 		return corev1.DownwardAPIVolumeFile{Path: path, FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['" + key + "']"}}
 	}
@@ -384,7 +387,8 @@ func (p *Provider) pod(req providers.CreateRequest, squidConf, passwords string)
 			}},
 			Volumes: []corev1.Volume{
 				{Name: "config", VolumeSource: corev1.VolumeSource{DownwardAPI: &corev1.DownwardAPIVolumeSource{
-					Items:       []corev1.DownwardAPIVolumeFile{annotation(squidConfKey, AnnotationSquidConf), annotation(passwordFileKey, AnnotationPasswordFile)},
+					Items: []corev1.DownwardAPIVolumeFile{annotation(squidConfKey, AnnotationSquidConf),
+						annotation(leaseAuthKey, AnnotationLeaseAuth), annotation(leaseKeyKey, AnnotationLeaseKey)},
 					DefaultMode: ptr.To[int32](0o440),
 				}}},
 				emptyDir("run"), emptyDir("spool"), emptyDir("log"),

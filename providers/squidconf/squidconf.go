@@ -38,12 +38,16 @@ shutdown_lifetime 3 seconds
 via off
 forwarded_for delete
 
-# Every client presents the proxy's credentials, checked against a bcrypt
-# hash: a source range alone never opens the proxy.
-auth_param basic program {{.AuthHelper}} {{.PasswordFile}}
+# Every client presents credentials of its lease, signed for this proxy
+# and expiring with the lease (the lease-auth helper checks them with this
+# proxy's key): a source range alone never opens the proxy. A positive
+# answer is reused for 5 seconds, so an expired or revoked lease is
+# refused within them.
+auth_param basic program {{.Perl}} {{.AuthHelper}} {{.KeyFile}} {{.RevokedFile}}
 auth_param basic children 5 startup=1 idle=1
 auth_param basic realm egress-proxy
-auth_param basic credentialsttl 1 hour
+auth_param basic credentialsttl 5 seconds
+authenticate_ttl 5 seconds
 acl authenticated proxy_auth REQUIRED
 acl clients src {{.AllowedSources}}
 {{- if .DeniedDestinations}}
@@ -64,6 +68,9 @@ http_access allow clients authenticated
 http_access deny all
 `))
 
+// DefaultPerl is where Debian and Ubuntu install Perl.
+const DefaultPerl = "/usr/bin/perl"
+
 // Params describe one proxy's squid.conf.
 type Params struct {
 	// Owner names the Proxy, for the header comment.
@@ -74,9 +81,11 @@ type Params struct {
 	AllowedSources []string
 	// DeniedDestinations are CIDRs never reachable through the proxy.
 	DeniedDestinations []string
-	// AuthHelper is the path of basic_ncsa_auth; PasswordFile that of the
-	// password file it checks.
-	AuthHelper, PasswordFile string
+	// AuthHelper is where LeaseAuthHelper is, KeyFile the proxy's lease
+	// key (credentials.LeaseKeyFile), RevokedFile where the helper keeps
+	// revoked leases (writable by Squid's user), Perl the interpreter
+	// (DefaultPerl when empty).
+	AuthHelper, KeyFile, RevokedFile, Perl string
 	// RunDir, SpoolDir and LogDir move Squid's pid file, core dumps and
 	// logs (a pod's emptyDirs); empty keeps the package defaults (a VM).
 	RunDir, SpoolDir, LogDir string
@@ -94,8 +103,11 @@ func Render(p Params) (string, error) {
 			errs = append(errs, fmt.Errorf("%q is not a CIDR", cidr))
 		}
 	}
-	if p.AuthHelper == "" || p.PasswordFile == "" {
-		errs = append(errs, errors.New("no authentication helper or password file"))
+	if p.AuthHelper == "" || p.KeyFile == "" || p.RevokedFile == "" {
+		errs = append(errs, errors.New("no authentication helper, key file or revocation file"))
+	}
+	if p.Perl == "" {
+		p.Perl = DefaultPerl
 	}
 	if err := errors.Join(errs...); err != nil {
 		return "", fmt.Errorf("rendering squid.conf: %w", err)

@@ -2,23 +2,27 @@ package cluster
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
 	"fmt"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"cloud.google.com/go/compute/apiv1/computepb"
-	"golang.org/x/crypto/bcrypt"
 
 	"github.com/example/egress-proxies-operator/providers/gcp/fakecompute"
 )
 
 // VMRunner plays the software on the fake Compute API's VMs: every RUNNING
 // VM gets an in-process CONNECT proxy on its NAT address and port, which
-// goes away with the VM, and checks credentials against the password file
-// the provider put in the VM's metadata. Crash stops a VM's proxy while the
+// goes away with the VM, and checks per-lease credentials with the lease
+// key the provider put in the VM's metadata. Crash stops a VM's proxy while the
 // VM stays up, as a Squid dying inside a VM would.
 type VMRunner struct {
 	fake *fakecompute.Server
@@ -59,7 +63,7 @@ func (r *VMRunner) sync() {
 		if running || crashed {
 			continue
 		}
-		p, err := StartAuthenticatingProxy(addr, passwordFileCheck(vm))
+		p, err := StartAuthenticatingProxy(addr, leaseKeyCheck(vm))
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "vm runner: %v\n", err)
 			continue
@@ -118,31 +122,50 @@ func (r *VMRunner) CloseAll() {
 	}
 }
 
-// passwordFileCheck checks credentials against the password file the
-// provider put in a VM's metadata, as the VM's Squid does.
-func passwordFileCheck(vm *computepb.Instance) func(user, password string) bool {
-	var line string
+// leaseKeyCheck checks credentials as a VM's lease-auth helper does
+// (squidconf.LeaseAuthHelper), with the lease key the provider put in the
+// VM's metadata: "<subject>~<notAfter>" signed with the key and not yet
+// expired, unless revoked; "revoke~<notAfter>~<id>.<id>..." signed the same
+// way revokes those ids and is refused.
+func leaseKeyCheck(vm *computepb.Instance) func(user, password string) bool {
+	var key []byte
 	for _, item := range vm.GetMetadata().GetItems() {
-		if item.GetKey() == "egress-proxy-password-file" {
-			line = strings.TrimSpace(item.GetValue())
+		if item.GetKey() == "egress-proxy-lease-key" {
+			key, _ = hex.DecodeString(strings.TrimSpace(item.GetValue()))
 		}
 	}
-	wantUser, hash, _ := strings.Cut(line, ":")
-	// Squid checks a password once per credentialsttl, not per request;
-	// so does this, or bcrypt would cost every crawler request 60ms of CPU.
-	var verified sync.Map
+	var mu sync.Mutex
+	revoked := map[string]int64{}
 	return func(user, password string) bool {
-		if line == "" || user != wantUser {
+		if len(key) == 0 {
 			return false
 		}
-		if _, ok := verified.Load(password); ok {
-			return true
-		}
-		if bcrypt.CompareHashAndPassword([]byte(hash), []byte(password)) != nil {
+		mac := hmac.New(sha256.New, key)
+		mac.Write([]byte(user))
+		if !hmac.Equal([]byte(password), []byte(base64.RawURLEncoding.EncodeToString(mac.Sum(nil)))) {
 			return false
 		}
-		verified.Store(password, true)
-		return true
+		now := time.Now().Unix()
+		parts := strings.Split(user, "~")
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case len(parts) == 3 && parts[0] == "revoke":
+			until, err := strconv.ParseInt(parts[1], 10, 64)
+			if err == nil && until >= now {
+				for _, id := range strings.Split(parts[2], ".") {
+					revoked[id] = until
+				}
+			}
+			return false
+		case len(parts) == 2:
+			notAfter, err := strconv.ParseInt(parts[1], 10, 64)
+			if until, ok := revoked[parts[0]]; ok && until >= now {
+				return false
+			}
+			return err == nil && notAfter >= now
+		}
+		return false
 	}
 }
 

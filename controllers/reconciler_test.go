@@ -57,11 +57,13 @@ func TestReconciler(t *testing.T) {
 		assert.True(t, *pod.OwnerReferences[0].Controller)
 		assertReadyCondition(t, ready)
 		assertPodIsRestricted(t, pod)
-		// The pod carries its files (squid.conf, the password file's bcrypt
-		// hash) in annotations a downward API volume projects: one write
-		// for a proxy, where a Secret and a ConfigMap beside it made three.
+		// The pod carries its files (squid.conf, the lease-auth helper, its
+		// lease key) in annotations a downward API volume projects: one
+		// write for a proxy, where a Secret and a ConfigMap beside it made
+		// three.
 		assert.Contains(t, pod.Annotations[kubernetes.AnnotationSquidConf], "http_port 3128\n")
-		assert.Contains(t, pod.Annotations[kubernetes.AnnotationPasswordFile], ":$2")
+		assert.Regexp(t, "^[0-9a-f]{64}\n$", pod.Annotations[kubernetes.AnnotationLeaseKey])
+		assert.Contains(t, pod.Annotations[kubernetes.AnnotationLeaseAuth], "Digest::SHA")
 		assert.True(t, apierrors.IsNotFound(c.Get(ctx, client.ObjectKeyFromObject(&pod), &corev1.ConfigMap{})), "no ConfigMap")
 		assert.True(t, apierrors.IsNotFound(c.Get(ctx, client.ObjectKeyFromObject(&pod), &corev1.Secret{})), "no Secret")
 		// A routine bring-up is told by the status alone: no Event, which

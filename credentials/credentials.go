@@ -14,10 +14,7 @@ import (
 	"fmt"
 	"net/url"
 	"regexp"
-	"sync"
 
-	"golang.org/x/crypto/bcrypt"
-	"golang.org/x/sync/singleflight"
 	corev1 "k8s.io/api/core/v1"
 )
 
@@ -116,62 +113,6 @@ func (c Credentials) Fingerprint() string {
 	sum := sha256.Sum256([]byte("egress-proxies-operator/credentials\x00" + c.Username + "\x00" + c.Password))
 	return hex.EncodeToString(sum[:])
 }
-
-// bcryptCost is bcrypt's default. Squid checks a password once per
-// credentialsttl, not per request, so the cost is paid rarely.
-const bcryptCost = bcrypt.DefaultCost
-
-// PasswordFile is the line of a Squid basic_ncsa_auth password file for the
-// credentials: the username and a bcrypt hash (which basic_ncsa_auth checks
-// through crypt(3)), never the password itself.
-//
-// bcrypt is slow on purpose (some 70ms of CPU at the default cost), and
-// every instance of a provider instance shares its credentials: hashing
-// once per instance capped a fleet's bring-up at the CPU's bcrypt rate
-// (about 28 proxies a second on 2 cores). The line is computed once per
-// credentials and reused (concurrent callers wait for the one hashing, so a
-// fleet's first moments do not hash once per worker); one salted hash for
-// instances that share a password tells nothing the shared password does
-// not.
-func (c Credentials) PasswordFile() (string, error) {
-	key := c.Fingerprint()
-	passwordFiles.mu.Lock()
-	line, ok := passwordFiles.lines[key]
-	passwordFiles.mu.Unlock()
-	if ok {
-		return line, nil
-	}
-	v, err, _ := passwordFiles.hashing.Do(key, func() (any, error) {
-		hash, err := bcrypt.GenerateFromPassword([]byte(c.Password), bcryptCost)
-		if err != nil {
-			return "", fmt.Errorf("hashing the proxy password: %w", err)
-		}
-		line := c.Username + ":" + string(hash) + "\n"
-		passwordFiles.mu.Lock()
-		defer passwordFiles.mu.Unlock()
-		if len(passwordFiles.lines) >= maxPasswordFiles {
-			clear(passwordFiles.lines) // credentials in use are few; bound them anyway
-		}
-		passwordFiles.lines[key] = line
-		return line, nil
-	})
-	if err != nil {
-		return "", err
-	}
-	return v.(string), nil
-}
-
-// passwordFiles are the password-file lines computed so far, by the
-// credentials' fingerprint, and the hashing under way.
-var passwordFiles = struct {
-	mu      sync.Mutex
-	lines   map[string]string
-	hashing singleflight.Group
-}{lines: map[string]string{}}
-
-// maxPasswordFiles bounds passwordFiles: one per provider instance and per
-// Secret a Proxy names, times the rotations a process lives through.
-const maxPasswordFiles = 1024
 
 // Userinfo is the credentials for a proxy URL, nil when there are none.
 func (c Credentials) Userinfo() *url.Userinfo {

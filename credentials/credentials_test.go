@@ -2,16 +2,13 @@ package credentials
 
 import (
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/crypto/bcrypt"
+	corev1 "k8s.io/api/core/v1"
 )
 
 func TestGenerateValidates(t *testing.T) {
@@ -43,70 +40,41 @@ func TestNeverPrintsThePassword(t *testing.T) {
 	}
 }
 
-// TestPasswordFileWorksWithSquidsHelper runs Debian's basic_ncsa_auth on the
-// file: the right password is OK, a wrong one ERR.
-func TestPasswordFileWorksWithSquidsHelper(t *testing.T) {
-	const helper = "/usr/lib/squid/basic_ncsa_auth"
-	if _, err := os.Stat(helper); err != nil {
-		t.Fatalf("%s not found: install Debian's squid package (sudo apt-get install -y squid; .ci/run does this)", helper)
-	}
-	c := Generate()
-	line, err := c.PasswordFile()
-	require.NoError(t, err)
-	assert.NotContains(t, line, c.Password)
-	path := filepath.Join(t.TempDir(), "passwd")
-	require.NoError(t, os.WriteFile(path, []byte(line), 0o600))
-	cmd := exec.Command(helper, path)
-	cmd.Stdin = strings.NewReader(c.Username + " " + c.Password + "\n" + c.Username + " wrong-password-000000\n")
-	out, err := cmd.Output()
-	require.NoError(t, err)
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	require.Len(t, lines, 2, "%s", out)
-	assert.Equal(t, "OK", strings.TrimSpace(lines[0]))
-	assert.True(t, strings.HasPrefix(lines[1], "ERR"), "a wrong password: %q", lines[1])
-}
+// TestLeaseCredentials: each proxy has its own key, never the password;
+// signed credentials name their subject and expiry; a record without the
+// lease scheme hands out the shared password as it is; the scheme survives
+// a Secret round trip.
+func TestLeaseCredentials(t *testing.T) {
+	c := Credentials{Username: "crawler", Password: "s3cret-password-0123456789", Scheme: SchemeLease}
+	assert.NotEqual(t, c.LeaseKeyFile("crawl/a"), c.LeaseKeyFile("crawl/b"), "a key per proxy")
+	assert.NotContains(t, c.LeaseKeyFile("crawl/a"), c.Password)
+	other := c
+	other.Password = "another-password-0123456789"
+	assert.NotEqual(t, c.LeaseKeyFile("crawl/a"), other.LeaseKeyFile("crawl/a"), "a new password, new keys")
 
-// TestPasswordFileIsHashedOncePerCredentials: instances sharing credentials
-// share one bcrypt line (bcrypt's cost per instance capped bring-up); other
-// credentials get their own, and each line checks its own password only.
-func TestPasswordFileIsHashedOncePerCredentials(t *testing.T) {
-	a := Generate()
-	first, err := a.PasswordFile()
+	at := time.Unix(1796521451, 0)
+	signed, err := c.SignedFor("crawl/a", "0f6c1c9e-1b7a-4c1e-9d51-3f1a2b3c4d5e", at)
 	require.NoError(t, err)
-	again, err := a.PasswordFile()
+	assert.Equal(t, "0f6c1c9e-1b7a-4c1e-9d51-3f1a2b3c4d5e~1796521451", signed.Username)
+	assert.Len(t, signed.Password, 43, "unpadded base64url of a SHA-256 HMAC")
+	again, err := c.SignedFor("crawl/a", "0f6c1c9e-1b7a-4c1e-9d51-3f1a2b3c4d5e", at)
 	require.NoError(t, err)
-	assert.Equal(t, first, again, "the same credentials: the same line, not a fresh hash")
-	b := Generate()
-	other, err := b.PasswordFile()
+	assert.Equal(t, signed, again, "deterministic: any replica signs the same")
+	elsewhere, err := c.SignedFor("crawl/b", "0f6c1c9e-1b7a-4c1e-9d51-3f1a2b3c4d5e", at)
 	require.NoError(t, err)
-	assert.NotEqual(t, first, other)
-	for _, tc := range []struct {
-		line     string
-		password string
-		want     bool
-	}{{first, a.Password, true}, {first, b.Password, false}, {other, b.Password, true}} {
-		_, hash, _ := strings.Cut(strings.TrimSpace(tc.line), ":")
-		assert.Equal(t, tc.want, bcrypt.CompareHashAndPassword([]byte(hash), []byte(tc.password)) == nil)
-	}
-}
+	assert.NotEqual(t, signed.Password, elsewhere.Password)
+	_, err = c.SignedFor("crawl/a", "not~a subject", at)
+	assert.ErrorContains(t, err, "subject")
+	_, err = c.Revocation("crawl/a", make([]string, 1), at)
+	assert.ErrorContains(t, err, "lease id")
 
-// TestPasswordFileIsHashedOnceUnderConcurrentCallers: a fleet's first
-// moments ask for the same credentials' line from every worker at once; one
-// hashes, the others wait for its line (before, each hashed: as many bcrypt
-// costs as workers, and as many different lines).
-func TestPasswordFileIsHashedOnceUnderConcurrentCallers(t *testing.T) {
-	c := Generate()
-	lines := make([]string, 8)
-	var wg sync.WaitGroup
-	for i := range lines {
-		wg.Go(func() {
-			line, err := c.PasswordFile()
-			assert.NoError(t, err)
-			lines[i] = line
-		})
-	}
-	wg.Wait()
-	for _, line := range lines {
-		assert.Equal(t, lines[0], line, "one hash, shared by every caller")
-	}
+	legacy := Credentials{Username: "crawler", Password: "s3cret-password-0123456789"}
+	shared, err := legacy.SignedFor("crawl/a", "lease", at)
+	require.NoError(t, err)
+	assert.Equal(t, legacy, shared, "an instance built before the lease scheme takes the shared password")
+
+	back, err := FromSecret(&corev1.Secret{Data: c.Data()})
+	require.NoError(t, err)
+	assert.Equal(t, c, back)
+	assert.NotContains(t, legacy.Data(), KeyScheme)
 }

@@ -2,15 +2,23 @@ package discovery
 
 import (
 	"context"
+	"encoding/base64"
+	"net"
 	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/credentials"
+	"github.com/example/egress-proxies-operator/tenant"
 )
 
 // recordStore answers lookups of instance records by Secret name.
@@ -39,7 +47,7 @@ func credentialedFixture(t *testing.T) *fixture {
 }
 
 func TestCredentialsOnlyToAuthenticatedClients(t *testing.T) {
-	t.Run("authenticated: URL, username and password", func(t *testing.T) {
+	t.Run("authenticated, an instance built before per-lease credentials: the shared password, until it is replaced", func(t *testing.T) {
 		f := credentialedFixture(t)
 		f.token.value = "tok"
 		res := f.do("POST", "/v1/leases", `{}`, "Authorization", "Bearer tok")
@@ -71,4 +79,92 @@ func TestCredentialsOnlyToAuthenticatedClients(t *testing.T) {
 		assert.Contains(t, res.raw, withheldUnavailable)
 		assert.NotContains(t, res.raw, `"password"`)
 	})
+}
+
+// TestPerLeaseCredentials: an instance built with the lease scheme gets
+// credentials of each lease's own, signed for its proxy and expiring with
+// the lease; a renewal re-signs them with the new expiry; a listing hands
+// none out; the gateway's tunnels sign their own.
+func TestPerLeaseCredentials(t *testing.T) {
+	f := credentialedFixture(t)
+	shared := credentials.Credentials{Username: "crawler", Password: "s3cret-password-0123", Scheme: credentials.SchemeLease}
+	f.srv.opts.Credentials = recordStore{"operator-ns/" + credentials.RecordName("crawl", "h1"): shared}
+	f.token.value = "tok"
+	auth := []string{"Authorization", "Bearer tok"}
+
+	res := f.do("POST", "/v1/leases", `{"ttlSeconds":60}`, auth...)
+	require.Equal(t, http.StatusCreated, res.status, res.raw)
+	id := res.body["leaseID"].(string)
+	expires, err := time.Parse(time.RFC3339, res.body["expiresAt"].(string))
+	require.NoError(t, err)
+	want, err := shared.SignedFor("crawl/eu-1", id, expires)
+	require.NoError(t, err)
+	p := res.body["proxy"].(map[string]any)
+	assert.Equal(t, want.Username, p["username"], "the lease id and its expiry")
+	assert.Equal(t, want.Password, p["password"])
+	assert.NotContains(t, res.raw, shared.Password, "never the provider's password")
+
+	f.clock.Step(30 * time.Second)
+	renewed := f.do("POST", "/v1/leases/"+id+"/renew", `{"ttlSeconds":60}`, auth...)
+	require.Equal(t, http.StatusOK, renewed.status)
+	rp := renewed.body["proxy"].(map[string]any)
+	assert.NotEqual(t, p["username"], rp["username"], "renewing extends them: new credentials with the new expiry")
+	assert.Contains(t, rp["username"], id+"~")
+
+	list := f.do("GET", "/v1/proxies", "", auth...)
+	item := list.body["proxies"].([]any)[0].(map[string]any)
+	assert.Nil(t, item["password"])
+	assert.Equal(t, withheldPerLease, item["credentialsWithheld"])
+
+	up, err := f.srv.Tunnels().Pick(context.Background(), TunnelRequest{Tenant: tenant.Platform, Host: "shop.example", TTL: time.Minute, SessionIdle: time.Minute})
+	require.NoError(t, err)
+	pw, _ := up.User.Password()
+	assert.True(t, strings.HasPrefix(up.User.Username(), up.LeaseID+"~"), "the gateway signs its own lease's credentials")
+	assert.NotEqual(t, shared.Password, pw)
+}
+
+// TestReleaseRevokesThroughTheProxy: releasing a lease on a proxy that
+// takes per-lease credentials sends that proxy a CONNECT whose credentials,
+// signed with its key, name the lease; the proxy's 407 is the answer.
+func TestReleaseRevokesThroughTheProxy(t *testing.T) {
+	f := credentialedFixture(t)
+	shared := credentials.Credentials{Username: "crawler", Password: "s3cret-password-0123", Scheme: credentials.SchemeLease}
+	f.srv.opts.Credentials = recordStore{"operator-ns/" + credentials.RecordName("crawl", "h1"): shared}
+	f.token.value = "tok"
+	auth := []string{"Authorization", "Bearer tok"}
+	seen := make(chan string, 4)
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.Method + " " + r.Header.Get("Proxy-Authorization")
+		w.WriteHeader(http.StatusProxyAuthRequired)
+	}))
+	defer proxy.Close()
+	f.srv.revoker.dial = func(ctx context.Context, network, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, network, proxy.Listener.Addr().String())
+	}
+
+	res := f.do("POST", "/v1/leases", `{"ttlSeconds":60}`, auth...)
+	require.Equal(t, http.StatusCreated, res.status)
+	id := res.body["leaseID"].(string)
+	require.Equal(t, http.StatusNoContent, f.do("DELETE", "/v1/leases/"+id, "", auth...).status)
+	f.srv.revoker.flush(context.Background())
+	got := <-seen
+	method, header, _ := strings.Cut(got, " ")
+	assert.Equal(t, http.MethodConnect, method)
+	raw, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(header, "Basic "))
+	require.NoError(t, err)
+	user, pass, _ := strings.Cut(string(raw), ":")
+	want, err := shared.Revocation("crawl/eu-1", []string{id}, time.Unix(mustUnix(t, user), 0))
+	require.NoError(t, err)
+	assert.Equal(t, want.Username, user, "revoke~<until>~<lease id>")
+	assert.Equal(t, want.Password, pass, "signed with the proxy's key")
+	assert.Equal(t, 1.0, testutil.ToFloat64(revocationsTotal.WithLabelValues("sent")))
+}
+
+// mustUnix is the notAfter of a revocation's username.
+func mustUnix(t *testing.T, user string) int64 {
+	parts := strings.Split(user, "~")
+	require.Len(t, parts, 3, user)
+	n, err := strconv.ParseInt(parts[1], 10, 64)
+	require.NoError(t, err)
+	return n
 }

@@ -241,13 +241,16 @@ func testQuickstart(t *testing.T) {
 	require.Len(t, items, 1)
 	assert.Equal(t, ns+"/quickstart", items[0].(map[string]any)["id"])
 	item := items[0].(map[string]any)
-	notePassword(item["password"].(string))
-	assert.Equal(t, fmt.Sprintf("http://%s:%s@%s:3128", item["username"], item["password"], pod.Status.PodIP), item["url"],
-		"an authenticated API hands out the URL with the proxy's credentials")
+	assert.Nil(t, item["password"], "a listing hands out no credentials: each lease gets its own")
+	assert.Contains(t, item["credentialsWithheld"], "lease it")
 
 	lease := api(t, "POST", "/v1/leases", fmt.Sprintf(`{"selector":{"suite":%q},"ttlSeconds":300,"target":"example.com"}`, ns))
 	require.Equal(t, http.StatusCreated, lease.status)
 	assert.Equal(t, ns+"/quickstart", leaseProxy(lease))
+	leased := lease.body["proxy"].(map[string]any)
+	notePassword(leased["password"].(string))
+	assert.Equal(t, fmt.Sprintf("http://%s:%s@%s:3128", leased["username"], leased["password"], pod.Status.PodIP), leased["url"],
+		"an authenticated API hands out the URL with the lease's credentials")
 	id := lease.body["leaseID"].(string)
 
 	report := api(t, "POST", "/v1/leases/"+id+"/report", `{"result":"rate_limited","target":"example.com"}`)

@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/test/cluster"
 	"github.com/example/egress-proxies-operator/test/squid"
 )
 
@@ -69,19 +70,25 @@ func probeTarget(t *testing.T) string {
 	return u.Host
 }
 
-type leasedProxy struct{ addr, user, password, url string }
+type leasedProxy struct{ id, addr, user, password, url string }
 
-func leaseOne(t *testing.T, ns string) leasedProxy {
+// leaseOne leases a proxy of the suite ns for ttl seconds; the caller
+// releases it (release) when it is done with its credentials.
+func leaseOne(t *testing.T, ns string, ttl int) leasedProxy {
 	t.Helper()
-	lease := api(t, "POST", "/v1/leases", fmt.Sprintf(`{"selector":{"suite":%q},"ttlSeconds":60}`, ns))
+	lease := api(t, "POST", "/v1/leases", fmt.Sprintf(`{"selector":{"suite":%q},"ttlSeconds":%d}`, ns, ttl))
 	require.Equal(t, http.StatusCreated, lease.status, "lease: %v", lease.body)
 	p := lease.body["proxy"].(map[string]any)
-	out := leasedProxy{addr: net.JoinHostPort(p["ip"].(string), fmt.Sprint(p["port"])), url: p["url"].(string)}
+	out := leasedProxy{id: lease.body["leaseID"].(string), addr: net.JoinHostPort(p["ip"].(string), fmt.Sprint(p["port"])), url: p["url"].(string)}
 	out.user, _ = p["username"].(string)
 	out.password, _ = p["password"].(string)
 	notePassword(out.password)
-	require.Equal(t, http.StatusNoContent, api(t, "DELETE", "/v1/leases/"+lease.body["leaseID"].(string), "").status)
 	return out
+}
+
+func (l leasedProxy) release(t *testing.T) {
+	t.Helper()
+	require.Equal(t, http.StatusNoContent, api(t, "DELETE", "/v1/leases/"+l.id, "").status)
 }
 
 func testSecurity(t *testing.T) {
@@ -89,20 +96,44 @@ func testSecurity(t *testing.T) {
 	c := world.cluster.Env.Client
 	target := probeTarget(t)
 
-	t.Run("a Managed proxy requires its credentials", func(t *testing.T) {
+	t.Run("a Managed proxy takes only its leases' credentials, until released or expired", func(t *testing.T) {
 		ns := namespace(t)
-		proxy := managed(ns, "closed")
-		require.NoError(t, c.Create(ctx, proxy))
-		waitProxy(t, client.ObjectKeyFromObject(proxy), "Ready and Healthy", readyAndHealthy)
-		leased := leaseOne(t, ns)
-		require.NotEmpty(t, leased.password, "an authenticated API hands out the credentials")
+		var addrs []string
+		for _, name := range []string{"closed-a", "closed-b"} {
+			proxy := managed(ns, name)
+			require.NoError(t, c.Create(ctx, proxy))
+			p := waitProxy(t, client.ObjectKeyFromObject(proxy), "Ready and Healthy", readyAndHealthy)
+			addrs = append(addrs, net.JoinHostPort(p.Status.IP, fmt.Sprint(p.Status.Port)))
+		}
+		leased := leaseOne(t, ns, 300)
+		require.NotEmpty(t, leased.password, "an authenticated API hands out the lease's credentials")
 		assert.Equal(t, fmt.Sprintf("http://%s:%s@%s", leased.user, leased.password, leased.addr), leased.url)
+		other := addrs[0]
+		if other == leased.addr {
+			other = addrs[1]
+		}
 		assert.Equal(t, http.StatusProxyAuthRequired, connectStatus(t, leased.addr, target, "", ""), "no credentials")
 		assert.Equal(t, http.StatusProxyAuthRequired, connectStatus(t, leased.addr, target, leased.user, leased.password+"x"), "a wrong password")
-		assert.Equal(t, http.StatusOK, connectStatus(t, leased.addr, target, leased.user, leased.password), "the right credentials tunnel")
+		assert.Equal(t, http.StatusOK, connectStatus(t, leased.addr, target, leased.user, leased.password), "the lease's credentials tunnel")
+		assert.Equal(t, http.StatusProxyAuthRequired, connectStatus(t, other, target, leased.user, leased.password), "on their proxy only")
+		var generated corev1.Secret
+		require.NoError(t, c.Get(ctx, client.ObjectKey{Namespace: cluster.OperatorNamespace, Name: "proxy-credentials-" + cluster.ProviderName}, &generated))
+		assert.Equal(t, http.StatusProxyAuthRequired, connectStatus(t, leased.addr, target, string(generated.Data["username"]), string(generated.Data["password"])),
+			"the provider's password itself opens no proxy")
+
+		leased.release(t)
+		require.Eventually(t, func() bool {
+			return connectStatus(t, leased.addr, target, leased.user, leased.password) == http.StatusProxyAuthRequired
+		}, 15*time.Second, 250*time.Millisecond, "a released lease's credentials are refused (the operator revokes them through the proxy)")
+
+		short := leaseOne(t, ns, 2)
+		assert.Equal(t, http.StatusOK, connectStatus(t, short.addr, target, short.user, short.password))
+		require.Eventually(t, func() bool {
+			return connectStatus(t, short.addr, target, short.user, short.password) == http.StatusProxyAuthRequired
+		}, 15*time.Second, 250*time.Millisecond, "an expired lease's credentials are refused")
 	})
 
-	t.Run("a rotated Secret replaces the instance and the old password stops working", func(t *testing.T) {
+	t.Run("a rotated Secret replaces the instance and the old credentials stop working", func(t *testing.T) {
 		ns := namespace(t)
 		secret := &corev1.Secret{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "crawler-creds", Labels: map[string]string{crawlv1alpha1.LabelCredentials: "true"}},
@@ -116,20 +147,20 @@ func testSecurity(t *testing.T) {
 		proxy.Spec.Credentials = &crawlv1alpha1.CredentialsSource{SecretRef: crawlv1alpha1.LocalSecretReference{Name: secret.Name}}
 		require.NoError(t, c.Create(ctx, proxy))
 		before := waitProxy(t, client.ObjectKeyFromObject(proxy), "Ready and Healthy", readyAndHealthy)
-		first := leaseOne(t, ns)
-		assert.Equal(t, "team-a", first.user)
-		assert.Equal(t, http.StatusOK, connectStatus(t, first.addr, target, "team-a", "first-password-0123456789"))
+		first := leaseOne(t, ns, 600)
+		assert.Equal(t, http.StatusOK, connectStatus(t, first.addr, target, first.user, first.password))
 
 		secret.Data["password"] = []byte("second-password-0123456789")
 		require.NoError(t, c.Update(ctx, secret))
 		after := waitProxy(t, client.ObjectKeyFromObject(proxy), "replaced, Ready and Healthy", func(p *crawlv1alpha1.Proxy) bool {
 			return p.Status.SpecHash != before.Status.SpecHash && p.Status.IP != before.Status.IP && readyAndHealthy(p)
 		})
-		second := leaseOne(t, ns)
-		assert.Equal(t, "second-password-0123456789", second.password, "discovery hands out the new password")
+		second := leaseOne(t, ns, 60)
+		defer second.release(t)
 		addr := net.JoinHostPort(after.Status.IP, fmt.Sprint(after.Status.Port))
-		assert.Equal(t, http.StatusOK, connectStatus(t, addr, target, "team-a", "second-password-0123456789"))
-		assert.Equal(t, http.StatusProxyAuthRequired, connectStatus(t, addr, target, "team-a", "first-password-0123456789"), "the old password no longer works")
+		assert.Equal(t, addr, second.addr)
+		assert.Equal(t, http.StatusOK, connectStatus(t, addr, target, second.user, second.password), "a new lease's credentials work on the new instance")
+		assert.Equal(t, http.StatusProxyAuthRequired, connectStatus(t, addr, target, first.user, first.password), "credentials signed with the old key do not")
 	})
 
 	t.Run("an open Squid is found OpenProxy and never leased", func(t *testing.T) {

@@ -17,7 +17,7 @@ DEFAULT_CHANNEL ?= candidate
 CHART := charts/egress-proxies-operator
 # config/rbac's roles, read by the chart from its files/ (Helm cannot read
 # outside the chart).
-CHART_RBAC := role.yaml leader_election_role.yaml metrics_reader_role.yaml proxy_editor_role.yaml proxy_viewer_role.yaml
+CHART_RBAC := role.yaml leader_election_role.yaml metrics_reader_role.yaml proxy_editor_role.yaml proxy_viewer_role.yaml proxy_leaser_role.yaml attribution_reader_role.yaml
 
 # Go tools, pinned.
 CONTROLLER_TOOLS_VERSION ?= v0.21.0

@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"context"
 	"net/http"
 	"strings"
 	"testing"
@@ -79,4 +80,32 @@ func TestPolitenessAPI(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, problems)
 	assert.Equal(t, 1, testutil.CollectAndCount(c), "one series: shop.example")
+}
+
+// TestASessionWaitsForItsOwnPacedProxy: a session's own proxy held back by
+// its host's pace is skipped for another; when there is no other, the
+// tunnel waits for its own slot within its wait, and beyond it is told the
+// host is paced (a 429 at the gateway), never that no proxy matches.
+func TestASessionWaitsForItsOwnPacedProxy(t *testing.T) {
+	f := newFixture(t)
+	index := NewPolicyIndex()
+	index.Handler().OnAdd(crawlTarget("crawl", "shop", "shop.example", 1, f.clock.Now()), false) // 1/s per IP
+	f.srv.opts.Politeness = Politeness{Policies: index, Adaptive: true}
+	f.proxy("eu-1", "127.0.0.11", true, nil)
+	tunnels := f.srv.Tunnels()
+	pick := func(maxWait time.Duration) (Upstream, error) {
+		return tunnels.Pick(context.Background(), TunnelRequest{Session: "s1", Host: "shop.example", TTL: time.Minute, SessionIdle: time.Minute, MaxWait: maxWait})
+	}
+	first, err := pick(0)
+	require.NoError(t, err)
+	assert.Zero(t, first.Wait)
+	waited, err := pick(5 * time.Second)
+	require.NoError(t, err, "its own proxy's slot comes within the wait")
+	assert.Equal(t, "crawl/eu-1", waited.ProxyID)
+	assert.Equal(t, time.Second, waited.Wait)
+	_, err = pick(0)
+	var none *NoProxyAvailableError
+	require.ErrorAs(t, err, &none)
+	assert.Equal(t, CausePaced, none.Cause, "the host is paced: the gateway answers 429 with when to come back")
+	assert.Equal(t, 2*time.Second, none.RetryAfter)
 }

@@ -161,6 +161,11 @@ func (t *Tunnels) Pick(ctx context.Context, req TunnelRequest) (Upstream, error)
 		}
 	}
 	ownUsable := usable(route.Own)
+	// skipped are the session's own proxy and detour when their pace or a
+	// cooldown held them back: stickiness yields to politeness, but when
+	// no other proxy may take the host either, the tunnel waits for them
+	// as any paced tunnel would (or is told when to come back).
+	var skipped []string
 	// Each pass either leases or rules one proxy out (cooling down for the
 	// host, or its credentials unreadable): a few passes, then the tunnel
 	// fails.
@@ -177,19 +182,25 @@ func (t *Tunnels) Pick(ctx context.Context, req TunnelRequest) (Upstream, error)
 			lease, err = acquire(Candidates{IDs: []string{route.Own}}, 0)
 			own = true
 			if errors.Is(err, ErrNoProxyAvailable) {
-				avoid = append(avoid, route.Own) // cooling down for this host only
+				avoid, skipped = append(avoid, route.Own), append(skipped, route.Own) // for this host only
 				continue
 			}
 		case usable(route.Detour):
 			lease, err = acquire(Candidates{IDs: []string{route.Detour}}, 0)
 			if errors.Is(err, ErrNoProxyAvailable) {
-				avoid = append(avoid, route.Detour)
+				avoid, skipped = append(avoid, route.Detour), append(skipped, route.Detour)
 				continue
 			}
 		default:
 			lease, err = acquire(without(candidates, avoid), req.MaxWait)
-			notePaced(err, lease.Wait)
 			own = !ownUsable
+			if errors.Is(err, ErrNoProxyAvailable) && len(skipped) > 0 {
+				slices.Sort(skipped)
+				lease, err = acquire(Candidates{IDs: skipped}, req.MaxWait)
+				own = err == nil && lease.ProxyID == route.Own
+				skipped = nil
+			}
+			notePaced(err, lease.Wait)
 		}
 		if err != nil {
 			return Upstream{}, err

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -19,10 +20,12 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/gateway"
 	"github.com/example/egress-proxies-operator/tenant"
+	"github.com/example/egress-proxies-operator/test/testenv"
 )
 
 // team is a crawler team: a ServiceAccount in a namespace of its own.
@@ -66,6 +69,28 @@ func grant(t *testing.T, admin kubernetes.Interface, fleet, pool string, to team
 	return binding.Name
 }
 
+// bindShippedLeaser creates config/rbac's proxy-leaser ClusterRole (as the
+// chart and kustomize install it) and binds it to a team in fleet: one
+// RoleBinding grants every pool there.
+func bindShippedLeaser(t *testing.T, admin kubernetes.Interface, fleet string, to team) {
+	t.Helper()
+	ctx := context.Background()
+	raw, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "config/rbac/proxy_leaser_role.yaml"))
+	require.NoError(t, err)
+	var role rbacv1.ClusterRole
+	require.NoError(t, yaml.Unmarshal(raw, &role))
+	role.Name = "proxy-leaser-" + fleet
+	_, err = admin.RbacV1().ClusterRoles().Create(ctx, &role, metav1.CreateOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = admin.RbacV1().ClusterRoles().Delete(context.Background(), role.Name, metav1.DeleteOptions{})
+	})
+	_, err = admin.RbacV1().RoleBindings(fleet).Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: fleet, Name: "team"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: to.sa.Namespace, Name: to.sa.Name}}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+}
+
 // testTenants: two teams, each a ServiceAccount in a namespace of its own
 // bound to one pool, list and lease only their pool, and their gateway
 // sessions reach only their pool; team A's TenantQuota holds at its limit
@@ -76,15 +101,18 @@ func testTenants(t *testing.T) {
 	ctx := context.Background()
 	c := world.cluster.Env.Client
 	admin := kubernetes.NewForConfigOrDie(world.cluster.Env.Config)
-	fleet := namespace(t)
-	for _, name := range []string{"eu", "us"} {
-		pool := newPool(fleet, name, 1)
+	// Two fleets: eu in one namespace (beside another pool nobody is
+	// granted), us in another.
+	fleet, fleetB := namespace(t), namespace(t)
+	for _, pool := range []*crawlv1alpha1.ProxyPool{newPool(fleet, "eu", 1), newPool(fleetB, "us", 1)} {
+		pool.Spec.Template.Spec.Attributes["suite"] = fleet
 		require.NoError(t, c.Create(ctx, pool))
 		waitPool(t, pool, 2*time.Minute, "one serving member", settledAt(1))
 	}
 	a, b := newTeam(t, admin), newTeam(t, admin)
 	bindingA := grant(t, admin, fleet, "eu", a)
-	grant(t, admin, fleet, "us", b)
+	// Team B gets its fleet with one RoleBinding of the shipped ClusterRole.
+	bindShippedLeaser(t, admin, fleetB, b)
 	one := int32(1)
 	require.NoError(t, c.Create(ctx, &crawlv1alpha1.TenantQuota{ObjectMeta: metav1.ObjectMeta{Namespace: a.sa.Namespace, Name: a.sa.Name},
 		Spec: crawlv1alpha1.TenantQuotaSpec{MaxLeases: &one}}))
@@ -126,7 +154,7 @@ func testTenants(t *testing.T) {
 
 	leaseB := call(t, "POST", "/v1/leases", selector, b.token)
 	require.Equal(t, http.StatusCreated, leaseB.status)
-	assert.True(t, strings.HasPrefix(leaseProxy(leaseB), fleet+"/us-"), "team B leases from its pool: %s", leaseProxy(leaseB))
+	assert.True(t, strings.HasPrefix(leaseProxy(leaseB), fleetB+"/us-"), "team B leases from its pool: %s", leaseProxy(leaseB))
 	assert.Equal(t, http.StatusNotFound, call(t, "GET", "/v1/leases/"+leaseB.body["leaseID"].(string), "", a.token).status, "team A cannot see team B's lease")
 	refused := call(t, "POST", "/v1/leases", fmt.Sprintf(`{"selector":{"suite":%q,"pool":"us"}}`, fleet), a.token)
 	assert.Equal(t, http.StatusServiceUnavailable, refused.status, "team B's pool is not team A's to lease")
@@ -157,13 +185,13 @@ func testTenants(t *testing.T) {
 	for _, tc := range []struct {
 		who  team
 		pool string
-	}{{a, "eu"}, {b, "us"}} {
-		for range 2 {
-			status, upstream, err := through("s1.suite-"+fleet, tc.who.token)
-			require.NoError(t, err)
-			require.Less(t, status, 300)
-			assert.True(t, strings.HasPrefix(upstream, fleet+"/"+tc.pool+"-"), "%s's session s1 goes through its pool: %s", tc.who.sa.Namespace, upstream)
-		}
+	}{{a, fleet + "/eu-"}, {b, fleetB + "/us-"}} {
+		// One tunnel each: the gateway test taught the probe target a
+		// pace of its own, one request per IP per minute.
+		status, upstream, err := through("s1.suite-"+fleet, tc.who.token)
+		require.NoError(t, err)
+		require.Less(t, status, 300)
+		assert.True(t, strings.HasPrefix(upstream, tc.pool), "%s's session s1 goes through its pool: %s", tc.who.sa.Namespace, upstream)
 	}
 
 	// Refused: another audience's token, an expired one, a deleted

@@ -19,14 +19,16 @@ type roleSet struct {
 
 // The purposes, and what each install path names them.
 var (
-	rolePurposes = []string{"manager", "leader-election", "metrics-reader", "proxy-editor", "proxy-viewer"}
+	rolePurposes = []string{"manager", "leader-election", "metrics-reader", "proxy-editor", "proxy-viewer", "proxy-leaser", "attribution-reader"}
 
 	kustomizeRoleNames = map[string]string{
-		"manager":         "egress-proxies-operator-manager-role",
-		"leader-election": "egress-proxies-operator-leader-election-role",
-		"metrics-reader":  "egress-proxies-operator-metrics-reader",
-		"proxy-editor":    "egress-proxies-operator-proxy-editor-role",
-		"proxy-viewer":    "egress-proxies-operator-proxy-viewer-role",
+		"manager":            "egress-proxies-operator-manager-role",
+		"leader-election":    "egress-proxies-operator-leader-election-role",
+		"metrics-reader":     "egress-proxies-operator-metrics-reader",
+		"proxy-editor":       "egress-proxies-operator-proxy-editor-role",
+		"proxy-viewer":       "egress-proxies-operator-proxy-viewer-role",
+		"proxy-leaser":       "egress-proxies-operator-proxy-leaser-role",
+		"attribution-reader": "egress-proxies-operator-attribution-reader-role",
 	}
 )
 
@@ -64,7 +66,7 @@ func TestRBACAgreesEverywhere(t *testing.T) {
 	for _, u := range loadBundle(t).Objects {
 		bundleObjects = append(bundleObjects, u)
 	}
-	for _, p := range []string{"metrics-reader", "proxy-editor", "proxy-viewer"} {
+	for _, p := range []string{"metrics-reader", "proxy-editor", "proxy-viewer", "proxy-leaser", "attribution-reader"} {
 		var r rbacv1.ClusterRole
 		bundleObjects.named(t, "ClusterRole", kustomizeRoleNames[p], &r)
 		bundle.rules[p] = normalise(r.Rules)

@@ -30,7 +30,8 @@ import (
 //	P leases, P cooldowns zsets of every lease and cooldown by end, for the
 //	                      metrics only; each write that adds to one drops
 //	                      what ended from it, so they never outgrow the
-//	                      live leases and cooldowns, scraped or not
+//	                      live leases and cooldowns, and a scrape only reads;
+//	                      each expires with its last member
 //	P hl:<proxy>|<host>   zset of the proxy's lease ids for host by expiry:
 //	                      its connections to host, for a concurrency limit
 //	P tat:<proxy>|<host>  the GCRA arrival time of the proxy's next request
@@ -195,6 +196,7 @@ end
 redis.call('SET', P .. 'last:' .. best, now, 'PX', 3600000)
 redis.call('ZREMRANGEBYSCORE', P .. 'leases', '-inf', now)
 redis.call('ZADD', P .. 'leases', expires, id)
+extend(P .. 'leases', ttl)
 local wasPaced = 0
 if bestPace and (bestPace.interval > 0 or bestPace.conc > 0 or bestPace.finterval > 0) then wasPaced = 1 end
 return {1, best, now, expires, bestLoad + 1, bestWait, wasPaced}
@@ -250,6 +252,7 @@ redis.call('ZADD', zkey, expires, id)
 extend(zkey, ttl)
 redis.call('ZREMRANGEBYSCORE', P .. 'leases', '-inf', now)
 redis.call('ZADD', P .. 'leases', expires, id)
+extend(P .. 'leases', ttl)
 if l[6] and l[6] ~= '' then
   redis.call('ZADD', P .. 'limit:' .. l[6], expires, id)
   extend(P .. 'limit:' .. l[6], ttl)
@@ -281,6 +284,7 @@ local function cool(proxy, target, ms)
     redis.call('SET', key, untilv, 'PX', untilv - now)
     redis.call('ZREMRANGEBYSCORE', P .. 'cooldowns', '-inf', now)
     redis.call('ZADD', P .. 'cooldowns', untilv, member)
+    extend(P .. 'cooldowns', untilv - now)
   end
 end
 `
@@ -347,12 +351,11 @@ for i = 3, #ARGV do out[#out + 1] = load(ARGV[i]) end
 return out
 `)
 
-// countsScript drops what ended from the metrics' zsets and counts the
-// rest: {leases, cooldowns}.
+// countsScript counts what has not ended in the metrics' zsets: {leases,
+// cooldowns}. It only reads (O(log n)): the writes that add to them drop
+// what ended, so a scrape, or none for weeks, changes nothing.
 var countsScript = redis.NewScript(preamble + `
-redis.call('ZREMRANGEBYSCORE', P .. 'leases', '-inf', now)
-redis.call('ZREMRANGEBYSCORE', P .. 'cooldowns', '-inf', now)
-return {redis.call('ZCARD', P .. 'leases'), redis.call('ZCARD', P .. 'cooldowns')}
+return {redis.call('ZCOUNT', P .. 'leases', '(' .. now, '+inf'), redis.call('ZCOUNT', P .. 'cooldowns', '(' .. now, '+inf')}
 `)
 
 // admitScript: ARGV[3] the key, ARGV[4] interval ms, ARGV[5] burst.

@@ -76,7 +76,13 @@ type leasedProxy struct{ id, addr, user, password, url string }
 // releases it (release) when it is done with its credentials.
 func leaseOne(t *testing.T, ns string, ttl int) leasedProxy {
 	t.Helper()
-	lease := api(t, "POST", "/v1/leases", fmt.Sprintf(`{"selector":{"suite":%q},"ttlSeconds":%d}`, ns, ttl))
+	// Discovery's informer may see the Proxy Ready a moment after the
+	// test's own read of it did.
+	var lease apiResponse
+	require.Eventually(t, func() bool {
+		lease = api(t, "POST", "/v1/leases", fmt.Sprintf(`{"selector":{"suite":%q},"ttlSeconds":%d}`, ns, ttl))
+		return lease.status != http.StatusServiceUnavailable
+	}, 10*time.Second, poll)
 	require.Equal(t, http.StatusCreated, lease.status, "lease: %v", lease.body)
 	p := lease.body["proxy"].(map[string]any)
 	out := leasedProxy{id: lease.body["leaseID"].(string), addr: net.JoinHostPort(p["ip"].(string), fmt.Sprint(p["port"])), url: p["url"].(string)}

@@ -66,6 +66,8 @@ type load struct {
 	// shared is checked in the two-replica soak only: with one operator on
 	// the memory store, a restart rightly forgets leases and cooldowns.
 	shared sharedState
+	// held is every exit IP's latest lease, for the ledger's check.
+	held heldLeases
 }
 
 type abandonedLease struct {
@@ -78,6 +80,7 @@ type leaseAnswer struct {
 	ExpiresAt time.Time `json:"expiresAt"`
 	Proxy     struct {
 		ID string `json:"id"`
+		IP string `json:"ip"`
 	} `json:"proxy"`
 }
 
@@ -164,10 +167,11 @@ func (l *load) crawler(ctx context.Context, rng *rand.Rand) {
 			l.mu.Lock()
 			l.granted++
 			l.mu.Unlock()
+			granted := time.Now()
 			if l.w.second != nil {
-				l.shared.granted(lease.Proxy.ID, target, sent, time.Now())
+				l.shared.granted(lease.Proxy.ID, target, sent, granted)
 			}
-			l.use(rng, lease, target)
+			l.use(rng, lease, target, granted)
 		}
 		switch n := rng.IntN(100); {
 		case n < 5:
@@ -182,7 +186,7 @@ func (l *load) crawler(ctx context.Context, rng *rand.Rand) {
 	}
 }
 
-func (l *load) use(rng *rand.Rand, lease leaseAnswer, target string) {
+func (l *load) use(rng *rand.Rand, lease leaseAnswer, target string, granted time.Time) {
 	path := "/v1/leases/" + lease.LeaseID
 	if rng.IntN(2) == 0 {
 		status, raw := l.do("renew", http.MethodPost, path+"/renew", fmt.Sprintf(`{"ttlSeconds":%d}`, ttlSeconds(rng)))
@@ -215,8 +219,10 @@ func (l *load) use(rng *rand.Rand, lease leaseAnswer, target string) {
 		l.mu.Lock()
 		l.abandoned = append(l.abandoned, abandonedLease{id: lease.LeaseID, expiresAt: lease.ExpiresAt})
 		l.mu.Unlock()
+		l.held.note(lease.Proxy.IP, lease.LeaseID, granted, lease.ExpiresAt.Add(-expirySlack))
 		return
 	}
+	l.held.note(lease.Proxy.IP, lease.LeaseID, granted, time.Now())
 	l.do("release", http.MethodDelete, path, "")
 }
 

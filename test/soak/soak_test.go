@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"github.com/redis/go-redis/v9"
 	"maps"
 	"net"
 	"net/http"
@@ -53,8 +54,11 @@ const (
 	sampleEvery    = 2 * time.Second
 	// Flat: the last quarter's median is within 10% (plus a little for
 	// noise) of the third quarter's.
-	flatRatio      = 1.10
-	flatRSSSlack   = 8 << 20
+	flatRatio    = 1.10
+	flatRSSSlack = 8 << 20
+	// flatRedisSlack is what Redis's memory may grow by beyond flatRatio:
+	// its allocator's steps.
+	flatRedisSlack = 2 << 20
 	flatGoroutines = 20
 )
 
@@ -92,6 +96,10 @@ func TestSoak(t *testing.T) {
 	runCtx, stop := context.WithTimeout(ctx, *soakDuration)
 	defer stop()
 	l, ch, s := newLoad(w), newChaos(w, seed, sizes), &sampler{w: w}
+	if w.redis != nil {
+		s.redis = redis.NewClient(&redis.Options{Addr: w.redis.Addr})
+		defer s.redis.Close()
+	}
 	soakStart := time.Now()
 	var wg sync.WaitGroup
 	wg.Go(func() { l.run(runCtx, seed) })
@@ -143,7 +151,14 @@ func TestSoak(t *testing.T) {
 	time.Sleep(maxRequestedTTL + expirySlack)
 	l.auditDue()
 	leftLeases := w.activeLeases()
-	rss, goroutines, sameProcess := s.flatness(soakStart.Add(*soakDuration/2), soakEnd)
+	rss, goroutines, redisMem, sameProcess := s.flatness(soakStart.Add(*soakDuration/2), soakEnd)
+	var ledgerIPs int
+	var ledgerProblems []string
+	if w.second != nil {
+		ledgerIPs, ledgerProblems = l.held.checkLedger([]string{w.discoveryURL, w.second.discoveryURL})
+		fmt.Fprintf(os.Stdout, "ledger: %d exit IPs asked of both replicas, %d wrong answers; Redis memory (less the ledger) median %s -> %s MiB over the last half\n",
+			ledgerIPs, len(ledgerProblems), mib(redisMem[0]), mib(redisMem[1]))
+	}
 
 	fmt.Fprintf(os.Stdout, `
 === soak figures (seed %d) ===
@@ -224,6 +239,13 @@ orphan GC: %d instances deleted, %d of them live
 		}
 		if l.shared.checked == 0 {
 			t.Error("no lease was checked against a reported cooldown: the cooldown check proved nothing")
+		}
+		report(t, "the ledger did not name the lease that held an exit IP", ledgerProblems)
+		if ledgerIPs == 0 {
+			t.Error("no exit IP was asked of the ledger: the check proved nothing")
+		}
+		if redisMem[1] > redisMem[0]*flatRatio+flatRedisSlack {
+			t.Errorf("Redis memory (less the ledger) grew over the last half, with no metrics scraper trimming it: median %s MiB, then %s MiB", mib(redisMem[0]), mib(redisMem[1]))
 		}
 	}
 	if l.audited == 0 {
@@ -479,6 +501,8 @@ func (w *world) listProxies() ([]listedProxy, error) {
 // sampler records the operator's memory and goroutines while it is up.
 type sampler struct {
 	w *world
+	// redis reads the lease store's memory, with Redis.
+	redis *redis.Client
 
 	mu      sync.Mutex
 	samples []sample
@@ -488,6 +512,8 @@ type sample struct {
 	at              time.Time
 	pid             int
 	rss, goroutines float64
+	// redis is the lease store's memory (less the ledger), with Redis.
+	redis float64
 }
 
 func (s *sampler) run(ctx context.Context) {
@@ -508,8 +534,14 @@ func (s *sampler) run(ctx context.Context) {
 				continue // killed between the checks
 			}
 			g := families["go_goroutines"].GetMetric()[0].GetGauge().GetValue()
+			x := sample{at: now, pid: op.PID(), rss: rss, goroutines: g}
+			if s.redis != nil {
+				if x.redis, err1 = redisMemory(ctx, s.redis); err1 != nil {
+					continue
+				}
+			}
 			s.mu.Lock()
-			s.samples = append(s.samples, sample{at: now, pid: op.PID(), rss: rss, goroutines: g})
+			s.samples = append(s.samples, x)
 			s.mu.Unlock()
 		}
 	}
@@ -518,7 +550,7 @@ func (s *sampler) run(ctx context.Context) {
 // flatness splits the samples in [from, to] in two halves by time and
 // returns each half's median RSS and goroutine count, and whether one
 // process gave them all.
-func (s *sampler) flatness(from, to time.Time) (rss, goroutines [2]float64, sameProcess bool) {
+func (s *sampler) flatness(from, to time.Time) (rss, goroutines, redisMem [2]float64, sameProcess bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	mid := from.Add(to.Sub(from) / 2)
@@ -538,8 +570,9 @@ func (s *sampler) flatness(from, to time.Time) (rss, goroutines [2]float64, same
 	for h := range halves {
 		rss[h] = median(halves[h], func(x sample) float64 { return x.rss })
 		goroutines[h] = median(halves[h], func(x sample) float64 { return x.goroutines })
+		redisMem[h] = median(halves[h], func(x sample) float64 { return x.redis })
 	}
-	return rss, goroutines, len(pids) == 1 && len(halves[0]) > 0 && len(halves[1]) > 0
+	return rss, goroutines, redisMem, len(pids) == 1 && len(halves[0]) > 0 && len(halves[1]) > 0
 }
 
 func (s *sampler) count(from, to time.Time) int {

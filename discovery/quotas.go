@@ -135,14 +135,14 @@ func (s *Server) limitFor(t *tenant.Tenant, kind string) Limit {
 	if !ok {
 		return Limit{}
 	}
-	max := q.MaxLeases
+	limit := q.MaxLeases
 	if kind == LimitTunnels {
-		max = q.MaxTunnels
+		limit = q.MaxTunnels
 	}
-	if max == nil {
+	if limit == nil {
 		return Limit{}
 	}
-	return Limit{Key: kind + "|" + t.Name, Max: *max}
+	return Limit{Key: kind + "|" + t.Name, Max: *limit}
 }
 
 // quotaError turns the store's refusal of a tenant's lease or tunnel into

@@ -71,8 +71,8 @@ type Limit struct {
 	Max int
 }
 
-// ErrQuotaExceeded: a tenant is at one of its limits. Acquire and Admit
-// return it inside a *QuotaExceededError.
+// ErrQuotaExceeded says a tenant is at one of its limits. Acquire and
+// Admit return it inside a *QuotaExceededError.
 var ErrQuotaExceeded = errors.New("quota exceeded")
 
 // QuotaExceededError says which of a tenant's limits a request met and

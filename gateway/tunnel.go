@@ -37,7 +37,7 @@ type tunnel struct {
 	// the client gave.
 	session, name, host string
 	// moved counts the bytes carried both ways, for the tenant's quota.
-	moved atomic.Int64
+	moved         atomic.Int64
 	up            discovery.Upstream
 	client, upstr net.Conn
 	started       time.Time

@@ -104,8 +104,8 @@ type guard struct {
 	audiences []string
 	// How long answers are reused.
 	tokenTTL, allowTTL, denyTTL time.Duration
-	users     *cache.LRUExpireCache // sha256(token) → user (*authenticationv1.UserInfo, nil when refused)
-	decisions *cache.LRUExpireCache // sha256(user, attributes) → bool
+	users                       *cache.LRUExpireCache // sha256(token) → user (*authenticationv1.UserInfo, nil when refused)
+	decisions                   *cache.LRUExpireCache // sha256(user, attributes) → bool
 }
 
 func newGuard(tokens TokenReviewer, access AccessReviewer) *guard {

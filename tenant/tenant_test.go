@@ -18,6 +18,9 @@ import (
 	"github.com/example/egress-proxies-operator/test/testenv"
 )
 
+// reviewTTL is how long the checkers here reuse an answer.
+const reviewTTL = 500 * time.Millisecond
+
 // TestCheckerAgainstTheAPIServer: two teams' ServiceAccounts, each bound to
 // one pool by an ordinary Role and RoleBinding, lease that pool and not the
 // other; a binding on every Proxy of a namespace reaches its pools too; a
@@ -34,8 +37,7 @@ func TestCheckerAgainstTheAPIServer(t *testing.T) {
 	bindA := grantPool(t, admin, fleet, "eu", teamA, "crawler")
 	grantPool(t, admin, fleet, "us", teamB, "crawler")
 
-	const ttl = 500 * time.Millisecond
-	checker := newChecker(t, env, ttl)
+	checker := newChecker(t, env)
 	tokenA, tokenB := token(t, admin, a, tenant.DefaultAudience), token(t, admin, b, tenant.DefaultAudience)
 	eu, us := tenant.Proxy{Namespace: fleet, Name: "eu-0", Pool: "eu"}, tenant.Proxy{Namespace: fleet, Name: "us-0", Pool: "us"}
 	loner := tenant.Proxy{Namespace: fleet, Name: "loner"}
@@ -46,13 +48,13 @@ func TestCheckerAgainstTheAPIServer(t *testing.T) {
 	assert.False(t, who.All())
 	// RBAC reaches the authorizer through its informers: a moment after
 	// the binding.
-	require.Eventually(t, func() bool { return mayLease(t, newChecker(t, env, ttl), who, eu) }, 30*time.Second, 100*time.Millisecond)
+	require.Eventually(t, func() bool { return mayLease(t, newChecker(t, env), who, eu) }, 30*time.Second, 100*time.Millisecond)
 	assert.True(t, mayLease(t, checker, who, eu), "team A leases its pool")
 	assert.False(t, mayLease(t, checker, who, us), "not team B's")
 	assert.False(t, mayLease(t, checker, who, loner), "nor a Proxy of no pool it was not granted")
 	whoB := identify(t, checker, tokenB)
 	require.NotNil(t, whoB)
-	require.Eventually(t, func() bool { return mayLease(t, newChecker(t, env, ttl), whoB, us) }, 30*time.Second, 100*time.Millisecond)
+	require.Eventually(t, func() bool { return mayLease(t, newChecker(t, env), whoB, us) }, 30*time.Second, 100*time.Millisecond)
 	assert.False(t, mayLease(t, checker, whoB, eu))
 
 	// Every Proxy of the namespace: pools and loners alike.
@@ -61,16 +63,16 @@ func TestCheckerAgainstTheAPIServer(t *testing.T) {
 	_, err := admin.RbacV1().Roles(fleet).Create(ctx, role, metav1.CreateOptions{})
 	require.NoError(t, err)
 	bind(t, admin, fleet, "lease-all", teamB, "crawler")
-	require.Eventually(t, func() bool { return mayLease(t, newChecker(t, env, ttl), whoB, loner) }, 30*time.Second, 100*time.Millisecond)
-	assert.True(t, mayLease(t, newChecker(t, env, ttl), whoB, eu), "a grant on every Proxy covers pool members")
+	require.Eventually(t, func() bool { return mayLease(t, newChecker(t, env), whoB, loner) }, 30*time.Second, 100*time.Millisecond)
+	assert.True(t, mayLease(t, newChecker(t, env), whoB, eu), "a grant on every Proxy covers pool members")
 
 	assert.Nil(t, identify(t, checker, token(t, admin, a, "some-other-service")), "a token for another audience")
 	sa, err := admin.CoreV1().ServiceAccounts(teamA).Get(ctx, "crawler", metav1.GetOptions{})
 	require.NoError(t, err)
-	assert.NotNil(t, identify(t, newChecker(t, env, ttl), env.MintServiceAccountToken(t, sa, tenant.DefaultAudience, time.Now().Add(time.Hour))),
+	assert.NotNil(t, identify(t, newChecker(t, env), env.MintServiceAccountToken(t, sa, tenant.DefaultAudience, time.Now().Add(time.Hour))),
 		"a token minted with the API server's key is accepted (so the next refusal is the expiry's)")
-	assert.Nil(t, identify(t, newChecker(t, env, ttl), env.MintServiceAccountToken(t, sa, tenant.DefaultAudience, time.Now().Add(-time.Minute))), "an expired token")
-	assert.Nil(t, identify(t, newChecker(t, env, ttl), "not-a-token"))
+	assert.Nil(t, identify(t, newChecker(t, env), env.MintServiceAccountToken(t, sa, tenant.DefaultAudience, time.Now().Add(-time.Minute))), "an expired token")
+	assert.Nil(t, identify(t, newChecker(t, env), "not-a-token"))
 
 	require.NoError(t, admin.CoreV1().ServiceAccounts(teamB).Delete(ctx, "crawler", metav1.DeleteOptions{}))
 	// The API server keeps a token it authenticated for 10s itself.
@@ -82,10 +84,10 @@ func TestCheckerAgainstTheAPIServer(t *testing.T) {
 		"a revoked binding stops the next lease once the answer's TTL has passed")
 }
 
-func newChecker(t *testing.T, env *testenv.Env, ttl time.Duration) *tenant.Checker {
+func newChecker(t *testing.T, env *testenv.Env) *tenant.Checker {
 	t.Helper()
 	admin := kubernetes.NewForConfigOrDie(env.Config)
-	return tenant.NewChecker(kubeauth.NewReviewer(admin.AuthenticationV1().TokenReviews(), admin.AuthorizationV1().SubjectAccessReviews(), tenant.DefaultAudience, ttl))
+	return tenant.NewChecker(kubeauth.NewReviewer(admin.AuthenticationV1().TokenReviews(), admin.AuthorizationV1().SubjectAccessReviews(), tenant.DefaultAudience, reviewTTL))
 }
 
 func identify(t *testing.T, c *tenant.Checker, token string) *tenant.Tenant {

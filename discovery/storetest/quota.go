@@ -14,9 +14,9 @@ import (
 	"github.com/example/egress-proxies-operator/discovery"
 )
 
-// limited acquires under a Limit.
-func limited(h Harness, key string, max int, ttl time.Duration) (discovery.Lease, error) {
-	return h.Store.Acquire(context.Background(), discovery.AcquireRequest{Candidates: Of("a", "b"), TTL: ttl, Limit: discovery.Limit{Key: key, Max: max}})
+// limited acquires a one-minute lease under a Limit.
+func limited(h Harness, key string, limit int) (discovery.Lease, error) {
+	return h.Store.Acquire(context.Background(), discovery.AcquireRequest{Candidates: Of("a", "b"), TTL: time.Minute, Limit: discovery.Limit{Key: key, Max: limit}})
 }
 
 // limits: a Limit caps the live leases under its key, and no other key's;
@@ -24,50 +24,50 @@ func limited(h Harness, key string, max int, ttl time.Duration) (discovery.Lease
 // a renewal move that; Max 0 refuses all.
 func limits(t *testing.T, h Harness) {
 	ctx := context.Background()
-	first, err := limited(h, "lease|team-a", 2, time.Minute)
+	first, err := limited(h, "lease|team-a", 2)
 	require.NoError(t, err)
 	h.Advance(10 * time.Second)
-	second, err := limited(h, "lease|team-a", 2, time.Minute)
+	second, err := limited(h, "lease|team-a", 2)
 	require.NoError(t, err)
-	_, err = limited(h, "lease|team-a", 2, time.Minute)
+	_, err = limited(h, "lease|team-a", 2)
 	var quota *discovery.QuotaExceededError
 	require.ErrorAs(t, err, &quota, "the third lease is over the limit")
 	assert.ErrorIs(t, err, discovery.ErrQuotaExceeded)
 	assert.InDelta(t, (50 * time.Second).Seconds(), quota.RetryAfter.Seconds(), 1, "when the first lease ends")
-	_, err = limited(h, "lease|team-b", 2, time.Minute)
+	_, err = limited(h, "lease|team-b", 2)
 	require.NoError(t, err, "another key is not limited by this one")
 	_, err = h.Store.Acquire(ctx, discovery.AcquireRequest{Candidates: Of("a"), TTL: time.Minute})
 	require.NoError(t, err, "nor is a lease under no limit")
 
 	_, err = h.Store.Renew(ctx, first.ID, 2*time.Minute)
 	require.NoError(t, err)
-	_, err = limited(h, "lease|team-a", 2, time.Minute)
+	_, err = limited(h, "lease|team-a", 2)
 	require.ErrorAs(t, err, &quota)
 	assert.InDelta(t, time.Minute.Seconds(), quota.RetryAfter.Seconds(), 1, "a renewal moves its end: the second lease now ends first")
 
 	require.NoError(t, h.Store.Release(ctx, second.ID))
-	third, err := limited(h, "lease|team-a", 2, time.Minute)
+	third, err := limited(h, "lease|team-a", 2)
 	require.NoError(t, err, "a release frees a place")
-	_, err = limited(h, "lease|team-a", 2, time.Minute)
+	_, err = limited(h, "lease|team-a", 2)
 	require.ErrorAs(t, err, &quota)
 
 	h.Advance(2*time.Minute + time.Second)
 	_, err = h.Store.Get(ctx, third.ID)
 	require.ErrorIs(t, err, discovery.ErrLeaseNotFound)
-	_, err = limited(h, "lease|team-a", 2, time.Minute)
+	_, err = limited(h, "lease|team-a", 2)
 	require.NoError(t, err, "expired leases free their places")
-	_, err = limited(h, "lease|team-c", 0, time.Minute)
+	_, err = limited(h, "lease|team-c", 0)
 	require.ErrorAs(t, err, &quota, "Max 0 allows none")
 }
 
 // limitsConcurrently: many clients at once never hold more than Max.
 func limitsConcurrently(t *testing.T, h Harness) {
-	const max = 5
+	const limit = 5
 	var ok, refused atomic.Int64
 	var wg sync.WaitGroup
 	for range 40 {
 		wg.Go(func() {
-			_, err := limited(h, "tunnel|team-a", max, time.Minute)
+			_, err := limited(h, "tunnel|team-a", limit)
 			switch {
 			case err == nil:
 				ok.Add(1)
@@ -79,8 +79,8 @@ func limitsConcurrently(t *testing.T, h Harness) {
 		})
 	}
 	wg.Wait()
-	assert.Equal(t, int64(max), ok.Load(), "exactly Max leases, whatever the races")
-	assert.Equal(t, int64(40-max), refused.Load())
+	assert.Equal(t, int64(limit), ok.Load(), "exactly Max leases, whatever the races")
+	assert.Equal(t, int64(40-limit), refused.Load())
 }
 
 // admit: a rate admits a burst, then one per interval, on the store's

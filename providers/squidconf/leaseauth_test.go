@@ -67,7 +67,7 @@ func connect(t *testing.T, addr string, c credentials.Credentials) int {
 }
 
 const (
-	authenticated = http.StatusForbidden          // past the helper, refused for the destination
+	authenticated = http.StatusForbidden         // past the helper, refused for the destination
 	refused       = http.StatusProxyAuthRequired // the helper said no
 )
 

@@ -5,6 +5,7 @@ package soak
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -99,7 +100,7 @@ func redisMemory(ctx context.Context, c *redis.Client) (float64, error) {
 		}
 	}
 	ledger, err := c.MemoryUsage(ctx, "egress-proxies-operator:ledger").Result()
-	if err != nil && err != redis.Nil {
+	if err != nil && !errors.Is(err, redis.Nil) {
 		return 0, err
 	}
 	return used - float64(ledger), nil

@@ -231,7 +231,7 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	fs.StringVar(&o.ledgerFile, "ledger-file", "",
 		"File the ledger (every lease and gateway tunnel: tenant, session, proxy, exit IP, target, start, end, bytes) is appended to as JSON lines. Empty: the operator's log, under the logger \"ledger\".")
 	fs.DurationVar(&o.ledgerRetention, "ledger-retention", discovery.DefaultLedgerRetention,
-		"How long the lease store keeps ledger records for GET /v1/attribution (the memory store keeps at most the last 250000).")
+		"How long the lease store keeps ledger records for GET /v1/attribution (the memory store keeps at most the last 50000).")
 	fs.DurationVar(&o.tenantReviewTTL, "tenant-review-ttl", kubeauth.DefaultReviewTTL,
 		"How long the API server's answers on a ServiceAccount token and on what it may lease are reused: a revoked RoleBinding or a deleted ServiceAccount stops leases within it.")
 	fs.IntVar(&o.maxConcurrentReconciles, "max-concurrent-reconciles", controllers.DefaultMaxConcurrentReconciles,

@@ -1,5 +1,5 @@
 // Package credentials is the one place proxy credentials are made, checked,
-// hashed for Squid and looked up: the reconciler builds every Managed
+// turned into each proxy's lease key, signed per lease and looked up: the reconciler builds every Managed
 // instance with them, the health engine probes with them and discovery hands
 // them to authenticated crawlers. It reads Secrets and writes none, and it
 // must never import the controllers, a provider, the health engine or
@@ -18,8 +18,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
-// Credentials are a proxy's username and password (HTTP Basic, as Squid's
-// basic_ncsa_auth checks them). The zero value means none.
+// Credentials are a provider instance's (or a Proxy's own Secret's)
+// username and password, from which each of its proxies' lease keys
+// derive; or, signed for one lease (SignedFor), the HTTP Basic credentials
+// a client presents to one proxy. The zero value means none.
 type Credentials struct {
 	Username string
 	Password string
@@ -36,8 +38,9 @@ const (
 	KeyPassword = corev1.BasicAuthPasswordKey
 )
 
-// Bounds on what a credentials Secret may hold. The password limit is
-// bcrypt's: it ignores bytes past 72.
+// Bounds on what a credentials Secret may hold. The upper one is what
+// bcrypt took when proxies checked the password itself: Secrets made then
+// stay valid.
 const (
 	MinPasswordLength = 16
 	MaxPasswordLength = 72

@@ -62,8 +62,8 @@ type MemoryStore struct {
 }
 
 // MaxMemoryLedger bounds the ledger records the memory store keeps (some
-// 60 MiB); the JSON-lines log keeps every one.
-const MaxMemoryLedger = 250_000
+// 20 MiB); the JSON-lines log keeps every one.
+const MaxMemoryLedger = 50_000
 
 type usageCount struct {
 	n    int64

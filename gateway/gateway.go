@@ -407,7 +407,7 @@ func (g *Gateway) renewLeases(ctx context.Context, log logr.Logger) {
 		case <-ticker.C:
 		}
 		for _, t := range g.open() {
-			if err := g.opts.Upstreams.Renew(ctx, t.up.LeaseID, t.session, g.opts.LeaseTTL); err != nil && ctx.Err() == nil {
+			if err := g.opts.Upstreams.Renew(ctx, t.up.LeaseID, t.name, g.opts.LeaseTTL); err != nil && ctx.Err() == nil {
 				log.V(1).Info("renewing a tunnel's lease failed", "proxy", t.up.ProxyID, "lease", t.up.LeaseID, "error", err.Error())
 			}
 		}

@@ -38,8 +38,8 @@ const (
 	// ReasonBadStatus: the target answered with an error status.
 	ReasonBadStatus = "BadStatus"
 	// ReasonProxyAuthRejected: the proxy answered CONNECT with 407 though
-	// the probe presented the proxy's credentials (wrong, or missing from
-	// its password file).
+	// the probe presented the proxy's credentials (wrong, or signed with a
+	// key the proxy does not hold).
 	ReasonProxyAuthRejected = "ProxyAuthRejected"
 	// ReasonOpenProxy: the proxy tunnelled a CONNECT that carried no
 	// credentials. Anyone who can reach it can use it: it is never leased.

@@ -363,7 +363,7 @@ func (p *Provider) aggregatedList(ctx context.Context, filter string) ([]provide
 
 // vm is the instance resource for req: one interface with an ephemeral
 // external IP (ONE_TO_ONE_NAT, no fixed address), the cloud-init as
-// user-data and the password file beside it, the operator's labels, its
+// user-data and the lease key and helper beside it, the operator's labels, its
 // network tag (which its firewall rule targets) with the configured ones,
 // and the configured service account.
 func (p *Provider) vm(req providers.CreateRequest, pl placement, userData, leaseKey string) *computepb.Instance {

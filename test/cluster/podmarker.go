@@ -30,7 +30,7 @@ import (
 // API requests are the status writes a kubelet would make. Its proxies
 // refuse a CONNECT without credentials, as every Managed Squid does (so
 // the operator's open-proxy probe passes), but accept any they are given:
-// reading each pod's password file would be API load on the machine the
+// reading each pod's lease key would be API load on the machine the
 // operator is measured on.
 type PodMarker struct {
 	client  client.Client

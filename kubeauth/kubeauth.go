@@ -74,15 +74,25 @@ type AccessReviewer interface {
 // tokenreviews and subjectaccessreviews; a scraper needs get on the
 // nonResourceURL /metrics (the chart's metrics-reader ClusterRole).
 func WithAuthenticationAndAuthorization(config *rest.Config, httpClient *http.Client) (metricsserver.Filter, error) {
+	tokens, access, err := reviewClients(config, httpClient)
+	if err != nil {
+		return nil, err
+	}
+	return NewFilter(tokens, access), nil
+}
+
+// reviewClients are the API server's TokenReview and SubjectAccessReview
+// clients over config and httpClient.
+func reviewClients(config *rest.Config, httpClient *http.Client) (TokenReviewer, AccessReviewer, error) {
 	authn, err := authenticationclient.NewForConfigAndClient(config, httpClient)
 	if err != nil {
-		return nil, fmt.Errorf("building the TokenReview client: %w", err)
+		return nil, nil, fmt.Errorf("building the TokenReview client: %w", err)
 	}
 	authz, err := authorizationclient.NewForConfigAndClient(config, httpClient)
 	if err != nil {
-		return nil, fmt.Errorf("building the SubjectAccessReview client: %w", err)
+		return nil, nil, fmt.Errorf("building the SubjectAccessReview client: %w", err)
 	}
-	return NewFilter(authn.TokenReviews(), authz.SubjectAccessReviews()), nil
+	return authn.TokenReviews(), authz.SubjectAccessReviews(), nil
 }
 
 // NewFilter is the filter over the given reviewers, with its own caches.
@@ -137,15 +147,11 @@ func NewReviewer(tokens TokenReviewer, access AccessReviewer, audience string, t
 // NewReviewerFor builds a Reviewer's two clients from a config and an HTTP
 // client.
 func NewReviewerFor(config *rest.Config, httpClient *http.Client, audience string, ttl time.Duration) (*Reviewer, error) {
-	authn, err := authenticationclient.NewForConfigAndClient(config, httpClient)
+	tokens, access, err := reviewClients(config, httpClient)
 	if err != nil {
-		return nil, fmt.Errorf("building the TokenReview client: %w", err)
+		return nil, err
 	}
-	authz, err := authorizationclient.NewForConfigAndClient(config, httpClient)
-	if err != nil {
-		return nil, fmt.Errorf("building the SubjectAccessReview client: %w", err)
-	}
-	return NewReviewer(authn.TokenReviews(), authz.SubjectAccessReviews(), audience, ttl), nil
+	return NewReviewer(tokens, access, audience, ttl), nil
 }
 
 // Authenticate is the user token belongs to, nil when the API server does

@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/credentials"
 	"github.com/example/egress-proxies-operator/test/cluster"
 )
 
@@ -391,7 +392,7 @@ func (w *world) verdictCheck(ctx context.Context) ([]string, int) {
 		wg.Go(func() {
 			defer func() { <-sem }()
 			p := &list.Items[i]
-			reallyHealthy[i] = w.probe(p.Status.IP, p.Status.Port, listed[p.Namespace+"/"+p.Name].userinfo())
+			reallyHealthy[i] = w.probe(p.Status.IP, p.Status.Port, w.credentialsFor(ctx, p, listed[p.Namespace+"/"+p.Name]))
 		})
 	}
 	wg.Wait()
@@ -408,6 +409,29 @@ func (w *world) verdictCheck(ctx context.Context) ([]string, int) {
 		}
 	}
 	return problems, down
+}
+
+// credentialsFor is what our probe of p presents: the credentials
+// discovery lists for it (an External proxy's), or, for a Managed proxy
+// that takes per-lease credentials, its own signed with its instance's
+// record, as the health engine signs them.
+func (w *world) credentialsFor(ctx context.Context, p *crawlv1alpha1.Proxy, listed listedProxy) *url.Userinfo {
+	if user := listed.userinfo(); user != nil || p.Spec.Mode != crawlv1alpha1.ModeManaged {
+		return user
+	}
+	var record corev1.Secret
+	key := types.NamespacedName{Namespace: cluster.OperatorNamespace, Name: credentials.RecordName(p.Namespace, p.Status.SpecHash)}
+	if err := w.cluster.Env.Client.Get(ctx, key, &record); err != nil {
+		return nil
+	}
+	c, err := credentials.FromSecret(&record)
+	if err == nil {
+		c, err = c.SignedFor(p.Namespace+"/"+p.Name, "soak-probe", time.Now().Add(time.Minute))
+	}
+	if err != nil {
+		return nil
+	}
+	return c.Userinfo()
 }
 
 // probe fetches the probe target through a proxy, with the credentials

@@ -27,7 +27,9 @@ func (oneTeam) Identify(_ context.Context, token string) (*tenant.Tenant, error)
 	return tenant.ForUser(&authenticationv1.UserInfo{Username: "system:serviceaccount:crawl-a:crawler"}), nil
 }
 
-func (oneTeam) MayLease(context.Context, *tenant.Tenant, tenant.Proxy) (bool, error) { return true, nil }
+func (oneTeam) MayLease(context.Context, *tenant.Tenant, tenant.Proxy) (bool, error) {
+	return true, nil
+}
 
 func (oneTeam) MayReadAttribution(context.Context, *tenant.Tenant) (bool, error) { return false, nil }
 

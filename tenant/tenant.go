@@ -12,10 +12,12 @@
 // so granting a team a pool is an ordinary Role and RoleBinding, and
 // deleting the binding stops its next lease within the review cache's
 // lifetime. The static discovery token is the Platform tenant, which may
-// lease every proxy. Answers are cached by package kubeauth.
+// lease every proxy. The API server's answers come through a Reviewer
+// (package kubeauth's, which caches them).
 //
-// It must never import discovery, gateway or controllers: discovery asks
-// it (depguard enforces it).
+// It must never import discovery, the gateway or the controllers
+// (discovery asks it), nor kubeauth (main wires a Reviewer in): depguard
+// enforces it.
 package tenant
 
 import (

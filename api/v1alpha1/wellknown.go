@@ -59,8 +59,8 @@ const (
 	// ConditionHealthy is True when probes through the proxy succeed, False
 	// when they fail past the threshold. A Managed proxy has none until its
 	// instance has an address; the status that first records the address
-	// carries the verdict of a probe made ahead of it, or Unknown
-	// (AwaitingProbe) when that probe decided nothing yet.
+	// carries the passing verdict of a probe made ahead of it, or Unknown
+	// (AwaitingProbe) when that probe did not decide it healthy.
 	ConditionHealthy = "Healthy"
 	// ConditionReady is True when the proxy is provisioned and healthy, i.e.
 	// when discovery may hand it out.

@@ -57,10 +57,11 @@ const (
 	// and matches the current spec.
 	ConditionProvisioned = "Provisioned"
 	// ConditionHealthy is True when probes through the proxy succeed, False
-	// when they fail past the threshold. A Managed proxy has none until its
-	// instance has an address; the status that first records the address
-	// carries the passing verdict of a probe made ahead of it, or Unknown
-	// (AwaitingProbe) when that probe did not decide it healthy.
+	// when they fail past the threshold, Unknown (AwaitingProbe) while an
+	// instance has no verdict. A routine bring-up writes no status before
+	// its instance runs, so a new Managed proxy has no Healthy condition
+	// until then; its first status carries the passing verdict of a probe
+	// made ahead of it, or Unknown.
 	ConditionHealthy = "Healthy"
 	// ConditionReady is True when the proxy is provisioned and healthy, i.e.
 	// when discovery may hand it out.

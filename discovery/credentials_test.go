@@ -81,15 +81,22 @@ func TestCredentialsOnlyToAuthenticatedClients(t *testing.T) {
 	})
 }
 
+// leaseSchemeFixture is credentialedFixture whose proxy was built to check
+// per-lease credentials, with the API's token "tok"; shared is its record.
+func leaseSchemeFixture(t *testing.T) (f *fixture, shared credentials.Credentials) {
+	f = credentialedFixture(t)
+	shared = credentials.Credentials{Username: "crawler", Password: "s3cret-password-0123", Scheme: credentials.SchemeLease}
+	f.srv.opts.Credentials = recordStore{"operator-ns/" + credentials.RecordName("crawl", "h1"): shared}
+	f.token.value = "tok"
+	return f, shared
+}
+
 // TestPerLeaseCredentials: an instance built with the lease scheme gets
 // credentials of each lease's own, signed for its proxy and expiring with
 // the lease; a renewal re-signs them with the new expiry; a listing hands
 // none out; the gateway's tunnels sign their own.
 func TestPerLeaseCredentials(t *testing.T) {
-	f := credentialedFixture(t)
-	shared := credentials.Credentials{Username: "crawler", Password: "s3cret-password-0123", Scheme: credentials.SchemeLease}
-	f.srv.opts.Credentials = recordStore{"operator-ns/" + credentials.RecordName("crawl", "h1"): shared}
-	f.token.value = "tok"
+	f, shared := leaseSchemeFixture(t)
 	auth := []string{"Authorization", "Bearer tok"}
 
 	res := f.do("POST", "/v1/leases", `{"ttlSeconds":60}`, auth...)
@@ -127,10 +134,7 @@ func TestPerLeaseCredentials(t *testing.T) {
 // takes per-lease credentials sends that proxy a CONNECT whose credentials,
 // signed with its key, name the lease; the proxy's 407 is the answer.
 func TestReleaseRevokesThroughTheProxy(t *testing.T) {
-	f := credentialedFixture(t)
-	shared := credentials.Credentials{Username: "crawler", Password: "s3cret-password-0123", Scheme: credentials.SchemeLease}
-	f.srv.opts.Credentials = recordStore{"operator-ns/" + credentials.RecordName("crawl", "h1"): shared}
-	f.token.value = "tok"
+	f, shared := leaseSchemeFixture(t)
 	auth := []string{"Authorization", "Bearer tok"}
 	seen := make(chan string, 4)
 	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -122,10 +122,18 @@ func (e *QuotaError) Unwrap() error { return ErrQuotaExceeded }
 
 // quotaOf is t's quota, if it has one.
 func (s *Server) quotaOf(t *tenant.Tenant) (Quota, bool) {
-	if s.opts.Quotas == nil || t == nil || t.All() {
+	if t == nil || t.All() {
 		return Quota{}, false
 	}
-	return s.opts.Quotas.QuotaOf(t.Name)
+	return s.quotaNamed(t.Name)
+}
+
+// quotaNamed is the quota of the tenant called name, if it has one.
+func (s *Server) quotaNamed(name string) (Quota, bool) {
+	if s.opts.Quotas == nil {
+		return Quota{}, false
+	}
+	return s.opts.Quotas.QuotaOf(name)
 }
 
 // limitFor is the Limit a tenant's lease (kind LimitLeases) or tunnel
@@ -194,11 +202,8 @@ func (t *Tunnels) Admit(ctx context.Context, who *tenant.Tenant) error {
 // day's count, when it has a bytes-per-day limit; a count the store could
 // not take is logged (the tunnel is over by then).
 func (t *Tunnels) countBytes(ctx context.Context, tenantName string, n int64) {
-	if t.s.opts.Quotas == nil || n <= 0 {
-		return
-	}
-	q, ok := t.s.opts.Quotas.QuotaOf(tenantName)
-	if !ok || q.GatewayBytesPerDay <= 0 {
+	q, ok := t.s.quotaNamed(tenantName)
+	if !ok || n <= 0 || q.GatewayBytesPerDay <= 0 {
 		return
 	}
 	if _, err := t.s.store.AddUsage(ctx, bytesKey(tenantName, t.s.opts.Clock.Now()), n, 48*time.Hour); err != nil {

@@ -10,20 +10,29 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 
 	"github.com/example/egress-proxies-operator/test/testenv"
 )
 
-// TestTokenFollowsTheSecret: creating, rotating and deleting the Secret on a
-// real API server changes the token at once; other Secrets are ignored.
-func TestTokenFollowsTheSecret(t *testing.T) {
+// watchToken starts a control plane and follows the discovery-token
+// Secret of a namespace of its own, until the test ends.
+func watchToken(t *testing.T) (*testenv.Env, string, context.Context, *SecretToken, cache.Cache) {
+	t.Helper()
 	env := testenv.Start(t)
 	ns := env.Namespace(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	t.Cleanup(cancel)
 	token, c, err := WatchTokenSecret(ctx, env.Config, env.Scheme, ns, "discovery-token")
 	require.NoError(t, err)
 	go func() { _ = c.Start(ctx) }()
+	return env, ns, ctx, token, c
+}
+
+// TestTokenFollowsTheSecret: creating, rotating and deleting the Secret on a
+// real API server changes the token at once; other Secrets are ignored.
+func TestTokenFollowsTheSecret(t *testing.T) {
+	env, ns, ctx, token, c := watchToken(t)
 	require.True(t, c.WaitForCacheSync(ctx))
 
 	current := func() string { tok, _ := token.Token(); return tok }
@@ -69,13 +78,7 @@ func TestTokenFollowsTheSecret(t *testing.T) {
 // rotation) when it is deleted; a Secret whose key was emptied is the
 // user's, and stays locked until they fill it.
 func TestTokenKeeperCreatesAMissingSecret(t *testing.T) {
-	env := testenv.Start(t)
-	ns := env.Namespace(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	token, c, err := WatchTokenSecret(ctx, env.Config, env.Scheme, ns, "discovery-token")
-	require.NoError(t, err)
-	go func() { _ = c.Start(ctx) }()
+	env, ns, ctx, token, c := watchToken(t)
 	keeper := &TokenKeeper{Client: env.Client, Key: types.NamespacedName{Namespace: ns, Name: "discovery-token"}, Token: token, Synced: c.WaitForCacheSync}
 	go func() { _ = keeper.Start(ctx) }()
 

@@ -62,8 +62,8 @@ help: ## Show the targets.
 ##@ Development
 
 .PHONY: generate
-generate: $(CONTROLLER_GEN) ## Generate deepcopy code for the API types.
-	$(CONTROLLER_GEN) object paths=./api/...
+generate: $(CONTROLLER_GEN) ## Generate the API types' deepcopy code and apply configurations (server-side apply).
+	$(CONTROLLER_GEN) object applyconfiguration paths=./api/...
 
 .PHONY: manifests
 manifests: $(CONTROLLER_GEN) ## Generate the CRD (config/crd/bases) and RBAC (config/rbac) from markers, and copy them into the chart.

@@ -22,7 +22,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -545,7 +544,6 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 	engine := health.NewEngine(health.Options{
 		Cache:    mgr.GetCache(),
 		Client:   mgr.GetClient(),
-		Reader:   mgr.GetAPIReader(),
 		Prober:   health.NewHTTPProber(roots),
 		Defaults: opts.health,
 		Workers:  opts.healthWorkers,
@@ -846,22 +844,6 @@ func (e engineHealth) Health(key types.NamespacedName) (controllers.ProxyHealth,
 		return controllers.ProxyHealth{}, false
 	}
 	return controllers.ProxyHealth{UnhealthySince: h.UnhealthySince, URL: h.URL, Probed: h.Probed, Unhealthy: h.Unhealthy}, true
-}
-
-// ProbeAhead lets the reconciler record a new address with its first
-// verdict: the engine probes it, and a pass comes back as the condition the
-// engine itself would write.
-func (e engineHealth) ProbeAhead(p *crawlv1alpha1.Proxy) (controllers.FirstVerdict, bool) {
-	first, done := e.engine.ProbeAhead(p)
-	if !done {
-		return controllers.FirstVerdict{}, false
-	}
-	v := controllers.FirstVerdict{At: first.At}
-	if first.Verdict == health.Healthy {
-		healthy := health.HealthyCondition(health.Healthy, first.Result, p.Generation, metav1.NewTime(first.At))
-		v.Healthy = &healthy
-	}
-	return v, true
 }
 
 // operatorNamespace is the namespace the operator runs in: $POD_NAMESPACE,

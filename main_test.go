@@ -14,9 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/example/egress-proxies-operator/controllers"
 	"github.com/example/egress-proxies-operator/gateway"
-	"github.com/example/egress-proxies-operator/health"
 	"github.com/example/egress-proxies-operator/providers"
 	"github.com/example/egress-proxies-operator/providers/gcp"
 	"github.com/example/egress-proxies-operator/providers/kubernetes"
@@ -312,13 +310,6 @@ func TestShippedProvidersConfigs(t *testing.T) {
 	cfg, err := providers.LoadConfig("config/samples/providers-config.yaml")
 	require.NoError(t, err)
 	assert.Equal(t, []string{"kind-local", "gcp-eu", "gcp-us"}, cfg.Names())
-}
-
-// TestOneHealthyEventReason: the reconciler, recording a replacement's
-// first verdict, and the engine, recording a recovery, tell of a proxy that
-// serves again under one Event reason.
-func TestOneHealthyEventReason(t *testing.T) {
-	assert.Equal(t, health.EventReasonHealthy, controllers.EventReasonHealthy)
 }
 
 // TestDefaultGCPercent: the operator runs its collector at

@@ -15,13 +15,13 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/client"
 	"github.com/example/egress-proxies-operator/discovery"
 	"github.com/example/egress-proxies-operator/test/squid"
+	"github.com/example/egress-proxies-operator/test/testenv"
 )
 
 const token = "client-token"
@@ -64,7 +64,7 @@ func newFixtureWith(t *testing.T, politeness discovery.Politeness) *fixture {
 				External: &crawlv1alpha1.ExternalEndpoint{Address: host}},
 			Status: crawlv1alpha1.ProxyStatus{Phase: crawlv1alpha1.PhaseReady, IP: host, Port: int32(mustAtoi(t, port))},
 		}
-		meta.SetStatusCondition(&p.Status.Conditions, metav1.Condition{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: "ProbeSucceeded"})
+		testenv.SetHealth(p, metav1.ConditionTrue, "ProbeSucceeded")
 		f.view.Handler().OnAdd(p, false)
 		f.proxies["crawl/"+name], f.squids["crawl/"+name] = p, sq
 	}

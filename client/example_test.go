@@ -7,12 +7,12 @@ import (
 	"net/http/httptest"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/client"
 	"github.com/example/egress-proxies-operator/discovery"
+	"github.com/example/egress-proxies-operator/test/testenv"
 )
 
 // exampleAPI is a discovery API serving one healthy proxy, eu-1, for the
@@ -25,7 +25,7 @@ func exampleAPI() (url string, stop func()) {
 			External: &crawlv1alpha1.ExternalEndpoint{Address: "127.0.0.71"}},
 		Status: crawlv1alpha1.ProxyStatus{Phase: crawlv1alpha1.PhaseReady, IP: "127.0.0.71", Port: 3128},
 	}
-	meta.SetStatusCondition(&p.Status.Conditions, metav1.Condition{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: "ProbeSucceeded"})
+	testenv.SetHealth(p, metav1.ConditionTrue, "ProbeSucceeded")
 	view.Handler().OnAdd(p, false)
 	srv := httptest.NewServer(discovery.NewServer(discovery.Options{
 		Store: discovery.NewMemoryStore(nil), View: view, Tokens: discovery.StaticToken("s3cret"),

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	acv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1/applyconfiguration/api/v1alpha1"
 )
 
 // +kubebuilder:rbac:groups=crawl.example.com,resources=crawltargets,verbs=get;list;watch
@@ -70,12 +71,15 @@ func (r *CrawlTargetReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	if err := r.Client.List(ctx, &list, client.InNamespace(ct.Namespace)); err != nil {
 		return ctrl.Result{}, fmt.Errorf("listing the CrawlTargets of %s: %w", ct.Namespace, err)
 	}
-	next := ct.DeepCopy()
-	meta.SetStatusCondition(&next.Status.Conditions, acceptance(&ct, list.Items))
-	if equality.Semantic.DeepEqual(ct.Status, next.Status) {
+	next := ct.Status.DeepCopy()
+	meta.SetStatusCondition(&next.Conditions, acceptance(&ct, list.Items))
+	if equality.Semantic.DeepEqual(ct.Status, *next) {
 		return ctrl.Result{}, nil
 	}
-	if err := r.Client.Status().Update(ctx, next); err != nil {
+	accepted := meta.FindStatusCondition(next.Conditions, crawlv1alpha1.ConditionAccepted)
+	apply := acv1alpha1.CrawlTarget(ct.Name, ct.Namespace).
+		WithStatus(acv1alpha1.CrawlTargetStatus().WithConditions(crawlv1alpha1.ConditionApply(*accepted)))
+	if err := r.Client.Status().Apply(ctx, apply, client.FieldOwner(crawlv1alpha1.FieldManagerCrawlTarget), client.ForceOwnership); err != nil {
 		if apierrors.IsNotFound(err) {
 			return ctrl.Result{}, nil
 		}

@@ -32,8 +32,6 @@ type fakeHealth struct {
 	reader client.Reader
 	mu     sync.Mutex
 	health map[types.NamespacedName]addressedHealth
-	// ahead answers ProbeAhead; nil: done, with no verdict.
-	ahead func(*crawlv1alpha1.Proxy) (FirstVerdict, bool)
 }
 
 type addressedHealth struct {
@@ -50,26 +48,6 @@ func (f *fakeHealth) Health(key types.NamespacedName) (ProxyHealth, bool) {
 		return ProxyHealth{}, false
 	}
 	return h.h, true
-}
-
-// ProbeAhead answers from the test's ahead; without one it has no verdict
-// to give ahead: the status records the address awaiting one, and the
-// healing tests set verdicts apart.
-func (f *fakeHealth) ProbeAhead(p *crawlv1alpha1.Proxy) (FirstVerdict, bool) {
-	f.mu.Lock()
-	ahead := f.ahead
-	f.mu.Unlock()
-	if ahead == nil {
-		return FirstVerdict{}, true
-	}
-	return ahead(p)
-}
-
-// setAhead makes ProbeAhead answer with ahead.
-func (f *fakeHealth) setAhead(ahead func(*crawlv1alpha1.Proxy) (FirstVerdict, bool)) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.ahead = ahead
 }
 
 func (f *fakeHealth) set(p *crawlv1alpha1.Proxy, h ProxyHealth) {

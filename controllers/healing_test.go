@@ -189,23 +189,28 @@ func TestNextStatusRecordsTheInstanceSeen(t *testing.T) {
 }
 
 // TestNextStatusNewExternalAddressStartsUnprobed: a changed External address
-// is a proxy nobody has probed; its verdict starts again in the same write.
+// is a proxy nobody has probed: the verdict recorded about the old address
+// no longer makes it Ready, from the reconciler's own write on.
 func TestNextStatusNewExternalAddressStartsUnprobed(t *testing.T) {
 	p := proxyFixture(external, func(p *crawlv1alpha1.Proxy) {
 		p.Status.Phase, p.Status.IP, p.Status.Port = crawlv1alpha1.PhaseReady, "127.0.0.9", 3128
-		p.Status.Conditions = []metav1.Condition{{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: "ProbeSucceeded"}}
+		p.Status.Conditions = []metav1.Condition{
+			{Type: crawlv1alpha1.ConditionProvisioned, Status: metav1.ConditionTrue, Reason: ReasonExternal},
+			{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: "ProbeSucceeded"},
+		}
+		p.Status.HealthCheckedInstance = p.Status.Instance()
 	})
+	require.True(t, p.IsReady())
 	o := observation{proxy: p}
-	s := nextStatus(p, o, plan(o))
-	assert.Equal(t, "127.0.0.1", s.IP)
-	assertCondition(t, s, crawlv1alpha1.ConditionHealthy, metav1.ConditionUnknown, crawlv1alpha1.ReasonAwaitingProbe)
-	assertCondition(t, s, crawlv1alpha1.ConditionReady, metav1.ConditionFalse, crawlv1alpha1.ReasonAwaitingProbe)
+	p.Status = nextStatus(p, o, plan(o))
+	assert.Equal(t, "127.0.0.1", p.Status.IP)
+	assert.False(t, p.IsReady(), "a verdict about 127.0.0.9 says nothing of 127.0.0.1")
+	assert.Equal(t, crawlv1alpha1.ReasonAwaitingProbe, p.ReadyCondition(p.RecordedHealth()).Reason)
 
 	// The same address again keeps its verdict.
-	p.Status = s
-	p.Status.Conditions[0] = metav1.Condition{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: "ProbeSucceeded"}
-	s = nextStatus(p, o, plan(o))
-	assertCondition(t, s, crawlv1alpha1.ConditionHealthy, metav1.ConditionTrue, "ProbeSucceeded")
+	p.Status.HealthCheckedInstance = p.Status.Instance()
+	p.Status = nextStatus(p, o, plan(o))
+	assert.True(t, p.IsReady())
 }
 
 func TestReplacementBudget(t *testing.T) {

@@ -80,7 +80,6 @@ func TestStartingAsExpectedWritesNothing(t *testing.T) {
 	o := observation{proxy: p, instance: instance(providers.StatePending, testHash, testUID), desiredHash: testHash, instanceProvider: "kind-local",
 		instanceName: "px-crawl-eu-1-0123456789"}
 	p.Status.Provider, p.Status.SpecHash, p.Status.ObservedGeneration = "kind-local", testHash, p.Generation
-	p.Status.SetReadyCondition(p.Generation)
 	a := plan(o)
 	assert.Equal(t, p.Status, nextStatus(p, o, a), "no write while it starts as expected")
 	held := o
@@ -219,7 +218,7 @@ func TestPlan(t *testing.T) {
 }
 
 func TestNextStatus(t *testing.T) {
-	t.Run("mark ready records the instance and awaits a health verdict", func(t *testing.T) {
+	t.Run("mark ready records the instance; the verdict is the engine's", func(t *testing.T) {
 		p := proxyFixture()
 		inst := instance(providers.StateRunning, testHash, testUID)
 		o := observation{proxy: p, instance: inst, instanceProvider: "kind-local", desiredHash: testHash}
@@ -232,21 +231,22 @@ func TestNextStatus(t *testing.T) {
 		assert.Equal(t, testHash, s.SpecHash)
 		assert.Equal(t, int64(1), s.ObservedGeneration)
 		assertCondition(t, s, crawlv1alpha1.ConditionProvisioned, metav1.ConditionTrue, ReasonInstanceRunning)
-		assertCondition(t, s, crawlv1alpha1.ConditionHealthy, metav1.ConditionUnknown, crawlv1alpha1.ReasonAwaitingProbe)
-		assertCondition(t, s, crawlv1alpha1.ConditionReady, metav1.ConditionFalse, crawlv1alpha1.ReasonAwaitingProbe)
+		p.Status = s
+		assert.Equal(t, crawlv1alpha1.ReasonAwaitingProbe, p.ReadyCondition(p.RecordedHealth()).Reason, "Ready waits for the engine's verdict")
 
 		// Applying the same observation again changes nothing: no write.
 		p.Status = s
 		assert.Equal(t, s, nextStatus(p, o, plan(o)))
 	})
 
-	t.Run("a healthy verdict survives mark ready, and Ready follows it", func(t *testing.T) {
+	t.Run("a verdict about the recorded instance makes it Ready, by the rule", func(t *testing.T) {
 		p := proxyFixture()
-		p.Status.IP, p.Status.Port = "127.0.0.10", 3128 // the address the verdict is for
-		p.Status.Conditions = []metav1.Condition{{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: "ProbeSucceeded"}}
-		o := observation{proxy: p, instance: instance(providers.StateRunning, testHash, testUID), desiredHash: testHash}
-		s := nextStatus(p, o, plan(o))
-		assertCondition(t, s, crawlv1alpha1.ConditionReady, metav1.ConditionTrue, crawlv1alpha1.ReasonProxyReady)
+		o := observation{proxy: p, instance: instance(providers.StateRunning, testHash, testUID), instanceProvider: "kind-local", desiredHash: testHash}
+		p.Status = nextStatus(p, o, plan(o))
+		p.Status.Conditions = append(p.Status.Conditions, metav1.Condition{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: "ProbeSucceeded"})
+		assert.False(t, p.IsReady(), "a verdict that names no instance is none")
+		p.Status.HealthCheckedInstance = p.Status.Instance()
+		assert.True(t, p.IsReady())
 	})
 
 	t.Run("replacement clears the address and the health verdict", func(t *testing.T) {
@@ -258,8 +258,8 @@ func TestNextStatus(t *testing.T) {
 		s := nextStatus(p, o, plan(o))
 		assert.Equal(t, crawlv1alpha1.PhaseReplacing, s.Phase)
 		assert.Empty(t, s.IP, "the old address must not be handed out")
-		assertCondition(t, s, crawlv1alpha1.ConditionHealthy, metav1.ConditionUnknown, crawlv1alpha1.ReasonAwaitingProbe)
-		assertCondition(t, s, crawlv1alpha1.ConditionReady, metav1.ConditionFalse, crawlv1alpha1.ReasonNotProvisioned)
+		p.Status = s
+		assert.Equal(t, crawlv1alpha1.ReasonNotProvisioned, p.ReadyCondition(p.RecordedHealth()).Reason, "not Ready, whatever the verdict said")
 	})
 
 	t.Run("External takes its address from the spec", func(t *testing.T) {
@@ -272,64 +272,41 @@ func TestNextStatus(t *testing.T) {
 	})
 }
 
-// TestAwaitsFirstVerdict: the executor has an address probed before it
-// writes exactly when the status it is about to write serves an address or
-// instance nobody has a verdict for, and the current one did not already.
-func TestAwaitsFirstVerdict(t *testing.T) {
+// TestNextStatusLeavesHealthToTheEngine: whatever the reconciler does,
+// the fields the health engine owns are not in what it applies, and a pass
+// that only differs in them writes nothing.
+func TestNextStatusLeavesHealthToTheEngine(t *testing.T) {
 	running := instance(providers.StateRunning, testHash, testUID)
-	next := func(p *crawlv1alpha1.Proxy) crawlv1alpha1.ProxyStatus {
-		o := observation{proxy: p, instance: running, instanceProvider: "kind-local", desiredHash: testHash}
-		if p.Spec.Mode == crawlv1alpha1.ModeExternal {
-			o = observation{proxy: p}
-		}
-		return nextStatus(p, o, plan(o))
-	}
-	healthyAt := func(ip string) func(*crawlv1alpha1.Proxy) {
-		return func(p *crawlv1alpha1.Proxy) {
-			p.Status.Phase, p.Status.IP, p.Status.Port = crawlv1alpha1.PhaseReady, ip, 3128
-			p.Status.InstanceName, p.Status.Provider, p.Status.SpecHash = running.Name, "kind-local", testHash
-			meta.SetStatusCondition(&p.Status.Conditions, metav1.Condition{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: "ProbeSucceeded"})
-		}
-	}
-	for _, tc := range []struct {
-		name  string
-		proxy *crawlv1alpha1.Proxy
-		want  bool
-	}{
-		{"a new External proxy", proxyFixture(external), true},
-		{"a Managed instance running after its creation was recorded", proxyFixture(creatingRecorded), true},
-		{"the same address, healthy", proxyFixture(healthyAt("127.0.0.10")), false},
-		{"a new address after a verdict for the old", proxyFixture(healthyAt("127.0.0.9")), true},
-		{"the address recorded already, its verdict awaited", proxyFixture(func(p *crawlv1alpha1.Proxy) { p.Status = next(proxyFixture(creatingRecorded)) }), false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			assert.Equal(t, tc.want, awaitsFirstVerdict(tc.proxy.Status, next(tc.proxy)))
-		})
-	}
-	t.Run("nothing served: nothing to probe", func(t *testing.T) {
-		p := proxyFixture(withoutFinalizer)
-		o := observation{proxy: p}
-		assert.False(t, awaitsFirstVerdict(p.Status, nextStatus(p, o, plan(o))))
-	})
-}
-
-// TestWithFirstVerdict: a passing probe ahead is recorded as the engine
-// would record it, and Ready follows; no verdict leaves the status as it was.
-func TestWithFirstVerdict(t *testing.T) {
-	p := proxyFixture(external)
-	o := observation{proxy: p}
+	p := proxyFixture(creatingRecorded)
+	o := observation{proxy: p, instance: running, instanceProvider: "kind-local", desiredHash: testHash}
 	next := nextStatus(p, o, plan(o))
-	assert.Equal(t, next, withFirstVerdict(next, FirstVerdict{At: time.Now()}, p.Generation), "no verdict: awaited")
+	assertCondition(t, next, crawlv1alpha1.ConditionProvisioned, metav1.ConditionTrue, ReasonInstanceRunning)
+	assert.Nil(t, meta.FindStatusCondition(next.Conditions, crawlv1alpha1.ConditionHealthy), "a new address carries no verdict of the reconciler's")
 
-	at := time.Now().Truncate(time.Second)
-	s := withFirstVerdict(next, FirstVerdict{At: at, Healthy: &metav1.Condition{Type: crawlv1alpha1.ConditionHealthy,
-		Status: metav1.ConditionTrue, Reason: "ProbeSucceeded", Message: "passed", LastTransitionTime: metav1.NewTime(at)}}, p.Generation)
-	assertCondition(t, s, crawlv1alpha1.ConditionHealthy, metav1.ConditionTrue, "ProbeSucceeded")
-	assertCondition(t, s, crawlv1alpha1.ConditionReady, metav1.ConditionTrue, crawlv1alpha1.ReasonProxyReady)
-	assert.Equal(t, p.Generation, meta.FindStatusCondition(s.Conditions, crawlv1alpha1.ConditionHealthy).ObservedGeneration)
-	require.NotNil(t, s.LastHealthCheckTime)
-	assert.Equal(t, at.Unix(), s.LastHealthCheckTime.Unix())
-	assertCondition(t, next, crawlv1alpha1.ConditionHealthy, metav1.ConditionUnknown, crawlv1alpha1.ReasonAwaitingProbe)
+	judged := p.DeepCopy()
+	judged.Status = next
+	judged.Status.HealthCheckedInstance = next.Instance()
+	at := metav1.Now()
+	judged.Status.LastHealthCheckTime = &at
+	meta.SetStatusCondition(&judged.Status.Conditions, metav1.Condition{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: "ProbeSucceeded"})
+	meta.SetStatusCondition(&judged.Status.Conditions, judged.ReadyCondition(judged.RecordedHealth()))
+	assert.Equal(t, reconcilerPart(next), reconcilerPart(judged.Status), "the engine's verdict is no change of the reconciler's")
+	again := nextStatus(judged, o, plan(observation{proxy: judged, instance: running, instanceProvider: "kind-local", desiredHash: testHash}))
+	assert.Equal(t, reconcilerPart(judged.Status), reconcilerPart(again), "a serving proxy's next pass writes nothing")
+
+	apply := statusApply(judged, again)
+	require.NotNil(t, apply.Status)
+	assert.Nil(t, apply.Status.LastHealthCheckTime)
+	assert.Nil(t, apply.Status.HealthCheckedInstance)
+	require.Len(t, apply.Status.Conditions, 1)
+	assert.Equal(t, crawlv1alpha1.ConditionProvisioned, *apply.Status.Conditions[0].Type)
+	assert.Equal(t, "127.0.0.10", *apply.Status.IP)
+
+	deleted := nextStatus(judged, o, Action{Type: ActionDelete, Phase: crawlv1alpha1.PhaseReplacing, Reason: ReasonUnhealthy})
+	clear := statusApply(judged, deleted)
+	require.NotNil(t, clear.Status.IP, "an address going away is applied as empty, not left out")
+	assert.Empty(t, *clear.Status.IP)
+	assert.Zero(t, *clear.Status.Port)
 }
 
 func assertCondition(t *testing.T, s crawlv1alpha1.ProxyStatus, condType string, status metav1.ConditionStatus, reason string) {

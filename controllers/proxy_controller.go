@@ -108,27 +108,6 @@ type HealthSignals interface {
 	// Health is what the engine knows of one proxy; ok is false for a
 	// proxy it does not probe.
 	Health(key types.NamespacedName) (h ProxyHealth, ok bool)
-	// ProbeAhead asks for a probe of p at the instance its status is about
-	// to record (p carries that status, unwritten) and returns the verdict
-	// once there is one (done). Until then the engine probes, and its
-	// notification (Triggers) brings the next pass.
-	ProbeAhead(p *crawlv1alpha1.Proxy) (first FirstVerdict, done bool)
-}
-
-// EventReasonHealthy is the Event reason of a proxy that serves again,
-// the health engine's own (health.EventReasonHealthy, which main's tests
-// hold it to), so one field selector finds both.
-const EventReasonHealthy = "Healthy"
-
-// FirstVerdict is what a probe ahead of a Proxy's status found.
-type FirstVerdict struct {
-	// Healthy is the Healthy condition to record with the address, when
-	// the probe passed and that is a verdict; nil otherwise: the status
-	// then says the verdict is awaited, and the engine, probing on,
-	// records it (with the Event an Unhealthy one deserves).
-	Healthy *metav1.Condition
-	// At is when the probe ran, the status's lastHealthCheckTime.
-	At time.Time
 }
 
 // Defaults for replacing Unhealthy proxies.
@@ -434,38 +413,14 @@ func (r *ProxyReconciler) execute(ctx context.Context, p *crawlv1alpha1.Proxy, o
 		return result, nil
 	}
 	next := nextStatus(p, o, a)
-	var first FirstVerdict
-	if r.Health != nil && awaitsFirstVerdict(p.Status, next) {
-		// A new address is recorded with its first verdict, in one write
-		// that takes the proxy to Ready: recording the address, then the
-		// verdict, took two (docs/performance.md). Until the probe's result,
-		// nothing is written.
-		would := p.DeepCopy()
-		would.Status = next
-		var done bool
-		first, done = r.Health.ProbeAhead(would)
-		if !done {
-			log.V(1).Info("waiting for the first probe before recording the address", "address", fmt.Sprintf("%s:%d", next.IP, next.Port))
-			return reconcile.Result{RequeueAfter: poll}, nil
-		}
-		next = withFirstVerdict(next, first, p.Generation)
-	}
-	if !equality.Semantic.DeepEqual(p.Status, next) {
+	if !equality.Semantic.DeepEqual(reconcilerPart(p.Status), reconcilerPart(next)) {
 		previous, before := p.Status.Phase, p.ResourceVersion
-		probedBefore := p.Status.LastHealthCheckTime != nil
-		p.Status = next
-		err := r.Client.Status().Update(ctx, p)
+		err := r.Client.Status().Apply(ctx, statusApply(p, next), client.FieldOwner(crawlv1alpha1.FieldManagerReconciler), client.ForceOwnership)
 		if err == nil {
 			r.lag.wrote(client.ObjectKeyFromObject(p), before)
-			if first.Healthy != nil && probedBefore {
-				// A proxy probed before (a replacement, a new endpoint)
-				// that serves again is news, as when the engine records
-				// it; a new proxy's first verdict is its routine bring-up.
-				r.Recorder.Eventf(p, nil, corev1.EventTypeNormal, EventReasonHealthy, "Probe", "probes through the proxy pass: %s", first.Healthy.Message)
-			}
 		}
-		// The action happened whether or not its record did (a conflict
-		// with a newer Proxy, say): the Event tells people so either way,
+		// The action happened whether or not its record did (the Proxy
+		// deleted meanwhile, say): the Event tells people so either way,
 		// and the next pass records what it then finds.
 		if worthAnEvent(previous, a) {
 			r.Recorder.Eventf(p, nil, eventType(a), a.Reason, string(a.Type), "%s", a.Message)

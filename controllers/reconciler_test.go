@@ -255,12 +255,9 @@ func assertReadyCondition(t *testing.T, p *crawlv1alpha1.Proxy) {
 	require.NotNil(t, provisioned)
 	assert.Equal(t, metav1.ConditionTrue, provisioned.Status)
 	assert.Equal(t, p.Generation, provisioned.ObservedGeneration)
-	healthy := meta.FindStatusCondition(p.Status.Conditions, crawlv1alpha1.ConditionHealthy)
-	require.NotNil(t, healthy)
-	assert.Equal(t, metav1.ConditionUnknown, healthy.Status, "no verdict before the health engine probes")
-	ready := meta.FindStatusCondition(p.Status.Conditions, crawlv1alpha1.ConditionReady)
-	require.NotNil(t, ready)
-	assert.Equal(t, metav1.ConditionFalse, ready.Status, "not Ready until Healthy")
+	assert.Nil(t, meta.FindStatusCondition(p.Status.Conditions, crawlv1alpha1.ConditionHealthy), "the verdict is the health engine's to write")
+	assert.False(t, p.IsReady(), "not Ready until Healthy")
+	assert.Equal(t, crawlv1alpha1.ReasonAwaitingProbe, p.ReadyCondition(p.RecordedHealth()).Reason)
 }
 
 // assertPodIsRestricted checks the Pod Security "restricted" essentials.

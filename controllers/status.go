@@ -5,11 +5,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	acv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1/applyconfiguration/api/v1alpha1"
 )
 
-// nextStatus is the status a Proxy has once action is done. It is pure; the
-// executor writes the result only when it differs from the current status,
-// so a pass that changes nothing writes nothing.
+// nextStatus is the status a Proxy has once action is done, in the fields
+// the reconciler owns (reconcilerPart); the health engine's are p's. It is
+// pure; the executor applies the result only when the reconciler's part
+// differs from the current one, so a pass that changes nothing writes
+// nothing.
 func nextStatus(p *crawlv1alpha1.Proxy, o observation, a Action) crawlv1alpha1.ProxyStatus {
 	s := *p.Status.DeepCopy()
 	s.ObservedGeneration = p.Generation
@@ -18,9 +21,9 @@ func nextStatus(p *crawlv1alpha1.Proxy, o observation, a Action) crawlv1alpha1.P
 	}
 	s.Message = a.Message
 
-	// Whatever record an earlier pass lost (a conflict, a crash), the
-	// instance this pass saw is recorded: its name, where it lives and the
-	// spec it was made from, so deletion always knows what to wait for.
+	// Whatever record an earlier pass lost (a crash), the instance this
+	// pass saw is recorded: its name, where it lives and the spec it was
+	// made from, so deletion always knows what to wait for.
 	if o.instance != nil {
 		s.InstanceName, s.Provider, s.SpecHash = o.instance.Name, o.instanceProvider, o.instance.SpecHash()
 	}
@@ -29,29 +32,20 @@ func nextStatus(p *crawlv1alpha1.Proxy, o observation, a Action) crawlv1alpha1.P
 	switch a.Type {
 	case ActionMarkReady:
 		provisioned = metav1.ConditionTrue
-		ip, port := "", int32(0)
 		if p.Spec.Mode == crawlv1alpha1.ModeExternal {
-			ip, port = p.Spec.External.Address, externalPort(p)
+			s.IP, s.Port = p.Spec.External.Address, externalPort(p)
 			s.InstanceName, s.Provider, s.SpecHash = "", "", ""
 		} else {
-			ip, port = o.instance.IP, o.instance.Port
+			s.IP, s.Port = o.instance.IP, o.instance.Port
 		}
-		// A new address is a proxy nobody has probed: its verdict starts
-		// again, so it is never served on the old address's record.
-		if ip != s.IP || port != s.Port || meta.FindStatusCondition(s.Conditions, crawlv1alpha1.ConditionHealthy) == nil {
-			setHealthUnknown(&s, p.Generation)
-		}
-		s.IP, s.Port = ip, port
 	case ActionCreate:
 		// Recorded before the instance runs, so a crash after this write still
 		// knows which provider holds it.
 		s.IP, s.Port = "", 0
 		s.InstanceName, s.Provider, s.SpecHash = o.instanceName, p.Spec.Provider, o.desiredHash
-		setHealthUnknown(&s, p.Generation)
 	case ActionDelete:
 		// The address is going away: stop advertising it now.
 		s.IP, s.Port = "", 0
-		setHealthUnknown(&s, p.Generation)
 	}
 	meta.SetStatusCondition(&s.Conditions, metav1.Condition{
 		Type:               crawlv1alpha1.ConditionProvisioned,
@@ -60,56 +54,36 @@ func nextStatus(p *crawlv1alpha1.Proxy, o observation, a Action) crawlv1alpha1.P
 		Reason:             a.Reason,
 		Message:            truncate(a.Message),
 	})
-	s.SetReadyCondition(p.Generation)
 	return s
 }
 
-// awaitsFirstVerdict says whether next records an address (or instance)
-// nobody has probed, where current did not: next is serving, its verdict
-// is reset to Unknown, and current had no verdict or another address. The
-// executor then has the address probed before it writes anything.
-func awaitsFirstVerdict(current, next crawlv1alpha1.ProxyStatus) bool {
-	if next.Phase != crawlv1alpha1.PhaseReady || next.IP == "" || next.Port == 0 {
-		return false
+// reconcilerPart is s with only the fields the reconciler owns: what it
+// compares before it applies, and what it applies.
+func reconcilerPart(s crawlv1alpha1.ProxyStatus) crawlv1alpha1.ProxyStatus {
+	part := crawlv1alpha1.ProxyStatus{
+		Phase: s.Phase, Message: s.Message, ObservedGeneration: s.ObservedGeneration,
+		IP: s.IP, Port: s.Port, InstanceName: s.InstanceName, Provider: s.Provider, SpecHash: s.SpecHash,
 	}
-	healthy := meta.FindStatusCondition(next.Conditions, crawlv1alpha1.ConditionHealthy)
-	if healthy == nil || healthy.Status != metav1.ConditionUnknown {
-		return false
+	if c := meta.FindStatusCondition(s.Conditions, crawlv1alpha1.ConditionProvisioned); c != nil {
+		part.Conditions = []metav1.Condition{*c}
 	}
-	was := meta.FindStatusCondition(current.Conditions, crawlv1alpha1.ConditionHealthy)
-	return was == nil || was.Status != metav1.ConditionUnknown ||
-		current.IP != next.IP || current.Port != next.Port ||
-		current.InstanceName != next.InstanceName || current.SpecHash != next.SpecHash
+	return part
 }
 
-// withFirstVerdict is next with the verdict of the probe ahead of it: a
-// passing one is recorded as the engine would record it (the Healthy
-// condition, lastHealthCheckTime, Ready derived); anything else leaves the
-// verdict awaited, for the engine to record.
-func withFirstVerdict(next crawlv1alpha1.ProxyStatus, first FirstVerdict, generation int64) crawlv1alpha1.ProxyStatus {
-	if first.Healthy == nil {
-		return next
+// statusApply is the reconciler's part of s as an apply configuration
+// (field manager crawlv1alpha1.FieldManagerReconciler). Empty fields are
+// sent too: applying "" is what clears an address the reconciler, or the
+// Update-based writer of earlier releases, recorded.
+func statusApply(p *crawlv1alpha1.Proxy, s crawlv1alpha1.ProxyStatus) *acv1alpha1.ProxyApplyConfiguration {
+	part := reconcilerPart(s)
+	status := acv1alpha1.ProxyStatus().
+		WithPhase(part.Phase).WithMessage(part.Message).WithObservedGeneration(part.ObservedGeneration).
+		WithIP(part.IP).WithPort(part.Port).
+		WithInstanceName(part.InstanceName).WithProvider(part.Provider).WithSpecHash(part.SpecHash)
+	for _, c := range part.Conditions {
+		status.WithConditions(crawlv1alpha1.ConditionApply(c))
 	}
-	s := *next.DeepCopy()
-	healthy := *first.Healthy
-	healthy.ObservedGeneration = generation
-	meta.SetStatusCondition(&s.Conditions, healthy)
-	at := metav1.NewTime(first.At)
-	s.LastHealthCheckTime = &at
-	s.SetReadyCondition(generation)
-	return s
-}
-
-// setHealthUnknown resets the health verdict: a new or replaced instance
-// starts from a clean slate.
-func setHealthUnknown(s *crawlv1alpha1.ProxyStatus, generation int64) {
-	meta.SetStatusCondition(&s.Conditions, metav1.Condition{
-		Type:               crawlv1alpha1.ConditionHealthy,
-		Status:             metav1.ConditionUnknown,
-		ObservedGeneration: generation,
-		Reason:             crawlv1alpha1.ReasonAwaitingProbe,
-		Message:            "no health verdict for this instance yet",
-	})
+	return acv1alpha1.Proxy(p.Name, p.Namespace).WithStatus(status)
 }
 
 // externalPort is where an External proxy listens: spec.external.port, or

@@ -19,6 +19,7 @@ import (
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/credentials"
 	"github.com/example/egress-proxies-operator/tenant"
+	"github.com/example/egress-proxies-operator/test/testenv"
 )
 
 // recordStore answers lookups of instance records by Secret name.
@@ -39,9 +40,9 @@ func credentialedFixture(t *testing.T) *fixture {
 		ObjectMeta: metav1.ObjectMeta{Namespace: "crawl", Name: "eu-1"},
 		Spec:       crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeManaged, Provider: "kind-local", Port: 3128},
 		Status: crawlv1alpha1.ProxyStatus{Phase: crawlv1alpha1.PhaseReady, IP: "127.0.0.9", Port: 3128,
-			InstanceName: "px-crawl-eu-1", SpecHash: "h1",
-			Conditions: []metav1.Condition{{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: "x"}}},
+			InstanceName: "px-crawl-eu-1", SpecHash: "h1"},
 	}
+	testenv.SetHealth(p, metav1.ConditionTrue, "x")
 	f.view.upsert(p)
 	return f
 }

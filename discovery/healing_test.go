@@ -7,10 +7,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/test/testenv"
 )
 
 // lockableToken is a TokenSource that can be locked, as SecretToken is once
@@ -32,7 +32,7 @@ func TestRenewFollowsHealth(t *testing.T) {
 		why     string
 	}{
 		{"proxy went Unhealthy", func(f *fixture, p *crawlv1alpha1.Proxy) {
-			meta.SetStatusCondition(&p.Status.Conditions, metav1.Condition{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionFalse, Reason: "Timeout"})
+			testenv.SetHealth(p, metav1.ConditionFalse, "Timeout")
 			f.view.upsert(p)
 		}, "is not healthy"},
 		{"proxy is being replaced", func(f *fixture, p *crawlv1alpha1.Proxy) {

@@ -16,12 +16,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/test/testenv"
 )
 
 // fixture is a server over a view, store and fake clock.
@@ -60,7 +60,7 @@ func (f *fixture) proxy(name, ip string, healthy bool, attrs map[string]string) 
 	if healthy {
 		status = metav1.ConditionTrue
 	}
-	meta.SetStatusCondition(&p.Status.Conditions, metav1.Condition{Type: crawlv1alpha1.ConditionHealthy, Status: status, Reason: "x"})
+	testenv.SetHealth(p, status, "x")
 	f.view.upsert(p)
 	return p
 }

@@ -11,8 +11,6 @@ import (
 	"sync/atomic"
 	"unique"
 
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
 
@@ -42,9 +40,9 @@ type entry struct {
 	ip         string
 	port       int32
 	attributes *attributeSet // spec.attributes plus the derived ones, shared
-	// serving: Ready phase with an address. statusHealthy: the Healthy
-	// condition is True.
-	serving, statusHealthy bool
+	// serving: Ready phase with an address. statusReady: Ready by the
+	// recorded status (Proxy.IsReady, the rule of the Ready condition).
+	serving, statusReady bool
 	// creds is where the proxy's credentials are (hasCreds false: none),
 	// a handle because a fleet shares a few: 8 bytes per entry, not 64.
 	creds    unique.Handle[credentials.Ref]
@@ -165,13 +163,13 @@ func entryOf(p *crawlv1alpha1.Proxy, sets *attributeSets) *entry {
 		}
 	}
 	return &entry{
-		key:           types.NamespacedName{Namespace: p.Namespace, Name: p.Name},
-		id:            p.Namespace + "/" + p.Name,
-		ip:            p.Status.IP,
-		port:          p.Status.Port,
-		attributes:    sets.intern(attrs),
-		serving:       p.Serving(),
-		statusHealthy: meta.IsStatusConditionPresentAndEqual(p.Status.Conditions, crawlv1alpha1.ConditionHealthy, metav1.ConditionTrue),
+		key:         types.NamespacedName{Namespace: p.Namespace, Name: p.Name},
+		id:          p.Namespace + "/" + p.Name,
+		ip:          p.Status.IP,
+		port:        p.Status.Port,
+		attributes:  sets.intern(attrs),
+		serving:     p.Serving(),
+		statusReady: p.IsReady(),
 	}
 }
 
@@ -185,7 +183,7 @@ func (v *View) healthy(e *entry) bool {
 			return healthy
 		}
 	}
-	return e.statusHealthy
+	return e.statusReady
 }
 
 // ProxyInfo is a proxy as the API shows it.

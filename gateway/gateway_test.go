@@ -20,13 +20,13 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/discovery"
 	"github.com/example/egress-proxies-operator/gateway"
 	"github.com/example/egress-proxies-operator/test/squid"
+	"github.com/example/egress-proxies-operator/test/testenv"
 )
 
 const token = "gateway-token"
@@ -127,7 +127,7 @@ func (f *fixture) addProxy(t testing.TB, name, ip string) {
 			External: &crawlv1alpha1.ExternalEndpoint{Address: ip}},
 		Status: crawlv1alpha1.ProxyStatus{Phase: crawlv1alpha1.PhaseReady, IP: ip, Port: 3128},
 	}
-	meta.SetStatusCondition(&p.Status.Conditions, metav1.Condition{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: "ProbeSucceeded"})
+	testenv.SetHealth(p, metav1.ConditionTrue, "ProbeSucceeded")
 	f.view.Handler().OnAdd(p, false)
 }
 

@@ -2,7 +2,6 @@ package health
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -12,19 +11,14 @@ import (
 	"time"
 	"unique"
 
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
-	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/credentials"
@@ -57,11 +51,9 @@ const (
 type Options struct {
 	// Cache supplies Proxy events (the manager's cache).
 	Cache cache.Informers
-	// Client writes status and reads the Proxy before a write (from the
-	// cache); Reader reads it from the API server after a conflict, when
-	// the cache was behind.
+	// Client reads the Proxy before a write (from the cache) and applies
+	// the engine's part of its status (crawlv1alpha1.FieldManagerHealth).
 	Client client.Client
-	Reader client.Reader
 	// Prober performs probes.
 	Prober Prober
 	// Defaults apply where a Proxy sets no override.
@@ -78,10 +70,8 @@ type Options struct {
 	Recorder events.EventRecorder
 	// Notify, if set, receives every Managed Proxy whose verdict changed,
 	// as the kubelet's prober feeds its sync loop: the reconciler replaces
-	// proxies that stay Unhealthy. It also receives every Proxy whose probe
-	// ahead (ProbeAhead) has its result, which the reconciler waits for.
-	// The engine blocks on it, so it must be read (the reconciler's channel
-	// source does).
+	// proxies that stay Unhealthy. The engine blocks on it, so it must be
+	// read (the reconciler's channel source does).
 	Notify chan<- event.GenericEvent
 	// Credentials looks up the credentials a proxy's probes present, in
 	// CredentialsNamespace for Managed proxies (their instances' records).
@@ -105,9 +95,6 @@ type Engine struct {
 
 	mu      sync.RWMutex
 	targets map[types.NamespacedName]*target
-	// ahead holds the probes asked for before a Proxy's status names the
-	// address (ProbeAhead), until the status does.
-	ahead map[types.NamespacedName]*aheadProbe
 	// byURL counts the Managed targets per probe URL, and the Unhealthy
 	// among them, for the reconciler's outage guard.
 	byURL map[string]*urlCount
@@ -149,6 +136,9 @@ type target struct {
 	tracker tracker
 	// written is the verdict last recorded in status.
 	written Verdict
+	// decidedAt is when the probe that decided the verdict finished: the
+	// status's lastHealthCheckTime.
+	decidedAt time.Time
 	// unhealthySince is when the current Unhealthy verdict began.
 	unhealthySince time.Time
 	// lastProbe is when the last probe started (zero: none yet).
@@ -188,7 +178,6 @@ func NewEngine(opts Options) *Engine {
 	return &Engine{
 		opts:    opts,
 		targets: map[types.NamespacedName]*target{},
-		ahead:   map[types.NamespacedName]*aheadProbe{},
 		byURL:   map[string]*urlCount{},
 		queue: workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[probeItem]{
 			Name: "health", Clock: opts.Clock,
@@ -214,9 +203,7 @@ func (e *Engine) Start(ctx context.Context) error {
 				obj = tomb.Obj
 			}
 			if p, ok := obj.(*crawlv1alpha1.Proxy); ok {
-				key := client.ObjectKeyFromObject(p)
-				e.forget(key)
-				e.dropAhead(key)
+				e.forget(client.ObjectKeyFromObject(p))
 			}
 		},
 	})
@@ -327,12 +314,14 @@ func (e *Engine) track(obj any) {
 	key := client.ObjectKeyFromObject(p)
 	if !p.Serving() {
 		e.forget(key)
+		if _, stale := healthPartFor(p, nil, e.opts.Clock.Now()); stale {
+			e.queue.Add(probeItem{key: key, settle: true})
+		}
 		return
 	}
 	settings := e.settingsFor(p)
-	identity := identityOf(p)
+	identity := p.Status.Instance()
 	now := e.opts.Clock.Now()
-	var adoptedAt time.Time
 	e.mu.Lock()
 	t, exists := e.targets[key]
 	replaced := exists && t.identity != identity
@@ -341,19 +330,14 @@ func (e *Engine) track(obj any) {
 		old = t
 	}
 	if !exists || replaced {
-		// A new or replaced proxy starts from what its status says: Unknown
-		// after a replacement or a new address (the reconciler resets it
-		// in the same write), the recorded verdict after an operator
-		// restart (so a restart causes no status writes).
-		recorded, since := recordedVerdict(p)
-		t = &target{identity: identity, written: recorded, tracker: tracker{verdict: recorded}}
+		// A new or replaced proxy starts from the verdict its status records
+		// about this very instance: none after a replacement or a new
+		// address, the recorded one after an operator restart (so a restart
+		// causes no status writes).
+		recorded, since, at := recordedVerdict(p)
+		t = &target{identity: identity, written: recorded, decidedAt: at, tracker: tracker{verdict: recorded}}
 		if recorded == Unhealthy {
 			t.unhealthySince = since
-		}
-		// A probe ahead of this status (see ProbeAhead) is this instance's
-		// first: its streak carries on, and it is not probed again at once.
-		if probedAt, ok := e.adoptAheadLocked(key, identity, t); ok {
-			adoptedAt = probedAt
 		}
 		if old != nil {
 			t.counted = old.counted // recountLocked moves it
@@ -368,20 +352,22 @@ func (e *Engine) track(obj any) {
 	// Decided under the lock: a probe worker may be changing the verdict
 	// and the last probe's time as soon as it is released.
 	due, schedule := e.firstProbeDue(tracked{
-		exists: exists, replaced: replaced, resettle: resettle, adoptedAt: adoptedAt,
+		exists: exists, replaced: replaced, resettle: resettle,
 		everProbed: p.Status.LastHealthCheckTime != nil, lastProbe: t.lastProbe, verdict: t.tracker.verdict,
 	}, settings, now)
+	known := t.knowledge()
 	e.mu.Unlock()
 	if schedule {
 		e.queue.AddAfter(probeItem{key: key}, due)
+	}
+	if _, stale := healthPartFor(p, &known, now); stale {
+		e.queue.Add(probeItem{key: key, settle: true})
 	}
 }
 
 // tracked is what track knows of a proxy it just took up or updated.
 type tracked struct {
 	exists, replaced, resettle bool
-	// adoptedAt is when the probe ahead it adopted finished (zero: none).
-	adoptedAt time.Time
 	// everProbed: the status records a probe by anyone.
 	everProbed bool
 	lastProbe  time.Time
@@ -392,9 +378,6 @@ type tracked struct {
 // when its schedule stands. Jitter aside (spread, nextProbe), it is pure.
 func (e *Engine) firstProbeDue(t tracked, settings Settings, now time.Time) (due time.Duration, schedule bool) {
 	switch {
-	case !t.adoptedAt.IsZero():
-		// Probed ahead of this status: next due as after any probe.
-		return max(0, t.adoptedAt.Add(e.nextProbe(settings, t.verdict)).Sub(now)), true
 	case t.replaced:
 		// A replaced instance or a changed address is probed at once: an
 		// address nobody has probed is never served on an old verdict.
@@ -436,8 +419,9 @@ func (e *Engine) work(ctx context.Context) bool {
 		return false
 	}
 	defer e.queue.Done(item)
-	if item.ahead {
-		return e.probeAhead(ctx, item.key)
+	if item.settle {
+		e.settle(ctx, item.key)
+		return true
 	}
 	key := item.key
 
@@ -469,30 +453,21 @@ func (e *Engine) work(ctx context.Context) bool {
 	changed := t.tracker.observe(result, settings.FailureThreshold, settings.SuccessThreshold)
 	if changed {
 		e.generation.Add(1)
+		t.decidedAt = t.probedAt
 		t.unhealthySince = time.Time{}
 		if t.tracker.verdict == Unhealthy {
 			t.unhealthySince = e.opts.Clock.Now()
 		}
 		e.recountLocked(t, false)
 	}
-	verdict, decided, written, managed := t.tracker.verdict, t.tracker.decided, t.written, t.managed
+	verdict, written, managed := t.tracker.verdict, t.written, t.managed
 	e.mu.Unlock()
 
 	if changed && managed && !e.notify(ctx, key) {
 		return false
 	}
 	if verdict != written && verdict != Unknown {
-		if err := e.record(ctx, key, identity, verdict, decided); err != nil {
-			if !errors.Is(err, errStale) {
-				logf.FromContext(ctx).Error(err, "recording health verdict", "proxy", key, "verdict", verdict)
-			}
-		} else {
-			e.mu.Lock()
-			if t, ok := e.targets[key]; ok && t.identity == identity {
-				t.written = verdict
-			}
-			e.mu.Unlock()
-		}
+		e.settle(ctx, key)
 	}
 	e.queue.AddAfter(probeItem{key: key}, e.nextProbe(settings, verdict))
 	return true
@@ -555,89 +530,6 @@ func (e *Engine) probe(ctx context.Context, key types.NamespacedName, pt probeTa
 // UndecidedRetry is how soon a proxy without a verdict is probed again.
 const UndecidedRetry = 2 * time.Second
 
-var errStale = errors.New("the proxy changed since it was probed")
-
-// record writes a verdict: the Healthy condition with the deciding result,
-// Ready derived from it, and lastHealthCheckTime. It reads the Proxy first
-// from the cache (a GET per verdict was a sixth of a fleet's bring-up
-// requests) and, after a conflict, from the API server; it gives up if the
-// Proxy was replaced meanwhile.
-func (e *Engine) record(ctx context.Context, key types.NamespacedName, identity string, v Verdict, decided Result) error {
-	now := metav1.NewTime(e.opts.Clock.Now())
-	var reader client.Reader = e.opts.Client
-	return retry.RetryOnConflict(retry.DefaultBackoff, func() error {
-		var p crawlv1alpha1.Proxy
-		err := reader.Get(ctx, key, &p)
-		reader = e.opts.Reader // a retry follows a conflict: the cache was behind
-		if err != nil {
-			return fmt.Errorf("reading Proxy %s: %w", key, err)
-		}
-		if !p.Serving() || identityOf(&p) != identity {
-			return errStale
-		}
-		cond := HealthyCondition(v, decided, p.Generation, now)
-		// A new proxy's first Healthy verdict is its routine bring-up, told
-		// by its status; an Event is for a change a person would want to
-		// know of: a recovery, or a replacement that serves again.
-		firstEver := p.Status.LastHealthCheckTime == nil
-		previous := metav1.ConditionUnknown
-		if c := meta.FindStatusCondition(p.Status.Conditions, crawlv1alpha1.ConditionHealthy); c != nil {
-			previous = c.Status
-		}
-		meta.SetStatusCondition(&p.Status.Conditions, cond)
-		p.Status.SetReadyCondition(p.Generation)
-		p.Status.LastHealthCheckTime = &now
-		if err := e.opts.Client.Status().Update(ctx, &p); err != nil {
-			return err
-		}
-		statusWrites.Inc()
-		if v != Healthy || previous == metav1.ConditionFalse || !firstEver {
-			e.recordEvent(&p, v, decided)
-		}
-		return nil
-	})
-}
-
-// HealthyCondition is the Healthy condition that records verdict v (Healthy
-// or Unhealthy), decided by the result decided.
-func HealthyCondition(v Verdict, decided Result, generation int64, now metav1.Time) metav1.Condition {
-	cond := metav1.Condition{
-		Type: crawlv1alpha1.ConditionHealthy, ObservedGeneration: generation, LastTransitionTime: now,
-		Status: metav1.ConditionTrue, Reason: ReasonProbeSucceeded, Message: decided.Message,
-	}
-	if v == Unhealthy {
-		cond.Status, cond.Reason = metav1.ConditionFalse, decided.Reason
-	}
-	return cond
-}
-
-// Event reasons of health transitions.
-const (
-	EventReasonUnhealthy = "Unhealthy"
-	EventReasonHealthy   = "Healthy"
-	// EventReasonOpenProxy is the Warning for a proxy found open.
-	EventReasonOpenProxy = "OpenProxy"
-)
-
-// recordEvent tells a person of a recorded verdict change.
-func (e *Engine) recordEvent(p *crawlv1alpha1.Proxy, v Verdict, decided Result) {
-	if e.opts.Recorder == nil {
-		return
-	}
-	if v == Unhealthy && decided.Reason == ReasonOpenProxy {
-		e.opts.Recorder.Eventf(p, nil, corev1.EventTypeWarning, EventReasonOpenProxy, "Probe",
-			"never leased: %s. Check the proxy's Squid config (a custom cloud-init must require the credentials in metadata key egress-proxy-password-file) and its firewall", decided.Message)
-		return
-	}
-	if v == Unhealthy {
-		e.opts.Recorder.Eventf(p, nil, corev1.EventTypeWarning, EventReasonUnhealthy, "Probe",
-			"probes through the proxy fail (%s): %s", decided.Reason, decided.Message)
-		return
-	}
-	e.opts.Recorder.Eventf(p, nil, corev1.EventTypeNormal, EventReasonHealthy, "Probe",
-		"probes through the proxy pass: %s", decided.Message)
-}
-
 // addressOf is where a Proxy's status says it listens (host:port).
 func addressOf(p *crawlv1alpha1.Proxy) string {
 	return net.JoinHostPort(p.Status.IP, strconv.Itoa(int(p.Status.Port)))
@@ -650,24 +542,6 @@ func checksOpen(p *crawlv1alpha1.Proxy) bool {
 	return p.Spec.Mode == crawlv1alpha1.ModeManaged || p.Spec.External != nil && p.Spec.External.OpenProxyCheck
 }
 
-// identityOf names the instance behind a Proxy's status: it changes exactly
-// when the proxy is replaced or moved.
-func identityOf(p *crawlv1alpha1.Proxy) string {
-	return p.Status.InstanceName + "|" + p.Status.SpecHash + "|" + p.Status.IP + "|" + strconv.Itoa(int(p.Status.Port))
-}
-
-// recordedVerdict is the verdict in status, and since when it holds.
-func recordedVerdict(p *crawlv1alpha1.Proxy) (Verdict, time.Time) {
-	switch c := meta.FindStatusCondition(p.Status.Conditions, crawlv1alpha1.ConditionHealthy); {
-	case c == nil:
-		return Unknown, time.Time{}
-	case c.Status == metav1.ConditionTrue:
-		return Healthy, c.LastTransitionTime.Time
-	case c.Status == metav1.ConditionFalse:
-		return Unhealthy, c.LastTransitionTime.Time
-	}
-	return Unknown, time.Time{}
-}
 
 // settingsFor applies a Proxy's overrides to the defaults.
 func (e *Engine) settingsFor(p *crawlv1alpha1.Proxy) Settings {

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/clock"
@@ -28,6 +29,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	acv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1/applyconfiguration/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/test/squid"
 	"github.com/example/egress-proxies-operator/test/testenv"
 )
@@ -87,9 +89,9 @@ type countingStatus struct {
 	writes *atomic.Int64
 }
 
-func (s countingStatus) Update(ctx context.Context, obj client.Object, opts ...client.SubResourceUpdateOption) error {
-	err := s.SubResourceWriter.Update(ctx, obj, opts...)
-	if err == nil && client.ObjectKeyFromObject(obj) == s.key {
+func (s countingStatus) Apply(ctx context.Context, obj runtime.ApplyConfiguration, opts ...client.SubResourceApplyOption) error {
+	err := s.SubResourceWriter.Apply(ctx, obj, opts...)
+	if p, ok := obj.(*acv1alpha1.ProxyApplyConfiguration); ok && err == nil && *p.Name == s.key.Name && *p.Namespace == s.key.Namespace {
 		s.writes.Add(1) // counted once it landed, so the test can read it
 	}
 	return err
@@ -163,7 +165,7 @@ func TestTransitionOnlyWrites(t *testing.T) {
 
 	mgr := startEngineManager(t, env)
 	engine := NewEngine(Options{
-		Cache: mgr.GetCache(), Client: countingClient{mgr.GetClient(), key, &writes}, Reader: mgr.GetAPIReader(),
+		Cache: mgr.GetCache(), Client: countingClient{mgr.GetClient(), key, &writes},
 		Prober: prober, Workers: 4, Clock: clk,
 		Defaults: Settings{URL: "https://127.0.0.1/", Interval: 30 * time.Second, Timeout: time.Second, FailureThreshold: 3, SuccessThreshold: 1},
 	})
@@ -258,7 +260,7 @@ func TestReplacementStartsClean(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Now())
 	mgr := startEngineManager(t, env)
 	engine := NewEngine(Options{
-		Cache: mgr.GetCache(), Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Prober: prober, Workers: 2, Clock: clk,
+		Cache: mgr.GetCache(), Client: mgr.GetClient(), Prober: prober, Workers: 2, Clock: clk,
 		Defaults: Settings{URL: "https://127.0.0.1/", Interval: 10 * time.Second, Timeout: time.Second, FailureThreshold: 2, SuccessThreshold: 1},
 	})
 	require.NoError(t, mgr.Add(engine))
@@ -305,7 +307,7 @@ func TestEngineWithRealSquid(t *testing.T) {
 
 	mgr := startEngineManager(t, env)
 	engine := NewEngine(Options{
-		Cache: mgr.GetCache(), Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Prober: NewHTTPProber(roots),
+		Cache: mgr.GetCache(), Client: mgr.GetClient(), Prober: NewHTTPProber(roots),
 		Workers: 4, Clock: clock.RealClock{},
 		Defaults: Settings{URL: target, Interval: 200 * time.Millisecond, Timeout: 2 * time.Second, FailureThreshold: 3, SuccessThreshold: 1},
 	})

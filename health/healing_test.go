@@ -66,7 +66,7 @@ func TestEngineTellsTheReconciler(t *testing.T) {
 	notify := make(chan event.GenericEvent, 16)
 	mgr := startEngineManager(t, env)
 	engine := NewEngine(Options{
-		Cache: mgr.GetCache(), Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Prober: prober, Workers: 2, Clock: clk,
+		Cache: mgr.GetCache(), Client: mgr.GetClient(), Prober: prober, Workers: 2, Clock: clk,
 		Defaults: Settings{URL: "https://probe.test/", Interval: 10 * time.Second, Timeout: time.Second, FailureThreshold: 2, SuccessThreshold: 1},
 		Recorder: mgr.GetEventRecorder("egress-proxies-operator"), Notify: notify,
 	})
@@ -162,7 +162,7 @@ func TestEngineFollowsTheSpec(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Now())
 	mgr := startEngineManager(t, env)
 	engine := NewEngine(Options{
-		Cache: mgr.GetCache(), Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Prober: prober, Workers: 2, Clock: clk,
+		Cache: mgr.GetCache(), Client: mgr.GetClient(), Prober: prober, Workers: 2, Clock: clk,
 		Defaults: Settings{URL: "https://probe.test/", Interval: time.Hour, Timeout: time.Second, FailureThreshold: 1, SuccessThreshold: 1},
 		// With jitter, a new proxy's first probe may wait minutes: only a
 		// changed address is probed at once.

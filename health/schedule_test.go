@@ -20,9 +20,6 @@ func TestFirstProbeDue(t *testing.T) {
 		due      time.Duration
 		schedule bool
 	}{
-		{"adopted Healthy: an interval after the probe ahead", tracked{exists: false, adoptedAt: now.Add(-10 * time.Second), verdict: Healthy}, 20 * time.Second, true},
-		{"adopted undecided: soon after the probe ahead", tracked{adoptedAt: now.Add(-time.Second), verdict: Unknown}, UndecidedRetry - time.Second, true},
-		{"adopted long ago: due now", tracked{adoptedAt: now.Add(-time.Hour), verdict: Healthy}, 0, true},
 		{"replaced: at once", tracked{exists: true, replaced: true, verdict: Healthy}, 0, true},
 		{"new, never probed: at once", tracked{}, 0, true},
 		{"new to this engine, probed before: spread (none without jitter)", tracked{everProbed: true}, 0, true},

@@ -1,15 +1,19 @@
 package v1alpha1
 
 import (
+	"strconv"
+
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// Reasons of the Healthy and Ready conditions that both the reconciler and
-// the health engine write.
+// Reasons of the Healthy and Ready conditions, both the health engine's.
 const (
-	// ReasonAwaitingProbe: a new or replaced instance has no verdict yet.
+	// ReasonAwaitingProbe: the instance serves and has no verdict yet.
 	ReasonAwaitingProbe = "AwaitingProbe"
+	// ReasonNotServing: the instance does not serve (not running as
+	// specified, being replaced or deleted), so no verdict holds.
+	ReasonNotServing = "NotServing"
 	// ReasonProxyReady: provisioned and healthy.
 	ReasonProxyReady = "ProxyReady"
 	// ReasonNotProvisioned: the instance is not running as specified.
@@ -40,26 +44,49 @@ func (p *Proxy) Serving() bool {
 	return p.DeletionTimestamp.IsZero() && p.Status.Phase == PhaseReady && p.Status.IP != "" && p.Status.Port != 0
 }
 
-// SetReadyCondition derives Ready from Provisioned and Healthy: a proxy may
-// be handed out only when both are True. The reconciler and the health
-// engine each call it after changing their own condition, so Ready never
-// disagrees with its parts.
-func (s *ProxyStatus) SetReadyCondition(generation int64) {
-	ready := metav1.Condition{Type: ConditionReady, ObservedGeneration: generation}
-	provisioned := meta.FindStatusCondition(s.Conditions, ConditionProvisioned)
-	healthy := meta.FindStatusCondition(s.Conditions, ConditionHealthy)
+// Instance names the instance a Proxy's status records
+// (<instanceName>/<specHash>@<ip>:<port>): it changes exactly when the
+// proxy is replaced or moves, and a health verdict is about one.
+func (s *ProxyStatus) Instance() string {
+	return s.InstanceName + "/" + s.SpecHash + "@" + s.IP + ":" + strconv.Itoa(int(s.Port))
+}
+
+// RecordedHealth is the Healthy condition when it is a verdict about the
+// instance the status records now, nil when there is none (or it is about
+// another instance).
+func (p *Proxy) RecordedHealth() *metav1.Condition {
+	c := meta.FindStatusCondition(p.Status.Conditions, ConditionHealthy)
+	if c == nil || c.Status == metav1.ConditionUnknown || p.Status.HealthCheckedInstance != p.Status.Instance() {
+		return nil
+	}
+	return c
+}
+
+// ReadyCondition is the one rule for Ready: a proxy is Ready when it
+// serves (Serving), is Provisioned (a pool member failing its probes for
+// too long is not, while it waits for its replacement) and healthy, the verdict about this very instance, is
+// True. healthy is RecordedHealth, or a fresher verdict the caller holds
+// (the health engine's, in memory); nil means none. The health engine
+// writes the result as the Ready condition, discovery hands out exactly
+// the proxies it makes Ready, and pools count them.
+func (p *Proxy) ReadyCondition(healthy *metav1.Condition) metav1.Condition {
+	ready := metav1.Condition{Type: ConditionReady, ObservedGeneration: p.Generation, Status: metav1.ConditionFalse}
 	switch {
-	case provisioned == nil || provisioned.Status != metav1.ConditionTrue:
-		ready.Status, ready.Reason, ready.Message = metav1.ConditionFalse, ReasonNotProvisioned, "the instance is not running as specified"
-		if provisioned != nil && provisioned.Message != "" {
-			ready.Message = provisioned.Message
-		}
+	case !p.Serving() || !meta.IsStatusConditionTrue(p.Status.Conditions, ConditionProvisioned):
+		ready.Reason, ready.Message = ReasonNotProvisioned, "the instance is not running as specified (see the Provisioned condition)"
 	case healthy == nil || healthy.Status == metav1.ConditionUnknown:
-		ready.Status, ready.Reason, ready.Message = metav1.ConditionFalse, ReasonAwaitingProbe, "waiting for the first health verdict"
+		ready.Reason, ready.Message = ReasonAwaitingProbe, "waiting for the first health verdict of this instance"
 	case healthy.Status != metav1.ConditionTrue:
-		ready.Status, ready.Reason, ready.Message = metav1.ConditionFalse, ReasonNotHealthy, healthy.Message
+		ready.Reason, ready.Message = ReasonNotHealthy, healthy.Message
 	default:
 		ready.Status, ready.Reason, ready.Message = metav1.ConditionTrue, ReasonProxyReady, "provisioned and healthy"
 	}
-	meta.SetStatusCondition(&s.Conditions, ready)
+	return ready
+}
+
+// IsReady says whether the Proxy is Ready by its recorded status (the rule
+// of ReadyCondition, not the stored Ready condition, which follows its
+// parts one write later).
+func (p *Proxy) IsReady() bool {
+	return p.ReadyCondition(p.RecordedHealth()).Status == metav1.ConditionTrue
 }

@@ -4,6 +4,7 @@
 // types and constants only and must never import the operator's packages.
 //
 // +kubebuilder:object:generate=true
+// +kubebuilder:ac:generate=true
 // +groupName=crawl.example.com
 package v1alpha1
 
@@ -16,6 +17,10 @@ import (
 var (
 	// GroupVersion is the API group and version of every type in this package.
 	GroupVersion = schema.GroupVersion{Group: "crawl.example.com", Version: "v1alpha1"}
+
+	// SchemeGroupVersion is GroupVersion under the name generated code
+	// (the apply configurations) expects.
+	SchemeGroupVersion = GroupVersion
 
 	// SchemeBuilder registers this package's types with a runtime.Scheme.
 	// apimachinery's builder keeps this package's imports to apimachinery,

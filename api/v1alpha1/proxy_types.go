@@ -324,6 +324,14 @@ type ProxyStatus struct {
 	// +optional
 	LastHealthCheckTime *metav1.Time `json:"lastHealthCheckTime,omitempty"`
 
+	// healthCheckedInstance names the instance the Healthy condition is
+	// about (<instanceName>/<specHash>@<ip>:<port>). A verdict about
+	// another instance (a replaced one, an old address) is no verdict: the
+	// proxy is not Ready until the health engine has judged this one.
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	HealthCheckedInstance string `json:"healthCheckedInstance,omitempty"`
+
 	// observedGeneration is the spec generation this status describes.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
@@ -353,6 +361,7 @@ type ProxyStatus struct {
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="IP",type=string,JSONPath=`.status.ip`
 // +kubebuilder:printcolumn:name="Healthy",type=string,JSONPath=`.status.conditions[?(@.type=="Healthy")].status`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Proxy struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -57,15 +57,29 @@ const (
 	// and matches the current spec.
 	ConditionProvisioned = "Provisioned"
 	// ConditionHealthy is True when probes through the proxy succeed, False
-	// when they fail past the threshold, Unknown (AwaitingProbe) while an
-	// instance has no verdict. A routine bring-up writes no status before
-	// its instance runs, so a new Managed proxy has no Healthy condition
-	// until then; its first status carries the passing verdict of a probe
-	// made ahead of it, or Unknown.
+	// when they fail past the threshold, Unknown while the instance has no
+	// verdict (AwaitingProbe) or does not serve (NotServing). The health
+	// engine is its only writer, and writes it once the instance serves:
+	// a new proxy has no Healthy condition until its first verdict.
 	ConditionHealthy = "Healthy"
 	// ConditionReady is True when the proxy is provisioned and healthy, i.e.
-	// when discovery may hand it out.
+	// when discovery may hand it out (Proxy.ReadyCondition is the rule).
 	ConditionReady = "Ready"
+)
+
+// The field managers of Proxy and ProxyPool status: each applies (server-side
+// apply) only the fields it owns, so no two writers replace each other's.
+const (
+	// FieldManagerReconciler owns a Proxy's phase, message, address,
+	// instance record, observedGeneration and Provisioned condition.
+	FieldManagerReconciler = "egress-proxies-operator/proxy-reconciler"
+	// FieldManagerHealth owns a Proxy's Healthy and Ready conditions,
+	// lastHealthCheckTime and healthCheckedInstance.
+	FieldManagerHealth = "egress-proxies-operator/health-engine"
+	// FieldManagerPool owns a ProxyPool's status.
+	FieldManagerPool = "egress-proxies-operator/pool-controller"
+	// FieldManagerCrawlTarget owns a CrawlTarget's status.
+	FieldManagerCrawlTarget = "egress-proxies-operator/crawltarget-controller"
 )
 
 // DefaultPort is the port a Proxy listens on when spec.port is not set:

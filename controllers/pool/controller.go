@@ -129,10 +129,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	writeStatus(status, &pool, d, hash)
 	recordMetrics(req.NamespacedName, replicas, d)
 	if !equality.Semantic.DeepEqual(*status, pool.Status) {
-		patch := client.MergeFrom(pool.DeepCopy())
-		pool.Status = *status
-		if err := r.Client.Status().Patch(ctx, &pool, patch); err != nil {
-			return reconcile.Result{}, fmt.Errorf("writing the status of ProxyPool %s: %w", req, err)
+		if err := r.applyStatus(ctx, &pool, *status); err != nil {
+			return reconcile.Result{}, err
 		}
 	}
 	result := reconcile.Result{RequeueAfter: d.Recheck}
@@ -189,12 +187,10 @@ func (r *Reconciler) autoscale(ctx context.Context, pool *crawlv1alpha1.ProxyPoo
 	}
 	// The status first: a crash between the two writes then scales no
 	// sooner than the delay allows.
-	patch := client.MergeFrom(pool.DeepCopy())
-	pool.Status = *status
-	if err := r.Client.Status().Patch(ctx, pool, patch); err != nil {
-		return false, fmt.Errorf("writing the autoscaler's status of ProxyPool %s/%s: %w", pool.Namespace, pool.Name, err)
+	if err := r.applyStatus(ctx, pool, *status); err != nil {
+		return false, err
 	}
-	patch = client.MergeFrom(pool.DeepCopy())
+	patch := client.MergeFrom(pool.DeepCopy())
 	pool.Spec.Replicas = ptr.To(rec.Replicas)
 	if err := r.Client.Patch(ctx, pool, patch); err != nil {
 		return false, fmt.Errorf("scaling ProxyPool %s/%s to %d: %w", pool.Namespace, pool.Name, rec.Replicas, err)
@@ -324,8 +320,13 @@ func memberOf(p *crawlv1alpha1.Proxy, hash string) Member {
 		Name: p.Name, Zone: p.Labels[crawlv1alpha1.LabelZone], Updated: p.Labels[crawlv1alpha1.LabelPoolTemplateHash] == hash,
 		Created: p.CreationTimestamp.Time, Deleting: !p.DeletionTimestamp.IsZero(), Jitter: jitterOf(p.UID),
 	}
-	if ready := meta.FindStatusCondition(p.Status.Conditions, crawlv1alpha1.ConditionReady); ready != nil && ready.Status == metav1.ConditionTrue {
-		m.Ready, m.ReadySince = true, ready.LastTransitionTime.Time
+	if p.IsReady() {
+		// Ready since its stored Ready condition says, or, while that
+		// condition follows its parts (one write later), since its verdict.
+		m.Ready, m.ReadySince = true, p.RecordedHealth().LastTransitionTime.Time
+		if ready := meta.FindStatusCondition(p.Status.Conditions, crawlv1alpha1.ConditionReady); ready != nil && ready.Status == metav1.ConditionTrue {
+			m.ReadySince = ready.LastTransitionTime.Time
+		}
 	}
 	prov := meta.FindStatusCondition(p.Status.Conditions, crawlv1alpha1.ConditionProvisioned)
 	m.Sick = prov != nil && prov.Reason == crawlv1alpha1.ReasonUnhealthyTooLong && p.Status.Phase == crawlv1alpha1.PhaseReady

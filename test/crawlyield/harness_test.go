@@ -26,7 +26,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
@@ -35,6 +34,7 @@ import (
 	"github.com/example/egress-proxies-operator/gateway"
 	"github.com/example/egress-proxies-operator/test/simweb"
 	"github.com/example/egress-proxies-operator/test/squid"
+	"github.com/example/egress-proxies-operator/test/testenv"
 )
 
 const token = "crawl-yield-token"
@@ -99,7 +99,7 @@ func startReplica(t testing.TB, w *web, politeness discovery.Politeness, store d
 				External: &crawlv1alpha1.ExternalEndpoint{Address: ip}},
 			Status: crawlv1alpha1.ProxyStatus{Phase: crawlv1alpha1.PhaseReady, IP: ip, Port: 3128},
 		}
-		meta.SetStatusCondition(&p.Status.Conditions, metav1.Condition{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: "ProbeSucceeded"})
+		testenv.SetHealth(p, metav1.ConditionTrue, "ProbeSucceeded")
 		view.Handler().OnAdd(p, false)
 	}
 	server := discovery.NewServer(discovery.Options{

@@ -68,10 +68,13 @@ func (r *ProxyReconciler) resolveCredentials(ctx context.Context, p *crawlv1alph
 	// First use of this provider instance (or its Secret was deleted to
 	// rotate the credentials): generate them, once for every worker that
 	// finds them missing before the cache shows the Secret.
-	c, err = r.generated.ensure(ref, r.clock().Now(), func() (credentials.Credentials, error) {
+	made, err := r.cache().writeOnce(lagKey(lagSecret, types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}), "", func() (any, error) {
 		return r.generateCredentials(ctx, ref, p.Spec.Provider)
 	})
-	return c, nil, err
+	if err != nil {
+		return credentials.Credentials{}, nil, err
+	}
+	return made.(credentials.Credentials), nil, nil
 }
 
 // generateCredentials generates a provider instance's credentials and
@@ -123,7 +126,10 @@ func (r *ProxyReconciler) writeRecord(ctx context.Context, p *crawlv1alpha1.Prox
 	case err != nil && !apierrors.IsNotFound(err):
 		return fmt.Errorf("reading the credentials record %s: %w", key, err)
 	}
-	return r.records.ensure(key, func() error { return r.putRecord(ctx, key, p, o) })
+	_, err := r.cache().writeOnce(lagKey(lagSecret, key), cached.ResourceVersion, func() (any, error) {
+		return nil, r.putRecord(ctx, key, p, o)
+	})
+	return err
 }
 
 // putRecord creates the record, or brings an existing one up to date: its

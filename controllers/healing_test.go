@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/providers"
@@ -213,40 +214,27 @@ func TestNextStatusNewExternalAddressStartsUnprobed(t *testing.T) {
 	assert.True(t, p.IsReady())
 }
 
+// TestReplacementBudget: the bound counts what the cache shows Replacing
+// and what was admitted that it does not show yet, once each.
 func TestReplacementBudget(t *testing.T) {
-	var b replacementBudget
 	key := func(name string) types.NamespacedName { return types.NamespacedName{Namespace: "crawl", Name: name} }
 	none := sets.New[types.NamespacedName]()
-
-	for i, name := range []string{"a", "b"} {
-		n, ok := b.admit("gcp-eu", key(name), none, 2, healingNow)
-		assert.True(t, ok, name)
-		assert.Equal(t, i+1, n)
-	}
-	_, ok := b.admit("gcp-eu", key("c"), none, 2, healingNow)
-	assert.False(t, ok, "the bound is taken though the cache shows none yet")
-	_, ok = b.admit("gcp-us", key("c"), none, 2, healingNow)
-	assert.True(t, ok, "another provider instance has its own bound")
-	_, ok = b.admit("gcp-eu", key("a"), none, 2, healingNow)
+	n, ok := admit(none, key("a"), 2)
+	assert.True(t, ok)
+	assert.Equal(t, 1, n)
+	n, ok = admit(sets.New(key("a"), key("b")), key("c"), 2)
+	assert.False(t, ok, "the bound is taken")
+	assert.Equal(t, 2, n)
+	_, ok = admit(sets.New(key("a"), key("b")), key("a"), 2)
 	assert.True(t, ok, "one already in flight carries on")
 
-	// The cache now shows a and b Replacing: no double count.
-	cached := sets.New(key("a"), key("b"))
-	n, ok := b.admit("gcp-eu", key("c"), cached, 3, healingNow)
-	assert.True(t, ok)
-	assert.Equal(t, 3, n)
-
-	// c's replacement is over: its place is free at once.
-	b.release(key("c"))
-	n, ok = b.admit("gcp-eu", key("c2"), cached, 3, healingNow)
-	assert.True(t, ok)
-	assert.Equal(t, 3, n)
-
-	// Their records lost and the cache empty: places come free after a while.
-	_, ok = b.admit("gcp-eu", key("d"), none, 3, healingNow)
-	assert.False(t, ok)
-	_, ok = b.admit("gcp-eu", key("d"), none, 3, healingNow.Add(startedMemory+time.Second))
-	assert.True(t, ok)
+	r := &ProxyReconciler{Clock: clocktesting.NewFakePassiveClock(healingNow)}
+	r.cache().tracker.Wrote(lagKey(lagReplacement, key("a")), "1", replacementOn("gcp-eu"))
+	r.cache().tracker.Wrote(lagKey(lagReplacement, key("b")), "1", replacementOn("gcp-us"))
+	pending := r.cache().tracker.Pending(func(p any) bool { return p == replacementOn("gcp-eu") })
+	require.Len(t, pending, 1, "another provider instance has its own bound")
+	r.releaseReplacement(key("a"))
+	assert.Empty(t, r.cache().tracker.Pending(func(p any) bool { return p == replacementOn("gcp-eu") }), "released: its place is free at once")
 }
 
 func TestInstanceDiffers(t *testing.T) {

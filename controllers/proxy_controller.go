@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -30,6 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/controllers/cachelag"
 	"github.com/example/egress-proxies-operator/credentials"
 	"github.com/example/egress-proxies-operator/providers"
 )
@@ -94,12 +96,19 @@ type ProxyReconciler struct {
 	// credentials it generates and the record of each instance's.
 	CredentialsNamespace string
 
-	budget   replacementBudget
 	suspects suspectedTargets
-	lag      writeLag
-	records  recentRecords
-	// generated shares a provider instance's newly generated credentials.
-	generated generatedCredentials
+	lagOnce  sync.Once
+	lag      *cacheLag
+	// budgetMu makes counting the replacements in flight and admitting one
+	// a single step.
+	budgetMu sync.Mutex
+}
+
+// cache is the reconciler's memory of its writes the cache does not show
+// yet (made on first use: the reconciler is a struct literal).
+func (r *ProxyReconciler) cache() *cacheLag {
+	r.lagOnce.Do(func() { r.lag = &cacheLag{tracker: cachelag.New("proxy", r.Clock, 0)} })
+	return r.lag
 }
 
 // HealthSignals is what the reconciler reads of the health engine: its
@@ -141,12 +150,12 @@ func (r *ProxyReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 		if !apierrors.IsNotFound(err) {
 			return reconcile.Result{}, err
 		}
-		r.lag.forget(req.NamespacedName)
-		r.budget.release(req.NamespacedName)
+		r.cache().tracker.Forget(lagKey(lagProxy, req.NamespacedName))
+		r.releaseReplacement(req.NamespacedName)
 		return reconcile.Result{}, r.deleteInstancesOfGone(ctx, req.NamespacedName)
 	}
-	if r.lag.behind(req.NamespacedName, proxy.ResourceVersion) {
-		return reconcile.Result{RequeueAfter: cacheCatchUp}, nil
+	if _, behind := r.cache().tracker.Behind(lagKey(lagProxy, req.NamespacedName), proxy.ResourceVersion); behind {
+		return reconcile.Result{RequeueAfter: cachelag.Recheck}, nil
 	}
 	obs, provider := r.observe(ctx, &proxy)
 	action := plan(obs)
@@ -332,7 +341,7 @@ func (r *ProxyReconciler) execute(ctx context.Context, p *crawlv1alpha1.Proxy, o
 		if err := r.Client.Update(ctx, p); err != nil {
 			return result, fmt.Errorf("adding finalizer: %w", err)
 		}
-		r.lag.wrote(client.ObjectKeyFromObject(p), before)
+		r.cache().tracker.Wrote(lagKey(lagProxy, client.ObjectKeyFromObject(p)), before, nil)
 		// Metadata-only changes do not pass the Proxy predicate: look again
 		// now. The first status is the next pass's, with what it does: a
 		// "Pending" written here would be a write to say nothing.
@@ -346,7 +355,7 @@ func (r *ProxyReconciler) execute(ctx context.Context, p *crawlv1alpha1.Proxy, o
 			return result, fmt.Errorf("removing finalizer: %w", err)
 		}
 		r.Recorder.Eventf(p, nil, corev1.EventTypeNormal, a.Reason, string(a.Type), a.Message)
-		r.budget.release(client.ObjectKeyFromObject(p))
+		r.releaseReplacement(client.ObjectKeyFromObject(p))
 		log.Info("finalizer removed", "reason", a.Reason)
 		return result, nil
 	case ActionCreate:
@@ -379,7 +388,7 @@ func (r *ProxyReconciler) execute(ctx context.Context, p *crawlv1alpha1.Proxy, o
 		result.RequeueAfter = poll
 	}
 	if a.Type == ActionMarkReady && a.Reason == ReasonInstanceRunning {
-		r.budget.release(client.ObjectKeyFromObject(p))
+		r.releaseReplacement(client.ObjectKeyFromObject(p))
 	}
 	if a.Type == ActionMarkReady && p.Spec.Mode == crawlv1alpha1.ModeManaged && o.instance.SpecHash() == o.desiredHash {
 		current, err := r.recordCurrent(ctx, p, o)
@@ -417,7 +426,7 @@ func (r *ProxyReconciler) execute(ctx context.Context, p *crawlv1alpha1.Proxy, o
 		previous, before := p.Status.Phase, p.ResourceVersion
 		err := r.Client.Status().Apply(ctx, statusApply(p, next), client.FieldOwner(crawlv1alpha1.FieldManagerReconciler), client.ForceOwnership)
 		if err == nil {
-			r.lag.wrote(client.ObjectKeyFromObject(p), before)
+			r.cache().tracker.Wrote(lagKey(lagProxy, client.ObjectKeyFromObject(p)), before, nil)
 		}
 		// The action happened whether or not its record did (the Proxy
 		// deleted meanwhile, say): the Event tells people so either way,

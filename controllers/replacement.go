@@ -57,78 +57,61 @@ func (r *ProxyReconciler) maxReplacements() int {
 }
 
 // admitReplacement says whether p may start a budgeted replacement on its
-// provider instance now, and how many are in flight there.
+// provider instance now, and how many are in flight there: those the cache
+// shows Replacing, and those admitted that it does not show yet (the
+// workers act faster than their status writes come back), so no two
+// workers both take the last place.
 func (r *ProxyReconciler) admitReplacement(ctx context.Context, p *crawlv1alpha1.Proxy, o observation) (int, bool) {
 	var list crawlv1alpha1.ProxyList
 	if err := r.Client.List(ctx, &list, client.MatchingFields{replacingIndex: o.instanceProvider}, client.UnsafeDisableDeepCopy); err != nil {
 		logf.FromContext(ctx).Error(err, "counting replacements in flight; holding this one", "provider", o.instanceProvider)
 		return 0, false
 	}
-	cached := sets.New[types.NamespacedName]()
+	inFlight := sets.New[types.NamespacedName]()
 	for i := range list.Items {
-		cached.Insert(client.ObjectKeyFromObject(&list.Items[i]))
+		inFlight.Insert(client.ObjectKeyFromObject(&list.Items[i]))
 	}
-	return r.budget.admit(o.instanceProvider, client.ObjectKeyFromObject(p), cached, r.maxReplacements(), o.now)
+	on := replacementOn(o.instanceProvider)
+	r.budgetMu.Lock()
+	defer r.budgetMu.Unlock()
+	for _, k := range r.cache().tracker.Pending(func(payload any) bool { return payload == on }) {
+		inFlight.Insert(k.NamespacedName)
+	}
+	key := client.ObjectKeyFromObject(p)
+	n, admitted := admit(inFlight, key, r.maxReplacements())
+	if admitted && !inFlight.Has(key) {
+		r.cache().tracker.Wrote(lagKey(lagReplacement, key), p.ResourceVersion, on)
+	}
+	return n, admitted
 }
 
-// replacementBudget bounds the budgeted replacements in flight per provider
-// instance. What is in flight is what the cache shows in phase Replacing,
-// together with what this process started and the cache may not show yet
-// (the 8 workers act faster than their status writes come back), so no two
-// workers both take the last place.
-type replacementBudget struct {
-	mu      sync.Mutex
-	started map[types.NamespacedName]startedReplacement
-}
+// replacementOn is what the cache-lag tracker keeps with an admitted
+// replacement: its provider instance.
+type replacementOn string
 
-type startedReplacement struct {
-	provider string
-	at       time.Time
-}
-
-// startedMemory is how long a started replacement counts though the cache
-// does not show it Replacing and the executor has not released it: longer
-// than any status write takes to come back through the watch, short enough
-// that a lost write frees its place.
-const startedMemory = time.Minute
-
-// admit takes a place for key on provider, unless bound places are taken.
-// cached are the Proxies the cache shows Replacing on provider.
-func (b *replacementBudget) admit(provider string, key types.NamespacedName, cached sets.Set[types.NamespacedName], bound int, now time.Time) (int, bool) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.started == nil {
-		b.started = map[types.NamespacedName]startedReplacement{}
-	}
-	inFlight := cached.Clone()
-	for k, s := range b.started {
-		switch {
-		case now.Sub(s.at) > startedMemory:
-			delete(b.started, k)
-		case s.provider == provider:
-			inFlight.Insert(k)
-		}
-	}
-	if inFlight.Has(key) {
+// admit decides whether key may start a replacement where inFlight are
+// in flight under bound, and how many are in flight with it. Pure.
+func admit(inFlight sets.Set[types.NamespacedName], key types.NamespacedName, bound int) (int, bool) {
+	switch {
+	case inFlight.Has(key):
 		return inFlight.Len(), true // already in flight: carry on
-	}
-	if inFlight.Len() >= bound {
+	case inFlight.Len() >= bound:
 		return inFlight.Len(), false
 	}
-	b.started[key] = startedReplacement{provider: provider, at: now}
 	return inFlight.Len() + 1, true
 }
 
-// release frees key's place once its replacement is over (its successor
-// runs, or the Proxy is gone), without waiting for the cache to show it.
-func (b *replacementBudget) release(key types.NamespacedName) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	delete(b.started, key)
+// releaseReplacement frees key's place once its replacement is over (its
+// successor runs, or the Proxy is gone), without waiting for the cache to
+// show it.
+func (r *ProxyReconciler) releaseReplacement(key types.NamespacedName) {
+	r.cache().tracker.Forget(lagKey(lagReplacement, key))
 }
 
 // suspectedTargets remembers when each probe URL was last found suspect, so
 // that proxies still Unhealthy as an outage ends are not replaced for it.
+// It is the memory of an outage, not a guard against the cache's lag, so
+// it is not the cache-lag tracker's.
 // Every verdict change of a Managed proxy and every held replacement passes
 // through it, so the memory is fresh while an outage lasts. It is lost on a
 // restart, which errs toward replacing (after a full period) over keeping.

@@ -1,9 +1,9 @@
 // Package health probes every proxy through a real CONNECT tunnel and keeps
-// the verdicts, writing a Proxy's status only when its verdict changes and
-// telling the reconciler of every change. On the reconciler's request it
-// also probes a new address before the status names it (ProbeAhead), so
-// the address and its first verdict are recorded in one write. It must
-// never create, replace or delete instances, nor import the controllers,
-// the providers or discovery (depguard enforces it): replacing a sick proxy
-// is the controller's.
+// the verdicts. It is the only writer of a Proxy's Healthy and Ready
+// conditions, lastHealthCheckTime and healthCheckedInstance, which it
+// applies (server-side apply, its own field manager) only when what it
+// knows differs from what the status says, and it tells the reconciler of
+// every verdict change. It must never create, replace or delete instances,
+// nor import the controllers, the providers or discovery (depguard
+// enforces it): replacing a sick proxy is the controller's.
 package health

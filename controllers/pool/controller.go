@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -32,6 +33,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/controllers/cachelag"
 )
 
 // +kubebuilder:rbac:groups=crawl.example.com,resources=proxypools,verbs=get;list;watch;update;patch
@@ -71,7 +73,8 @@ type Reconciler struct {
 	// Workers is how many pools are reconciled at once; zero means 2.
 	Workers int
 
-	expect expectations
+	lagOnce sync.Once
+	lag     *cachelag.Tracker
 }
 
 // Reconcile performs one pass for one pool.
@@ -81,7 +84,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err := r.Client.Get(ctx, req.NamespacedName, &pool); err != nil {
 		if apierrors.IsNotFound(err) {
 			forgetMetrics(req.NamespacedName)
-			r.expect.forget(req.NamespacedName)
+			r.forgetPool(req.NamespacedName)
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
@@ -102,10 +105,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 	}
 	now := r.clock().Now()
-	if wait, ok := r.expect.pending(req.NamespacedName, members, now); ok {
+	if r.awaiting(req.NamespacedName, members) {
 		// The cache has not caught up with the last pass's writes: acting
 		// on it would create or delete twice.
-		return reconcile.Result{RequeueAfter: wait}, nil
+		return reconcile.Result{RequeueAfter: cachelag.Recheck}, nil
 	}
 
 	status := pool.Status.DeepCopy()
@@ -215,18 +218,18 @@ func (r *Reconciler) carryOut(ctx context.Context, pool *crawlv1alpha1.ProxyPool
 		if err != nil {
 			return err
 		}
-		r.expect.create(key, m.Name, now)
+		r.expectCreate(key, m.Name)
 		if err := r.Client.Create(ctx, m); err != nil {
-			r.expect.forget(key)
+			r.forgetMember(key, m.Name)
 			return fmt.Errorf("creating member %s of ProxyPool %s: %w", m.Name, key, err)
 		}
 		log.Info("member created", "member", m.Name, "zone", zone)
 	}
 	for _, ret := range d.Delete {
 		m := byName[ret.Name]
-		r.expect.delete(key, m.Name, now)
+		r.expectDelete(key, m)
 		if err := r.Client.Delete(ctx, m, client.Preconditions{UID: &m.UID}); client.IgnoreNotFound(err) != nil {
-			r.expect.forget(key)
+			r.forgetMember(key, m.Name)
 			return fmt.Errorf("deleting member %s of ProxyPool %s: %w", m.Name, key, err)
 		}
 		replacementsTotal.WithLabelValues(pool.Namespace, pool.Name, ret.Cause).Inc()

@@ -1,92 +1,65 @@
 package pool
 
 import (
-	"sync"
-	"time"
-
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/sets"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/controllers/cachelag"
 )
 
-// expectationTimeout bounds how long a pass waits for the cache to show
-// its writes; past it the pool acts on what it sees (a lost watch event
-// must not stall it).
-const expectationTimeout = 30 * time.Second
+// The members a pass created or deleted that the cache does not show yet
+// are a ReplicaSet's expectations: without them a pass right after a create
+// would see one member too few and create again. They are writes the
+// operator's one cache-lag tracker remembers, with the pool as payload;
+// after a restart the cache starts from a fresh List, which shows every
+// earlier write.
 
-// expectationRecheck is how soon a pass waiting on the cache looks again.
-const expectationRecheck = time.Second
+// memberOfPool is the payload of a member's write: its pool.
+type memberOfPool types.NamespacedName
 
-// expectations are the members a pass created or deleted that the cache
-// does not show yet, per pool: a ReplicaSet's expectations. Without them a
-// pass right after a create would see one member too few and create
-// again. They live in memory only: after a restart the cache starts from a
-// fresh List, which shows every earlier write.
-type expectations struct {
-	mu sync.Mutex
-	m  map[types.NamespacedName]*expected
+func (r *Reconciler) tracker() *cachelag.Tracker {
+	r.lagOnce.Do(func() { r.lag = cachelag.New("pool", r.Clock, 0) })
+	return r.lag
 }
 
-type expected struct {
-	creates, deletes sets.Set[string]
-	since            time.Time
+func memberKey(pool types.NamespacedName, name string) cachelag.Key {
+	return cachelag.Key{Kind: "Proxy", NamespacedName: types.NamespacedName{Namespace: pool.Namespace, Name: name}}
 }
 
-func (e *expectations) entry(key types.NamespacedName, now time.Time) *expected {
-	if e.m == nil {
-		e.m = map[types.NamespacedName]*expected{}
+// expectCreate notes that pool is creating member name.
+func (r *Reconciler) expectCreate(pool types.NamespacedName, name string) {
+	r.tracker().Wrote(memberKey(pool, name), "", memberOfPool(pool))
+}
+
+// expectDelete notes that pool is deleting member m.
+func (r *Reconciler) expectDelete(pool types.NamespacedName, m *crawlv1alpha1.Proxy) {
+	r.tracker().Wrote(memberKey(pool, m.Name), m.ResourceVersion, memberOfPool(pool))
+}
+
+// forgetMember drops what was expected of one member (its write failed).
+func (r *Reconciler) forgetMember(pool types.NamespacedName, name string) {
+	r.tracker().Forget(memberKey(pool, name))
+}
+
+// forgetPool drops what was expected of a pool that is gone.
+func (r *Reconciler) forgetPool(pool types.NamespacedName) {
+	for _, k := range r.tracker().Pending(func(p any) bool { return p == memberOfPool(pool) }) {
+		r.tracker().Forget(k)
 	}
-	x, ok := e.m[key]
-	if !ok {
-		x = &expected{creates: sets.New[string](), deletes: sets.New[string]()}
-		e.m[key] = x
+}
+
+// awaiting says whether the pool's last creations and deletions are still
+// missing from members (as listed from the cache).
+func (r *Reconciler) awaiting(pool types.NamespacedName, members []crawlv1alpha1.Proxy) bool {
+	listed := make(map[string]string, len(members))
+	for i := range members {
+		listed[members[i].Name] = members[i].ResourceVersion
 	}
-	x.since = now
-	return x
-}
-
-func (e *expectations) create(key types.NamespacedName, name string, now time.Time) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.entry(key, now).creates.Insert(name)
-}
-
-func (e *expectations) delete(key types.NamespacedName, name string, now time.Time) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.entry(key, now).deletes.Insert(name)
-}
-
-func (e *expectations) forget(key types.NamespacedName) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	delete(e.m, key)
-}
-
-// pending says whether the pool's last writes are still missing from
-// members (as listed from the cache), and how soon to look again.
-func (e *expectations) pending(key types.NamespacedName, members []crawlv1alpha1.Proxy, now time.Time) (time.Duration, bool) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	x, ok := e.m[key]
-	if !ok {
-		return 0, false
-	}
-	for _, m := range members {
-		x.creates.Delete(m.Name)
-		if !m.DeletionTimestamp.IsZero() {
-			x.deletes.Delete(m.Name)
+	behindAny := false
+	for _, k := range r.tracker().Pending(func(p any) bool { return p == memberOfPool(pool) }) {
+		if _, behind := r.tracker().Behind(k, listed[k.Name]); behind {
+			behindAny = true
 		}
 	}
-	present := sets.New[string]()
-	for _, m := range members {
-		present.Insert(m.Name)
-	}
-	x.deletes = x.deletes.Intersection(present)
-	if (x.creates.Len() == 0 && x.deletes.Len() == 0) || now.Sub(x.since) > expectationTimeout {
-		delete(e.m, key)
-		return 0, false
-	}
-	return expectationRecheck, true
+	return behindAny
 }

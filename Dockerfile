@@ -6,7 +6,8 @@ WORKDIR /workspace
 # Dependencies first, so source edits reuse the module layer.
 COPY go.mod go.sum ./
 RUN go mod download
-COPY main.go scope.go ./
+COPY main.go setup.go ./
+COPY operator/ operator/
 COPY api/ api/
 COPY controllers/ controllers/
 COPY providers/ providers/

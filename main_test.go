@@ -25,26 +25,26 @@ func TestParseFlags(t *testing.T) {
 	t.Run("defaults", func(t *testing.T) {
 		o, err := parseFlags(nil, &bytes.Buffer{})
 		require.NoError(t, err)
-		assert.Equal(t, ":8090", o.discoveryAddr)
-		assert.Equal(t, ":8443", o.metricsAddr)
-		assert.Equal(t, ":8081", o.probeAddr)
-		assert.True(t, o.metricsSecure)
-		assert.Empty(t, o.clusterID, "empty means: use the kube-system namespace's UID")
-		assert.Equal(t, 8, o.maxConcurrentReconciles)
-		assert.InDelta(t, 50, o.kubeAPIQPS, 0)
-		assert.Equal(t, 100, o.kubeAPIBurst)
-		assert.Equal(t, time.Minute, o.instanceResyncInterval)
-		assert.Equal(t, 10*time.Hour, o.syncPeriod)
-		assert.Equal(t, 10*time.Minute, o.unhealthyReplaceAfter)
-		assert.InDelta(t, 0.3, o.maxUnhealthyShare, 0)
-		assert.Equal(t, 5, o.maxReplacementsInFlight)
-		assert.Equal(t, "memory", o.leaseStore)
-		assert.Equal(t, time.Second, o.storeTimeout)
+		assert.Equal(t, ":8090", o.discovery.Addr)
+		assert.Equal(t, ":8443", o.manager.MetricsAddr)
+		assert.Equal(t, ":8081", o.manager.ProbeAddr)
+		assert.True(t, o.manager.MetricsSecure)
+		assert.Empty(t, o.identity.ClusterID, "empty means: use the kube-system namespace's UID")
+		assert.Equal(t, 8, o.controllers.MaxConcurrentReconciles)
+		assert.InDelta(t, 50, o.manager.KubeAPIQPS, 0)
+		assert.Equal(t, 100, o.manager.KubeAPIBurst)
+		assert.Equal(t, time.Minute, o.controllers.InstanceResyncInterval)
+		assert.Equal(t, 10*time.Hour, o.manager.SyncPeriod)
+		assert.Equal(t, 10*time.Minute, o.controllers.Replacement.After)
+		assert.InDelta(t, 0.3, o.controllers.Replacement.MaxUnhealthyShare, 0)
+		assert.Equal(t, 5, o.controllers.MaxReplacementsInFlight)
+		assert.Equal(t, "memory", o.leaseStore.Backend)
+		assert.Equal(t, time.Second, o.leaseStore.Timeout)
 		assert.Equal(t, "0", o.gateway.Addr, "the gateway is off by default")
-		assert.True(t, o.scope.Cluster(), "the whole cluster by default")
-		assert.Equal(t, "egress-proxies-operator-system_egress-proxies-operator", o.operatorID, "<namespace>_<name>")
-		assert.Equal(t, "egress-proxies-operator.crawl.example.com", o.leaderElectionID)
-		assert.Equal(t, "0", o.pprofAddr, "profiling is off by default")
+		assert.True(t, o.identity.Scope.Cluster(), "the whole cluster by default")
+		assert.Equal(t, "egress-proxies-operator-system_egress-proxies-operator", o.identity.OperatorID, "<namespace>_<name>")
+		assert.Equal(t, "egress-proxies-operator.crawl.example.com", o.manager.LeaderElectionID)
+		assert.Equal(t, "0", o.manager.PprofAddr, "profiling is off by default")
 	})
 
 	t.Run("a namespace-scoped install", func(t *testing.T) {
@@ -53,20 +53,20 @@ func TestParseFlags(t *testing.T) {
 		t.Setenv("POD_NAMESPACE", "tenant-a-system")
 		o, err := parseFlags(nil, &bytes.Buffer{})
 		require.NoError(t, err)
-		assert.Equal(t, []string{"crawl-a", "crawl-b"}, o.scope.Namespaces, "OLM's WATCH_NAMESPACE is the default")
-		assert.Equal(t, "tenant-a-system_tenant-a", o.operatorID, "the release's namespace and name")
-		assert.Equal(t, "tenant-a.crawl.example.com", o.leaderElectionID, "a Lease of its own")
+		assert.Equal(t, []string{"crawl-a", "crawl-b"}, o.identity.Scope.Namespaces, "OLM's WATCH_NAMESPACE is the default")
+		assert.Equal(t, "tenant-a-system_tenant-a", o.identity.OperatorID, "the release's namespace and name")
+		assert.Equal(t, "tenant-a.crawl.example.com", o.manager.LeaderElectionID, "a Lease of its own")
 
 		o, err = parseFlags([]string{"--watch-namespaces= crawl-c, crawl-c ,", "--operator-id=tenant_a", "--leader-election-id=a.example.com"}, &bytes.Buffer{})
 		require.NoError(t, err)
-		assert.Equal(t, []string{"crawl-c"}, o.scope.Namespaces, "the flag wins; blanks and repeats are dropped")
-		assert.Equal(t, "tenant_a", o.operatorID)
-		assert.Equal(t, "a.example.com", o.leaderElectionID)
+		assert.Equal(t, []string{"crawl-c"}, o.identity.Scope.Namespaces, "the flag wins; blanks and repeats are dropped")
+		assert.Equal(t, "tenant_a", o.identity.OperatorID)
+		assert.Equal(t, "a.example.com", o.manager.LeaderElectionID)
 
 		t.Setenv("WATCH_NAMESPACE", "")
 		o, err = parseFlags(nil, &bytes.Buffer{})
 		require.NoError(t, err)
-		assert.True(t, o.scope.Cluster(), "OLM's AllNamespaces mode sets it empty")
+		assert.True(t, o.identity.Scope.Cluster(), "OLM's AllNamespaces mode sets it empty")
 	})
 
 	t.Run("the gateway", func(t *testing.T) {
@@ -81,13 +81,13 @@ func TestParseFlags(t *testing.T) {
 		assert.Equal(t, time.Hour, o.gateway.MaxTunnelLifetime)
 		assert.Equal(t, gateway.DefaultPaceWait, o.gateway.PaceWait)
 		assert.Equal(t, gateway.DefaultPacedTunnelLifetime, o.gateway.PacedTunnelLifetime)
-		assert.True(t, o.adaptivePacing, "hosts are paced by their push-backs unless told otherwise")
+		assert.True(t, o.discovery.AdaptivePacing, "hosts are paced by their push-backs unless told otherwise")
 
 		o, err = parseFlags([]string{"--gateway-bind-address=:3128", "--gateway-pace-wait=0", "--gateway-paced-tunnel-lifetime=2s", "--adaptive-pacing=false"}, &bytes.Buffer{})
 		require.NoError(t, err)
-		assert.Zero(t, o.gateway.PaceWait, "0: answer 429 at once")
+		assert.Negative(t, o.gateway.PaceWait, "0: answer 429 at once, which the gateway spells as a negative wait")
 		assert.Equal(t, 2*time.Second, o.gateway.PacedTunnelLifetime)
-		assert.False(t, o.adaptivePacing)
+		assert.False(t, o.discovery.AdaptivePacing)
 	})
 
 	t.Run("the redis lease store", func(t *testing.T) {
@@ -97,24 +97,24 @@ func TestParseFlags(t *testing.T) {
 			"--redis-tls", "--redis-tls-server-name=redis.internal", "--redis-db=2", "--redis-username=operator",
 			"--lease-store-timeout=250ms", "--redis-key-prefix=eu:"}, &bytes.Buffer{})
 		require.NoError(t, err)
-		assert.Equal(t, "redis", o.leaseStore)
-		assert.Equal(t, "redis.crawl.svc:6379", o.redis.Address)
-		assert.Equal(t, 250*time.Millisecond, o.storeTimeout)
-		assert.Equal(t, 250*time.Millisecond, o.redis.Timeout, "Redis's dial, reads and writes share the bound")
-		assert.True(t, o.redis.TLS)
-		assert.Equal(t, 2, o.redis.DB)
-		assert.Equal(t, "eu:", o.redisKeyPrefix)
+		assert.Equal(t, "redis", o.leaseStore.Backend)
+		assert.Equal(t, "redis.crawl.svc:6379", o.leaseStore.Redis.Address)
+		assert.Equal(t, 250*time.Millisecond, o.leaseStore.Timeout)
+		assert.Equal(t, 250*time.Millisecond, o.leaseStore.Redis.Timeout, "Redis's dial, reads and writes share the bound")
+		assert.True(t, o.leaseStore.Redis.TLS)
+		assert.Equal(t, 2, o.leaseStore.Redis.DB)
+		assert.Equal(t, "eu:", o.leaseStore.KeyPrefix)
 	})
 
 	t.Run("self-healing flags", func(t *testing.T) {
 		o, err := parseFlags([]string{"--instance-resync-interval=30s", "--sync-period=1h", "--unhealthy-replace-after=0",
 			"--max-unhealthy-share=0.5", "--max-replacements-in-flight=20"}, &bytes.Buffer{})
 		require.NoError(t, err)
-		assert.Equal(t, 30*time.Second, o.instanceResyncInterval)
-		assert.Equal(t, time.Hour, o.syncPeriod)
-		assert.Zero(t, o.unhealthyReplaceAfter, "0 turns replacement off")
-		assert.InDelta(t, 0.5, o.maxUnhealthyShare, 0)
-		assert.Equal(t, 20, o.maxReplacementsInFlight)
+		assert.Equal(t, 30*time.Second, o.controllers.InstanceResyncInterval)
+		assert.Equal(t, time.Hour, o.manager.SyncPeriod)
+		assert.Zero(t, o.controllers.Replacement.After, "0 turns replacement off")
+		assert.InDelta(t, 0.5, o.controllers.Replacement.MaxUnhealthyShare, 0)
+		assert.Equal(t, 20, o.controllers.MaxReplacementsInFlight)
 	})
 
 	t.Run("every flag is accepted", func(t *testing.T) {
@@ -126,13 +126,13 @@ func TestParseFlags(t *testing.T) {
 			"--max-concurrent-reconciles=16", "--kube-api-qps=200", "--kube-api-burst=300",
 		}, &bytes.Buffer{})
 		require.NoError(t, err)
-		assert.Equal(t, 16, o.maxConcurrentReconciles)
-		assert.InDelta(t, 200, o.kubeAPIQPS, 0)
-		assert.Equal(t, 300, o.kubeAPIBurst)
-		assert.Equal(t, "prod-eu_1", o.clusterID)
-		assert.Equal(t, "/etc/providers.yaml", o.providersConfig)
-		assert.True(t, o.leaderElect)
-		assert.Equal(t, "/tmp/kubeconfig", o.kubeconfig)
+		assert.Equal(t, 16, o.controllers.MaxConcurrentReconciles)
+		assert.InDelta(t, 200, o.manager.KubeAPIQPS, 0)
+		assert.Equal(t, 300, o.manager.KubeAPIBurst)
+		assert.Equal(t, "prod-eu_1", o.identity.ClusterID)
+		assert.Equal(t, "/etc/providers.yaml", o.providers.ConfigPath)
+		assert.True(t, o.manager.LeaderElect)
+		assert.Equal(t, "/tmp/kubeconfig", o.manager.Kubeconfig)
 	})
 
 	bad := []struct {
@@ -176,7 +176,7 @@ func TestParseFlags(t *testing.T) {
 		{"gateway address without port", []string{"--gateway-bind-address=gw"}, "--gateway-bind-address"},
 		{"no gateway tunnels", []string{"--gateway-bind-address=:3128", "--gateway-max-tunnels=0"}, "--gateway-max-tunnels"},
 		{"zero gateway idle", []string{"--gateway-bind-address=:3128", "--gateway-idle-timeout=0"}, "--gateway-idle-timeout"},
-		{"negative pace wait", []string{"--gateway-bind-address=:3128", "--gateway-pace-wait=-1s"}, "--gateway-pace-wait must not be negative"},
+		{"negative pace wait", []string{"--gateway-bind-address=:3128", "--gateway-pace-wait=-1s"}, "gateway-pace-wait: must not be negative"},
 		{"zero paced tunnel lifetime", []string{"--gateway-bind-address=:3128", "--gateway-paced-tunnel-lifetime=0"}, "--gateway-paced-tunnel-lifetime"},
 		{"adaptive pacing not a bool", []string{"--adaptive-pacing=sometimes"}, "adaptive-pacing"},
 	}

@@ -26,10 +26,11 @@ func TestWriteOnce(t *testing.T) {
 	key := lagKey(lagSecret, types.NamespacedName{Namespace: "ops", Name: "provider-kind-local"})
 	var writes atomic.Int32
 	release := make(chan struct{})
+	var generateErr error // a create that fails, when set
 	generate := func() (any, error) {
 		writes.Add(1)
 		<-release
-		return credentials.Generate(), nil
+		return credentials.Generate(), generateErr
 	}
 	got := make([]any, 8)
 	var wg sync.WaitGroup
@@ -56,16 +57,21 @@ func TestWriteOnce(t *testing.T) {
 	_, err = l.writeOnce(key, "42", generate)
 	require.NoError(t, err)
 	assert.EqualValues(t, 2, writes.Load(), "the cache shows the Secret: a write it asks for is made")
+	generateErr = errors.New("conflict")
+	_, err = l.writeOnce(key, "43", generate)
+	require.ErrorIs(t, err, generateErr, "a failed create hands out nothing")
+	assert.EqualValues(t, 3, writes.Load())
+	generateErr = nil
 
 	failing := lagKey(lagSecret, types.NamespacedName{Namespace: "ops", Name: "proxy-record-crawl-h3"})
 	_, err = l.writeOnce(failing, "", func() (any, error) { writes.Add(1); return nil, errors.New("forbidden") })
 	require.Error(t, err)
 	_, err = l.writeOnce(failing, "", func() (any, error) { writes.Add(1); return nil, nil })
 	require.NoError(t, err)
-	assert.EqualValues(t, 4, writes.Load(), "a failed write is tried again")
+	assert.EqualValues(t, 5, writes.Load(), "a failed write is tried again")
 
 	clk.SetTime(clk.Now().Add(time.Second))
 	_, err = l.writeOnce(failing, "", func() (any, error) { writes.Add(1); return nil, nil })
 	require.NoError(t, err)
-	assert.EqualValues(t, 5, writes.Load(), "past the bound the cache is the source: missing there means write")
+	assert.EqualValues(t, 6, writes.Load(), "past the bound the cache is the source: missing there means write")
 }

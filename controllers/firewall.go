@@ -9,11 +9,12 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	"github.com/example/egress-proxies-operator/operator"
 	"github.com/example/egress-proxies-operator/providers"
 )
 
 var firewallSyncErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
-	Name: "proxy_operator_firewall_sync_errors_total",
+	Namespace: operator.MetricsNamespace, Name: "firewall_sync_errors_total",
 	Help: "Failed attempts to create or update a provider instance's firewall rule, by provider instance.",
 }, []string{"provider"})
 

@@ -17,16 +17,17 @@ import (
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/credentials"
+	"github.com/example/egress-proxies-operator/operator"
 	"github.com/example/egress-proxies-operator/providers"
 )
 
 var (
 	orphansFound = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "proxy_operator_orphans_found_total",
+		Namespace: operator.MetricsNamespace, Name: "orphans_found_total",
 		Help: "Provider instances labelled with this operator's cluster id whose owning Proxy is gone, by provider.",
 	}, []string{"provider"})
 	orphansDeleted = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "proxy_operator_orphans_deleted_total",
+		Namespace: operator.MetricsNamespace, Name: "orphans_deleted_total",
 		Help: "Orphaned provider instances deleted (not counted in dry-run), by provider.",
 	}, []string{"provider"})
 )
@@ -64,7 +65,7 @@ type OrphanCollector struct {
 	// Scope is the namespaces the operator watches. An instance or record
 	// whose Proxy lives outside them (left from a wider scope) is not this
 	// operator's to judge, and is left alone.
-	Scope Scope
+	Scope operator.Scope
 	// Interval between sweeps.
 	Interval time.Duration
 	// GracePeriod spares instances younger than this.

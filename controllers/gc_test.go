@@ -13,6 +13,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/operator"
 	"github.com/example/egress-proxies-operator/providers"
 	"github.com/example/egress-proxies-operator/providers/kubernetes"
 	"github.com/example/egress-proxies-operator/test/testenv"
@@ -102,11 +103,11 @@ func TestOrphanCollector(t *testing.T) {
 	// An operator kept to other namespaces judges none of them, orphans
 	// included: their Proxies are not its to read.
 	gc.DryRun = false
-	gc.Scope = Scope{Namespaces: []string{"elsewhere"}}
+	gc.Scope = operator.Scope{Namespaces: []string{"elsewhere"}}
 	require.NoError(t, gc.Sweep(ctx))
 	assert.ElementsMatch(t, all, remaining(), "out of scope: nothing deleted")
 	assert.Equal(t, found0+2, found(), "out of scope: nothing found")
-	gc.Scope = Scope{Namespaces: []string{"elsewhere", ns}}
+	gc.Scope = operator.Scope{Namespaces: []string{"elsewhere", ns}}
 
 	// For real: the orphan and the earlier Proxy's instance go; the owned
 	// ones of both provider instances, the other cluster's, the other

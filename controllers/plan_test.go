@@ -303,10 +303,10 @@ func TestNextStatusLeavesHealthToTheEngine(t *testing.T) {
 	assert.Equal(t, "127.0.0.10", *apply.Status.IP)
 
 	deleted := nextStatus(judged, o, Action{Type: ActionDelete, Phase: crawlv1alpha1.PhaseReplacing, Reason: ReasonUnhealthy})
-	clear := statusApply(judged, deleted)
-	require.NotNil(t, clear.Status.IP, "an address going away is applied as empty, not left out")
-	assert.Empty(t, *clear.Status.IP)
-	assert.Zero(t, *clear.Status.Port)
+	cleared := statusApply(judged, deleted)
+	require.NotNil(t, cleared.Status.IP, "an address going away is applied as empty, not left out")
+	assert.Empty(t, *cleared.Status.IP)
+	assert.Zero(t, *cleared.Status.Port)
 }
 
 func assertCondition(t *testing.T, s crawlv1alpha1.ProxyStatus, condType string, status metav1.ConditionStatus, reason string) {

@@ -130,18 +130,6 @@ const (
 // takes a round trip to Google) hold up one Proxy, not the fleet.
 const DefaultMaxConcurrentReconciles = 8
 
-// The operator's default client-side limits on API server requests, most of
-// which are the reconciler's writes. A Managed proxy takes 5 writes to
-// bring up and an External one 1 (docs/performance.md), so at
-// controller-runtime's 20/s a thousand Managed proxies would take 4
-// minutes; 50/s sustained stays well inside what an API server's priority
-// and fairness gives one workload, and the burst absorbs a batch of new
-// Proxies.
-const (
-	DefaultKubeAPIQPS   = 50
-	DefaultKubeAPIBurst = 100
-)
-
 // Reconcile performs one step for one Proxy.
 func (r *ProxyReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	log := logf.FromContext(ctx)

@@ -15,6 +15,7 @@ import (
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/credentials"
+	"github.com/example/egress-proxies-operator/operator"
 	"github.com/example/egress-proxies-operator/providers"
 	"github.com/example/egress-proxies-operator/test/testenv"
 )
@@ -61,7 +62,7 @@ func TestRecordSweep(t *testing.T) {
 	record("px-legacy-live", testOwner, legacy("legacy-owner", string(legacyOwner.UID)), long)
 
 	gc := &OrphanCollector{
-		Client: c, Owner: testOwner, Scope: Scope{Namespaces: []string{ns}},
+		Client: c, Owner: testOwner, Scope: operator.Scope{Namespaces: []string{ns}},
 		GracePeriod: 3 * time.Minute, Clock: clocktesting.NewFakeClock(now),
 		Credentials: c, Deleter: c, CredentialsNamespace: credsNS,
 	}

@@ -13,15 +13,16 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/operator"
 )
 
 var (
 	replacementsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "proxy_operator_replacements_total",
+		Namespace: operator.MetricsNamespace, Name: "replacements_total",
 		Help: "Instances replaced (same name, new IP), by provider instance and cause (SpecChanged, InstanceFailed, InstanceLost, UnhealthyTooLong, StaleInstance).",
 	}, []string{"provider", "cause"})
 	replacementsHeld = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "proxy_operator_replacements_held_total",
+		Namespace: operator.MetricsNamespace, Name: "replacements_held_total",
 		Help: "Passes that held back the due replacement of an Unhealthy proxy, by provider instance and reason: ProbeTargetSuspect (too many proxies probed against one URL fail at once) or ReplacementsBusy (the bound on replacements in flight).",
 	}, []string{"provider", "reason"})
 )

@@ -14,11 +14,12 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/operator"
 	"github.com/example/egress-proxies-operator/providers"
 )
 
 var instancesFoundChanged = prometheus.NewCounterVec(prometheus.CounterOpts{
-	Name: "proxy_operator_instances_found_changed_total",
+	Namespace: operator.MetricsNamespace, Name: "instances_found_changed_total",
 	Help: "Ready proxies whose instance the instance watcher found gone, stopped or changed behind the operator's back, by provider instance.",
 }, []string{"provider"})
 
@@ -29,10 +30,6 @@ func init() {
 // DefaultInstanceResyncInterval is how often the instances of Ready proxies
 // that no watch covers (GCE VMs) are read again.
 const DefaultInstanceResyncInterval = time.Minute
-
-// DefaultSyncPeriod is how often the manager's informers resync every cached
-// object: controller-runtime's own default, made a flag.
-const DefaultSyncPeriod = 10 * time.Hour
 
 // InstanceWatcher is the watch that GCE does not offer: every Interval
 // (jittered) it lists each provider instance's instances once, compares them

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/example/egress-proxies-operator/operator"
 )
 
 // DefaultStoreTimeout bounds each store call when Options.StoreTimeout is
@@ -118,12 +120,12 @@ func (b boundedStore) Ping(ctx context.Context) error {
 
 var (
 	storeDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "proxy_operator_discovery_store_duration_seconds",
+		Namespace: operator.MetricsNamespace, Subsystem: "discovery", Name: "store_duration_seconds",
 		Help:    "Lease store call latency by operation, failures included.",
 		Buckets: prometheus.ExponentialBuckets(0.00005, 2, 16),
 	}, []string{"op"})
 	storeErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "proxy_operator_discovery_store_errors_total",
+		Namespace: operator.MetricsNamespace, Subsystem: "discovery", Name: "store_errors_total",
 		Help: "Lease store calls that did not answer (timeout, connection refused, script error), by operation.",
 	}, []string{"op"})
 )

@@ -11,6 +11,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/utils/clock"
+
+	"github.com/example/egress-proxies-operator/operator"
 )
 
 // MemoryStore is the embedded Store: exact least-loaded, fast, and gone
@@ -821,9 +823,9 @@ func CountCollectors(counts func() (leases, cooldowns int, err error)) []prometh
 }
 
 var (
-	leasesActiveDesc = prometheus.NewDesc("proxy_operator_discovery_leases_active",
+	leasesActiveDesc = prometheus.NewDesc(prometheus.BuildFQName(operator.MetricsNamespace, "discovery", "leases_active"),
 		"Leases not yet released or expired.", nil, nil)
-	cooldownsActiveDesc = prometheus.NewDesc("proxy_operator_discovery_cooldowns_active",
+	cooldownsActiveDesc = prometheus.NewDesc(prometheus.BuildFQName(operator.MetricsNamespace, "discovery", "cooldowns_active"),
 		"(proxy, target) pairs cooling down after a rate_limited report.", nil, nil)
 )
 

@@ -11,6 +11,7 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/operator"
 )
 
 // PolicyIndex is the CrawlTargets the manager's cache holds, by namespace:
@@ -136,7 +137,7 @@ func PolicyOf(c *crawlv1alpha1.CrawlTarget) Policy {
 }
 
 // learnedDesc is the learned pace of the hosts policies name.
-var learnedDesc = prometheus.NewDesc("proxy_operator_target_learned_interval_seconds",
+var learnedDesc = prometheus.NewDesc(prometheus.BuildFQName(operator.MetricsNamespace, "", "target_learned_interval_seconds"),
 	"The per-IP interval a host's push-backs taught, for the hosts CrawlTargets name (0: none learned).", []string{"host"}, nil)
 
 // LearnedPaceCollector reports the learned pace of every host a policy

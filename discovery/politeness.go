@@ -9,6 +9,8 @@ import (
 	"github.com/julienschmidt/httprouter"
 	"github.com/prometheus/client_golang/prometheus"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/example/egress-proxies-operator/operator"
 )
 
 // Policy is a crawler team's declared politeness for one host (a
@@ -159,16 +161,16 @@ func (s *Server) getTarget(w http.ResponseWriter, r *http.Request, ps httprouter
 
 var (
 	pacedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "proxy_operator_discovery_paced_refusals_total",
+		Namespace: operator.MetricsNamespace, Subsystem: "discovery", Name: "paced_refusals_total",
 		Help: "Lease and tunnel requests refused because no proxy's pace or concurrency limit for the host allowed one within the wait, by cause (paced, concurrency).",
 	}, []string{"cause"})
 	pacedWaitSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "proxy_operator_discovery_paced_wait_seconds",
+		Namespace: operator.MetricsNamespace, Subsystem: "discovery", Name: "paced_wait_seconds",
 		Help:    "How far ahead paced requests reserved their slot.",
 		Buckets: prometheus.ExponentialBuckets(0.01, 2, 12),
 	})
 	pushBacksTotal = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "proxy_operator_discovery_push_backs_total",
+		Namespace: operator.MetricsNamespace, Subsystem: "discovery", Name: "push_backs_total",
 		Help: "Push-backs (429 or 503 from a site, reported or seen) that slowed a host's learned pace.",
 	})
 )

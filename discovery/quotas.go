@@ -12,6 +12,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/operator"
 	"github.com/example/egress-proxies-operator/tenant"
 )
 
@@ -212,6 +213,6 @@ func (t *Tunnels) countBytes(ctx context.Context, tenantName string, n int64) {
 }
 
 var quotaRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
-	Name: "proxy_operator_tenant_quota_refusals_total",
+	Namespace: operator.MetricsNamespace, Name: "tenant_quota_refusals_total",
 	Help: "Requests refused at a tenant's TenantQuota, by tenant (only tenants with a TenantQuota, so the label is bounded by those objects) and limit (leases, tunnels, tunnels_per_second, gateway_bytes_per_day).",
 }, []string{"tenant", "limit"})

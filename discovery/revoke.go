@@ -16,6 +16,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/example/egress-proxies-operator/credentials"
+	"github.com/example/egress-proxies-operator/operator"
 )
 
 // A released lease's credentials must stop working before they expire,
@@ -161,6 +162,6 @@ func (s *Server) revoke(ctx context.Context, l Lease) {
 }
 
 var revocationsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-	Name: "proxy_operator_lease_revocations_total",
+	Namespace: operator.MetricsNamespace, Name: "lease_revocations_total",
 	Help: "Released leases whose credentials the operator told their proxy to refuse, by result: sent, failed (retried), dropped (too many waiting for one proxy).",
 }, []string{"result"})

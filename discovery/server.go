@@ -21,8 +21,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/utils/clock"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/example/egress-proxies-operator/credentials"
+	"github.com/example/egress-proxies-operator/operator"
 	"github.com/example/egress-proxies-operator/tenant"
 )
 
@@ -903,31 +905,34 @@ func writeJSON(w http.ResponseWriter, status int, v any) int {
 
 var (
 	requestsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "proxy_operator_discovery_requests_total",
+		Namespace: operator.MetricsNamespace, Subsystem: "discovery", Name: "requests_total",
 		Help: "Discovery API requests by route and HTTP status code.",
 	}, []string{"route", "code"})
 	requestDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "proxy_operator_discovery_request_duration_seconds",
+		Namespace: operator.MetricsNamespace, Subsystem: "discovery", Name: "request_duration_seconds",
 		Help:    "Discovery API request latency by route.",
 		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
 	}, []string{"route"})
 	reportsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "proxy_operator_discovery_reports_total",
+		Namespace: operator.MetricsNamespace, Subsystem: "discovery", Name: "reports_total",
 		Help: "Lease reports by result (ok, error, rate_limited).",
 	}, []string{"result"})
 	authEnabled = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "proxy_operator_discovery_auth_enabled",
+		Namespace: operator.MetricsNamespace, Subsystem: "discovery", Name: "auth_enabled",
 		Help: "1 when the discovery API requires a bearer token, 0 when it serves unauthenticated (--discovery-auth=none).",
 	})
 	authLockedGauge = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "proxy_operator_discovery_auth_locked",
+		Namespace: operator.MetricsNamespace, Subsystem: "discovery", Name: "auth_locked",
 		Help: "1 while the discovery token Secret is missing or empty: every request is refused.",
 	})
 )
 
-// Collectors are the discovery metrics, for registration; the store's own
-// counts come from its Collectors.
-func Collectors() []prometheus.Collector {
-	return []prometheus.Collector{requestsTotal, requestDuration, reportsTotal, authEnabled, authLockedGauge, storeDuration, storeErrors,
-		pacedTotal, pacedWaitSeconds, pushBacksTotal, quotaRefusals, revocationsTotal}
+// metrics are the discovery API's own, registered with the manager's
+// registry as every component's are; the store's counts come from its
+// Collectors, which read a store instance.
+var metrics = []prometheus.Collector{requestsTotal, requestDuration, reportsTotal, authEnabled, authLockedGauge, storeDuration, storeErrors,
+	pacedTotal, pacedWaitSeconds, pushBacksTotal, quotaRefusals, revocationsTotal}
+
+func init() {
+	ctrlmetrics.Registry.MustRegister(metrics...)
 }

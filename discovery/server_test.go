@@ -500,7 +500,7 @@ func TestMetricsLint(t *testing.T) {
 	f := newFixture(t)
 	f.proxy("eu-1", "127.0.0.11", true, nil)
 	f.do("POST", "/v1/leases", `{}`)
-	for _, c := range append(Collectors(), f.store.Collectors()...) {
+	for _, c := range append(metrics, f.store.Collectors()...) {
 		problems, err := testutil.CollectAndLint(c)
 		require.NoError(t, err)
 		assert.Empty(t, problems)

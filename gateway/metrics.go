@@ -4,6 +4,9 @@ import (
 	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/example/egress-proxies-operator/operator"
 )
 
 // Request kinds and outcomes, for the metrics.
@@ -32,38 +35,37 @@ func kindOf(r *http.Request) string {
 
 var (
 	requestsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "proxy_operator_gateway_requests_total",
+		Namespace: operator.MetricsNamespace, Subsystem: "gateway", Name: "requests_total",
 		Help: "Gateway requests (CONNECT tunnels and plain-HTTP requests) by kind and outcome.",
 	}, []string{"kind", "outcome"})
 	tunnelsOpen = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "proxy_operator_gateway_tunnels_open",
+		Namespace: operator.MetricsNamespace, Subsystem: "gateway", Name: "tunnels_open",
 		Help: "Tunnels open through the gateway now.",
 	})
 	tunnelsClosed = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "proxy_operator_gateway_tunnels_closed_total",
+		Namespace: operator.MetricsNamespace, Subsystem: "gateway", Name: "tunnels_closed_total",
 		Help: "Tunnels closed, by reason: done, idle, lifetime, error, reported, shutdown.",
 	}, []string{"reason"})
 	tunnelDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "proxy_operator_gateway_tunnel_duration_seconds",
+		Namespace: operator.MetricsNamespace, Subsystem: "gateway", Name: "tunnel_duration_seconds",
 		Help:    "How long tunnels stayed open.",
 		Buckets: prometheus.ExponentialBuckets(0.01, 4, 10),
 	})
 	connectDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "proxy_operator_gateway_connect_duration_seconds",
+		Namespace: operator.MetricsNamespace, Subsystem: "gateway", Name: "connect_duration_seconds",
 		Help:    "Time from a client's CONNECT to an upstream's 200, retries included.",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 	})
 	bytesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "proxy_operator_gateway_bytes_total",
+		Namespace: operator.MetricsNamespace, Subsystem: "gateway", Name: "bytes_total",
 		Help: "Bytes carried by the gateway, by direction: up (client to site), down (site to client).",
 	}, []string{"direction"})
 	upstreamFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "proxy_operator_gateway_upstream_failures_total",
+		Namespace: operator.MetricsNamespace, Subsystem: "gateway", Name: "upstream_failures_total",
 		Help: "Upstream proxies that failed a tunnel or request, by reason: dial, timeout, auth, refused, upstream, protocol.",
 	}, []string{"reason"})
 )
 
-// Collectors are the gateway's metrics, for registration.
-func Collectors() []prometheus.Collector {
-	return []prometheus.Collector{requestsTotal, tunnelsOpen, tunnelsClosed, tunnelDuration, connectDuration, bytesTotal, upstreamFailures}
+func init() {
+	ctrlmetrics.Registry.MustRegister(requestsTotal, tunnelsOpen, tunnelsClosed, tunnelDuration, connectDuration, bytesTotal, upstreamFailures)
 }

@@ -542,7 +542,6 @@ func checksOpen(p *crawlv1alpha1.Proxy) bool {
 	return p.Spec.Mode == crawlv1alpha1.ModeManaged || p.Spec.External != nil && p.Spec.External.OpenProxyCheck
 }
 
-
 // settingsFor applies a Proxy's overrides to the defaults.
 func (e *Engine) settingsFor(p *crawlv1alpha1.Proxy) Settings {
 	s := e.opts.Defaults

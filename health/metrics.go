@@ -11,20 +11,21 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/operator"
 )
 
 var (
 	probesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "proxy_operator_healthcheck_total",
+		Namespace: operator.MetricsNamespace, Subsystem: "healthcheck", Name: "total",
 		Help: "Probes through proxies, by result (success, failure) and reason.",
 	}, []string{"result", "reason"})
 	probeDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "proxy_operator_healthcheck_duration_seconds",
+		Namespace: operator.MetricsNamespace, Subsystem: "healthcheck", Name: "duration_seconds",
 		Help:    "Time one probe took: CONNECT, TLS through the tunnel, and the target's answer.",
 		Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
 	})
 	statusWrites = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "proxy_operator_healthcheck_status_writes_total",
+		Namespace: operator.MetricsNamespace, Subsystem: "healthcheck", Name: "status_writes_total",
 		Help: "Proxy status writes by the health engine: one per verdict change.",
 	})
 )
@@ -42,7 +43,7 @@ func observeProbe(r Result, took time.Duration) {
 	probeDuration.Observe(took.Seconds())
 }
 
-var lastProbeDesc = prometheus.NewDesc("proxy_operator_healthcheck_last_timestamp_seconds",
+var lastProbeDesc = prometheus.NewDesc(prometheus.BuildFQName(operator.MetricsNamespace, "healthcheck", "last_timestamp_seconds"),
 	"Unix time of the last probe of each proxy (status records only verdict changes).",
 	[]string{"namespace", "name"}, nil)
 
@@ -86,7 +87,7 @@ type ProxiesCollector struct {
 	Reader client.Reader
 }
 
-var proxiesDesc = prometheus.NewDesc("proxy_operator_proxies",
+var proxiesDesc = prometheus.NewDesc(prometheus.BuildFQName(operator.MetricsNamespace, "", "proxies"),
 	"Proxies by phase and by the status of their Healthy condition (True, False, Unknown).",
 	[]string{"phase", "healthy"}, nil)
 

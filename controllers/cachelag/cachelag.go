@@ -7,7 +7,7 @@
 // clock, one bound on how long a write is waited for, and one metric of
 // how long the cache took.
 //
-// It must never import the operator's other packages: the Proxy and pool
+// It must never import the operator's components: the Proxy and pool
 // controllers both use it.
 package cachelag
 
@@ -19,6 +19,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/example/egress-proxies-operator/operator"
 )
 
 // DefaultMaxLag is how long a write is waited for: far longer than a watch
@@ -32,7 +34,7 @@ const DefaultMaxLag = 10 * time.Second
 const Recheck = 50 * time.Millisecond
 
 var lagSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-	Namespace: "proxy_operator",
+	Namespace: operator.MetricsNamespace,
 	Name:      "cache_lag_seconds",
 	Help:      "Time from a controller's write until its cache showed it, observed once per write (the bound, when it never did).",
 	Buckets:   prometheus.ExponentialBuckets(0.005, 2, 12),

@@ -126,7 +126,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	hash := TemplateHash(&pool.Spec.Template)
 	in := inputOf(&pool, replicas, members, hash, now)
 	d := decide(in)
-	if err := r.carryOut(ctx, &pool, hash, d, members, now); err != nil {
+	if err := r.carryOut(ctx, &pool, hash, d, members); err != nil {
 		return reconcile.Result{}, err
 	}
 	writeStatus(status, &pool, d, hash)
@@ -206,7 +206,7 @@ func (r *Reconciler) autoscale(ctx context.Context, pool *crawlv1alpha1.ProxyPoo
 
 // carryOut creates and deletes what decide said, and expects to see it in
 // the cache before the next pass acts.
-func (r *Reconciler) carryOut(ctx context.Context, pool *crawlv1alpha1.ProxyPool, hash string, d Decision, members []crawlv1alpha1.Proxy, now time.Time) error {
+func (r *Reconciler) carryOut(ctx context.Context, pool *crawlv1alpha1.ProxyPool, hash string, d Decision, members []crawlv1alpha1.Proxy) error {
 	log := logf.FromContext(ctx)
 	key := client.ObjectKeyFromObject(pool)
 	byName := map[string]*crawlv1alpha1.Proxy{}

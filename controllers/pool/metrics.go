@@ -4,29 +4,31 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/types"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/example/egress-proxies-operator/operator"
 )
 
 // Pool metrics, one series per pool (a pool is a handful of series, not
 // one per member).
 var (
 	membersGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "proxy_operator_pool_members",
+		Namespace: operator.MetricsNamespace, Subsystem: "pool", Name: "members",
 		Help: "Members of a ProxyPool by state: available (Ready for minReadySeconds), unavailable (not yet or no longer), deleting.",
 	}, []string{"namespace", "pool", "state"})
 	desiredGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "proxy_operator_pool_desired_members",
+		Namespace: operator.MetricsNamespace, Subsystem: "pool", Name: "desired_members",
 		Help: "spec.replicas of a ProxyPool.",
 	}, []string{"namespace", "pool"})
 	floorGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "proxy_operator_pool_available_floor_members",
+		Namespace: operator.MetricsNamespace, Subsystem: "pool", Name: "available_floor_members",
 		Help: "The fewest available members a ProxyPool's budget allows: replicas - maxUnavailable.",
 	}, []string{"namespace", "pool"})
 	recyclingGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "proxy_operator_pool_recycling_members",
+		Namespace: operator.MetricsNamespace, Subsystem: "pool", Name: "recycling_members",
 		Help: "Members of a ProxyPool being replaced (outdated, too old, Unhealthy too long, in the wrong zone).",
 	}, []string{"namespace", "pool"})
 	replacementsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "proxy_operator_pool_replacements_total",
+		Namespace: operator.MetricsNamespace, Subsystem: "pool", Name: "replacements_total",
 		Help: "Members a ProxyPool retired, by cause (UnhealthyTooLong, TemplateChanged, MaxAge, ZoneRemoved, ZoneRebalance, ScaleDown).",
 	}, []string{"namespace", "pool", "cause"})
 )

@@ -34,6 +34,7 @@ import (
 	"github.com/example/egress-proxies-operator/discovery"
 	"github.com/example/egress-proxies-operator/gateway"
 	"github.com/example/egress-proxies-operator/health"
+	"github.com/example/egress-proxies-operator/operator"
 	"github.com/example/egress-proxies-operator/providers/gcp"
 	"github.com/example/egress-proxies-operator/providers/kubernetes"
 	"github.com/example/egress-proxies-operator/test/testenv"
@@ -409,7 +410,7 @@ func TestChartDefaultsAreTheOperatorsDefaults(t *testing.T) {
 		{op.Discovery.RateLimitCooldown, discovery.DefaultCooldown, "discovery.rateLimitCooldown"},
 		{op.Healing.UnhealthyReplaceAfter, controllers.DefaultUnhealthyReplaceAfter, "healing.unhealthyReplaceAfter"},
 		{op.Healing.InstanceResyncInterval, controllers.DefaultInstanceResyncInterval, "healing.instanceResyncInterval"},
-		{op.Healing.SyncPeriod, controllers.DefaultSyncPeriod, "healing.syncPeriod"},
+		{op.Healing.SyncPeriod, operator.DefaultSyncPeriod, "healing.syncPeriod"},
 		{gw.Gateway.ConnectTimeout, gateway.DefaultConnectTimeout, "gateway.connectTimeout"},
 		{gw.Gateway.IdleTimeout, gateway.DefaultIdleTimeout, "gateway.idleTimeout"},
 		{gw.Gateway.MaxTunnelLifetime, gateway.DefaultMaxTunnelLifetime, "gateway.maxTunnelLifetime"},
@@ -428,8 +429,8 @@ func TestChartDefaultsAreTheOperatorsDefaults(t *testing.T) {
 	assert.Equal(t, health.DefaultSuccessThreshold, op.Health.SuccessThreshold)
 	assert.Equal(t, health.DefaultWorkers, op.Health.Workers)
 	assert.Equal(t, controllers.DefaultMaxConcurrentReconciles, op.Reconcile.Workers)
-	assert.InDelta(t, controllers.DefaultKubeAPIQPS, op.KubeAPI.QPS, 0)
-	assert.Equal(t, controllers.DefaultKubeAPIBurst, op.KubeAPI.Burst)
+	assert.InDelta(t, operator.DefaultKubeAPIQPS, op.KubeAPI.QPS, 0)
+	assert.Equal(t, operator.DefaultKubeAPIBurst, op.KubeAPI.Burst)
 	assert.InDelta(t, controllers.DefaultMaxUnhealthyShare, op.Healing.MaxUnhealthyShare, 0)
 	assert.Equal(t, controllers.DefaultMaxReplacementsInFlight, op.Healing.MaxReplacementsInFlight)
 }

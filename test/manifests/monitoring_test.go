@@ -10,10 +10,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"sigs.k8s.io/yaml"
 
+	"github.com/example/egress-proxies-operator/operator"
 	"github.com/example/egress-proxies-operator/test/testenv"
 )
 
@@ -105,13 +108,18 @@ func TestDashboardQueries(t *testing.T) {
 	}
 }
 
-// exportedMetrics are the metric names the operator's code declares.
+// exportedMetrics are the metric names the operator's code declares: a
+// namespace (operator.MetricsNamespace), an optional subsystem and a name,
+// in an Opts struct or a Desc.
 func exportedMetrics(t *testing.T) []string {
 	t.Helper()
-	declared := regexp.MustCompile(`"(proxy_operator_[a-z_]+)"`)
+	declared := []*regexp.Regexp{
+		regexp.MustCompile(`Namespace:\s*operator\.MetricsNamespace,(?:\s*Subsystem:\s*"([a-z_]*)",)?\s*Name:\s*"([a-z_]+)"`),
+		regexp.MustCompile(`BuildFQName\(operator\.MetricsNamespace,\s*"([a-z_]*)",\s*"([a-z_]+)"\)`),
+	}
 	var names []string
 	root := testenv.RepoRoot()
-	for _, dir := range []string{"controllers", "controllers/pool", "health", "discovery"} {
+	for _, dir := range []string{"controllers", "controllers/pool", "controllers/cachelag", "health", "discovery", "gateway"} {
 		files, err := filepath.Glob(filepath.Join(root, dir, "*.go"))
 		require.NoError(t, err)
 		for _, f := range files {
@@ -120,11 +128,13 @@ func exportedMetrics(t *testing.T) []string {
 			}
 			data, err := os.ReadFile(f)
 			require.NoError(t, err)
-			for _, m := range declared.FindAllStringSubmatch(string(data), -1) {
-				names = append(names, m[1])
+			for _, re := range declared {
+				for _, m := range re.FindAllStringSubmatch(string(data), -1) {
+					names = append(names, prometheus.BuildFQName(operator.MetricsNamespace, m[1], m[2]))
+				}
 			}
 		}
 	}
-	require.NotEmpty(t, names)
+	require.Contains(t, names, "proxy_operator_healthcheck_total", "the scan finds the metrics")
 	return names
 }

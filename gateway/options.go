@@ -1,0 +1,85 @@
+package gateway
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"time"
+)
+
+// AddFlags registers the gateway's flags on o. Addr defaults to "0": no
+// gateway.
+func (o *Options) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.Addr, "gateway-bind-address", "0",
+		"Address the rotating gateway (an HTTP proxy crawlers point at: http://<session>:<discovery token>@<address>) listens on; \"0\" turns it off. Needs the discovery API.")
+	fs.IntVar(&o.MaxTunnels, "gateway-max-tunnels", DefaultMaxTunnels,
+		"Tunnels and plain requests the gateway carries at once; beyond it a client waits up to 2s, then gets 503 with Retry-After.")
+	fs.IntVar(&o.Attempts, "gateway-attempts", DefaultAttempts, "Upstream proxies one tunnel tries before the gateway answers 502.")
+	fs.DurationVar(&o.ConnectTimeout, "gateway-connect-timeout", DefaultConnectTimeout, "Time to reach an upstream proxy and get its CONNECT answer.")
+	fs.DurationVar(&o.IdleTimeout, "gateway-idle-timeout", DefaultIdleTimeout, "A tunnel that carries nothing either way for this long is closed.")
+	fs.DurationVar(&o.MaxTunnelLifetime, "gateway-max-tunnel-lifetime", DefaultMaxTunnelLifetime, "Any tunnel is closed at this age.")
+	fs.DurationVar(&o.SessionIdle, "gateway-session-idle", DefaultSessionIdle,
+		"A gateway session's route (its own proxy, its detours) is forgotten this long after its last tunnel.")
+	o.PaceWait = DefaultPaceWait
+	fs.Var((*paceWait)(&o.PaceWait), "gateway-pace-wait",
+		"How long the gateway holds a tunnel or request for its host's next paced slot; beyond it (or with 0, at once) the client gets 429 with Retry-After and Proxy-Status.")
+	fs.DurationVar(&o.PacedTunnelLifetime, "gateway-paced-tunnel-lifetime", DefaultPacedTunnelLifetime,
+		"A tunnel to a paced host is closed at this age: the gateway paces tunnels, not the requests a keep-alive tunnel carries.")
+}
+
+// Enabled says whether the flags ask for a gateway.
+func (o *Options) Enabled() bool { return o.Addr != "" && o.Addr != "0" }
+
+// Validate checks the gateway's flags (none when it is off).
+func (o *Options) Validate() error {
+	if !o.Enabled() {
+		return nil
+	}
+	var errs []error
+	for _, n := range []struct {
+		flag  string
+		value int
+	}{{"gateway-max-tunnels", o.MaxTunnels}, {"gateway-attempts", o.Attempts}} {
+		if n.value < 1 {
+			errs = append(errs, fmt.Errorf("--%s must be at least 1, got %d", n.flag, n.value))
+		}
+	}
+	for _, d := range []struct {
+		flag  string
+		value time.Duration
+	}{
+		{"gateway-connect-timeout", o.ConnectTimeout}, {"gateway-idle-timeout", o.IdleTimeout},
+		{"gateway-max-tunnel-lifetime", o.MaxTunnelLifetime}, {"gateway-session-idle", o.SessionIdle},
+		{"gateway-paced-tunnel-lifetime", o.PacedTunnelLifetime},
+	} {
+		if d.value <= 0 {
+			errs = append(errs, fmt.Errorf("--%s must be positive, got %s", d.flag, d.value))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// paceWait is --gateway-pace-wait: a duration where 0 means "never wait",
+// which Options spells as a negative PaceWait (its zero is the default).
+type paceWait time.Duration
+
+func (p *paceWait) String() string {
+	if p == nil || *p < 0 {
+		return "0s"
+	}
+	return time.Duration(*p).String()
+}
+
+func (p *paceWait) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	switch {
+	case err != nil:
+		return err
+	case d < 0:
+		return fmt.Errorf("must not be negative, got %s", d)
+	case d == 0:
+		d = -1
+	}
+	*p = paceWait(d)
+	return nil
+}

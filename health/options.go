@@ -1,0 +1,78 @@
+package health
+
+import (
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"net/url"
+	"os"
+)
+
+// Config is the health engine's flags: the probe defaults a Proxy's
+// spec.healthCheck overrides, how many probes run at once, and the CAs
+// probe targets are checked against.
+type Config struct {
+	Defaults Settings
+	Workers  int
+	// CABundle is a PEM file of CAs added to the system roots.
+	CABundle string
+}
+
+// AddFlags registers the engine's flags.
+func (c *Config) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.Defaults.URL, "health-probe-url", DefaultURL,
+		"HTTPS URL fetched through every proxy to prove it can egress; a Proxy's spec.healthCheck.url overrides it.")
+	fs.DurationVar(&c.Defaults.Interval, "health-interval", DefaultInterval, "Time between probes of one proxy.")
+	fs.DurationVar(&c.Defaults.Timeout, "health-timeout", DefaultTimeout, "Time one probe may take.")
+	fs.IntVar(&c.Defaults.FailureThreshold, "health-failure-threshold", DefaultFailureThreshold,
+		"Consecutive failed probes that make a proxy Unhealthy.")
+	fs.IntVar(&c.Defaults.SuccessThreshold, "health-success-threshold", DefaultSuccessThreshold,
+		"Consecutive successful probes that make a proxy Healthy.")
+	fs.IntVar(&c.Workers, "health-workers", DefaultWorkers, "Probes running at once.")
+	fs.StringVar(&c.CABundle, "health-ca-bundle", "",
+		"PEM file of CAs trusted for probe targets, added to the system roots (for private probe targets).")
+}
+
+// Validate checks the engine's flags.
+func (c *Config) Validate() error {
+	var errs []error
+	if u, err := url.Parse(c.Defaults.URL); err != nil || u.Scheme != "https" || u.Host == "" {
+		errs = append(errs, fmt.Errorf("--health-probe-url %q must be an absolute https URL: the probe proves a TLS tunnel", c.Defaults.URL))
+	}
+	if c.Defaults.Interval <= 0 {
+		errs = append(errs, fmt.Errorf("--health-interval must be positive, got %s", c.Defaults.Interval))
+	}
+	if c.Defaults.Timeout <= 0 {
+		errs = append(errs, fmt.Errorf("--health-timeout must be positive, got %s", c.Defaults.Timeout))
+	}
+	for _, n := range []struct {
+		flag  string
+		value int
+	}{{"health-failure-threshold", c.Defaults.FailureThreshold}, {"health-success-threshold", c.Defaults.SuccessThreshold}, {"health-workers", c.Workers}} {
+		if n.value < 1 {
+			errs = append(errs, fmt.Errorf("--%s must be at least 1, got %d", n.flag, n.value))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Roots is the system roots plus --health-ca-bundle (nil, the system
+// roots, without one).
+func (c *Config) Roots() (*x509.CertPool, error) {
+	if c.CABundle == "" {
+		return nil, nil
+	}
+	pem, err := os.ReadFile(c.CABundle)
+	if err != nil {
+		return nil, fmt.Errorf("--health-ca-bundle: %w", err)
+	}
+	roots, err := x509.SystemCertPool()
+	if err != nil {
+		roots = x509.NewCertPool()
+	}
+	if !roots.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("--health-ca-bundle %s: no PEM certificate in it", c.CABundle)
+	}
+	return roots, nil
+}

@@ -1,0 +1,395 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"maps"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/controllers"
+	"github.com/example/egress-proxies-operator/controllers/pool"
+	"github.com/example/egress-proxies-operator/credentials"
+	"github.com/example/egress-proxies-operator/discovery"
+	"github.com/example/egress-proxies-operator/gateway"
+	"github.com/example/egress-proxies-operator/health"
+	"github.com/example/egress-proxies-operator/intern"
+	"github.com/example/egress-proxies-operator/kubeauth"
+	"github.com/example/egress-proxies-operator/operator"
+	"github.com/example/egress-proxies-operator/providers"
+	"github.com/example/egress-proxies-operator/providers/kubernetes"
+	"github.com/example/egress-proxies-operator/tenant"
+)
+
+// wiring is what the setup functions share: the manager, the operator's
+// identity and providers, and the cache of proxy credentials.
+type wiring struct {
+	opts       options
+	restConfig *rest.Config
+	mgr        manager.Manager
+	providers  providers.Set
+	owner      providers.Owner
+	recorder   events.EventRecorder
+	// credentialsCache holds only Secrets labelled
+	// crawl.example.com/proxy-credentials=true: in the watched namespaces
+	// (the ones Proxies name) and the credentials namespace (the generated
+	// ones and the records).
+	credentialsCache cache.Cache
+}
+
+// newWiring connects: the manager, the provider instances, the cluster id
+// and the credentials cache.
+func newWiring(ctx context.Context, opts options, providersConfig providers.Config) (*wiring, error) {
+	restConfig, err := loadRESTConfig(opts.manager.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	restConfig.QPS, restConfig.Burst = float32(opts.manager.KubeAPIQPS), opts.manager.KubeAPIBurst
+	mgr, err := newManager(restConfig, opts)
+	if err != nil {
+		return nil, err
+	}
+	set, err := providerRegistry.Build(providersConfig, providers.Dependencies{Client: mgr.GetClient()})
+	if err != nil {
+		return nil, fmt.Errorf("--providers-config %s: %w", opts.providers.ConfigPath, err)
+	}
+	if err := opts.identity.Resolve(ctx, mgr.GetAPIReader()); err != nil {
+		return nil, err
+	}
+	credentialsCache, err := cache.New(restConfig, opts.identity.Scope.Cache(credentials.CacheOptions(cache.Options{
+		Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(), SyncPeriod: &opts.manager.SyncPeriod,
+	}), opts.identity.CredentialsNamespace))
+	if err != nil {
+		return nil, fmt.Errorf("creating the credentials cache: %w", err)
+	}
+	if err := mgr.Add(everyReplica{credentialsCache}); err != nil {
+		return nil, fmt.Errorf("adding the credentials cache: %w", err)
+	}
+	return &wiring{
+		opts: opts, restConfig: restConfig, mgr: mgr, providers: set, owner: opts.identity.Owner(),
+		recorder: mgr.GetEventRecorder("egress-proxies-operator"), credentialsCache: credentialsCache,
+	}, nil
+}
+
+// setupHealth adds the health engine, which tells triggers of every
+// verdict change, and the metrics that read it.
+func (w *wiring) setupHealth(roots *x509.CertPool, triggers chan<- event.GenericEvent) (*health.Engine, error) {
+	engine := health.NewEngine(health.Options{
+		Cache:                w.mgr.GetCache(),
+		Client:               w.mgr.GetClient(),
+		Prober:               health.NewHTTPProber(roots),
+		Defaults:             w.opts.health.Defaults,
+		Workers:              w.opts.health.Workers,
+		Clock:                clock.RealClock{},
+		Jitter:               health.DefaultJitter,
+		Recorder:             w.recorder,
+		Notify:               triggers,
+		Credentials:          credentials.Reader{Client: w.credentialsCache},
+		CredentialsNamespace: w.opts.identity.CredentialsNamespace,
+	})
+	if err := w.mgr.Add(engine); err != nil {
+		return nil, fmt.Errorf("adding the health engine: %w", err)
+	}
+	return engine, register(health.ProxiesCollector{Reader: w.mgr.GetClient()}, engine.LastProbeCollector())
+}
+
+// setupControllers adds the Proxy and CrawlTarget controllers and the
+// leader's runnables beside them: the instance watcher, orphan GC and the
+// firewall keeper.
+func (w *wiring) setupControllers(engine *health.Engine, triggers chan event.GenericEvent) error {
+	o := w.opts.controllers
+	if err := (&controllers.ProxyReconciler{
+		Client: w.mgr.GetClient(), Providers: w.providers, Owner: w.owner, Recorder: w.recorder,
+		Workers: o.MaxConcurrentReconciles, Health: engineHealth{engine},
+		Replacement: o.Replacement, MaxReplacementsInFlight: o.MaxReplacementsInFlight, Triggers: triggers,
+		CredentialsCache: w.credentialsCache, CredentialsNamespace: w.opts.identity.CredentialsNamespace,
+	}).SetupWithManager(w.mgr); err != nil {
+		return fmt.Errorf("setting up the Proxy controller: %w", err)
+	}
+	if err := (&controllers.CrawlTargetReconciler{Client: w.mgr.GetClient()}).SetupWithManager(w.mgr); err != nil {
+		return fmt.Errorf("setting up the CrawlTarget controller: %w", err)
+	}
+	for name, r := range map[string]manager.Runnable{
+		"the instance watcher": &controllers.InstanceWatcher{
+			Client: w.mgr.GetClient(), Providers: w.providers, Owner: w.owner, Interval: o.InstanceResyncInterval, Triggers: triggers,
+		},
+		"orphan GC": &controllers.OrphanCollector{
+			Client: w.mgr.GetClient(), Providers: w.providers, Owner: w.owner, Scope: w.opts.identity.Scope,
+			Interval: o.GCInterval, GracePeriod: o.GCGracePeriod, DryRun: o.GCDryRun, Clock: clock.RealClock{},
+			Credentials: w.credentialsCache, Deleter: w.mgr.GetClient(), CredentialsNamespace: w.opts.identity.CredentialsNamespace,
+		},
+		"the firewall keeper": &controllers.FirewallKeeper{Providers: w.providers, Owner: w.owner},
+	} {
+		if err := w.mgr.Add(r); err != nil {
+			return fmt.Errorf("adding %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// setupPools adds the ProxyPool controller; demand is nil without the
+// discovery API.
+func (w *wiring) setupPools(demand pool.DemandSource) error {
+	pools := &pool.Reconciler{Client: w.mgr.GetClient(), Recorder: w.recorder, AutoscaleInterval: w.opts.pools.AutoscaleInterval, Demand: demand}
+	if err := pools.SetupWithManager(w.mgr); err != nil {
+		return fmt.Errorf("setting up the ProxyPool controller: %w", err)
+	}
+	return nil
+}
+
+// setupDiscovery adds the discovery API on every replica: a view of Proxies
+// fed by the manager's informer with the health engine's verdicts, the
+// politeness policies and tenant quotas, the lease store, the token and
+// the tenants. The manager's /readyz then also waits for them.
+func (w *wiring) setupDiscovery(ctx context.Context, engine *health.Engine) (*discovery.Server, error) {
+	d := w.opts.discovery
+	view := discovery.NewView(engineHealth{engine}, w.opts.identity.CredentialsNamespace)
+	policies, quotas := discovery.NewPolicyIndex(), discovery.NewQuotaIndex()
+	var synced []func() bool
+	for _, feed := range []struct {
+		obj     client.Object
+		handler toolscache.ResourceEventHandler
+	}{{&crawlv1alpha1.Proxy{}, view.Handler()}, {&crawlv1alpha1.CrawlTarget{}, policies.Handler()}, {&crawlv1alpha1.TenantQuota{}, quotas.Handler()}} {
+		informer, err := w.mgr.GetCache().GetInformer(ctx, feed.obj)
+		if err != nil {
+			return nil, fmt.Errorf("getting the %T informer for discovery: %w", feed.obj, err)
+		}
+		reg, err := informer.AddEventHandler(feed.handler)
+		if err != nil {
+			return nil, fmt.Errorf("feeding discovery from %T: %w", feed.obj, err)
+		}
+		synced = append(synced, reg.HasSynced)
+	}
+	tokens, waitForTokens, err := w.setupTokens(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var tenants discovery.Tenants
+	if d.Tenants() {
+		reviewer, err := kubeauth.NewReviewerFor(w.restConfig, w.mgr.GetHTTPClient(), d.TenantAudience, d.TenantReviewTTL)
+		if err != nil {
+			return nil, fmt.Errorf("reviewing crawler teams' ServiceAccount tokens: %w", err)
+		}
+		tenants = tenant.NewChecker(reviewer)
+	}
+	store, storeMetrics, err := w.opts.leaseStore.Open()
+	if err != nil {
+		return nil, err
+	}
+	ledger, err := d.OpenLedger(ctrl.Log.WithName("ledger"))
+	if err != nil {
+		return nil, err
+	}
+	server := discovery.NewServer(discovery.Options{
+		Addr: d.Addr, DefaultTTL: discovery.DefaultTTL, MaxTTL: d.MaxTTL, DefaultCooldown: d.Cooldown,
+		Store: store, StoreTimeout: w.opts.leaseStore.Timeout, View: view, Tokens: tokens, WaitForTokens: waitForTokens,
+		Ready: func() bool {
+			for _, s := range synced {
+				if !s() {
+					return false
+				}
+			}
+			return true
+		},
+		Clock: clock.RealClock{}, Credentials: credentials.Reader{Client: w.credentialsCache},
+		Politeness: discovery.Politeness{Policies: policies, Adaptive: d.AdaptivePacing},
+		Tenants:    tenants, Quotas: quotas, Ledger: ledger, LedgerRetention: d.LedgerRetention,
+	})
+	if err := register(append(storeMetrics, server.LearnedPaceCollector(policies, w.opts.leaseStore.Timeout))...); err != nil {
+		return nil, err
+	}
+	if err := w.mgr.Add(server); err != nil {
+		return nil, fmt.Errorf("adding the discovery API: %w", err)
+	}
+	if err := w.mgr.AddReadyzCheck("discovery", server.ReadyCheck); err != nil {
+		return nil, fmt.Errorf("adding the discovery readiness check: %w", err)
+	}
+	return server, nil
+}
+
+// setupTokens is the discovery token: with --discovery-auth=none no token
+// at all; otherwise the token Secret, followed through a cache that holds
+// only it, and kept in place by a TokenKeeper (created with a random token
+// when missing). The wait is nil when there is nothing to wait for.
+func (w *wiring) setupTokens(ctx context.Context) (discovery.TokenSource, func(context.Context) bool, error) {
+	if w.opts.discovery.Auth == discovery.AuthNone {
+		return discovery.StaticToken(""), nil, nil
+	}
+	key := w.opts.discovery.TokenSecretKey(operator.Namespace())
+	token, tokenCache, err := discovery.WatchTokenSecret(ctx, w.restConfig, w.mgr.GetScheme(), key.Namespace, key.Name)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := w.mgr.Add(everyReplica{tokenCache}); err != nil {
+		return nil, nil, fmt.Errorf("adding the discovery token cache: %w", err)
+	}
+	keeper := &discovery.TokenKeeper{Client: w.mgr.GetClient(), Key: key, Token: token, Synced: tokenCache.WaitForCacheSync}
+	if err := w.mgr.Add(keeper); err != nil {
+		return nil, nil, fmt.Errorf("adding the discovery token keeper: %w", err)
+	}
+	return token, tokenCache.WaitForCacheSync, nil
+}
+
+// setupGateway adds the rotating gateway, whose tunnels go through the
+// discovery server's lease store.
+func (w *wiring) setupGateway(server *discovery.Server) error {
+	gwOpts := w.opts.gateway
+	gwOpts.Upstreams = server.Tunnels()
+	gw := gateway.New(gwOpts)
+	server.OnSessionReport(gw.OnSessionReport)
+	if err := w.mgr.Add(gw); err != nil {
+		return fmt.Errorf("adding the rotating gateway: %w", err)
+	}
+	return nil
+}
+
+// register adds collectors that read a component's state at scrape time
+// to the manager's registry. (Package-level metrics register themselves.)
+func register(collectors ...prometheus.Collector) error {
+	for _, c := range collectors {
+		if err := ctrlmetrics.Registry.Register(c); err != nil {
+			return fmt.Errorf("registering metrics: %w", err)
+		}
+	}
+	return nil
+}
+
+// everyReplica makes a cache of the operator's own start on every replica,
+// before leader election, as the manager's cache does. Added bare,
+// controller-runtime would start it on the leader only, and a replica that
+// does not lead would never serve discovery (it waits for the token
+// Secret's cache) nor hand out credentials.
+type everyReplica struct{ cache.Cache }
+
+// GetCache puts it in the manager's group of caches.
+func (c everyReplica) GetCache() cache.Cache { return c.Cache }
+
+// poolDemand lets the pool controller read discovery's demand signals;
+// neither package imports the other.
+type poolDemand struct{ server *discovery.Server }
+
+func (d poolDemand) PoolDemand(ctx context.Context, namespace, name string) (pool.Demand, error) {
+	got, err := d.server.PoolDemand(ctx, namespace, name)
+	return pool.Demand{ActiveLeases: got.ActiveLeases, LastRefused: got.LastRefused}, err
+}
+
+// engineHealth lets discovery and the reconciler read the health engine's
+// verdicts. On a replica that is not the leader the engine probes nothing,
+// so nothing is known and discovery goes by the recorded status.
+type engineHealth struct{ engine *health.Engine }
+
+func (e engineHealth) Healthy(key types.NamespacedName, address string) (healthy, known bool) {
+	v, ok := e.engine.VerdictAt(key, address)
+	return v == health.Healthy, ok
+}
+
+func (e engineHealth) Generation() uint64 { return e.engine.Generation() }
+
+// Health lets the reconciler read how long a proxy has failed its probes,
+// and how its probe URL fares across the fleet.
+func (e engineHealth) Health(key types.NamespacedName) (controllers.ProxyHealth, bool) {
+	h, ok := e.engine.Health(key)
+	if !ok {
+		return controllers.ProxyHealth{}, false
+	}
+	return controllers.ProxyHealth{UnhealthySince: h.UnhealthySince, URL: h.URL, Probed: h.Probed, Unhealthy: h.Unhealthy}, true
+}
+
+// loadRESTConfig reads the kubeconfig named by --kubeconfig, or finds one the
+// way kubectl does.
+func loadRESTConfig(path string) (*rest.Config, error) {
+	if path != "" {
+		cfg, err := clientcmd.BuildConfigFromFlags("", path)
+		if err != nil {
+			return nil, fmt.Errorf("--kubeconfig %s: %w", path, err)
+		}
+		return cfg, nil
+	}
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return nil, fmt.Errorf("loading kubeconfig: %w", err)
+	}
+	return cfg, nil
+}
+
+// newScheme registers every API type the operator reads or writes through
+// the manager: its own, and core/v1's (Pods, Secrets). Events, leases and
+// reviews go through client-go's typed clients, which bring their own.
+// client-go's whole scheme (every built-in group, about 600 kinds) held
+// 1.5 MiB of heap for kinds nothing here touches.
+func newScheme() *runtime.Scheme {
+	scheme := runtime.NewScheme()
+	utilruntime.Must(corev1.AddToScheme(scheme))
+	utilruntime.Must(crawlv1alpha1.AddToScheme(scheme))
+	return scheme
+}
+
+// newManager builds the controller-runtime manager with secure metrics
+// (kubebuilder v4's TokenReview and SubjectAccessReview, through package
+// kubeauth), health probes and leader election.
+func newManager(restConfig *rest.Config, opts options) (manager.Manager, error) {
+	m := opts.manager
+	metricsOpts := metricsserver.Options{BindAddress: m.MetricsAddr, SecureServing: m.MetricsSecure}
+	if m.MetricsSecure {
+		metricsOpts.FilterProvider = kubeauth.WithAuthenticationAndAuthorization
+	}
+	if !m.EnableHTTP2 {
+		metricsOpts.TLSOpts = []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }}
+	}
+	mgr, err := ctrl.NewManager(restConfig, ctrl.Options{
+		Scheme:                 newScheme(),
+		Cache:                  opts.identity.Scope.Cache(cacheOptions(m)),
+		Metrics:                metricsOpts,
+		HealthProbeBindAddress: m.ProbeAddr,
+		PprofBindAddress:       m.PprofAddr,
+		LeaderElection:         m.LeaderElect,
+		LeaderElectionID:       m.LeaderElectionID,
+		// In the operator's namespace: controller-runtime would otherwise
+		// find it only in-cluster, and --leader-elect would fail on a laptop.
+		LeaderElectionNamespace: operator.Namespace(),
+		Controller:              controllers.ControllerDefaults(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating manager: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return nil, fmt.Errorf("adding healthz check: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		return nil, fmt.Errorf("adding readyz check: %w", err)
+	}
+	return mgr, nil
+}
+
+// cacheOptions keeps the operator's memory to what it owns: Secrets only
+// when labelled for cloud-init, instance objects only when labelled with a
+// cluster id, and no object's managedFields, which nothing here reads and
+// which are a large share of each cached object. (Writes are applies of
+// the writer's own fields, which need none of them.) Proxies, the objects
+// there are thousands of, also share the strings and maps a fleet repeats.
+func cacheOptions(m operator.ManagerOptions) cache.Options {
+	byObject := controllers.CacheByObject()
+	maps.Copy(byObject, kubernetes.CacheByObject())
+	byObject[&crawlv1alpha1.Proxy{}] = cache.ByObject{Transform: intern.ProxyTransform(intern.NewStringMaps(intern.DefaultStringMaps))}
+	return cache.Options{ByObject: byObject, DefaultTransform: cache.TransformStripManagedFields(), SyncPeriod: &m.SyncPeriod}
+}

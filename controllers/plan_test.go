@@ -244,7 +244,8 @@ func TestNextStatus(t *testing.T) {
 		o := observation{proxy: p, instance: instance(providers.StateRunning, testHash, testUID), instanceProvider: "kind-local", desiredHash: testHash}
 		p.Status = nextStatus(p, o, plan(o))
 		p.Status.Conditions = append(p.Status.Conditions, metav1.Condition{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: "ProbeSucceeded"})
-		assert.False(t, p.IsReady(), "a verdict that names no instance is none")
+		p.Status.HealthCheckedInstance = "px-old/hash-old@127.0.0.9:3128"
+		assert.False(t, p.IsReady(), "a verdict about another instance is none")
 		p.Status.HealthCheckedInstance = p.Status.Instance()
 		assert.True(t, p.IsReady())
 	})

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -22,7 +21,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -308,160 +306,6 @@ func (r *ProxyReconciler) clock() clock.PassiveClock {
 func (r *ProxyReconciler) providerNotFound(name string) *specError {
 	return &specError{ReasonProviderNotFound, fmt.Sprintf("provider %q is not in the operator's providers config; configured: %s",
 		name, strings.Join(r.Providers.Names(), ", "))}
-}
-
-// execute performs action, records it in status (only when that changed)
-// and says when to look again.
-func (r *ProxyReconciler) execute(ctx context.Context, p *crawlv1alpha1.Proxy, o observation, prov providers.Provider, a Action) (reconcile.Result, error) {
-	log := logf.FromContext(ctx)
-	poll := r.PollInterval
-	if poll == 0 {
-		poll = DefaultPollInterval
-	}
-	result := reconcile.Result{}
-
-	switch a.Type {
-	case ActionNothing:
-		return result, nil
-	case ActionAddFinalizer:
-		before := p.ResourceVersion
-		controllerutil.AddFinalizer(p, crawlv1alpha1.Finalizer)
-		if err := r.Client.Update(ctx, p); err != nil {
-			return result, fmt.Errorf("adding finalizer: %w", err)
-		}
-		r.cache().tracker.Wrote(lagKey(lagProxy, client.ObjectKeyFromObject(p)), before, nil)
-		// Metadata-only changes do not pass the Proxy predicate: look again
-		// now. The first status is the next pass's, with what it does: a
-		// "Pending" written here would be a write to say nothing.
-		return reconcile.Result{RequeueAfter: time.Millisecond}, nil
-	case ActionRemoveFinalizer:
-		if err := r.deleteLegacyRecord(ctx, o.instanceName); err != nil {
-			return result, err
-		}
-		controllerutil.RemoveFinalizer(p, crawlv1alpha1.Finalizer)
-		if err := r.Client.Update(ctx, p); err != nil {
-			return result, fmt.Errorf("removing finalizer: %w", err)
-		}
-		r.Recorder.Eventf(p, nil, corev1.EventTypeNormal, a.Reason, string(a.Type), a.Message)
-		r.releaseReplacement(client.ObjectKeyFromObject(p))
-		log.Info("finalizer removed", "reason", a.Reason)
-		return result, nil
-	case ActionCreate:
-		req := providers.CreateRequest{
-			Proxy: p, Name: o.instanceName, CloudInit: o.cloudInit, SpecHash: o.desiredHash,
-			Labels: instanceLabels(r.Owner, p, o.desiredHash), Credentials: o.credentials,
-		}
-		if err := r.writeRecord(ctx, p, o); err != nil {
-			a = providerFailure(providers.Transient(err), crawlv1alpha1.PhaseProvisioning)
-		} else if err := prov.Create(ctx, req); err != nil {
-			a = providerFailure(fmt.Errorf("creating instance %s: %w", o.instanceName, err), crawlv1alpha1.PhaseProvisioning)
-		} else {
-			result.RequeueAfter = poll
-		}
-	case ActionDelete:
-		if a.Budgeted {
-			if inFlight, admitted := r.admitReplacement(ctx, p, o); !admitted {
-				log.Info("replacement held: provider busy", "provider", o.instanceProvider, "inFlight", inFlight, "bound", r.maxReplacements())
-				a = holdReplacement(a, o, r.maxReplacements())
-				replacementsHeld.WithLabelValues(o.instanceProvider, a.Reason).Inc()
-				break
-			}
-		}
-		if err := prov.Delete(ctx, o.instance); err != nil {
-			a = providerFailure(fmt.Errorf("deleting instance %s: %w", o.instance.Name, err), a.Phase)
-		} else {
-			result.RequeueAfter = poll
-		}
-	case ActionWait:
-		result.RequeueAfter = poll
-	}
-	if a.Type == ActionMarkReady && a.Reason == ReasonInstanceRunning {
-		r.releaseReplacement(client.ObjectKeyFromObject(p))
-	}
-	if a.Type == ActionMarkReady && p.Spec.Mode == crawlv1alpha1.ModeManaged && o.instance.SpecHash() == o.desiredHash {
-		current, err := r.recordCurrent(ctx, p, o)
-		if err != nil {
-			return reconcile.Result{}, err
-		}
-		if !current {
-			if err := r.writeRecord(ctx, p, o); err != nil {
-				return reconcile.Result{}, err
-			}
-			log.Info("credentials record written again for the running instance", "instance", o.instanceName)
-		}
-	}
-	if a.Recheck > 0 && (result.RequeueAfter == 0 || a.Recheck < result.RequeueAfter) {
-		result.RequeueAfter = a.Recheck
-	}
-	if a.Cause != "" && a.Err == nil {
-		replacementsTotal.WithLabelValues(orProvider(o.instanceProvider, p.Spec.Provider), a.Cause).Inc()
-		log.Info("replacing instance", "cause", a.Cause, "message", a.Message)
-	}
-	if a.Reason == ReasonProbeTargetSuspect {
-		replacementsHeld.WithLabelValues(o.instanceProvider, a.Reason).Inc()
-		if p.Status.Message != a.Message {
-			log.Info("replacement held: suspecting the probe target", "url", o.health.URL,
-				"unhealthy", o.health.Unhealthy, "probed", o.health.Probed)
-		}
-	}
-
-	if a.Quiet && a.Err == nil {
-		log.V(1).Info("instance starting; nothing recorded until it runs", "action", a.Type, "instance", o.instanceName)
-		return result, nil
-	}
-	next := nextStatus(p, o, a)
-	if !equality.Semantic.DeepEqual(reconcilerPart(p.Status), reconcilerPart(next)) {
-		previous, before := p.Status.Phase, p.ResourceVersion
-		err := r.Client.Status().Apply(ctx, statusApply(p, next), client.FieldOwner(crawlv1alpha1.FieldManagerReconciler), client.ForceOwnership)
-		if err == nil {
-			r.cache().tracker.Wrote(lagKey(lagProxy, client.ObjectKeyFromObject(p)), before, nil)
-		}
-		// The action happened whether or not its record did (the Proxy
-		// deleted meanwhile, say): the Event tells people so either way,
-		// and the next pass records what it then finds.
-		if worthAnEvent(previous, a) {
-			r.Recorder.Eventf(p, nil, eventType(a), a.Reason, string(a.Type), "%s", a.Message)
-		}
-		if err != nil {
-			return reconcile.Result{}, fmt.Errorf("recording %s in status: %w", a.Type, err)
-		}
-		log.Info("status recorded", "action", a.Type, "phase", next.Phase, "reason", a.Reason)
-	}
-	if a.Err != nil {
-		// Transient: the workqueue's rate limiter backs off exponentially.
-		return reconcile.Result{}, a.Err
-	}
-	return result, nil
-}
-
-// worthAnEvent says whether a recorded action tells a person something the
-// status does not already say at a glance: warnings, replacements,
-// deletions, and a proxy back after a replacement. A proxy's routine
-// bring-up (creating, provisioning, Ready for the first time) is in its
-// status and printer columns; an Event for each step would cost two API
-// writes per proxy and tell nobody anything.
-func worthAnEvent(previous crawlv1alpha1.ProxyPhase, a Action) bool {
-	switch {
-	case eventType(a) == corev1.EventTypeWarning, a.Cause != "":
-		return true
-	case a.Type == ActionDelete, a.Type == ActionRemoveFinalizer:
-		return true
-	case a.Type == ActionMarkReady:
-		return previous == crawlv1alpha1.PhaseReplacing
-	}
-	return false
-}
-
-func eventType(a Action) string {
-	switch {
-	case a.Type == ActionFail, a.Err != nil:
-		return corev1.EventTypeWarning
-	}
-	switch a.Reason {
-	case ReasonInstanceFailed, ReasonInstanceLost, ReasonUnhealthy, ReasonProbeTargetSuspect, ReasonReplacementsBusy, ReasonCredentialsError:
-		return corev1.EventTypeWarning
-	}
-	return corev1.EventTypeNormal
 }
 
 // SetupWithManager registers the reconciler: Proxies (spec changes and

@@ -91,7 +91,9 @@ func healthPartFor(p *crawlv1alpha1.Proxy, known *knowledge, now time.Time) (hea
 	default:
 		part.instance = known.instance
 		at := metav1.NewTime(known.decidedAt).Rfc3339Copy() // as stored
-		part.lastCheck = &at
+		if !known.decidedAt.IsZero() {
+			part.lastCheck = &at
+		}
 		meta.SetStatusCondition(&conditions, HealthyCondition(known.verdict, known.decided, p.Generation, at))
 		healthy = &conditions[0]
 	}
@@ -102,7 +104,7 @@ func healthPartFor(p *crawlv1alpha1.Proxy, known *knowledge, now time.Time) (hea
 	} else {
 		part.ready.LastTransitionTime = metav1.NewTime(now).Rfc3339Copy()
 	}
-	stale := stored == nil || storedReady == nil ||
+	stale := stored == nil || storedReady == nil || p.Status.HealthCheckedInstance == "" ||
 		stored.Status != part.healthy.Status || stored.Reason != part.healthy.Reason ||
 		storedReady.Status != part.ready.Status || storedReady.Reason != part.ready.Reason ||
 		p.Status.HealthCheckedInstance != part.instance ||

@@ -94,6 +94,18 @@ func TestHealthPartFor(t *testing.T) {
 		assert.Equal(t, crawlv1alpha1.ReasonNotHealthy, part.ready.Reason)
 		assert.Equal(t, "refused", part.ready.Message)
 	})
+	t.Run("a verdict written before verdicts named their instance: kept, and named", func(t *testing.T) {
+		p := healthy()
+		p.Status.HealthCheckedInstance = ""
+		assert.True(t, p.IsReady(), "an upgrade does not take the fleet out of service")
+		recorded, _, _ := recordedVerdict(p)
+		require.Equal(t, Healthy, recorded, "the engine starts from it")
+		k := knowledge{instance: p.Status.Instance(), verdict: recorded, decidedAt: p.Status.LastHealthCheckTime.Time, probed: true}
+		part, stale := healthPartFor(p, &k, now)
+		require.True(t, stale, "the engine names the instance in one write")
+		assert.Equal(t, p.Status.Instance(), part.instance)
+		assert.Equal(t, metav1.ConditionTrue, part.ready.Status)
+	})
 	t.Run("deleting: nothing to write", func(t *testing.T) {
 		p := healthy()
 		p.DeletionTimestamp = &metav1.Time{Time: now}

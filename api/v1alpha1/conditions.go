@@ -53,10 +53,16 @@ func (s *ProxyStatus) Instance() string {
 
 // RecordedHealth is the Healthy condition when it is a verdict about the
 // instance the status records now, nil when there is none (or it is about
-// another instance).
+// another instance). A verdict that names no instance was written before
+// verdicts named theirs, when every new address reset it: it is taken as
+// about the instance recorded, until the health engine, which rewrites it
+// with its instance as it starts, has done so.
 func (p *Proxy) RecordedHealth() *metav1.Condition {
 	c := meta.FindStatusCondition(p.Status.Conditions, ConditionHealthy)
-	if c == nil || c.Status == metav1.ConditionUnknown || p.Status.HealthCheckedInstance != p.Status.Instance() {
+	if c == nil || c.Status == metav1.ConditionUnknown {
+		return nil
+	}
+	if named := p.Status.HealthCheckedInstance; named != "" && named != p.Status.Instance() {
 		return nil
 	}
 	return c

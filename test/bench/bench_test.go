@@ -419,6 +419,16 @@ func apiServerRequests(b *testing.B, c *cluster.Cluster) map[string]float64 {
 	return requests
 }
 
+// statusConflicts is cluster.StatusConflicts, failing b on an error.
+func statusConflicts(b *testing.B, c *cluster.Cluster) float64 {
+	b.Helper()
+	n, err := c.StatusConflicts()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return n
+}
+
 // requestsSince is what was answered between two apiServerRequests.
 func requestsSince(before, after map[string]float64) map[string]float64 {
 	delta := map[string]float64{}

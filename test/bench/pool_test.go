@@ -33,6 +33,7 @@ func BenchmarkPoolBringUp500(b *testing.B) {
 		Attributes: map[string]string{"bench": "pool"}}
 
 	var singlesTime, poolTime time.Duration
+	conflicts0 := statusConflicts(b, w.cluster)
 	round := 0
 	for b.Loop() {
 		round++
@@ -65,6 +66,7 @@ func BenchmarkPoolBringUp500(b *testing.B) {
 	}
 	b.ReportMetric(poolTime.Seconds()/float64(round), "pool_s")
 	b.ReportMetric(singlesTime.Seconds()/float64(round), "bare_s")
+	b.ReportMetric((statusConflicts(b, w.cluster)-conflicts0)/float64(round), "operator_status_conflicts")
 	b.ReportMetric(0, "ns/op")
 }
 

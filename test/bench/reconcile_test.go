@@ -80,6 +80,10 @@ func benchReconcile(b *testing.B, mode crawlv1alpha1.ProxyMode, reconcileProxies
 	// The API server's and etcd's CPU time while each side brings the fleet
 	// up: on a shared API server, what the operator costs everyone else.
 	var bareControlPlaneCPU, opControlPlaneCPU, opSelfCPU time.Duration
+	// The API server's 409s to the operator's status writes: two writers
+	// of one status (the reconciler's and the health engine's) each apply
+	// only their own fields, so there must be none.
+	var opConflicts float64
 	round := 0
 	for b.Loop() {
 		round++
@@ -117,6 +121,7 @@ func benchReconcile(b *testing.B, mode crawlv1alpha1.ProxyMode, reconcileProxies
 		before, markerBefore := sum(apiWrites(b, metrics)), w.cluster.Marker.Writes()
 		self := map[string]int{"operator": op.PID()}
 		cpu0, self0, requests0 := cpuTime(b, controlPlane), cpuTime(b, self), apiServerRequests(b, w.cluster)
+		conflicts0 := statusConflicts(b, w.cluster)
 		t0 = time.Now()
 		profiled := w.profileOperator(b, fmt.Sprintf("%s%d-round%d", mode, reconcileProxies, round), 10*time.Second)
 		profiledAPIServer := w.profileAPIServer(b, fmt.Sprintf("operator-%s%d-round%d", mode, reconcileProxies, round), apiServerProfile)
@@ -131,6 +136,7 @@ func benchReconcile(b *testing.B, mode crawlv1alpha1.ProxyMode, reconcileProxies
 		opSelfCPU += cpuTime(b, self) - self0
 		b.Logf("the API server answered, operator: %v", requestsSince(requests0, apiServerRequests(b, w.cluster)))
 		after := settledWrites(b, metrics)
+		opConflicts += statusConflicts(b, w.cluster) - conflicts0
 		own := sum(after) - before
 		opOwnWrites += own
 		opWrites += own + float64(reconcileProxies) + float64(w.cluster.Marker.Writes()-markerBefore)
@@ -146,6 +152,7 @@ func benchReconcile(b *testing.B, mode crawlv1alpha1.ProxyMode, reconcileProxies
 	b.ReportMetric(msPer(opControlPlaneCPU, n), "operator_controlplane_cpu_ms/proxy")
 	b.ReportMetric(msPer(bareControlPlaneCPU, n), "bare_controlplane_cpu_ms/proxy")
 	b.ReportMetric(msPer(opSelfCPU, n), "operator_process_cpu_ms/proxy")
+	b.ReportMetric(opConflicts/float64(round), "operator_status_conflicts")
 	b.ReportMetric(0, "ns/op")
 }
 

@@ -14,6 +14,8 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"k8s.io/client-go/rest"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 )
 
 // ResidentBytes is a process's resident set size, from /proc.
@@ -188,4 +190,35 @@ func scrapeWith(httpClient *http.Client, url string) (map[string]*dto.MetricFami
 		return nil, fmt.Errorf("parsing %s: %w", url, err)
 	}
 	return families, nil
+}
+
+// StatusConflicts is how many status writes to the operator's own kinds
+// (Proxies, ProxyPools, CrawlTargets) the API server has answered with 409
+// Conflict so far: while the operator runs, its own (nothing else writes
+// their status; the pods' status is the kubelet's, or the harness's).
+// Counted by the API server, not by the writer, so a retry hidden in a
+// client counts too.
+func (c *Cluster) StatusConflicts() (float64, error) {
+	families, err := c.ScrapeAPIServer()
+	if err != nil {
+		return 0, err
+	}
+	var conflicts float64
+	for _, m := range families["apiserver_request_total"].GetMetric() {
+		var code, group, subresource string
+		for _, l := range m.GetLabel() {
+			switch l.GetName() {
+			case "code":
+				code = l.GetValue()
+			case "group":
+				group = l.GetValue()
+			case "subresource":
+				subresource = l.GetValue()
+			}
+		}
+		if code == "409" && group == crawlv1alpha1.GroupVersion.Group && subresource == "status" {
+			conflicts += m.GetCounter().GetValue()
+		}
+	}
+	return conflicts, nil
 }

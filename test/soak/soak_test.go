@@ -79,6 +79,10 @@ func TestSoak(t *testing.T) {
 	c := w.cluster.Env.Client
 	ctx := context.Background()
 
+	conflicts0, err := w.cluster.StatusConflicts()
+	if err != nil {
+		t.Fatal(err)
+	}
 	start := time.Now()
 	for i := range sizes[poolExternal] {
 		if err := c.Create(ctx, w.newProxy(poolExternal, i)); err != nil {
@@ -153,6 +157,14 @@ func TestSoak(t *testing.T) {
 	l.auditDue()
 	leftLeases := w.activeLeases()
 	rss, goroutines, redisMem, sameProcess := s.flatness(soakStart.Add(*soakDuration/2), soakEnd)
+	// Two writers of each Proxy's status (the reconciler and the health
+	// engine), each applying only its own fields: the API server must never
+	// have refused one of their writes for a conflict.
+	conflicts, err := w.cluster.StatusConflicts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conflicts -= conflicts0
 	var ledgerIPs int
 	var ledgerProblems []string
 	if w.second != nil {
@@ -179,6 +191,7 @@ replacements by cause:%s
 VM killed behind the operator's back -> successor Healthy: %d measured, median %s, max %s (still waiting: %d)
 probe target outage of %s: replacements for being Unhealthy during it %.0f, passes that held one back %.0f
 orphan GC: %d instances deleted, %d of them live
+status writes the API server refused with 409 Conflict, bring-up to the end: %.0f
 `, seed, sizes, total(sizes), bringUp.Round(time.Second),
 		*soakDuration, w.restarts, ch.stillDown(), leftDown, ch.summary(),
 		w.fake.Requests("insert"), w.fake.Requests("get"), w.fake.Requests("delete"), w.fake.Requests("aggregatedList"), w.fake.Created(),
@@ -191,7 +204,10 @@ orphan GC: %d instances deleted, %d of them live
 		len(soakPools), poolMaxAge, len(poolProblems), poolsSettled.Round(time.Second), formatCauses(replacements),
 		recoveries, recoveryMedian.Round(time.Second), recoveryMax.Round(time.Second), recoveriesWaiting,
 		outageLength, ch.outage.replacedDuring, ch.outage.heldDuring,
-		gcDeleted, len(gcLive))
+		gcDeleted, len(gcLive), conflicts)
+	if conflicts != 0 {
+		t.Errorf("the API server answered %.0f of the operator's status writes with 409 Conflict", conflicts)
+	}
 
 	report(t, "chaos could not do its work", ch.errs)
 	report(t, "not converged, leaked, duplicated or on the wrong address", converged)

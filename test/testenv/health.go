@@ -36,7 +36,8 @@ func ApplyHealth(ctx context.Context, c client.Client, p *crawlv1alpha1.Proxy, h
 }
 
 // SetHealth gives p, in memory, a verdict about the instance its status
-// records, and the Provisioned condition a serving proxy has: the status
+// records, Ready by the rule, and the Provisioned condition a serving
+// proxy has: the status
 // a tested view (discovery, the gateway, the client) reads of a proxy the
 // operator brought up.
 func SetHealth(p *crawlv1alpha1.Proxy, healthy metav1.ConditionStatus, reason string) {
@@ -45,4 +46,5 @@ func SetHealth(p *crawlv1alpha1.Proxy, healthy metav1.ConditionStatus, reason st
 	}
 	meta.SetStatusCondition(&p.Status.Conditions, metav1.Condition{Type: crawlv1alpha1.ConditionHealthy, Status: healthy, Reason: reason})
 	p.Status.HealthCheckedInstance = p.Status.Instance()
+	meta.SetStatusCondition(&p.Status.Conditions, p.ReadyCondition(p.RecordedHealth()))
 }

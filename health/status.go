@@ -104,7 +104,7 @@ func healthPartFor(p *crawlv1alpha1.Proxy, known *knowledge, now time.Time) (hea
 	} else {
 		part.ready.LastTransitionTime = metav1.NewTime(now).Rfc3339Copy()
 	}
-	stale := stored == nil || storedReady == nil || p.Status.HealthCheckedInstance == "" ||
+	stale := stored == nil || storedReady == nil ||
 		stored.Status != part.healthy.Status || stored.Reason != part.healthy.Reason ||
 		storedReady.Status != part.ready.Status || storedReady.Reason != part.ready.Reason ||
 		p.Status.HealthCheckedInstance != part.instance ||

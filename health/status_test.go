@@ -77,6 +77,12 @@ func TestHealthPartFor(t *testing.T) {
 		assert.Equal(t, crawlv1alpha1.ReasonNotProvisioned, part.ready.Reason)
 		assert.Empty(t, part.instance)
 		require.NotNil(t, part.lastCheck, "the last check stays on record")
+
+		meta.SetStatusCondition(&p.Status.Conditions, part.healthy)
+		meta.SetStatusCondition(&p.Status.Conditions, part.ready)
+		p.Status.HealthCheckedInstance = part.instance
+		_, stale = healthPartFor(p, nil, now.Add(time.Minute))
+		assert.False(t, stale, "once written, nothing more to write")
 	})
 	t.Run("never served, nothing stored: nothing to write", func(t *testing.T) {
 		p := serving()
@@ -105,6 +111,9 @@ func TestHealthPartFor(t *testing.T) {
 		require.True(t, stale, "the engine names the instance in one write")
 		assert.Equal(t, p.Status.Instance(), part.instance)
 		assert.Equal(t, metav1.ConditionTrue, part.ready.Status)
+		p.Status.HealthCheckedInstance = part.instance
+		_, stale = healthPartFor(p, &k, now)
+		assert.False(t, stale, "named once, nothing more to write")
 	})
 	t.Run("deleting: nothing to write", func(t *testing.T) {
 		p := healthy()

@@ -36,7 +36,7 @@ const Recheck = 50 * time.Millisecond
 var lagSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 	Namespace: operator.MetricsNamespace,
 	Name:      "cache_lag_seconds",
-	Help:      "Time from a controller's write until its cache showed it, observed once per write (the bound, when it never did).",
+	Help:      "Time from a controller's write until a pass found its cache showing it (the bound, when the pass gave up waiting), by controller.",
 	Buckets:   prometheus.ExponentialBuckets(0.005, 2, 12),
 }, []string{"controller"})
 
@@ -149,14 +149,15 @@ func (t *Tracker) Forget(key Key) {
 
 // prune drops the writes past maxLag, and comes back while some are left.
 // Once none are, the map goes with them: a Go map keeps its buckets when
-// emptied, and a fleet's bring-up fills it with one entry per Proxy.
+// emptied, and a fleet's bring-up fills it with one entry per Proxy. A
+// write nobody asked about says nothing of the cache's lag, so none is
+// observed here.
 func (t *Tracker) prune() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for k, w := range t.writes {
 		if t.clock.Since(w.at) >= t.maxLag {
 			delete(t.writes, k)
-			lagSeconds.WithLabelValues(t.controller).Observe(t.maxLag.Seconds())
 		}
 	}
 	if len(t.writes) == 0 {

@@ -204,6 +204,8 @@ func worthAnEvent(previous crawlv1alpha1.ProxyPhase, a Action) bool {
 	return false
 }
 
+// eventType is the type of the Event a deserves: Warning for a failure or
+// a replacement of a sick or lost instance, Normal otherwise.
 func eventType(a Action) string {
 	switch {
 	case a.Type == ActionFail, a.Err != nil:

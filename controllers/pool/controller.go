@@ -108,7 +108,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if r.awaiting(req.NamespacedName, members) {
 		// The cache has not caught up with the last pass's writes: acting
 		// on it would create or delete twice.
-		return reconcile.Result{RequeueAfter: cachelag.Recheck}, nil
+		return reconcile.Result{RequeueAfter: expectationRecheck}, nil
 	}
 
 	status := pool.Status.DeepCopy()

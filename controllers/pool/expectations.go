@@ -1,6 +1,8 @@
 package pool
 
 import (
+	"time"
+
 	"k8s.io/apimachinery/pkg/types"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
@@ -13,6 +15,12 @@ import (
 // operator's one cache-lag tracker remembers, with the pool as payload;
 // after a restart the cache starts from a fresh List, which shows every
 // earlier write.
+
+// expectationRecheck is how soon a pass that waits on the cache looks
+// again when no event comes first. A pass lists every member, and the
+// members' own watch events bring the pass that finds them, so this is
+// only the fallback, not cachelag.Recheck's 50ms.
+const expectationRecheck = time.Second
 
 // memberOfPool is the payload of a member's write: its pool.
 type memberOfPool types.NamespacedName

@@ -90,6 +90,7 @@ type component interface {
 	Validate() error
 }
 
+// components are the options that register flags and validate alike.
 func (o *options) components() []component {
 	return []component{&o.manager, &o.identity, &o.controllers, &o.pools, &o.health, &o.discovery, &o.leaseStore, &o.gateway}
 }

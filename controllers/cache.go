@@ -29,6 +29,7 @@ type cacheLag struct {
 	flight  singleflight.Group
 }
 
+// lagKey is the tracker's key of a write of kind to the object key.
 func lagKey(kind string, key types.NamespacedName) cachelag.Key {
 	return cachelag.Key{Kind: kind, NamespacedName: key}
 }

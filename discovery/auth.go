@@ -31,6 +31,7 @@ const (
 	authLocked
 )
 
+// handle is an API handler that returns the status it answered with.
 type handle func(w http.ResponseWriter, r *http.Request, ps httprouter.Params) int
 
 // authed wraps a handler with bearer-token auth and metrics.

@@ -63,6 +63,7 @@ func (o *Options) Validate() error {
 // which Options spells as a negative PaceWait (its zero is the default).
 type paceWait time.Duration
 
+// String is the flag's value as --help shows it.
 func (p *paceWait) String() string {
 	if p == nil || *p < 0 {
 		return "0s"
@@ -70,6 +71,7 @@ func (p *paceWait) String() string {
 	return time.Duration(*p).String()
 }
 
+// Set reads the flag's value.
 func (p *paceWait) Set(s string) error {
 	d, err := time.ParseDuration(s)
 	switch {

@@ -25,11 +25,13 @@ const expectationRecheck = time.Second
 // memberOfPool is the payload of a member's write: its pool.
 type memberOfPool types.NamespacedName
 
+// tracker is the pool controller's cache-lag tracker, made on first use.
 func (r *Reconciler) tracker() *cachelag.Tracker {
 	r.lagOnce.Do(func() { r.lag = cachelag.New("pool", r.Clock, 0) })
 	return r.lag
 }
 
+// memberKey is the tracker's key of member name of pool.
 func memberKey(pool types.NamespacedName, name string) cachelag.Key {
 	return cachelag.Key{Kind: "Proxy", NamespacedName: types.NamespacedName{Namespace: pool.Namespace, Name: name}}
 }

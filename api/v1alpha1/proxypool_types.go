@@ -101,7 +101,7 @@ type TemplateMetadata struct {
 // PoolStrategy is a rolling replacement's budget, as a Deployment's
 // RollingUpdate: surge first, retire an old member only once the pool
 // stays at or above replicas - maxUnavailable available members.
-// +kubebuilder:validation:XValidation:rule="!has(self.maxSurge) || !has(self.maxUnavailable) || self.maxSurge != 0 || self.maxUnavailable != 0",message="spec.strategy.maxSurge and spec.strategy.maxUnavailable must not both be 0: the pool could never replace a member"
+// +kubebuilder:validation:XValidation:rule="!has(self.maxSurge) || (self.maxSurge != 0 && self.maxSurge != '0%') || (has(self.maxUnavailable) && self.maxUnavailable != 0 && self.maxUnavailable != '0%')",message="spec.strategy.maxSurge is 0, so spec.strategy.maxUnavailable must be above 0 (its default is 0): the pool could never replace a member"
 type PoolStrategy struct {
 	// maxSurge is how many members above replicas may exist during a
 	// replacement: a number or a percentage of replicas (rounded up).

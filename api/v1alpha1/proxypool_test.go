@@ -1,0 +1,41 @@
+package v1alpha1_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/example/egress-proxies-operator/test/testenv"
+)
+
+// TestPoolStrategyValidation: a pool that could never replace a member
+// (no surge and no member allowed down, written out or by default) is
+// refused with a message saying why; any way to replace one is accepted.
+func TestPoolStrategyValidation(t *testing.T) {
+	env := testenv.Start(t)
+	ctx := context.Background()
+	pool := func(strategy string) string {
+		return "replicas: 2\ntemplate:\n  spec: {mode: Managed, provider: kind-local}\nstrategy: " + strategy
+	}
+	const never = "spec.strategy.maxSurge is 0, so spec.strategy.maxUnavailable must be above 0 (its default is 0)"
+	for _, tc := range []struct{ name, strategy, want string }{
+		{"no surge, the default maxUnavailable", "{maxSurge: 0}", never},
+		{"no surge, none unavailable", "{maxSurge: 0, maxUnavailable: 0}", never},
+		{"no surge as a percentage", "{maxSurge: '0%'}", never},
+		{"no surge, 0% unavailable", "{maxSurge: 0, maxUnavailable: '0%'}", never},
+		{"surge and unavailable both 0%", "{maxSurge: '0%', maxUnavailable: '0%'}", never},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := env.Client.Create(ctx, objectFromSpec(t, "ProxyPool", "pool", pool(tc.strategy)))
+			require.Error(t, err, "the API server accepted a pool that could never replace a member")
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+	for _, strategy := range []string{"{}", "{maxSurge: 0, maxUnavailable: 1}", "{maxSurge: 0, maxUnavailable: '50%'}", "{maxUnavailable: 0}", "{maxSurge: '25%'}"} {
+		t.Run("accepted: "+strategy, func(t *testing.T) {
+			require.NoError(t, env.Client.Create(ctx, objectFromSpec(t, "ProxyPool", "pool", pool(strategy))))
+		})
+	}
+}

@@ -19,7 +19,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
@@ -267,23 +266,39 @@ func TestReplacementStartsClean(t *testing.T) {
 	run(t, mgr)
 	require.Eventually(t, func() bool { v, _ := engine.Verdict(key); return v == Healthy }, 5*time.Second, 5*time.Millisecond)
 
-	// The reconciler replaces the instance: new IP, Healthy reset to Unknown.
-	// The engine writes status too, so retry on conflict as a real writer does.
-	require.NoError(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		if err := env.Client.Get(context.Background(), key, px); err != nil {
-			return err
-		}
-		px.Status.IP = "127.0.0.23"
-		meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionUnknown, Reason: crawlv1alpha1.ReasonAwaitingProbe, Message: "x"})
-		return env.Client.Status().Update(context.Background(), px)
-	}))
+	// The reconciler replaces the instance: a new IP, and nothing of the
+	// engine's fields (it applies only its own).
+	reconcilerApplies := func(phase crawlv1alpha1.ProxyPhase, ip string) {
+		t.Helper()
+		apply := acv1alpha1.Proxy(px.Name, px.Namespace).WithStatus(acv1alpha1.ProxyStatus().WithPhase(phase).WithIP(ip).WithPort(3128))
+		require.NoError(t, env.Client.Status().Apply(context.Background(), apply, client.FieldOwner(crawlv1alpha1.FieldManagerReconciler), client.ForceOwnership))
+	}
+	reconcilerApplies(crawlv1alpha1.PhaseReady, "127.0.0.23")
 	require.Eventually(t, func() bool { v, _ := engine.Verdict(key); return v == Unknown }, 5*time.Second, 5*time.Millisecond,
 		"a replaced proxy has no verdict until probed")
+	var p crawlv1alpha1.Proxy
+	require.NoError(t, env.Client.Get(context.Background(), key, &p))
+	assert.False(t, p.IsReady(), "the old address's verdict does not make the new one Ready")
 	require.Eventually(t, func() bool {
 		clk.Step(10 * time.Second)
+		var p crawlv1alpha1.Proxy
+		require.NoError(t, env.Client.Get(context.Background(), key, &p))
+		h := p.RecordedHealth()
+		return h != nil && h.Status == metav1.ConditionFalse
+	}, 10*time.Second, 5*time.Millisecond, "the new address is probed and judged, by the engine")
+	require.NoError(t, env.Client.Get(context.Background(), key, &p))
+	assert.Equal(t, "127.0.0.23:3128", p.Status.HealthCheckedInstance, "the verdict names its instance")
+
+	// The instance stops serving (a crashed pod, a VM gone): whatever the
+	// last verdict was, the status never goes on calling it Healthy.
+	reconcilerApplies(crawlv1alpha1.PhaseProvisioning, "")
+	require.Eventually(t, func() bool {
 		cond, _ := healthyCondition(t, env.Client, key)
-		return cond != nil && cond.Status == metav1.ConditionFalse
-	}, 10*time.Second, 5*time.Millisecond, "the new address is probed and judged")
+		return cond != nil && cond.Status == metav1.ConditionUnknown && cond.Reason == crawlv1alpha1.ReasonNotServing
+	}, 5*time.Second, 5*time.Millisecond, "a proxy that does not serve has no verdict")
+	require.NoError(t, env.Client.Get(context.Background(), key, &p))
+	assert.False(t, meta.IsStatusConditionTrue(p.Status.Conditions, crawlv1alpha1.ConditionReady))
+	assert.Empty(t, p.Status.HealthCheckedInstance)
 	assert.GreaterOrEqual(t, prober.probes("127.0.0.23:3128"), int64(2), "the new address took the probes that made the verdict")
 }
 

@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"net"
 	"strconv"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -45,10 +46,15 @@ func (p *Proxy) Serving() bool {
 }
 
 // Instance names the instance a Proxy's status records
-// (<instanceName>/<specHash>@<ip>:<port>): it changes exactly when the
-// proxy is replaced or moves, and a health verdict is about one.
+// (<instanceName>/<specHash>@<ip>:<port>, or <ip>:<port> for an External
+// proxy): it changes exactly when the proxy is replaced or moves, and a
+// health verdict is about one.
 func (s *ProxyStatus) Instance() string {
-	return s.InstanceName + "/" + s.SpecHash + "@" + s.IP + ":" + strconv.Itoa(int(s.Port))
+	address := net.JoinHostPort(s.IP, strconv.Itoa(int(s.Port)))
+	if s.InstanceName == "" && s.SpecHash == "" {
+		return address
+	}
+	return s.InstanceName + "/" + s.SpecHash + "@" + address
 }
 
 // RecordedHealth is the Healthy condition when it is a verdict about the

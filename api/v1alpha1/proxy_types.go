@@ -325,7 +325,8 @@ type ProxyStatus struct {
 	LastHealthCheckTime *metav1.Time `json:"lastHealthCheckTime,omitempty"`
 
 	// healthCheckedInstance names the instance the Healthy condition is
-	// about (<instanceName>/<specHash>@<ip>:<port>). A verdict about
+	// about (<instanceName>/<specHash>@<ip>:<port>, or <ip>:<port> for an
+	// External proxy). A verdict about
 	// another instance (a replaced one, an old address) is no verdict: the
 	// proxy is not Ready until the health engine has judged this one.
 	// +optional

@@ -35,7 +35,8 @@ type ProxyStatusApplyConfiguration struct {
 	// is in the proxy_operator_healthcheck_last_timestamp_seconds metric.
 	LastHealthCheckTime *v1.Time `json:"lastHealthCheckTime,omitempty"`
 	// healthCheckedInstance names the instance the Healthy condition is
-	// about (<instanceName>/<specHash>@<ip>:<port>). A verdict about
+	// about (<instanceName>/<specHash>@<ip>:<port>, or <ip>:<port> for an
+	// External proxy). A verdict about
 	// another instance (a replaced one, an old address) is no verdict: the
 	// proxy is not Ready until the health engine has judged this one.
 	HealthCheckedInstance *string `json:"healthCheckedInstance,omitempty"`

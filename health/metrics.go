@@ -26,7 +26,7 @@ var (
 	})
 	statusWrites = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: operator.MetricsNamespace, Subsystem: "healthcheck", Name: "status_writes_total",
-		Help: "Proxy status writes by the health engine: one per verdict change.",
+		Help: "Proxy status writes by the health engine: a verdict change, or a recorded verdict or Ready that no longer holds (a new address, an instance that stopped serving).",
 	})
 )
 

@@ -94,7 +94,7 @@ func healthPartFor(p *crawlv1alpha1.Proxy, known *knowledge, now time.Time) (hea
 		if !known.decidedAt.IsZero() {
 			part.lastCheck = &at
 		}
-		meta.SetStatusCondition(&conditions, HealthyCondition(known.verdict, known.decided, p.Generation, at))
+		meta.SetStatusCondition(&conditions, verdictCondition(known.verdict, known.decided, p.Generation, at))
 		healthy = &conditions[0]
 	}
 	part.healthy = conditions[0]
@@ -174,9 +174,9 @@ func (e *Engine) settle(ctx context.Context, key types.NamespacedName) {
 	}
 }
 
-// HealthyCondition is the Healthy condition that records verdict v (Healthy
+// verdictCondition is the Healthy condition that records verdict v (Healthy
 // or Unhealthy), decided by the result decided.
-func HealthyCondition(v Verdict, decided Result, generation int64, now metav1.Time) metav1.Condition {
+func verdictCondition(v Verdict, decided Result, generation int64, now metav1.Time) metav1.Condition {
 	cond := metav1.Condition{
 		Type: crawlv1alpha1.ConditionHealthy, ObservedGeneration: generation, LastTransitionTime: now,
 		Status: metav1.ConditionTrue, Reason: ReasonProbeSucceeded, Message: decided.Message,

@@ -12,6 +12,7 @@ import (
 	"cloud.google.com/go/compute/apiv1/computepb"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -343,4 +344,35 @@ func vmsIn(fake *fakecompute.Server, ns string) []*computepb.Instance {
 		}
 	}
 	return out
+}
+
+// TestStartupTimeoutKubernetes: a proxy whose Squid container starts
+// crash-looping after it was Ready leaves Ready (Provisioning, saying why)
+// and, once the startup timeout passes, gets a new pod (same name, new
+// IP), with a Warning Event saying why.
+func TestStartupTimeoutKubernetes(t *testing.T) {
+	env := testenv.Shared(t)
+	startHealingOperator(t, env, func(c client.Client) providers.Set { return kubernetesProviders(t, c) },
+		ReplacementPolicy{StartupTimeout: 2 * time.Second}, 0)
+	(&fakeKubelet{client: env.Client}).run(t)
+	ctx := context.Background()
+	c := env.Client
+	ns := env.Namespace(t)
+	proxy := managedProxy(ns, "crash-looping")
+	require.NoError(t, c.Create(ctx, proxy))
+	before := waitReady(t, c, proxy)
+	pod := onlyPod(t, c, ns)
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse}}
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "squid", State: corev1.ContainerState{
+		Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff", Message: "back-off 5m0s restarting failed container"}}}}
+	require.NoError(t, c.Status().Update(ctx, &pod))
+
+	stuck := waitFor2(t, c, proxy, func(p *crawlv1alpha1.Proxy) bool { return p.Status.Phase == crawlv1alpha1.PhaseProvisioning })
+	assert.Contains(t, stuck.Status.Message, "CrashLoopBackOff", "the status says what holds it")
+	after := waitFor2(t, c, proxy, func(p *crawlv1alpha1.Proxy) bool {
+		return p.Status.Phase == crawlv1alpha1.PhaseReady && p.Status.IP != "" && p.Status.IP != before.Status.IP
+	})
+	assert.Equal(t, pod.Name, after.Status.InstanceName, "same name")
+	assert.NotEqual(t, pod.UID, onlyPod(t, c, ns).UID, "a new pod")
+	waitEvent(t, c, ns, proxy.Name, ReasonStartupTimeout)
 }

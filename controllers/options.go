@@ -29,6 +29,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 		"How long a Managed proxy may stay Unhealthy without a break before its instance is replaced; 0 never replaces for failing probes. A Proxy's spec.healthCheck.replaceAfter overrides it.")
 	fs.Float64Var(&o.Replacement.MaxUnhealthyShare, "max-unhealthy-share", DefaultMaxUnhealthyShare,
 		"When more than this share (0-1] of the Managed proxies probed against one URL are Unhealthy at once (3 at least), the probe target is suspected and none of them is replaced.")
+	fs.DurationVar(&o.Replacement.StartupTimeout, "startup-timeout", DefaultStartupTimeout,
+		"How long a Managed proxy's instance may go without running (a VM stuck booting, a Squid container in CrashLoopBackOff, an unschedulable pod) before it is replaced; 0 never replaces for it.")
 	fs.IntVar(&o.MaxReplacementsInFlight, "max-replacements-in-flight", DefaultMaxReplacementsInFlight,
 		"Unhealthy proxies being replaced at once, per provider instance; more wait their turn.")
 	fs.DurationVar(&o.InstanceResyncInterval, "instance-resync-interval", DefaultInstanceResyncInterval,
@@ -49,6 +51,9 @@ func (o *Options) Validate() error {
 	}
 	if o.Replacement.After < 0 {
 		errs = append(errs, fmt.Errorf("--unhealthy-replace-after must not be negative (0 turns replacement off), got %s", o.Replacement.After))
+	}
+	if o.Replacement.StartupTimeout < 0 {
+		errs = append(errs, fmt.Errorf("--startup-timeout must not be negative (0 turns it off), got %s", o.Replacement.StartupTimeout))
 	}
 	if !(o.Replacement.MaxUnhealthyShare > 0 && o.Replacement.MaxUnhealthyShare <= 1) {
 		errs = append(errs, fmt.Errorf("--max-unhealthy-share must be a share in (0, 1], got %g", o.Replacement.MaxUnhealthyShare))

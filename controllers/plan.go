@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
@@ -93,6 +94,10 @@ const (
 	// ReasonReplacementsBusy: the replacement is held because the provider
 	// instance already has its bound of replacements in flight.
 	ReasonReplacementsBusy = "ReplacementsBusy"
+	// ReasonStartupTimeout: the instance has not been running for longer
+	// than the startup timeout (a VM stuck booting, a crash-looping
+	// container).
+	ReasonStartupTimeout = "StartupTimeout"
 )
 
 // specError says why the spec cannot be realised as it stands: a reason for
@@ -168,6 +173,10 @@ type ReplacementPolicy struct {
 	// minSuspectUnhealthy of them), the target is suspected, not the
 	// proxies, and none is replaced.
 	MaxUnhealthyShare float64
+	// StartupTimeout is how long an instance may go without running (from
+	// its creation, or from when it stopped running) before it is
+	// replaced; 0 turns that off.
+	StartupTimeout time.Duration
 	// HeldRecheck is how soon a held replacement is looked at again; zero
 	// means DefaultHeldRecheck.
 	HeldRecheck time.Duration
@@ -258,6 +267,12 @@ func plan(o observation) Action {
 	case inst.State == providers.StateFailed:
 		return Action{Type: ActionDelete, Phase: crawlv1alpha1.PhaseReplacing, Reason: ReasonInstanceFailed, Cause: ReasonInstanceFailed,
 			Message: fmt.Sprintf("instance %s stopped (%s): replacing it; it will come back with a new IP", inst.Name, orUnknown(inst.Message))}
+	case inst.State == providers.StatePending && o.replacement.StartupTimeout > 0 && o.now.Sub(notRunningSince(p, inst)) >= o.replacement.StartupTimeout:
+		// Not budgeted: an instance that does not run serves nobody, so
+		// replacing it takes nothing out of service.
+		return Action{Type: ActionDelete, Phase: crawlv1alpha1.PhaseReplacing, Reason: ReasonStartupTimeout, Cause: ReasonStartupTimeout,
+			Message: fmt.Sprintf("instance %s has not been running for longer than the startup timeout %s (%s): replacing it; it will come back with a new IP",
+				inst.Name, o.replacement.StartupTimeout, orUnknown(inst.Message))}
 	case inst.State == providers.StatePending && inst.Message == "" && unrecorded(p) && o.now.Sub(inst.CreatedAt) < QuietStart:
 		// A new proxy starting as expected: nothing to record until it
 		// runs, unless it takes longer than QuietStart.
@@ -272,6 +287,18 @@ func plan(o observation) Action {
 			Message: fmt.Sprintf("instance %s is starting: %s", inst.Name, orUnknown(inst.Message))}
 	}
 	return planRunning(o)
+}
+
+// notRunningSince is when inst last began not running: its creation, or the
+// moment the status recorded it stop running (the Provisioned condition
+// turning False), whichever is later.
+func notRunningSince(p *crawlv1alpha1.Proxy, inst *providers.Instance) time.Time {
+	since := inst.CreatedAt
+	if c := meta.FindStatusCondition(p.Status.Conditions, crawlv1alpha1.ConditionProvisioned); c != nil &&
+		c.Status != metav1.ConditionTrue && p.Status.InstanceName == inst.Name && c.LastTransitionTime.After(since) {
+		since = c.LastTransitionTime.Time
+	}
+	return since
 }
 
 // unrecorded says whether p's status has recorded nothing of an instance:

@@ -347,3 +347,64 @@ func TestWorthAnEvent(t *testing.T) {
 		})
 	}
 }
+
+// TestStartupTimeout: an instance that does not run (a VM stuck booting, a
+// crash-looping Squid) is replaced once it has not run for the startup
+// timeout, counted from its creation or from when the status recorded it
+// stop running, never from an earlier instance's record.
+func TestStartupTimeout(t *testing.T) {
+	const timeout = 10 * time.Minute
+	crashed := func(ago time.Duration) func(*crawlv1alpha1.Proxy) {
+		return func(p *crawlv1alpha1.Proxy) {
+			p.Status.Phase, p.Status.InstanceName = crawlv1alpha1.PhaseProvisioning, "px-crawl-eu-1-0123456789"
+			p.Status.Conditions = []metav1.Condition{{Type: crawlv1alpha1.ConditionProvisioned, Status: metav1.ConditionFalse,
+				Reason: ReasonProvisioning, LastTransitionTime: metav1.NewTime(planNow.Add(-ago))}}
+		}
+	}
+	crashLooping := func(created time.Duration) *providers.Instance {
+		inst := createdAgo(created, instance(providers.StatePending, testHash, testUID))
+		inst.Message = "container squid: CrashLoopBackOff back-off 5m0s restarting failed container"
+		return inst
+	}
+	// creatingAt is the status an ActionCreate left at planNow-ago.
+	creatingAt := func(ago time.Duration) func(*crawlv1alpha1.Proxy) {
+		return func(p *crawlv1alpha1.Proxy) {
+			creatingRecorded(p)
+			p.Status.Conditions[0].LastTransitionTime = metav1.NewTime(planNow.Add(-ago))
+		}
+	}
+	cases := []struct {
+		name     string
+		proxy    *crawlv1alpha1.Proxy
+		instance *providers.Instance
+		timeout  time.Duration
+		replace  bool
+	}{
+		{name: "new instance never ran for the timeout", proxy: proxyFixture(creatingAt(timeout)), instance: createdAgo(timeout, instance(providers.StatePending, testHash, testUID)), timeout: timeout, replace: true},
+		{name: "new instance still within it", proxy: proxyFixture(creatingAt(timeout)), instance: createdAgo(timeout-time.Second, instance(providers.StatePending, testHash, testUID)), timeout: timeout},
+		{name: "quiet new proxy past the timeout", proxy: proxyFixture(), instance: createdAgo(timeout+time.Minute, instance(providers.StatePending, testHash, testUID)), timeout: timeout, replace: true},
+		{name: "old pod crash-looping since the timeout", proxy: proxyFixture(crashed(timeout)), instance: crashLooping(24 * time.Hour), timeout: timeout, replace: true},
+		{name: "old pod crash-looping for a minute: its age does not count", proxy: proxyFixture(crashed(time.Minute)), instance: crashLooping(24 * time.Hour), timeout: timeout},
+		{name: "an earlier instance's record does not count", proxy: proxyFixture(crashed(time.Hour)), instance: func() *providers.Instance {
+			inst := crashLooping(time.Minute)
+			inst.Name = "px-crawl-eu-1-other"
+			return inst
+		}(), timeout: timeout},
+		{name: "timeout 0: never", proxy: proxyFixture(crashed(24 * time.Hour)), instance: crashLooping(48 * time.Hour)},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			a := plan(observation{proxy: c.proxy, instance: c.instance, desiredHash: testHash, instanceProvider: "kind-local",
+				instanceName: c.instance.Name, now: planNow, replacement: ReplacementPolicy{StartupTimeout: c.timeout}})
+			if !c.replace {
+				assert.Equal(t, ActionWait, a.Type, "%+v", a)
+				return
+			}
+			assert.Equal(t, ActionDelete, a.Type, "%+v", a)
+			assert.Equal(t, crawlv1alpha1.PhaseReplacing, a.Phase)
+			assert.Equal(t, ReasonStartupTimeout, a.Cause)
+			assert.False(t, a.Budgeted, "an instance that does not run serves nobody: no budget")
+			assert.Contains(t, a.Message, "startup timeout")
+		})
+	}
+}

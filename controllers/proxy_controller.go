@@ -121,6 +121,7 @@ type HealthSignals interface {
 const (
 	DefaultUnhealthyReplaceAfter   = 10 * time.Minute
 	DefaultMaxUnhealthyShare       = 0.3
+	DefaultStartupTimeout          = 10 * time.Minute
 	DefaultMaxReplacementsInFlight = 5
 )
 

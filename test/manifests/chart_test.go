@@ -379,7 +379,7 @@ func TestChartDefaultsAreTheOperatorsDefaults(t *testing.T) {
 				Burst int
 			} `json:"kubeAPI"`
 			Healing struct {
-				UnhealthyReplaceAfter, InstanceResyncInterval, SyncPeriod string
+				UnhealthyReplaceAfter, StartupTimeout, InstanceResyncInterval, SyncPeriod string
 				MaxUnhealthyShare                                         float64
 				MaxReplacementsInFlight                                   int
 			}
@@ -409,6 +409,7 @@ func TestChartDefaultsAreTheOperatorsDefaults(t *testing.T) {
 		{op.Discovery.LeaseMaxTTL, discovery.DefaultMaxTTL, "discovery.leaseMaxTTL"},
 		{op.Discovery.RateLimitCooldown, discovery.DefaultCooldown, "discovery.rateLimitCooldown"},
 		{op.Healing.UnhealthyReplaceAfter, controllers.DefaultUnhealthyReplaceAfter, "healing.unhealthyReplaceAfter"},
+		{op.Healing.StartupTimeout, controllers.DefaultStartupTimeout, "healing.startupTimeout"},
 		{op.Healing.InstanceResyncInterval, controllers.DefaultInstanceResyncInterval, "healing.instanceResyncInterval"},
 		{op.Healing.SyncPeriod, operator.DefaultSyncPeriod, "healing.syncPeriod"},
 		{gw.Gateway.ConnectTimeout, gateway.DefaultConnectTimeout, "gateway.connectTimeout"},

@@ -194,12 +194,17 @@ const (
 	ResultOK          Result = "ok"
 	ResultError       Result = "error"
 	ResultRateLimited Result = "rate_limited"
+	// ResultBlocked: the site refused the proxy itself (a 403, a ban
+	// page). It cools the proxy for the site as rate_limited does, slows
+	// nobody's pace, and counts toward the proxy's ban.
+	ResultBlocked Result = "blocked"
 )
 
 // Report is what a crawler tells the API about a lease.
 type Report struct {
 	Result Result
-	// Target is the host that answered; required for rate_limited.
+	// Target is the host that answered; required for rate_limited and
+	// blocked.
 	Target string
 	// RetryAfter is how long the site asked to be left alone (its
 	// Retry-After); the API keeps the proxy away from Target for at least
@@ -216,13 +221,17 @@ func (c *Client) Report(ctx context.Context, id string, r Report) error {
 	return c.do(ctx, http.MethodPost, "/v1/leases/"+url.PathEscape(id)+"/report", body, http.StatusNoContent, nil)
 }
 
-// ReportOf reads a site's response as a report: 429 and 403 are
-// rate_limited, with the response's Retry-After; 5xx an error; the rest ok.
+// ReportOf reads a site's response as a report: 429 is rate_limited and
+// 403 blocked, each with the response's Retry-After; 5xx an error; the
+// rest ok.
 func ReportOf(resp *http.Response, now time.Time) Report {
 	r := Report{Result: ResultOK, Target: resp.Request.URL.Hostname()}
 	switch {
 	case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusForbidden:
 		r.Result = ResultRateLimited
+		if resp.StatusCode == http.StatusForbidden {
+			r.Result = ResultBlocked
+		}
 		r.RetryAfter, _ = ParseRetryAfter(resp.Header.Get("Retry-After"), now)
 	case resp.StatusCode >= 500:
 		r.Result = ResultError

@@ -331,7 +331,7 @@ func (b *releaseOnClose) Close() error {
 // observe reports a rate-limited answer and moves host to another proxy.
 func (t *Transport) observe(ctx context.Context, host string, held *Held, resp *http.Response) {
 	r := ReportOf(resp, time.Now())
-	if r.Result != ResultRateLimited {
+	if r.Result != ResultRateLimited && r.Result != ResultBlocked {
 		return
 	}
 	// Reported before the release, since a report needs a live lease. A

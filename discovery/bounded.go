@@ -139,3 +139,26 @@ func (b boundedStore) LearnedPace(ctx context.Context, host string) (l Learned, 
 	err = b.do(ctx, "learned_pace", func(ctx context.Context) error { l, err = b.store.LearnedPace(ctx, host); return err })
 	return l, err
 }
+
+func (b boundedStore) RecordOutcome(ctx context.Context, proxy, host string, o Outcome) error {
+	return b.do(ctx, "record_outcome", func(ctx context.Context) error { return b.store.RecordOutcome(ctx, proxy, host, o) })
+}
+
+func (b boundedStore) Outcomes(ctx context.Context, proxy string) (r []HostRecord, err error) {
+	err = b.do(ctx, "outcomes", func(ctx context.Context) error { r, err = b.store.Outcomes(ctx, proxy); return err })
+	return r, err
+}
+
+func (b boundedStore) Blocks(ctx context.Context, since time.Time) (bl []Block, err error) {
+	err = b.do(ctx, "blocks", func(ctx context.Context) error { bl, err = b.store.Blocks(ctx, since); return err })
+	return bl, err
+}
+
+func (b boundedStore) BurnIP(ctx context.Context, scope, ip string, retention time.Duration) error {
+	return b.do(ctx, "burn_ip", func(ctx context.Context) error { return b.store.BurnIP(ctx, scope, ip, retention) })
+}
+
+func (b boundedStore) BurnedUntil(ctx context.Context, scope, ip string) (t time.Time, err error) {
+	err = b.do(ctx, "burned_until", func(ctx context.Context) error { t, err = b.store.BurnedUntil(ctx, scope, ip); return err })
+	return t, err
+}

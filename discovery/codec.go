@@ -102,7 +102,7 @@ func normalizeTarget(target string) string {
 func validateTarget(target string, required bool) error {
 	switch {
 	case target == "" && required:
-		return fmt.Errorf("target is required when result is %s", ResultRateLimited)
+		return fmt.Errorf("target is required when result is %s or %s", ResultRateLimited, ResultBlocked)
 	case len(target) > 253:
 		return errors.New("target is longer than 253 characters")
 	case strings.ContainsAny(target, " /\t\n\r"):

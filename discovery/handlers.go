@@ -36,6 +36,44 @@ func (s *Server) listProxies(w http.ResponseWriter, r *http.Request, _ httproute
 	return writeJSON(w, http.StatusOK, map[string]any{"proxies": proxies})
 }
 
+// proxyResponse is GET /v1/proxies/{namespace}/{name}: the proxy as the
+// list shows it, and what the hosts it went to made of it lately.
+type proxyResponse struct {
+	ProxyInfo
+	// Outcomes are its records by host (discovery.HostRecord): served and
+	// blocked outcomes, weights halving every OutcomeHalfLife.
+	Outcomes []HostRecord `json:"outcomes"`
+}
+
+func (s *Server) getProxy(w http.ResponseWriter, r *http.Request, ps httprouter.Params) int {
+	id := ps.ByName("namespace") + "/" + ps.ByName("name")
+	info, ok := s.opts.View.lookup(id, 0)
+	if ok {
+		shown, err := s.visible(r.Context(), []ProxyInfo{info})
+		if err != nil {
+			return authUnavailable(r.Context(), w, err)
+		}
+		ok = len(shown) == 1
+	}
+	if !ok {
+		return writeError(w, http.StatusNotFound, CodeProxyNotFound, fmt.Sprintf("no proxy %s (or not one this caller may lease)", id))
+	}
+	leases, err := s.store.ActiveLeases(r.Context(), []string{id})
+	if err != nil {
+		return storeUnavailable(r.Context(), w, err)
+	}
+	records, err := s.store.Outcomes(r.Context(), id)
+	if err != nil {
+		return storeUnavailable(r.Context(), w, err)
+	}
+	info.ActiveLeases = leases[0]
+	s.withCredentials(r.Context(), &info, nil)
+	for i := range records {
+		records[i].At, records[i].LastBlocked = records[i].At.UTC(), records[i].LastBlocked.UTC()
+	}
+	return writeJSON(w, http.StatusOK, proxyResponse{ProxyInfo: info, Outcomes: records})
+}
+
 // leaseRequest is the body of POST /v1/leases.
 type leaseRequest struct {
 	Selector   Selector `json:"selector"`
@@ -66,6 +104,10 @@ type leaseResponse struct {
 	// no longer be renewed.
 	State  string `json:"state"`
 	Reason string `json:"reason,omitempty"`
+	// Why says, in the answer that created it, how the proxy was chosen
+	// (discovery.Why*): least-loaded, then the fewest recent blocks by the
+	// target, or the soonest slot in the target's pace.
+	Why string `json:"why,omitempty"`
 }
 
 // Lease states in responses.
@@ -279,10 +321,10 @@ func (s *Server) decodeReport(w http.ResponseWriter, r *http.Request) (req repor
 	switch req.Result {
 	case ResultOK, ResultError:
 		err = validateTarget(req.Target, false)
-	case ResultRateLimited:
+	case ResultRateLimited, ResultBlocked:
 		err = validateTarget(req.Target, true)
 	default:
-		err = fmt.Errorf("result must be one of %s, %s, %s; got %q", ResultOK, ResultError, ResultRateLimited, req.Result)
+		err = fmt.Errorf("result must be one of %s, %s, %s, %s; got %q", ResultOK, ResultError, ResultRateLimited, ResultBlocked, req.Result)
 	}
 	if err == nil && (req.RetryAfterSeconds < 0 || time.Duration(req.RetryAfterSeconds)*time.Second > MaxReportRetryAfter) {
 		err = fmt.Errorf("retryAfterSeconds must be between 0 and %d, got %d", int64(MaxReportRetryAfter/time.Second), req.RetryAfterSeconds)
@@ -301,7 +343,7 @@ func (s *Server) leaseView(ctx context.Context, l Lease) leaseResponse {
 		info = ProxyInfo{ID: l.ProxyID, Attributes: map[string]string{}}
 	}
 	s.withCredentials(ctx, &info, &l)
-	resp := leaseResponse{LeaseID: l.ID, Proxy: info, Target: l.Target, ExpiresAt: l.ExpiresAt.UTC(), State: LeaseActive}
+	resp := leaseResponse{LeaseID: l.ID, Proxy: info, Target: l.Target, ExpiresAt: l.ExpiresAt.UTC(), State: LeaseActive, Why: l.Why}
 	if why := s.opts.View.unavailable(l.ProxyID); why != "" {
 		resp.State, resp.Reason = LeaseProxyUnavailable, why
 	}

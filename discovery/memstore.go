@@ -61,6 +61,8 @@ type MemoryStore struct {
 	usage map[string]*usageCount
 	// ledger: the records, oldest first, at most MaxMemoryLedger.
 	ledger []LedgerEntry
+	// outcomes: the outcome memory (memoutcomes.go).
+	outcomes memOutcomes
 }
 
 // MaxMemoryLedger bounds the ledger records the memory store keeps (some
@@ -102,7 +104,7 @@ func NewMemoryStore(clk clock.PassiveClock) *MemoryStore {
 	if clk == nil {
 		clk = clock.RealClock{}
 	}
-	return &MemoryStore{
+	m := &MemoryStore{
 		clock:       clk,
 		expiries:    heapOf[*memLease]{less: func(a, b *memLease) bool { return a.ExpiresAt.Before(b.ExpiresAt) }},
 		coolEnds:    heapOf[*cooldownEnd]{less: func(a, b *cooldownEnd) bool { return a.until.Before(b.until) }},
@@ -120,6 +122,8 @@ func NewMemoryStore(clk clock.PassiveClock) *MemoryStore {
 		limited:     map[string]int{},
 		usage:       map[string]*usageCount{},
 	}
+	m.outcomes.init()
+	return m
 }
 
 // Acquire implements Store: exact least-loaded, ties to the candidate
@@ -140,21 +144,33 @@ func (m *MemoryStore) Acquire(_ context.Context, req AcquireRequest) (Lease, err
 		best  string
 		wait  time.Duration
 		paced bool
+		why   = WhyLeastLoaded
 	)
+	// blocked is a candidate's record with the target, when any proxy has
+	// one: among equals, the one blocked least lately goes first.
+	var blocked func(id string) float64
+	if req.Target != "" && m.outcomes.blockedHosts[req.Target] > 0 {
+		blocked = func(id string) float64 { return m.blockedLocked(id, req.Target, now) }
+	}
 	if req.Target != "" && (req.PaceOf != nil || learned > 0) {
 		var e *NoProxyAvailableError
-		if best, wait, paced, e = m.pickPacedLocked(set, req, learned, now); e != nil {
+		if best, wait, paced, e = m.pickPacedLocked(set, req, learned, blocked, now); e != nil {
 			return Lease{}, e
 		}
+		why = WhySoonestSlot
 	} else {
 		var soonest time.Time
-		best, soonest = set.pick(func(id string) (time.Time, bool) {
+		var byRecord bool
+		best, soonest, byRecord = set.pick(func(id string) (time.Time, bool) {
 			if req.Target == "" {
 				return time.Time{}, false
 			}
 			until, ok := m.cooldowns[id][req.Target]
 			return until, ok
-		})
+		}, blocked)
+		if byRecord {
+			why = WhyBetterRecord
+		}
 		if best == "" {
 			e := &NoProxyAvailableError{}
 			if !soonest.IsZero() {
@@ -163,7 +179,7 @@ func (m *MemoryStore) Acquire(_ context.Context, req AcquireRequest) (Lease, err
 			return Lease{}, e
 		}
 	}
-	l := &memLease{Lease: Lease{ID: uuid.NewString(), ProxyID: best, Target: req.Target, CreatedAt: now, ExpiresAt: now.Add(req.TTL), Wait: wait, Paced: paced, Holder: req.Holder},
+	l := &memLease{Lease: Lease{ID: uuid.NewString(), ProxyID: best, Target: req.Target, CreatedAt: now, ExpiresAt: now.Add(req.TTL), Wait: wait, Paced: paced, Holder: req.Holder, Why: why},
 		limit: req.Limit.Key}
 	if l.limit != "" {
 		m.limited[l.limit]++
@@ -183,7 +199,7 @@ func (m *MemoryStore) Acquire(_ context.Context, req AcquireRequest) (Lease, err
 // comes first (then the least loaded, the least recently leased, by id),
 // if it comes within req.MaxWait; that slot is reserved. A linear scan:
 // every candidate's slot may differ.
-func (m *MemoryStore) pickPacedLocked(set *candidateSet, req AcquireRequest, learned time.Duration, now time.Time) (string, time.Duration, bool, *NoProxyAvailableError) {
+func (m *MemoryStore) pickPacedLocked(set *candidateSet, req AcquireRequest, learned time.Duration, blocked func(string) float64, now time.Time) (string, time.Duration, bool, *NoProxyAvailableError) {
 	var best *pacedChoice
 	var soonest time.Duration
 	causes := map[string]int{}
@@ -209,7 +225,10 @@ func (m *MemoryStore) pickPacedLocked(set *candidateSet, req AcquireRequest, lea
 			continue
 		}
 		c := &pacedChoice{id: id, wait: wait, it: set.items[id], pace: p}
-		if best == nil || c.before(best.wait, best.it) {
+		if blocked != nil {
+			c.blocked = blocked(id)
+		}
+		if best == nil || c.before(best) {
 			best = c
 		}
 	}
@@ -228,18 +247,27 @@ func (m *MemoryStore) pickPacedLocked(set *candidateSet, req AcquireRequest, lea
 
 // pacedChoice is a candidate for a paced request.
 type pacedChoice struct {
-	id   string
-	wait time.Duration
-	it   *setItem
-	pace Pace
+	id      string
+	wait    time.Duration
+	it      *setItem
+	pace    Pace
+	blocked float64
 }
 
-// before orders paced choices: the sooner slot, then as leaseFirst does.
-func (c *pacedChoice) before(wait time.Duration, it *setItem) bool {
-	if c.wait != wait {
-		return c.wait < wait
+// before orders paced choices: the sooner slot, the fewer leases, the
+// better record with the target, then as leaseFirst does.
+func (c *pacedChoice) before(o *pacedChoice) bool {
+	switch {
+	case c.wait != o.wait:
+		return c.wait < o.wait
+	case c.it.load != o.it.load:
+		return c.it.load < o.it.load
+	case betterRecord(c.blocked, o.blocked):
+		return true
+	case betterRecord(o.blocked, c.blocked):
+		return false
 	}
-	return leaseFirst(c.it, it)
+	return leaseFirst(c.it, o.it)
 }
 
 func (m *MemoryStore) fleetWaitLocked(p Pace, target string, now time.Time) time.Duration {
@@ -462,11 +490,18 @@ func (m *MemoryStore) Report(_ context.Context, id, result, target string, coold
 	if !ok {
 		return ErrLeaseNotFound
 	}
-	if result == ResultRateLimited {
+	if cools(result) {
 		m.coolLocked(l.ProxyID, target, now.Add(cooldown))
+	}
+	if out, ok := outcomeOf(result); ok && target != "" {
+		m.recordLocked(l.ProxyID, target, out, now)
 	}
 	return nil
 }
+
+// cools says whether a report's result puts its proxy in cooldown for the
+// target.
+func cools(result string) bool { return result == ResultRateLimited || result == ResultBlocked }
 
 // coolLocked puts proxy in cooldown for target until then, unless a longer
 // one is running.
@@ -540,7 +575,10 @@ func (m *MemoryStore) ReportSession(_ context.Context, session, result, target s
 	if proxy == "" {
 		return "", ErrSessionNotFound
 	}
-	if result != ResultRateLimited {
+	if !cools(result) {
+		if out, ok := outcomeOf(result); ok {
+			m.recordLocked(proxy, target, out, now)
+		}
 		return proxy, nil
 	}
 	if last, ok := sess.reported[target]; ok && now.Sub(last.at) < window {
@@ -548,6 +586,8 @@ func (m *MemoryStore) ReportSession(_ context.Context, session, result, target s
 	}
 	sess.reported[target] = sessionReport{at: now, proxy: proxy}
 	m.coolLocked(proxy, target, now.Add(cooldown))
+	out, _ := outcomeOf(result)
+	m.recordLocked(proxy, target, out, now)
 	return proxy, nil
 }
 
@@ -726,25 +766,46 @@ type candidateSet struct {
 // pick returns the least-loaded member for which cooling says false; when
 // every member is cooling, "" and the soonest end of their cooldowns.
 // Members popped while skipping are pushed back.
-func (s *candidateSet) pick(cooling func(id string) (time.Time, bool)) (best string, soonest time.Time) {
+func (s *candidateSet) pick(cooling func(id string) (time.Time, bool), blocked func(id string) float64) (best string, soonest time.Time, byRecord bool) {
 	var skipped []*setItem
+	var first *setItem
+	bestBlocked := 0.0
 	for s.heap.Len() > 0 {
 		top := s.heap.items[0]
-		until, cool := cooling(top.id)
-		if !cool {
-			best = top.id
+		if first != nil && (blocked == nil || top.load != first.load || len(skipped) >= maxRecordTies) {
 			break
 		}
-		if soonest.IsZero() || until.Before(soonest) {
-			soonest = until
+		until, cool := cooling(top.id)
+		switch {
+		case cool:
+			if soonest.IsZero() || until.Before(soonest) {
+				soonest = until
+			}
+		case first == nil:
+			first, best = top, top.id
+			if blocked != nil {
+				bestBlocked = blocked(top.id)
+			}
+		default:
+			if b := blocked(top.id); betterRecord(b, bestBlocked) {
+				best, bestBlocked, byRecord = top.id, b, true
+			}
+		}
+		if first != nil && blocked == nil {
+			break
 		}
 		skipped = append(skipped, heap.Pop(&s.heap).(*setItem))
 	}
 	for _, it := range skipped {
 		heap.Push(&s.heap, it)
 	}
-	return best, soonest
+	return best, soonest, byRecord
 }
+
+// maxRecordTies bounds the least-loaded candidates a lease compares by
+// their record with its target: enough to steer clear of the few a host
+// blocked, at a bounded cost per lease.
+const maxRecordTies = 16
 
 type setItem struct {
 	id         string

@@ -42,6 +42,7 @@ const (
 	CodeForbidden        = "forbidden"
 	CodeLeaseNotFound    = "lease_not_found"
 	CodeNotFound         = "not_found"
+	CodeProxyNotFound    = "proxy_not_found"
 	CodeMethodNotAllowed = "method_not_allowed"
 	CodeNoProxyAvailable = "no_proxy_available"
 	CodeNotReady         = "not_ready"
@@ -192,6 +193,7 @@ func NewServer(opts Options) *Server {
 	}))
 	r.GET("/readyz", s.plain("/readyz", s.readyz))
 	r.GET("/v1/proxies", s.authed("/v1/proxies", s.listProxies))
+	r.GET("/v1/proxies/:namespace/:name", s.authed("/v1/proxies/:namespace/:name", s.getProxy))
 	r.POST("/v1/leases", s.authed("/v1/leases", s.createLease))
 	r.GET("/v1/leases/:id", s.authed("/v1/leases/:id", s.getLease))
 	r.DELETE("/v1/leases/:id", s.authed("/v1/leases/:id", s.releaseLease))

@@ -564,3 +564,49 @@ func TestRefusalsAreRecordedForRealPools(t *testing.T) {
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// TestOutcomesThroughTheAPI: a blocked report cools the proxy for its
+// target and goes into its record, GET /v1/proxies/<ns>/<name> shows the
+// record, and the next lease for that host goes to the other proxy,
+// saying why; a lease for another host is least-loaded alone.
+func TestOutcomesThroughTheAPI(t *testing.T) {
+	f := newFixture(t)
+	f.proxy("eu-1", "127.0.0.11", true, nil)
+	f.proxy("eu-2", "127.0.0.12", true, nil)
+	l := f.do("POST", "/v1/leases", `{"target":"shop.example"}`)
+	require.Equal(t, http.StatusCreated, l.status, l.raw)
+	blockedOn := proxyID(l)
+	assert.Equal(t, WhyLeastLoaded, l.body["why"])
+	r := f.do("POST", "/v1/leases/"+l.body["leaseID"].(string)+"/report", `{"result":"blocked","target":"shop.example"}`)
+	require.Equal(t, http.StatusNoContent, r.status, r.raw)
+	r = f.do("POST", "/v1/leases/"+l.body["leaseID"].(string)+"/report", `{"result":"blocked"}`)
+	assert.Equal(t, http.StatusBadRequest, r.status, "blocked needs its target")
+	assert.Contains(t, errorMessage(r), "target is required")
+
+	got := f.do("GET", "/v1/proxies/"+blockedOn, "")
+	require.Equal(t, http.StatusOK, got.status, got.raw)
+	assert.Equal(t, blockedOn, got.body["id"])
+	outcomes := got.body["outcomes"].([]any)
+	require.Len(t, outcomes, 1)
+	rec := outcomes[0].(map[string]any)
+	assert.Equal(t, "shop.example", rec["host"])
+	assert.EqualValues(t, 1, rec["blocked"])
+	assert.Equal(t, OutcomeReport, rec["lastBlockedBy"])
+	assert.Equal(t, http.StatusNotFound, f.do("GET", "/v1/proxies/crawl/nope", "").status)
+
+	// The blocked proxy's cooldown ends; it is still the worse choice for
+	// shop.example while its record says so, though it was leased least
+	// recently.
+	f.clock.Step(DefaultCooldown + time.Second)
+	require.Equal(t, http.StatusNoContent, f.do("DELETE", "/v1/leases/"+l.body["leaseID"].(string), "").status)
+	other := f.do("POST", "/v1/leases", `{"target":"news.example"}`)
+	require.Equal(t, http.StatusCreated, other.status, other.raw)
+	assert.Equal(t, WhyLeastLoaded, other.body["why"], "another host: least-loaded alone")
+	require.NotEqual(t, blockedOn, proxyID(other), "the least recently leased")
+	f.clock.Step(time.Second)
+	f.do("DELETE", "/v1/leases/"+other.body["leaseID"].(string), "")
+	next := f.do("POST", "/v1/leases", `{"target":"shop.example"}`)
+	require.Equal(t, http.StatusCreated, next.status, next.raw)
+	assert.NotEqual(t, blockedOn, proxyID(next), "the better record wins over the least recently leased")
+	assert.Equal(t, WhyBetterRecord, next.body["why"])
+}

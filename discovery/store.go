@@ -26,6 +26,9 @@ type Lease struct {
 	// Holder is who took the lease (AcquireRequest.Holder): only they may
 	// renew, release or report on it.
 	Holder string
+	// Why says how Acquire chose the proxy (WhyLeastLoaded,
+	// WhyBetterRecord, WhySoonestSlot); empty on a lease read back.
+	Why string
 }
 
 // Report results a client may send.
@@ -33,6 +36,11 @@ const (
 	ResultOK          = "ok"
 	ResultError       = "error"
 	ResultRateLimited = "rate_limited"
+	// ResultBlocked: the target refused the proxy itself (a 403, a ban
+	// page): it cools the proxy for the target as rate_limited does, but
+	// slows nobody's pace, and counts toward the proxy's ban
+	// (spec.banRecycling).
+	ResultBlocked = "blocked"
 )
 
 // Errors of the lease store.
@@ -273,8 +281,8 @@ func effectivePace(declared Pace, learned time.Duration) Pace {
 // that a pool deleted or never created leaves nothing behind.
 const RefusedMemory = 10 * time.Minute
 
-// Store keeps leases, cooldowns and refused lease requests: the discovery
-// API's only mutable state. Every replica that serves discovery on a shared
+// Store keeps leases, cooldowns, refused lease requests and the outcome
+// memory: the discovery API's only mutable state. Every replica that serves discovery on a shared
 // backend sees the same state. Each method is safe for concurrent use,
 // bounded by ctx, and reads time from the store's own clock (for Redis, the
 // server's TIME), so replicas with skewed clocks agree. Housekeeping
@@ -342,4 +350,5 @@ type Store interface {
 	ReadLedger(ctx context.Context, from, to time.Time) ([]LedgerEntry, error)
 	// Ping says whether the store answers, for /readyz.
 	Ping(ctx context.Context) error
+	OutcomeMemory
 }

@@ -232,6 +232,16 @@ func (t *Tunnels) PushBack(ctx context.Context, host string, retryAfter time.Dur
 	t.s.pushBack(ctx, normalizeTarget(host), retryAfter)
 }
 
+// Blocked records that host refused proxy through the gateway (a refused
+// tunnel, a plain-HTTP 429 or 403) in the outcome memory; a store that
+// does not answer loses the outcome, and says so in the log.
+func (t *Tunnels) Blocked(ctx context.Context, proxy, host string) {
+	host = normalizeTarget(host)
+	if err := t.s.store.RecordOutcome(ctx, proxy, host, Outcome{Blocked: true, Source: OutcomeGateway}); err != nil {
+		logf.FromContext(ctx).Error(err, "recording a blocked outcome", "proxy", proxy, "host", host)
+	}
+}
+
 // upstream is where a leased proxy is, with its credentials.
 func (t *Tunnels) upstream(ctx context.Context, lease Lease) (Upstream, error) {
 	info, ok := t.s.opts.View.lookup(lease.ProxyID, 0)

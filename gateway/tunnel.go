@@ -150,6 +150,9 @@ func (g *Gateway) connectAny(ctx context.Context, id Identity, host, hostport st
 			return d, up, "", nil
 		}
 		upstreamFailures.WithLabelValues(reason).Inc()
+		if reason == failRefused {
+			g.opts.Upstreams.Blocked(context.WithoutCancel(ctx), up.ProxyID, host)
+		}
 		logf.FromContext(ctx).Info("upstream failed a tunnel; trying another", "proxy", up.ProxyID, "reason", reason, "error", err.Error(),
 			"session", id.Session, "host", host)
 		g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID, id.Session, 0)

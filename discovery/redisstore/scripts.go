@@ -41,6 +41,16 @@ import (
 //	                      "since", "n" push-backs
 //	P refused:<ns>/<pool> when a lease request selecting the pool was last
 //	                      refused; expires after discovery.RefusedMemory
+//	P out:<proxy>         hash of the proxy's outcome records: host ->
+//	                      "served|blocked|at|lastBlocked|by" (weights as of
+//	                      at); expires OutcomeRetention after its last write
+//	P obh:<host>          hash of the proxies host blocked: proxy ->
+//	                      "blocked|at", for the selection's tie-break; the
+//	                      same expiry
+//	P blocks              zset of "<proxy>|<host>" by its last block, trimmed
+//	                      to OutcomeRetention on each block (Blocks)
+//	P burned:<scope>      zset of the scope's burned IPs by the end of their
+//	                      retention, trimmed on each burn
 //	P session:<session>   hash of a gateway session's routes: "own" -> its
 //	                      proxy, "d:<host>" -> the host's detour, "r:<host>"
 //	                      -> "<ms>|<proxy>" of its last rate_limited report,
@@ -90,6 +100,74 @@ local function learnedAt(host)
 end
 `, discovery.LearnedHalfLife.Milliseconds(), discovery.MinLearnedInterval.Milliseconds())
 
+// outcomes is the preamble's addition for the scripts that record or read
+// outcomes (discovery.HostRecord.Recorded, discovery.Decayed, in ms).
+var outcomes = fmt.Sprintf(`
+local OH, OR, OMAX, OMIN = %d, %d, %d, %g
+local function decayed(w, at)
+  local el = now - at
+  if el <= 0 or w == 0 then return w end
+  return w * 2 ^ (-el / OH)
+end
+local function splitRecord(raw)
+  local f, i = {}, 1
+  while true do
+    local j = string.find(raw, '|', i, true)
+    if not j then
+      f[#f + 1] = string.sub(raw, i)
+      return f
+    end
+    f[#f + 1] = string.sub(raw, i, j - 1)
+    i = j + 1
+  end
+end
+local function recordOutcome(proxy, host, blocked, by)
+  local key = P .. 'out:' .. proxy
+  local raw = redis.call('HGET', key, host)
+  local served, bl, lb, lby = 0, 0, 0, ''
+  if raw then
+    local f = splitRecord(raw)
+    served, bl = decayed(tonumber(f[1]), tonumber(f[3])), decayed(tonumber(f[2]), tonumber(f[3]))
+    lb, lby = tonumber(f[4]), f[5]
+  elseif redis.call('HLEN', key) >= OMAX then
+    local all, oldest, oldestAt = redis.call('HGETALL', key), nil, nil
+    for i = 1, #all, 2 do
+      local at = tonumber(splitRecord(all[i + 1])[3])
+      if not oldestAt or at < oldestAt then oldest, oldestAt = all[i], at end
+    end
+    redis.call('HDEL', key, oldest)
+  end
+  if blocked then
+    bl, lb, lby = bl + 1, now, by
+    redis.call('ZREMRANGEBYSCORE', P .. 'blocks', '-inf', now - OR)
+    redis.call('ZADD', P .. 'blocks', now, proxy .. '|' .. host)
+    redis.call('PEXPIRE', P .. 'blocks', OR)
+  else
+    served = served + 1
+  end
+  if lb > 0 then
+    redis.call('HSET', P .. 'obh:' .. host, proxy, bl .. '|' .. now)
+    redis.call('PEXPIRE', P .. 'obh:' .. host, OR)
+  end
+  redis.call('HSET', key, host, served .. '|' .. bl .. '|' .. now .. '|' .. lb .. '|' .. lby)
+  redis.call('PEXPIRE', key, OR)
+end
+local function blockedWeight(proxy, host)
+  local raw = redis.call('HGET', P .. 'obh:' .. host, proxy)
+  if not raw then return 0 end
+  local sep = string.find(raw, '|', 1, true)
+  local at = tonumber(string.sub(raw, sep + 1))
+  if now - at >= OR then return 0 end
+  local w = decayed(tonumber(string.sub(raw, 1, sep - 1)), at)
+  if w < OMIN then return 0 end
+  return w
+end
+`, discovery.OutcomeHalfLife.Milliseconds(), discovery.OutcomeRetention.Milliseconds(), discovery.MaxHostRecords, minBlockedWeight)
+
+// minBlockedWeight is discovery's: a decayed blocked weight under it no
+// longer counts against a proxy.
+const minBlockedWeight = 0.01
+
 // acquireScript: ARGV[3] ttl ms, ARGV[4] target, ARGV[5] the new lease's
 // id, ARGV[6] 1 to apply the target's learned pace, ARGV[7] the longest
 // wait ms for a paced slot, ARGV[8] k, the number of declared paces,
@@ -101,7 +179,7 @@ end
 // load, wait ms, 1 if a pace applied} or {0, ms until the first candidate may take the target
 // again (0: none will by itself), cause}; cause "quota" when the Limit is
 // reached (the ms until the first of its leases ends).
-var acquireScript = redis.NewScript(preamble + pacing + `
+var acquireScript = redis.NewScript(preamble + pacing + outcomes + `
 local ttl, target, id = tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local maxWait, k, holder = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
 local lkey, lmax = ARGV[10], tonumber(ARGV[11])
@@ -126,7 +204,8 @@ if ARGV[6] == '1' and target ~= '' then learned = learnedAt(target) end
 local paced = target ~= '' and (k > 0 or learned > 0)
 local none = {interval = 0, burst = 0, conc = 0, fkey = '', finterval = 0, fburst = 0}
 local causes = {paced = 0, concurrency = 0, cooling = 0}
-local best, bestWait, bestLoad, bestLast, bestPace, soonest
+local best, bestWait, bestLoad, bestLast, bestPace, soonest, bestBlocked, plain, plainLoad, plainLast
+local records = target ~= '' and redis.call('EXISTS', P .. 'obh:' .. target) == 1
 for i = j, #ARGV, 2 do
   local proxy, p = ARGV[i], paces[tonumber(ARGV[i + 1])] or none
   local ok, wait = true, 0
@@ -158,8 +237,15 @@ for i = j, #ARGV, 2 do
   if ok then
     local l = load(proxy)
     local last = tonumber(redis.call('GET', P .. 'last:' .. proxy) or '0')
-    if not best or wait < bestWait or (wait == bestWait and (l < bestLoad or (l == bestLoad and (last < bestLast or (last == bestLast and proxy < best))))) then
-      best, bestWait, bestLoad, bestLast, bestPace = proxy, wait, l, last, p
+    local b = 0
+    if records then b = blockedWeight(proxy, target) end
+    local better = best and b < bestBlocked - 1e-9
+    local worse = best and bestBlocked < b - 1e-9
+    if not best or wait < bestWait or (wait == bestWait and (l < bestLoad or (l == bestLoad and (better or (not worse and (last < bestLast or (last == bestLast and proxy < best))))))) then
+      best, bestWait, bestLoad, bestLast, bestPace, bestBlocked = proxy, wait, l, last, p, b
+    end
+    if not plain or l < plainLoad or (l == plainLoad and (last < plainLast or (last == plainLast and proxy < plain))) then
+      plain, plainLoad, plainLast = proxy, l, last
     end
   end
 end
@@ -199,7 +285,9 @@ redis.call('ZADD', P .. 'leases', expires, id)
 extend(P .. 'leases', ttl)
 local wasPaced = 0
 if bestPace and (bestPace.interval > 0 or bestPace.conc > 0 or bestPace.finterval > 0) then wasPaced = 1 end
-return {1, best, now, expires, bestLoad + 1, bestWait, wasPaced}
+local why = 0
+if paced then why = 2 elseif best ~= plain then why = 1 end
+return {1, best, now, expires, bestLoad + 1, bestWait, wasPaced, why}
 `)
 
 // pushBackScript: ARGV[3] host, ARGV[4] Retry-After ms (0: none). Moves
@@ -291,10 +379,12 @@ end
 
 // reportScript: ARGV[3] the lease id, ARGV[4] result, ARGV[5] target,
 // ARGV[6] cooldown ms. Returns 0 when the lease is not live, 1 otherwise.
-var reportScript = redis.NewScript(preamble + cool + `
+var reportScript = redis.NewScript(preamble + cool + outcomes + `
 local l = live(ARGV[3])
 if not l then return 0 end
-if ARGV[4] == 'rate_limited' then cool(l[1], ARGV[5], tonumber(ARGV[6])) end
+local blocked = ARGV[4] == 'rate_limited' or ARGV[4] == 'blocked'
+if blocked then cool(l[1], ARGV[5], tonumber(ARGV[6])) end
+if ARGV[5] ~= '' and (blocked or ARGV[4] == 'ok') then recordOutcome(l[1], ARGV[5], blocked, 'report') end
 return 1
 `)
 
@@ -326,13 +416,16 @@ return {r[2] or '', r[3] or ''}
 // target, ARGV[6] cooldown ms, ARGV[7] the same-burst window ms. Returns
 // the proxy the session's requests to target went through, or an empty
 // string for an unknown session.
-var reportSessionScript = redis.NewScript(preamble + cool + `
+var reportSessionScript = redis.NewScript(preamble + cool + outcomes + `
 local key = P .. 'session:' .. ARGV[3]
 local r = redis.call('HMGET', key, 'until', 'own', 'd:' .. ARGV[5], 'r:' .. ARGV[5])
 if not r[1] or tonumber(r[1]) <= now then return '' end
 local proxy = r[3] or r[2]
 if not proxy then return '' end
-if ARGV[4] ~= 'rate_limited' then return proxy end
+if ARGV[4] ~= 'rate_limited' and ARGV[4] ~= 'blocked' then
+  if ARGV[4] == 'ok' then recordOutcome(proxy, ARGV[5], false, 'report') end
+  return proxy
+end
 if r[4] then
   local sep = string.find(r[4], '|', 1, true)
   if now - tonumber(string.sub(r[4], 1, sep - 1)) < tonumber(ARGV[7]) then
@@ -341,6 +434,7 @@ if r[4] then
 end
 redis.call('HSET', key, 'r:' .. ARGV[5], now .. '|' .. proxy)
 cool(proxy, ARGV[5], tonumber(ARGV[6]))
+recordOutcome(proxy, ARGV[5], true, 'report')
 return proxy
 `)
 
@@ -407,4 +501,67 @@ if last[1] then
 end
 redis.call('XADD', key, 'MINID', tostring(now - tonumber(ARGV[4])), ms .. '-*', 'e', ARGV[3])
 return ms
+`)
+
+// recordOutcomeScript: ARGV[3] proxy, ARGV[4] host, ARGV[5] 1 for blocked,
+// ARGV[6] its source.
+var recordOutcomeScript = redis.NewScript(preamble + outcomes + `
+recordOutcome(ARGV[3], ARGV[4], ARGV[5] == '1', ARGV[6])
+return 1
+`)
+
+// outcomesScript: ARGV[3] proxy. Returns host, served, blocked (as
+// strings, decayed to now), at, last blocked, by, for each record.
+var outcomesScript = redis.NewScript(preamble + outcomes + `
+local all, out = redis.call('HGETALL', P .. 'out:' .. ARGV[3]), {}
+for i = 1, #all, 2 do
+  local f = splitRecord(all[i + 1])
+  local at = tonumber(f[3])
+  if now - at < OR then
+    out[#out + 1] = all[i]
+    out[#out + 1] = tostring(decayed(tonumber(f[1]), at))
+    out[#out + 1] = tostring(decayed(tonumber(f[2]), at))
+    out[#out + 1] = at
+    out[#out + 1] = tonumber(f[4])
+    out[#out + 1] = f[5]
+  end
+end
+return out
+`)
+
+// blocksScript: ARGV[3] since ms. Returns "<proxy>|<host>", its last block
+// ms and what saw it, for each block since.
+var blocksScript = redis.NewScript(preamble + outcomes + `
+local since = math.max(tonumber(ARGV[3]), now - OR)
+local z, out = redis.call('ZRANGEBYSCORE', P .. 'blocks', since, '+inf', 'WITHSCORES'), {}
+for i = 1, #z, 2 do
+  local m = z[i]
+  local sep = string.find(m, '|', 1, true)
+  local raw = redis.call('HGET', P .. 'out:' .. string.sub(m, 1, sep - 1), string.sub(m, sep + 1))
+  local by = ''
+  if raw then by = splitRecord(raw)[5] end
+  out[#out + 1] = m
+  out[#out + 1] = tonumber(z[i + 1])
+  out[#out + 1] = by
+end
+return out
+`)
+
+// burnIPScript: ARGV[3] scope, ARGV[4] ip, ARGV[5] retention ms.
+var burnIPScript = redis.NewScript(preamble + `
+local key = P .. 'burned:' .. ARGV[3]
+local untilv = now + tonumber(ARGV[5])
+redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+local old = tonumber(redis.call('ZSCORE', key, ARGV[4]) or '0')
+if untilv > old then redis.call('ZADD', key, untilv, ARGV[4]) end
+extend(key, tonumber(ARGV[5]))
+return 1
+`)
+
+// burnedUntilScript: ARGV[3] scope, ARGV[4] ip. Returns the end of its
+// retention in ms, 0 when it is not burned.
+var burnedUntilScript = redis.NewScript(preamble + `
+local untilv = tonumber(redis.call('ZSCORE', P .. 'burned:' .. ARGV[3], ARGV[4]) or '0')
+if untilv <= now then return 0 end
+return untilv
 `)

@@ -144,13 +144,15 @@ func (s *Store) acquire(ctx context.Context, req discovery.AcquireRequest, ids [
 		}
 		return discovery.Lease{}, &discovery.NoProxyAvailableError{RetryAfter: time.Duration(wait) * time.Millisecond, Cause: cause}
 	}
-	if len(res) != 7 {
-		return discovery.Lease{}, fmt.Errorf("acquire script answered %d values, want 7", len(res))
+	if len(res) != 8 {
+		return discovery.Lease{}, fmt.Errorf("acquire script answered %d values, want 8", len(res))
 	}
 	l, err := leaseOf(id, req.Target, res[1], res[2], res[3], res[4])
 	wait, _ := res[5].(int64)
 	paced, _ := res[6].(int64)
+	why, _ := res[7].(int64)
 	l.Wait, l.Paced, l.Holder = time.Duration(wait)*time.Millisecond, paced == 1, req.Holder
+	l.Why = [...]string{discovery.WhyLeastLoaded, discovery.WhyBetterRecord, discovery.WhySoonestSlot}[min(max(why, 0), 2)]
 	return l, err
 }
 

@@ -51,6 +51,10 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"Admit", admit},
 		{"Usage", usage},
 		{"Ledger", ledger},
+		{"OutcomeMemory", outcomeMemory},
+		{"ReportsRecordOutcomes", reportsRecordOutcomes},
+		{"BetterRecord", betterRecord},
+		{"BurnedIPs", burnedIPs},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.test(t, newHarness(t)) })

@@ -1,0 +1,179 @@
+package discovery
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"time"
+)
+
+// outcomeOf is the outcome a report's result records, if any: an error
+// says nothing of the host's view of the proxy.
+func outcomeOf(result string) (Outcome, bool) {
+	switch result {
+	case ResultOK:
+		return Outcome{Source: OutcomeReport}, true
+	case ResultRateLimited, ResultBlocked:
+		return Outcome{Blocked: true, Source: OutcomeReport}, true
+	}
+	return Outcome{}, false
+}
+
+// memOutcomes is the memory store's outcome memory: records by proxy and
+// host, and burned IPs by scope and IP with the end of their retention.
+type memOutcomes struct {
+	records map[string]map[string]HostRecord
+	// blockedHosts counts, per host, the records with a block in them: a
+	// lease for a host no proxy was blocked by skips the tie-break.
+	blockedHosts map[string]int
+	burned       map[string]time.Time
+	writes       int
+}
+
+func (o *memOutcomes) init() {
+	o.records, o.blockedHosts, o.burned = map[string]map[string]HostRecord{}, map[string]int{}, map[string]time.Time{}
+}
+
+// recordLocked adds out to proxy's record with host at now.
+func (m *MemoryStore) recordLocked(proxy, host string, out Outcome, now time.Time) {
+	o := &m.outcomes
+	hosts := o.records[proxy]
+	if hosts == nil {
+		hosts = map[string]HostRecord{}
+		o.records[proxy] = hosts
+	}
+	r, ok := hosts[host]
+	if !ok {
+		r.Host = host
+		if len(hosts) >= MaxHostRecords {
+			m.dropOldestLocked(proxy, hosts)
+		}
+	}
+	next := r.Recorded(out, now)
+	if r.LastBlocked.IsZero() && !next.LastBlocked.IsZero() {
+		o.blockedHosts[host]++
+	}
+	hosts[host] = next
+	if o.writes++; o.writes >= 4096 {
+		o.writes = 0
+		m.sweepOutcomesLocked(now)
+	}
+}
+
+func (m *MemoryStore) dropOldestLocked(proxy string, hosts map[string]HostRecord) {
+	var oldest string
+	for h, r := range hosts {
+		if oldest == "" || r.At.Before(hosts[oldest].At) {
+			oldest = h
+		}
+	}
+	m.forgetRecordLocked(proxy, oldest)
+}
+
+func (m *MemoryStore) forgetRecordLocked(proxy, host string) {
+	o := &m.outcomes
+	if r, ok := o.records[proxy][host]; ok && !r.LastBlocked.IsZero() {
+		if o.blockedHosts[host]--; o.blockedHosts[host] <= 0 {
+			delete(o.blockedHosts, host)
+		}
+	}
+	delete(o.records[proxy], host)
+	if len(o.records[proxy]) == 0 {
+		delete(o.records, proxy)
+	}
+}
+
+// sweepOutcomesLocked forgets records and burned IPs past their retention.
+func (m *MemoryStore) sweepOutcomesLocked(now time.Time) {
+	for proxy, hosts := range m.outcomes.records {
+		for host, r := range hosts {
+			if now.Sub(r.At) >= OutcomeRetention {
+				m.forgetRecordLocked(proxy, host)
+			}
+		}
+	}
+	for k, until := range m.outcomes.burned {
+		if !now.Before(until) {
+			delete(m.outcomes.burned, k)
+		}
+	}
+}
+
+// blockedLocked is proxy's decayed blocked weight with host at now.
+func (m *MemoryStore) blockedLocked(proxy, host string, now time.Time) float64 {
+	r, ok := m.outcomes.records[proxy][host]
+	if !ok || r.LastBlocked.IsZero() || now.Sub(r.At) >= OutcomeRetention {
+		return 0
+	}
+	return Decayed(r.Blocked, r.At, now)
+}
+
+// RecordOutcome implements Store.
+func (m *MemoryStore) RecordOutcome(_ context.Context, proxy, host string, out Outcome) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.recordLocked(proxy, host, out, m.clock.Now())
+	return nil
+}
+
+// Outcomes implements Store.
+func (m *MemoryStore) Outcomes(_ context.Context, proxy string) ([]HostRecord, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.clock.Now()
+	out := make([]HostRecord, 0, len(m.outcomes.records[proxy]))
+	for _, r := range m.outcomes.records[proxy] {
+		if now.Sub(r.At) < OutcomeRetention {
+			out = append(out, r.AsOf(now))
+		}
+	}
+	slices.SortFunc(out, func(a, b HostRecord) int { return strings.Compare(a.Host, b.Host) })
+	return out, nil
+}
+
+// Blocks implements Store: a scan of every record.
+func (m *MemoryStore) Blocks(_ context.Context, since time.Time) ([]Block, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.clock.Now()
+	since = laterOf(since, now.Add(-OutcomeRetention))
+	var out []Block
+	for proxy, hosts := range m.outcomes.records {
+		for host, r := range hosts {
+			if !r.LastBlocked.IsZero() && !r.LastBlocked.Before(since) {
+				out = append(out, Block{Proxy: proxy, Host: host, At: r.LastBlocked, By: r.LastBlockedBy})
+			}
+		}
+	}
+	return out, nil
+}
+
+// BurnIP implements Store.
+func (m *MemoryStore) BurnIP(_ context.Context, scope, ip string, retention time.Duration) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.clock.Now()
+	k := scope + "|" + ip
+	if until := now.Add(retention); until.After(m.outcomes.burned[k]) {
+		m.outcomes.burned[k] = until
+	}
+	return nil
+}
+
+// BurnedUntil implements Store.
+func (m *MemoryStore) BurnedUntil(_ context.Context, scope, ip string) (time.Time, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	until, ok := m.outcomes.burned[scope+"|"+ip]
+	if !ok || !m.clock.Now().Before(until) {
+		return time.Time{}, nil
+	}
+	return until, nil
+}
+
+func laterOf(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}

@@ -1,0 +1,143 @@
+package discovery
+
+import (
+	"context"
+	"math"
+	"time"
+)
+
+// Outcome is what one request, canary probe or tunnel through a proxy to a
+// host came to: served, or blocked (a 429 or 403, a ban page, a refused
+// tunnel). Errors that say nothing of the host's view of the proxy (a
+// timeout, a reset) are no outcome.
+type Outcome struct {
+	Blocked bool
+	// Source is what saw it: OutcomeReport, OutcomeCanary or
+	// OutcomeGateway.
+	Source string
+}
+
+// Sources of an Outcome.
+const (
+	// OutcomeReport: a crawler's report on its lease or gateway session.
+	OutcomeReport = "report"
+	// OutcomeCanary: one of the team's canaries (spec.healthCheck.targets),
+	// probed through the proxy by the health engine.
+	OutcomeCanary = "canary"
+	// OutcomeGateway: a failure the gateway saw itself (a tunnel the
+	// upstream refused, a plain-HTTP 429 or 403).
+	OutcomeGateway = "gateway"
+)
+
+// HostRecord is a proxy's record with one host: its served and blocked
+// outcomes, each counted with a weight that halves every OutcomeHalfLife,
+// as of the store's now.
+type HostRecord struct {
+	Host    string  `json:"host"`
+	Served  float64 `json:"served"`
+	Blocked float64 `json:"blocked"`
+	// LastBlocked is the last blocked outcome (zero: none remembered), and
+	// LastBlockedBy what saw it.
+	LastBlocked   time.Time `json:"lastBlocked,omitzero"`
+	LastBlockedBy string    `json:"lastBlockedBy,omitempty"`
+	// At is the last outcome of either kind.
+	At time.Time `json:"at"`
+}
+
+// Block is one proxy's last blocked outcome with one host.
+type Block struct {
+	Proxy, Host string
+	At          time.Time
+	By          string
+}
+
+// The outcome memory's bounds: both stores keep them so.
+const (
+	// OutcomeHalfLife is how fast a record fades: a host that blocked a
+	// proxy an hour ago and served it since counts for little.
+	OutcomeHalfLife = 10 * time.Minute
+	// OutcomeRetention is how long a (proxy, host) record is kept after
+	// its last outcome; the ban window (spec.banRecycling.window) cannot
+	// look further back.
+	OutcomeRetention = time.Hour
+	// MaxHostRecords bounds the hosts remembered per proxy: past it, the
+	// record with the oldest outcome goes.
+	MaxHostRecords = 64
+)
+
+// Decayed is a weight w counted at at, as of now.
+func Decayed(w float64, at, now time.Time) float64 {
+	el := now.Sub(at)
+	if el <= 0 || w == 0 {
+		return w
+	}
+	return w * math.Exp2(-el.Seconds()/OutcomeHalfLife.Seconds())
+}
+
+// Recorded is r after o at now (r as stored, at r.At).
+func (r HostRecord) Recorded(o Outcome, now time.Time) HostRecord {
+	r.Served, r.Blocked = Decayed(r.Served, r.At, now), Decayed(r.Blocked, r.At, now)
+	if o.Blocked {
+		r.Blocked++
+		r.LastBlocked, r.LastBlockedBy = now, o.Source
+	} else {
+		r.Served++
+	}
+	r.At = now
+	return r
+}
+
+// AsOf is r's weights as of now.
+func (r HostRecord) AsOf(now time.Time) HostRecord {
+	r.Served, r.Blocked = Decayed(r.Served, r.At, now), Decayed(r.Blocked, r.At, now)
+	return r
+}
+
+// minBlockedWeight is a decayed blocked weight that still counts against a
+// proxy in selection: a block some seven half-lives old no longer does.
+const minBlockedWeight = 0.01
+
+// betterRecord says whether a proxy blocked a (decayed) times by a host is
+// to be preferred to one blocked b times, among equals: fewer blocks, by a
+// margin that ignores rounding.
+func betterRecord(a, b float64) bool {
+	if a < minBlockedWeight {
+		a = 0
+	}
+	if b < minBlockedWeight {
+		b = 0
+	}
+	return a < b-1e-9
+}
+
+// Why a lease went to its proxy (Lease.Why).
+const (
+	// WhyLeastLoaded: the candidate with the fewest live leases (then the
+	// least recently leased).
+	WhyLeastLoaded = "least-loaded"
+	// WhyBetterRecord: among the least-loaded, the one the target has
+	// blocked least lately.
+	WhyBetterRecord = "least-loaded, then the fewest recent blocks by the target"
+	// WhySoonestSlot: the candidate whose next slot in the target's pace
+	// comes first.
+	WhySoonestSlot = "the soonest slot in the target's pace"
+)
+
+// OutcomeMemory remembers how hosts answered each proxy and which exit IPs
+// were retired for bans: the operator learns from it which proxy to prefer
+// for a host, which to recycle, and which IP never to serve again. It is
+// part of the lease store so replicas and restarts share it.
+type OutcomeMemory interface {
+	// RecordOutcome adds o to proxy's record with host.
+	RecordOutcome(ctx context.Context, proxy, host string, o Outcome) error
+	// Outcomes is proxy's records (as of the store's now), by host.
+	Outcomes(ctx context.Context, proxy string) ([]HostRecord, error)
+	// Blocks is every (proxy, host) whose last blocked outcome is at or
+	// after since (at most OutcomeRetention ago), in no order.
+	Blocks(ctx context.Context, since time.Time) ([]Block, error)
+	// BurnIP remembers ip as burned in scope (a provider instance) until
+	// retention from now.
+	BurnIP(ctx context.Context, scope, ip string, retention time.Duration) error
+	// BurnedUntil is when ip stops being burned in scope (zero: it is not).
+	BurnedUntil(ctx context.Context, scope, ip string) (time.Time, error)
+}

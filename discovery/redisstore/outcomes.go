@@ -1,0 +1,88 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/example/egress-proxies-operator/discovery"
+)
+
+// RecordOutcome implements discovery.Store.
+func (s *Store) RecordOutcome(ctx context.Context, proxy, host string, o discovery.Outcome) error {
+	blocked := 0
+	if o.Blocked {
+		blocked = 1
+	}
+	if err := s.run(ctx, recordOutcomeScript, proxy, host, blocked, o.Source).Err(); err != nil {
+		return fmt.Errorf("record-outcome script: %w", err)
+	}
+	return nil
+}
+
+// Outcomes implements discovery.Store.
+func (s *Store) Outcomes(ctx context.Context, proxy string) ([]discovery.HostRecord, error) {
+	res, err := s.run(ctx, outcomesScript, proxy).Slice()
+	if err != nil {
+		return nil, fmt.Errorf("outcomes script: %w", err)
+	}
+	out := make([]discovery.HostRecord, 0, len(res)/6)
+	for i := 0; i+5 < len(res); i += 6 {
+		host, _ := res[i].(string)
+		served, _ := strconv.ParseFloat(fmt.Sprint(res[i+1]), 64)
+		blocked, _ := strconv.ParseFloat(fmt.Sprint(res[i+2]), 64)
+		at, _ := res[i+3].(int64)
+		last, _ := res[i+4].(int64)
+		by, _ := res[i+5].(string)
+		r := discovery.HostRecord{Host: host, Served: served, Blocked: blocked, At: time.UnixMilli(at), LastBlockedBy: by}
+		if last > 0 {
+			r.LastBlocked = time.UnixMilli(last)
+		}
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(a, b discovery.HostRecord) int { return strings.Compare(a.Host, b.Host) })
+	return out, nil
+}
+
+// Blocks implements discovery.Store.
+func (s *Store) Blocks(ctx context.Context, since time.Time) ([]discovery.Block, error) {
+	res, err := s.run(ctx, blocksScript, since.UnixMilli()).Slice()
+	if err != nil {
+		return nil, fmt.Errorf("blocks script: %w", err)
+	}
+	out := make([]discovery.Block, 0, len(res)/3)
+	for i := 0; i+2 < len(res); i += 3 {
+		member, _ := res[i].(string)
+		at, _ := res[i+1].(int64)
+		by, _ := res[i+2].(string)
+		proxy, host, ok := strings.Cut(member, "|")
+		if !ok {
+			continue
+		}
+		out = append(out, discovery.Block{Proxy: proxy, Host: host, At: time.UnixMilli(at), By: by})
+	}
+	return out, nil
+}
+
+// BurnIP implements discovery.Store.
+func (s *Store) BurnIP(ctx context.Context, scope, ip string, retention time.Duration) error {
+	if err := s.run(ctx, burnIPScript, scope, ip, retention.Milliseconds()).Err(); err != nil {
+		return fmt.Errorf("burn-ip script: %w", err)
+	}
+	return nil
+}
+
+// BurnedUntil implements discovery.Store.
+func (s *Store) BurnedUntil(ctx context.Context, scope, ip string) (time.Time, error) {
+	until, err := s.run(ctx, burnedUntilScript, scope, ip).Int64()
+	if err != nil {
+		return time.Time{}, fmt.Errorf("burned-until script: %w", err)
+	}
+	if until == 0 {
+		return time.Time{}, nil
+	}
+	return time.UnixMilli(until), nil
+}

@@ -1,0 +1,172 @@
+package storetest
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/example/egress-proxies-operator/discovery"
+)
+
+var (
+	served  = discovery.Outcome{Source: discovery.OutcomeCanary}
+	blocked = discovery.Outcome{Blocked: true, Source: discovery.OutcomeCanary}
+)
+
+func record(t *testing.T, h Harness, proxy, host string, o discovery.Outcome, n int) {
+	t.Helper()
+	for range n {
+		require.NoError(t, h.Store.RecordOutcome(context.Background(), proxy, host, o))
+	}
+}
+
+func recordOf(t *testing.T, h Harness, proxy, host string) (discovery.HostRecord, bool) {
+	t.Helper()
+	records, err := h.Store.Outcomes(context.Background(), proxy)
+	require.NoError(t, err)
+	for _, r := range records {
+		if r.Host == host {
+			return r, true
+		}
+	}
+	return discovery.HostRecord{}, false
+}
+
+// outcomeMemory: each (proxy, host) keeps its served and blocked outcomes,
+// weights halving every OutcomeHalfLife, its last block and what saw it;
+// Blocks lists the last blocks since a time; a record is forgotten
+// OutcomeRetention after its last outcome, and a proxy keeps at most
+// MaxHostRecords hosts, the oldest going first.
+func outcomeMemory(t *testing.T, h Harness) {
+	ctx := context.Background()
+	record(t, h, "a", "shop.example", served, 3)
+	record(t, h, "a", "shop.example", blocked, 1)
+	record(t, h, "b", "news.example", discovery.Outcome{Blocked: true, Source: discovery.OutcomeGateway}, 2)
+	r, ok := recordOf(t, h, "a", "shop.example")
+	require.True(t, ok)
+	assert.InDelta(t, 3, r.Served, 0.01)
+	assert.InDelta(t, 1, r.Blocked, 0.01)
+	assert.Equal(t, discovery.OutcomeCanary, r.LastBlockedBy)
+	assert.False(t, r.LastBlocked.IsZero())
+
+	h.Advance(discovery.OutcomeHalfLife)
+	r, _ = recordOf(t, h, "a", "shop.example")
+	assert.InDelta(t, 1.5, r.Served, 0.01, "a half-life halves the weights")
+	assert.InDelta(t, 0.5, r.Blocked, 0.01)
+	record(t, h, "a", "shop.example", served, 1)
+	r, _ = recordOf(t, h, "a", "shop.example")
+	assert.InDelta(t, 2.5, r.Served, 0.01, "a new outcome adds to the decayed weight")
+
+	blocks, err := h.Store.Blocks(ctx, time.Time{})
+	require.NoError(t, err)
+	byPair := map[string]discovery.Block{}
+	for _, b := range blocks {
+		byPair[b.Proxy+" "+b.Host] = b
+	}
+	require.Len(t, byPair, 2, "%v", blocks)
+	assert.Equal(t, discovery.OutcomeGateway, byPair["b news.example"].By)
+	blocks, err = h.Store.Blocks(ctx, r.At)
+	require.NoError(t, err)
+	assert.Empty(t, blocks, "no block since the last outcome")
+
+	h.Advance(discovery.OutcomeRetention)
+	_, ok = recordOf(t, h, "a", "shop.example")
+	assert.False(t, ok, "forgotten after OutcomeRetention")
+	blocks, err = h.Store.Blocks(ctx, time.Time{})
+	require.NoError(t, err)
+	assert.Empty(t, blocks)
+
+	for i := range discovery.MaxHostRecords + 1 {
+		record(t, h, "c", fmt.Sprintf("h%02d.example", i), served, 1)
+		h.Advance(time.Millisecond)
+	}
+	records, err := h.Store.Outcomes(ctx, "c")
+	require.NoError(t, err)
+	assert.Len(t, records, discovery.MaxHostRecords)
+	_, ok = recordOf(t, h, "c", "h00.example")
+	assert.False(t, ok, "the oldest host went first")
+}
+
+// reportsRecordOutcomes: a report on a lease or a gateway session adds to
+// its proxy's record with the target: ok served, rate_limited and blocked
+// blocked (both cooling the proxy for the target), error nothing.
+func reportsRecordOutcomes(t *testing.T, h Harness) {
+	ctx := context.Background()
+	l, err := acquire(h, Of("a"), "", time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, h.Store.Report(ctx, l.ID, discovery.ResultOK, "shop.example", time.Minute))
+	require.NoError(t, h.Store.Report(ctx, l.ID, discovery.ResultError, "shop.example", time.Minute))
+	require.NoError(t, h.Store.Report(ctx, l.ID, discovery.ResultBlocked, "shop.example", time.Minute))
+	r, ok := recordOf(t, h, "a", "shop.example")
+	require.True(t, ok)
+	assert.InDelta(t, 1, r.Served, 0.01)
+	assert.InDelta(t, 1, r.Blocked, 0.01)
+	assert.Equal(t, discovery.OutcomeReport, r.LastBlockedBy)
+	_, err = acquire(h, Of("a"), "shop.example", time.Minute)
+	noneAvailable(t, err, discovery.CauseCooling)
+
+	require.NoError(t, h.Store.SetRoute(ctx, "s1", "news.example", "b", true, time.Minute))
+	_, err = h.Store.ReportSession(ctx, "s1", discovery.ResultOK, "news.example", time.Minute, time.Second)
+	require.NoError(t, err)
+	_, err = h.Store.ReportSession(ctx, "s1", discovery.ResultRateLimited, "news.example", time.Minute, time.Second)
+	require.NoError(t, err)
+	_, err = h.Store.ReportSession(ctx, "s1", discovery.ResultRateLimited, "news.example", time.Minute, time.Second)
+	require.NoError(t, err)
+	r, ok = recordOf(t, h, "b", "news.example")
+	require.True(t, ok)
+	assert.InDelta(t, 1, r.Served, 0.01)
+	assert.InDelta(t, 1, r.Blocked, 0.01, "a burst of refusals is one block")
+}
+
+// betterRecord: among the least-loaded candidates, a lease for a host goes
+// to the one the host blocked least lately, and says so; fewer leases
+// still come first, another host is not concerned, and a block decays
+// until it no longer counts.
+func betterRecord(t *testing.T, h Harness) {
+	record(t, h, "a", "shop.example", blocked, 2)
+	record(t, h, "b", "shop.example", blocked, 1)
+	set := Of("a", "b", "c")
+	l, err := acquire(h, set, "shop.example", time.Minute)
+	require.NoError(t, err)
+	assert.Equal(t, "c", l.ProxyID, "c was never blocked by shop.example")
+	assert.Equal(t, discovery.WhyBetterRecord, l.Why)
+	l, err = acquire(h, set, "shop.example", time.Minute)
+	require.NoError(t, err)
+	assert.Equal(t, "b", l.ProxyID, "of a and b (no lease each), b was blocked less")
+	l, err = acquire(h, set, "news.example", time.Minute)
+	require.NoError(t, err)
+	assert.Equal(t, "a", l.ProxyID, "another host: least-loaded alone")
+	assert.Equal(t, discovery.WhyLeastLoaded, l.Why)
+
+	h.Advance(20 * discovery.OutcomeHalfLife / 2)
+	fresh := Of("a", "x")
+	l, err = acquire(h, fresh, "shop.example", time.Minute)
+	require.NoError(t, err)
+	assert.Equal(t, discovery.WhyLeastLoaded, l.Why, "ten half-lives on, the blocks no longer count")
+}
+
+// burnedIPs: an IP burned in a scope stays burned there until its
+// retention ends, and only there; burning it again never shortens it.
+func burnedIPs(t *testing.T, h Harness) {
+	ctx := context.Background()
+	require.NoError(t, h.Store.BurnIP(ctx, "gcp-eu", "203.0.113.7", time.Hour))
+	require.NoError(t, h.Store.BurnIP(ctx, "gcp-eu", "203.0.113.7", time.Minute))
+	until, err := h.Store.BurnedUntil(ctx, "gcp-eu", "203.0.113.7")
+	require.NoError(t, err)
+	assert.False(t, until.IsZero())
+	other, err := h.Store.BurnedUntil(ctx, "gcp-us", "203.0.113.7")
+	require.NoError(t, err)
+	assert.True(t, other.IsZero(), "burned per provider instance")
+	h.Advance(30 * time.Minute)
+	until2, err := h.Store.BurnedUntil(ctx, "gcp-eu", "203.0.113.7")
+	require.NoError(t, err)
+	assert.Equal(t, until.UnixMilli(), until2.UnixMilli(), "a shorter burn kept the longer retention")
+	h.Advance(31 * time.Minute)
+	gone, err := h.Store.BurnedUntil(ctx, "gcp-eu", "203.0.113.7")
+	require.NoError(t, err)
+	assert.True(t, gone.IsZero(), "retention over")
+}

@@ -94,6 +94,18 @@ const (
 	// ReasonReplacementsBusy: the replacement is held because the provider
 	// instance already has its bound of replacements in flight.
 	ReasonReplacementsBusy = "ReplacementsBusy"
+	// ReasonBanned: sites blocked the instance on enough hosts (the
+	// Banned condition, the ban judge's).
+	ReasonBanned = crawlv1alpha1.ReasonBanned
+	// ReasonBurnedIP: the new instance came up on an exit IP retired for
+	// bans; it is replaced before it serves.
+	ReasonBurnedIP = "BurnedIP"
+	// ReasonBurnedIPAccepted: the instance came up on a burned IP after the
+	// last reroll allowed; it serves, and the status says so.
+	ReasonBurnedIPAccepted = "BurnedIPAccepted"
+	// ReasonBurnedIPUnknown: the burned-IP memory did not answer; the new
+	// instance waits for it rather than risk serving a burned IP.
+	ReasonBurnedIPUnknown = "BurnedIPUnknown"
 	// ReasonStartupTimeout: the instance has not been running for longer
 	// than the startup timeout (a VM stuck booting, a crash-looping
 	// container).
@@ -148,8 +160,17 @@ type observation struct {
 	// replacement are the rules for replacing an Unhealthy proxy.
 	replacement ReplacementPolicy
 	// pool is the ProxyPool the proxy belongs to ("" for none): a member
-	// Unhealthy too long is marked, and its pool replaces it.
+	// Unhealthy too long or banned is marked, and its pool replaces it.
 	pool string
+	// ban is the Banned condition about the current instance (nil: none).
+	ban *metav1.Condition
+	// burnedUntil is when the running instance's IP stops being burned
+	// (zero: it is not, or it was checked when it began serving);
+	// burnedErr says the memory could not tell.
+	burnedUntil time.Time
+	burnedErr   error
+	// maxRerolls bounds the instances in a row replaced for a burned IP.
+	maxRerolls int
 }
 
 // ProxyHealth is the health engine's in-memory view of one proxy, fresher
@@ -323,6 +344,31 @@ func planRunning(o observation) Action {
 	inst := o.instance
 	ready := Action{Type: ActionMarkReady, Phase: crawlv1alpha1.PhaseReady, Reason: ReasonInstanceRunning,
 		Message: fmt.Sprintf("instance %s is running at %s:%d", inst.Name, inst.IP, inst.Port)}
+	p := o.proxy
+	switch {
+	case o.burnedErr != nil:
+		return Action{Type: ActionWait, Phase: phaseWhileStarting(p), Reason: ReasonBurnedIPUnknown, Err: o.burnedErr,
+			Message: fmt.Sprintf("instance %s runs at %s, but the burned-IP memory did not answer: waiting for it before serving: %v", inst.Name, inst.IP, o.burnedErr)}
+	case !o.burnedUntil.IsZero() && int(p.Status.BurnedIPRerolls) < o.maxRerolls:
+		// Not budgeted: it serves nobody yet.
+		return Action{Type: ActionDelete, Phase: crawlv1alpha1.PhaseReplacing, Reason: ReasonBurnedIP, Cause: ReasonBurnedIP,
+			Message: fmt.Sprintf("instance %s came up on %s, an exit IP retired for bans (remembered until %s): replacing it before it serves (reroll %d of at most %d)",
+				inst.Name, inst.IP, o.burnedUntil.UTC().Format(time.RFC3339), p.Status.BurnedIPRerolls+1, o.maxRerolls)}
+	case !o.burnedUntil.IsZero():
+		ready.Reason = ReasonBurnedIPAccepted
+		ready.Message = fmt.Sprintf("instance %s is running at %s:%d, an exit IP retired for bans, after %d rerolls (the most allowed): serving it",
+			inst.Name, inst.IP, inst.Port, p.Status.BurnedIPRerolls)
+		return ready
+	case o.ban != nil && o.pool != "":
+		// A member is not replaced in place: its pool surges a successor
+		// and retires it under the pool's budget.
+		ready.Reason = ReasonBanned
+		ready.Message = fmt.Sprintf("instance %s is banned (%s): ProxyPool %s replaces this member", inst.Name, o.ban.Message, o.pool)
+		return ready
+	case o.ban != nil:
+		return Action{Type: ActionDelete, Phase: crawlv1alpha1.PhaseReplacing, Reason: ReasonBanned, Cause: ReasonBanned, Budgeted: true,
+			Message: fmt.Sprintf("instance %s is banned (%s): replacing it; it will come back with a new IP", inst.Name, o.ban.Message)}
+	}
 	after := o.replacement.After
 	switch {
 	case after <= 0:

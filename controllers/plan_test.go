@@ -408,3 +408,59 @@ func TestStartupTimeout(t *testing.T) {
 		})
 	}
 }
+
+// TestBansAndBurnedIPs: a banned instance is replaced (a pool member is
+// marked for its pool); a new instance on a burned IP is replaced before it
+// serves, at most maxRerolls times in a row, and the count goes back to 0
+// once one serves; a memory that cannot tell holds the instance back.
+func TestBansAndBurnedIPs(t *testing.T) {
+	ban := &metav1.Condition{Type: crawlv1alpha1.ConditionBanned, Status: metav1.ConditionTrue, Reason: crawlv1alpha1.ReasonBlockedOnHosts,
+		Message: "blocked by 3 hosts within 10m0s: a.example, b.example, c.example"}
+	running := func() *providers.Instance { return instance(providers.StateRunning, testHash, testUID) }
+	base := func(p *crawlv1alpha1.Proxy) observation {
+		return observation{proxy: p, instance: running(), desiredHash: testHash, instanceProvider: "kind-local",
+			instanceName: "px-crawl-eu-1-0123456789", now: planNow, maxRerolls: 2}
+	}
+	isController := true
+	pooled := func(p *crawlv1alpha1.Proxy) {
+		p.OwnerReferences = []metav1.OwnerReference{{APIVersion: crawlv1alpha1.GroupVersion.String(), Kind: "ProxyPool", Name: "eu", UID: "pool", Controller: &isController}}
+	}
+
+	o := base(proxyFixture())
+	o.ban = ban
+	a := plan(o)
+	assert.Equal(t, ActionDelete, a.Type)
+	assert.Equal(t, ReasonBanned, a.Cause)
+	assert.True(t, a.Budgeted, "a banned proxy still serves: its replacement is budgeted")
+	assert.Contains(t, a.Message, "a.example")
+
+	o = base(proxyFixture(pooled))
+	o.ban, o.pool = ban, "eu"
+	a = plan(o)
+	assert.Equal(t, ActionMarkReady, a.Type, "a member is replaced by its pool")
+	assert.Equal(t, ReasonBanned, a.Reason)
+
+	p := proxyFixture(creatingRecorded)
+	o = base(p)
+	o.burnedUntil = planNow.Add(time.Hour)
+	a = plan(o)
+	assert.Equal(t, ActionDelete, a.Type)
+	assert.Equal(t, ReasonBurnedIP, a.Cause)
+	assert.False(t, a.Budgeted, "it serves nobody yet")
+	assert.EqualValues(t, 1, nextStatus(p, o, a).BurnedIPRerolls)
+
+	p.Status.BurnedIPRerolls = 2
+	a = plan(o)
+	assert.Equal(t, ActionMarkReady, a.Type, "after maxRerolls it serves")
+	assert.Equal(t, ReasonBurnedIPAccepted, a.Reason)
+	o.burnedUntil = time.Time{}
+	a = plan(o)
+	assert.Equal(t, ReasonInstanceRunning, a.Reason)
+	assert.EqualValues(t, 0, nextStatus(p, o, a).BurnedIPRerolls, "back to 0 once one serves")
+
+	o.burnedErr = errors.New("redis: connection refused")
+	a = plan(o)
+	assert.Equal(t, ActionWait, a.Type)
+	assert.Equal(t, ReasonBurnedIPUnknown, a.Reason)
+	assert.Error(t, a.Err)
+}

@@ -93,6 +93,12 @@ type ProxyReconciler struct {
 	// CredentialsNamespace is the operator's namespace, where it keeps the
 	// credentials it generates and the record of each instance's.
 	CredentialsNamespace string
+	// Burned is the memory of exit IPs retired for bans: an instance that
+	// comes up on one is replaced before it serves, at most
+	// MaxBurnedIPRerolls times in a row (zero: DefaultMaxBurnedIPRerolls).
+	// Nil: no such memory (no discovery API).
+	Burned             BurnedIPs
+	MaxBurnedIPRerolls int
 
 	suspects suspectedTargets
 	lagOnce  sync.Once
@@ -108,6 +114,18 @@ func (r *ProxyReconciler) cache() *cacheLag {
 	r.lagOnce.Do(func() { r.lag = &cacheLag{tracker: cachelag.New("proxy", r.Clock, 0)} })
 	return r.lag
 }
+
+// BurnedIPs is what the reconciler reads of the burned-IP memory (the lease
+// store's, which main hands in): when an IP of a provider instance (scope)
+// stops being burned, zero when it is not.
+type BurnedIPs interface {
+	BurnedUntil(ctx context.Context, scope, ip string) (time.Time, error)
+}
+
+// DefaultMaxBurnedIPRerolls bounds the instances in a row replaced for
+// coming up on a burned IP: a provider whose every address is burned still
+// gets a proxy, after that many tries.
+const DefaultMaxBurnedIPRerolls = 3
 
 // HealthSignals is what the reconciler reads of the health engine: its
 // verdicts in memory, which are fresher than the status it writes.
@@ -154,7 +172,19 @@ func (r *ProxyReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 // instance (nil if none could be reached), which execute needs for Create
 // and Delete.
 func (r *ProxyReconciler) observe(ctx context.Context, p *crawlv1alpha1.Proxy) (observation, providers.Provider) {
-	o := observation{proxy: p, now: r.clock().Now(), replacement: r.Replacement, pool: p.PoolName()}
+	o, prov := r.observeInstance(ctx, p)
+	r.checkBurned(ctx, &o)
+	return o, prov
+}
+
+// observeInstance is observe up to the instance: the spec resolved, and
+// the instance found where the status or the spec says.
+func (r *ProxyReconciler) observeInstance(ctx context.Context, p *crawlv1alpha1.Proxy) (observation, providers.Provider) {
+	o := observation{proxy: p, now: r.clock().Now(), replacement: r.Replacement, pool: p.PoolName(), ban: p.CurrentBan(),
+		maxRerolls: r.MaxBurnedIPRerolls}
+	if o.maxRerolls <= 0 {
+		o.maxRerolls = DefaultMaxBurnedIPRerolls
+	}
 	if p.Spec.Mode == crawlv1alpha1.ModeExternal {
 		return o, nil
 	}
@@ -230,6 +260,21 @@ func (r *ProxyReconciler) observe(ctx context.Context, p *crawlv1alpha1.Proxy) (
 		return r.findByOwner(ctx, o, last)
 	}
 	return o, last
+}
+
+// checkBurned asks the burned-IP memory about a running instance's IP
+// before it first serves; one already serving at that IP was checked then
+// (its own ban burns its IP, and it serves on until replaced).
+func (r *ProxyReconciler) checkBurned(ctx context.Context, o *observation) {
+	inst, p := o.instance, o.proxy
+	if r.Burned == nil || inst == nil || inst.State != providers.StateRunning || inst.IP == "" || !p.DeletionTimestamp.IsZero() ||
+		(p.Status.Phase == crawlv1alpha1.PhaseReady && p.Status.IP == inst.IP && p.Status.InstanceName == inst.Name) {
+		return
+	}
+	o.burnedUntil, o.burnedErr = r.Burned.BurnedUntil(ctx, o.instanceProvider, inst.IP)
+	if o.burnedErr != nil {
+		o.burnedErr = fmt.Errorf("reading the burned-IP memory for %s: %w", inst.IP, o.burnedErr)
+	}
 }
 
 // findByOwner lists every provider instance for an instance labelled with

@@ -19,7 +19,7 @@ import (
 var (
 	replacementsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: operator.MetricsNamespace, Name: "replacements_total",
-		Help: "Instances replaced (same name, new IP), by provider instance and cause (SpecChanged, InstanceFailed, InstanceLost, UnhealthyTooLong, StartupTimeout, StaleInstance).",
+		Help: "Instances replaced (same name, new IP), by provider instance and cause (SpecChanged, InstanceFailed, InstanceLost, UnhealthyTooLong, StartupTimeout, Banned, BurnedIP, StaleInstance).",
 	}, []string{"provider", "cause"})
 	replacementsHeld = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: operator.MetricsNamespace, Name: "replacements_held_total",

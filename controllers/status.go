@@ -47,6 +47,12 @@ func nextStatus(p *crawlv1alpha1.Proxy, o observation, a Action) crawlv1alpha1.P
 		// The address is going away: stop advertising it now.
 		s.IP, s.Port = "", 0
 	}
+	switch {
+	case a.Cause == ReasonBurnedIP:
+		s.BurnedIPRerolls++
+	case a.Type == ActionMarkReady:
+		s.BurnedIPRerolls = 0
+	}
 	meta.SetStatusCondition(&s.Conditions, metav1.Condition{
 		Type:               crawlv1alpha1.ConditionProvisioned,
 		Status:             provisioned,
@@ -63,6 +69,7 @@ func reconcilerPart(s crawlv1alpha1.ProxyStatus) crawlv1alpha1.ProxyStatus {
 	part := crawlv1alpha1.ProxyStatus{
 		Phase: s.Phase, Message: s.Message, ObservedGeneration: s.ObservedGeneration,
 		IP: s.IP, Port: s.Port, InstanceName: s.InstanceName, Provider: s.Provider, SpecHash: s.SpecHash,
+		BurnedIPRerolls: s.BurnedIPRerolls,
 	}
 	if c := meta.FindStatusCondition(s.Conditions, crawlv1alpha1.ConditionProvisioned); c != nil {
 		part.Conditions = []metav1.Condition{*c}
@@ -79,7 +86,8 @@ func statusApply(p *crawlv1alpha1.Proxy, s crawlv1alpha1.ProxyStatus) *acv1alpha
 	status := acv1alpha1.ProxyStatus().
 		WithPhase(part.Phase).WithMessage(part.Message).WithObservedGeneration(part.ObservedGeneration).
 		WithIP(part.IP).WithPort(part.Port).
-		WithInstanceName(part.InstanceName).WithProvider(part.Provider).WithSpecHash(part.SpecHash)
+		WithInstanceName(part.InstanceName).WithProvider(part.Provider).WithSpecHash(part.SpecHash).
+		WithBurnedIPRerolls(part.BurnedIPRerolls)
 	for _, c := range part.Conditions {
 		status.WithConditions(crawlv1alpha1.ConditionApply(c))
 	}

@@ -3,6 +3,7 @@ package v1alpha1
 import (
 	"net"
 	"strconv"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -26,7 +27,43 @@ const (
 	// it to the Provisioned condition instead of replacing the instance,
 	// and the pool replaces the member under its disruption budget.
 	ReasonUnhealthyTooLong = "UnhealthyTooLong"
+	// ReasonBanned: the proxy's instance is banned (the Banned condition).
+	// On a pool member the Proxy reconciler writes it to the Provisioned
+	// condition instead of replacing the instance, and the pool replaces
+	// the member under its disruption budget.
+	ReasonBanned = "Banned"
+	// ReasonBlockedOnHosts: the Banned condition's reason when True.
+	ReasonBlockedOnHosts = "BlockedOnHosts"
 )
+
+// CurrentBan is the Banned condition when it is True about the instance
+// the status records now, nil otherwise: a ban of a replaced instance is
+// no ban of its successor.
+func (p *Proxy) CurrentBan() *metav1.Condition {
+	c := meta.FindStatusCondition(p.Status.Conditions, ConditionBanned)
+	if c == nil || c.Status != metav1.ConditionTrue || p.Status.BannedInstance != p.Status.Instance() {
+		return nil
+	}
+	return c
+}
+
+// BanPolicy is the proxy's ban recycling, resolved: its own
+// spec.banRecycling, else its pool's (pool, nil for a stand-alone Proxy),
+// else on for a pool member and off for a stand-alone Proxy. hosts 0 is
+// off; External proxies are never recycled.
+func (p *Proxy) BanPolicy(pool *ProxyPool) (hosts int, window time.Duration) {
+	switch {
+	case p.Spec.Mode != ModeManaged:
+		return 0, 0
+	case p.Spec.BanRecycling != nil:
+		return p.Spec.BanRecycling.Resolved()
+	case pool != nil:
+		return pool.Spec.BanRecycling.Resolved()
+	case p.PoolName() != "":
+		return (*BanRecycling)(nil).Resolved()
+	}
+	return 0, 0
+}
 
 // PoolName is the name of the ProxyPool that controls the Proxy (its
 // controller owner reference), "" for a stand-alone Proxy.

@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"time"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -121,6 +123,55 @@ type ProxySpec struct {
 	// healthCheck overrides the operator's probe defaults for this proxy.
 	// +optional
 	HealthCheck *HealthCheck `json:"healthCheck,omitempty"`
+
+	// banRecycling replaces a Managed proxy that the sites it crawls block:
+	// blocked by at least `hosts` distinct hosts within `window` (reports,
+	// canaries, the gateway's refusals), it gets a new instance and a new
+	// IP, and its old exit IP is never served again for a while. Unset:
+	// the ProxyPool's spec.banRecycling for a pool member (on by default),
+	// off for a single Proxy. Ignored for External proxies.
+	// +optional
+	BanRecycling *BanRecycling `json:"banRecycling,omitempty"`
+}
+
+// Ban recycling's defaults: on for pool members, off for single Proxies.
+const (
+	DefaultBanHosts  = 3
+	DefaultBanWindow = 10 * time.Minute
+)
+
+// BanRecycling says when a Managed proxy is replaced for bans.
+type BanRecycling struct {
+	// hosts is how many distinct hosts must have blocked the proxy within
+	// window, 0 to 64 (default 3); 0 turns ban recycling off.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=64
+	Hosts *int32 `json:"hosts,omitempty"`
+
+	// window is how far back blocks count, between 1m and 1h (default 10m;
+	// the outcome memory keeps an hour).
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1m') && duration(self) <= duration('1h')",message="banRecycling.window must be a duration between 1m and 1h"
+	Window *metav1.Duration `json:"window,omitempty"`
+}
+
+// Resolved is b's hosts and window with the defaults filled in; nil
+// resolves to the defaults.
+func (b *BanRecycling) Resolved() (hosts int, window time.Duration) {
+	hosts, window = DefaultBanHosts, DefaultBanWindow
+	if b == nil {
+		return hosts, window
+	}
+	if b.Hosts != nil {
+		hosts = int(*b.Hosts)
+	}
+	if b.Window != nil {
+		window = b.Window.Duration
+	}
+	return hosts, window
 }
 
 // Placement says where a provider should run a Managed proxy.
@@ -285,6 +336,82 @@ type HealthCheck struct {
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s') && duration(self) <= duration('24h')",message="spec.healthCheck.replaceAfter must be a duration between 0s and 24h"
 	ReplaceAfter *metav1.Duration `json:"replaceAfter,omitempty"`
+
+	// targets are canaries on the team's own sites, probed through the
+	// proxy now and then (--canary-interval, within each host's share of
+	// the probes): a failing canary keeps the proxy away from that host
+	// only (a cooldown, and a blocked outcome), and never makes it
+	// Unhealthy. At most 8.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=8
+	Targets []CanaryTarget `json:"targets,omitempty"`
+}
+
+// CanaryTarget is one of the team's own sites, probed through the proxy to
+// learn whether that site lets it in.
+type CanaryTarget struct {
+	// name identifies the canary in status and metrics (a DNS label).
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Name string `json:"name"`
+
+	// url is fetched through the proxy: an absolute http or https URL.
+	// +required
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:XValidation:rule="isURL(self) && url(self).getScheme() in ['http', 'https'] && url(self).getHost() != ''",message="a canary's url must be an absolute http or https URL"
+	URL string `json:"url"`
+
+	// allowedStatuses are the HTTP statuses that mean the site let the
+	// proxy in (default [200]).
+	// +optional
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:Minimum=100
+	// +kubebuilder:validation:items:Maximum=599
+	AllowedStatuses []int32 `json:"allowedStatuses,omitempty"`
+
+	// blockedMarker, when set, is text whose presence in the first 64 KiB
+	// of the body means blocked even under an allowed status (a ban page
+	// served with 200).
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	BlockedMarker string `json:"blockedMarker,omitempty"`
+}
+
+// Canary verdicts in status.canaries.
+const (
+	CanaryAllowed = "Allowed"
+	CanaryBlocked = "Blocked"
+	// CanaryUnknown: the fetch failed for another reason (a timeout, a
+	// reset): it says nothing of the site's view of the proxy.
+	CanaryUnknown = "Unknown"
+)
+
+// CanaryStatus is the last verdict of one canary.
+type CanaryStatus struct {
+	// name is the canary's (spec.healthCheck.targets[].name).
+	// +required
+	// +kubebuilder:validation:MaxLength=63
+	Name string `json:"name"`
+	// host is the canary URL's host: the one a Blocked verdict keeps the
+	// proxy away from.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Host string `json:"host,omitempty"`
+	// verdict is Allowed, Blocked or Unknown.
+	// +required
+	// +kubebuilder:validation:Enum=Allowed;Blocked;Unknown
+	Verdict string `json:"verdict"`
+	// message says what the last fetch got (a status, the marker found).
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	Message string `json:"message,omitempty"`
+	// lastTransitionTime is when the verdict last changed.
+	// +optional
+	LastTransitionTime *metav1.Time `json:"lastTransitionTime,omitempty"`
 }
 
 // ProxyStatus is what the operator observed and did.
@@ -332,6 +459,34 @@ type ProxyStatus struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=512
 	HealthCheckedInstance string `json:"healthCheckedInstance,omitempty"`
+
+	// egressIP is the address the probe target saw the proxy's requests
+	// come from, when it differs from ip (NAT, a provider's gateway in
+	// front of an External proxy). Written by the health engine.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	EgressIP string `json:"egressIP,omitempty"`
+
+	// canaries are the last verdicts of spec.healthCheck.targets, one per
+	// canary. Written by the health engine.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=8
+	Canaries []CanaryStatus `json:"canaries,omitempty"`
+
+	// burnedIPRerolls counts the instances in a row that came up on an
+	// exit IP retired for bans and were replaced before serving; it goes
+	// back to 0 once one serves. Written by the Proxy reconciler.
+	// +optional
+	BurnedIPRerolls int32 `json:"burnedIPRerolls,omitempty"`
+
+	// bannedInstance is the instance (named as healthCheckedInstance is)
+	// the Banned condition is about: a ban of an earlier instance is no
+	// ban. Written by the ban judge.
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	BannedInstance string `json:"bannedInstance,omitempty"`
 
 	// observedGeneration is the spec generation this status describes.
 	// +optional

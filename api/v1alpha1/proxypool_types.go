@@ -68,6 +68,13 @@ type ProxyPoolSpec struct {
 	// +optional
 	Strategy PoolStrategy `json:"strategy,omitempty"`
 
+	// banRecycling replaces members that the sites they crawl block
+	// (Proxy spec.banRecycling): on by default for a pool, with 3 hosts in
+	// 10m; hosts 0 turns it off. A member's own spec.banRecycling (from the
+	// template) wins. Changing it here replaces no member.
+	// +optional
+	BanRecycling *BanRecycling `json:"banRecycling,omitempty"`
+
 	// autoscaling, when set, sizes the pool from the discovery API's demand:
 	// the leases its members hold and the lease requests refused for want
 	// of one of them.

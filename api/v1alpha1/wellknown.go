@@ -65,6 +65,12 @@ const (
 	// ConditionReady is True when the proxy is provisioned and healthy, i.e.
 	// when discovery may hand it out (Proxy.ReadyCondition is the rule).
 	ConditionReady = "Ready"
+	// ConditionBanned is True when sites have blocked the proxy's current
+	// instance on at least spec.banRecycling.hosts hosts within its window
+	// (status.bannedInstance names the instance): a Managed proxy is then
+	// replaced (a pool member by its pool). The ban judge is its only
+	// writer.
+	ConditionBanned = "Banned"
 )
 
 // The field managers of Proxy and ProxyPool status: each applies (server-side
@@ -74,8 +80,11 @@ const (
 	// instance record, observedGeneration and Provisioned condition.
 	FieldManagerReconciler = "egress-proxies-operator/proxy-reconciler"
 	// FieldManagerHealth owns a Proxy's Healthy and Ready conditions,
-	// lastHealthCheckTime and healthCheckedInstance.
+	// lastHealthCheckTime, healthCheckedInstance, egressIP and canaries.
 	FieldManagerHealth = "egress-proxies-operator/health-engine"
+	// FieldManagerBans owns a Proxy's Banned condition and
+	// bannedInstance (the ban judge).
+	FieldManagerBans = "egress-proxies-operator/ban-judge"
 	// FieldManagerPool owns a ProxyPool's status.
 	FieldManagerPool = "egress-proxies-operator/pool-controller"
 	// FieldManagerCrawlTarget owns a CrawlTarget's status.

@@ -244,6 +244,8 @@ func causeText(cause string) string {
 	switch cause {
 	case CauseUnhealthy:
 		return "Unhealthy for longer than its replacement period, its successor available"
+	case CauseBanned:
+		return "banned by the sites it crawls (its Banned condition), its successor available"
 	case CauseTemplateChanged:
 		return "made from an earlier template, its successor available"
 	case CauseMaxAge:
@@ -333,6 +335,7 @@ func memberOf(p *crawlv1alpha1.Proxy, hash string) Member {
 	}
 	prov := meta.FindStatusCondition(p.Status.Conditions, crawlv1alpha1.ConditionProvisioned)
 	m.Sick = prov != nil && prov.Reason == crawlv1alpha1.ReasonUnhealthyTooLong && p.Status.Phase == crawlv1alpha1.PhaseReady
+	m.Banned = prov != nil && prov.Reason == crawlv1alpha1.ReasonBanned && p.Status.Phase == crawlv1alpha1.PhaseReady
 	return m
 }
 

@@ -22,6 +22,9 @@ type Member struct {
 	// Sick: Unhealthy for longer than its replacement period, as the Proxy
 	// reconciler judged it (outage guard included); its pool replaces it.
 	Sick bool
+	// Banned: sites blocked it on enough hosts (the ban judge's Banned
+	// condition, as the Proxy reconciler marks it); its pool replaces it.
+	Banned bool
 	// Deleting: already on its way out; counted apart from the live ones.
 	Deleting bool
 	// Jitter in [0, 1), fixed per member: how much of the pool's age jitter
@@ -47,6 +50,7 @@ type Input struct {
 // proxy_operator_pool_replacements_total.
 const (
 	CauseUnhealthy       = "UnhealthyTooLong"
+	CauseBanned          = "Banned"
 	CauseTemplateChanged = "TemplateChanged"
 	CauseMaxAge          = "MaxAge"
 	CauseZoneRemoved     = "ZoneRemoved"
@@ -148,6 +152,8 @@ func replacementCause(in Input, m Member) string {
 	switch {
 	case m.Sick:
 		return CauseUnhealthy
+	case m.Banned:
+		return CauseBanned
 	case !m.Updated:
 		return CauseTemplateChanged
 	case in.MaxAge > 0 && !in.Now.Before(expiry(in, m)):
@@ -327,6 +333,7 @@ func retireFirst(a, b *candidate) int {
 	return cmp.Or(
 		boolOrder(!a.available, !b.available),
 		boolOrder(a.Sick, b.Sick),
+		boolOrder(a.Banned, b.Banned),
 		a.Created.Compare(b.Created),
 		cmp.Compare(a.Name, b.Name),
 	)

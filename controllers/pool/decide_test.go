@@ -40,6 +40,7 @@ var (
 	outdated = func(m *Member) { m.Updated = false }
 	booting  = func(m *Member) { m.Ready = false; m.Created = t0.Add(-time.Minute) }
 	sick     = func(m *Member) { m.Ready, m.Sick = false, true }
+	banned   = func(m *Member) { m.Banned = true }
 )
 
 func TestDecide(t *testing.T) {
@@ -188,6 +189,19 @@ func TestDecide(t *testing.T) {
 			in:         Input{Replicas: 3, MaxSurge: 1, Members: concat(members("ok", "", 2, nil), members("sick", "", 1, sick))},
 			wantCreate: []string{""},
 			wantCounts: [5]int{3, 2, 2, 3, 1},
+		},
+		{
+			name:       "a banned member gets a successor first, and serves meanwhile",
+			in:         Input{Replicas: 3, MaxSurge: 1, Members: concat(members("ok", "", 2, nil), members("banned", "", 1, banned))},
+			wantCreate: []string{""},
+			wantCounts: [5]int{3, 3, 3, 3, 1},
+		},
+		{
+			name: "a banned member goes once its successor is available",
+			in: Input{Replicas: 3, MaxSurge: 1, Members: concat(
+				members("ok", "", 2, nil), members("banned", "", 1, banned), members("new", "", 1, nil))},
+			wantDelete: []Retirement{{"banned0", CauseBanned}},
+			wantCounts: [5]int{4, 4, 4, 4, 1},
 		},
 		{
 			name: "a sick member goes once its successor is available",

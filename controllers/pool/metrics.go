@@ -29,7 +29,7 @@ var (
 	}, []string{"namespace", "pool"})
 	replacementsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: operator.MetricsNamespace, Subsystem: "pool", Name: "replacements_total",
-		Help: "Members a ProxyPool retired, by cause (UnhealthyTooLong, TemplateChanged, MaxAge, ZoneRemoved, ZoneRebalance, ScaleDown).",
+		Help: "Members a ProxyPool retired, by cause (UnhealthyTooLong, Banned, TemplateChanged, MaxAge, ZoneRemoved, ZoneRebalance, ScaleDown).",
 	}, []string{"namespace", "pool", "cause"})
 )
 

@@ -380,8 +380,8 @@ func TestChartDefaultsAreTheOperatorsDefaults(t *testing.T) {
 			} `json:"kubeAPI"`
 			Healing struct {
 				UnhealthyReplaceAfter, StartupTimeout, InstanceResyncInterval, SyncPeriod string
-				MaxUnhealthyShare                                         float64
-				MaxReplacementsInFlight                                   int
+				MaxUnhealthyShare                                                         float64
+				MaxReplacementsInFlight                                                   int
 			}
 		}
 	}

@@ -16,6 +16,12 @@ import (
 func ForKind(kind schema.GroupVersionKind) interface{} {
 	switch kind {
 	// Group=crawl.example.com, Version=v1alpha1
+	case v1alpha1.SchemeGroupVersion.WithKind("BanRecycling"):
+		return &apiv1alpha1.BanRecyclingApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("CanaryStatus"):
+		return &apiv1alpha1.CanaryStatusApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("CanaryTarget"):
+		return &apiv1alpha1.CanaryTargetApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("CloudInit"):
 		return &apiv1alpha1.CloudInitApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("CrawlTarget"):

@@ -23,6 +23,51 @@ func Parser() *typed.Parser {
 var parserOnce sync.Once
 var parser *typed.Parser
 var schemaYAML = typed.YAMLObject(`types:
+- name: com.github.example.egress-proxies-operator.api.v1alpha1.BanRecycling
+  map:
+    fields:
+    - name: hosts
+      type:
+        scalar: numeric
+    - name: window
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Duration
+- name: com.github.example.egress-proxies-operator.api.v1alpha1.CanaryStatus
+  map:
+    fields:
+    - name: host
+      type:
+        scalar: string
+    - name: lastTransitionTime
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
+    - name: message
+      type:
+        scalar: string
+    - name: name
+      type:
+        scalar: string
+    - name: verdict
+      type:
+        scalar: string
+- name: com.github.example.egress-proxies-operator.api.v1alpha1.CanaryTarget
+  map:
+    fields:
+    - name: allowedStatuses
+      type:
+        list:
+          elementType:
+            scalar: numeric
+          elementRelationship: atomic
+    - name: blockedMarker
+      type:
+        scalar: string
+    - name: name
+      type:
+        scalar: string
+    - name: url
+      type:
+        scalar: string
 - name: com.github.example.egress-proxies-operator.api.v1alpha1.CloudInit
   map:
     fields:
@@ -119,6 +164,14 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: successThreshold
       type:
         scalar: numeric
+    - name: targets
+      type:
+        list:
+          elementType:
+            namedType: com.github.example.egress-proxies-operator.api.v1alpha1.CanaryTarget
+          elementRelationship: associative
+          keys:
+          - name
     - name: timeout
       type:
         namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Duration
@@ -237,6 +290,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: autoscaling
       type:
         namedType: com.github.example.egress-proxies-operator.api.v1alpha1.PoolAutoscaling
+    - name: banRecycling
+      type:
+        namedType: com.github.example.egress-proxies-operator.api.v1alpha1.BanRecycling
     - name: maxAge
       type:
         namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Duration
@@ -309,6 +365,9 @@ var schemaYAML = typed.YAMLObject(`types:
         map:
           elementType:
             scalar: string
+    - name: banRecycling
+      type:
+        namedType: com.github.example.egress-proxies-operator.api.v1alpha1.BanRecycling
     - name: cloudInit
       type:
         namedType: com.github.example.egress-proxies-operator.api.v1alpha1.CloudInit
@@ -337,6 +396,20 @@ var schemaYAML = typed.YAMLObject(`types:
 - name: com.github.example.egress-proxies-operator.api.v1alpha1.ProxyStatus
   map:
     fields:
+    - name: bannedInstance
+      type:
+        scalar: string
+    - name: burnedIPRerolls
+      type:
+        scalar: numeric
+    - name: canaries
+      type:
+        list:
+          elementType:
+            namedType: com.github.example.egress-proxies-operator.api.v1alpha1.CanaryStatus
+          elementRelationship: associative
+          keys:
+          - name
     - name: conditions
       type:
         list:
@@ -345,6 +418,9 @@ var schemaYAML = typed.YAMLObject(`types:
           elementRelationship: associative
           keys:
           - type
+    - name: egressIP
+      type:
+        scalar: string
     - name: healthCheckedInstance
       type:
         scalar: string

@@ -30,6 +30,12 @@ type HealthCheckApplyConfiguration struct {
 	// between 0 and 24h; 0 never replaces it for failing probes. Default: the
 	// operator's --unhealthy-replace-after flag. Ignored for External proxies.
 	ReplaceAfter *v1.Duration `json:"replaceAfter,omitempty"`
+	// targets are canaries on the team's own sites, probed through the
+	// proxy now and then (--canary-interval, within each host's share of
+	// the probes): a failing canary keeps the proxy away from that host
+	// only (a cooldown, and a blocked outcome), and never makes it
+	// Unhealthy. At most 8.
+	Targets []CanaryTargetApplyConfiguration `json:"targets,omitempty"`
 }
 
 // HealthCheckApplyConfiguration constructs a declarative configuration of the HealthCheck type for use with
@@ -83,5 +89,18 @@ func (b *HealthCheckApplyConfiguration) WithSuccessThreshold(value int32) *Healt
 // If called multiple times, the ReplaceAfter field is set to the value of the last call.
 func (b *HealthCheckApplyConfiguration) WithReplaceAfter(value v1.Duration) *HealthCheckApplyConfiguration {
 	b.ReplaceAfter = &value
+	return b
+}
+
+// WithTargets adds the given value to the Targets field in the declarative configuration
+// and returns the receiver, so that objects can be build by chaining "With" function invocations.
+// If called multiple times, values provided by each call will be appended to the Targets field.
+func (b *HealthCheckApplyConfiguration) WithTargets(values ...*CanaryTargetApplyConfiguration) *HealthCheckApplyConfiguration {
+	for i := range values {
+		if values[i] == nil {
+			panic("nil value passed to WithTargets")
+		}
+		b.Targets = append(b.Targets, *values[i])
+	}
 	return b
 }

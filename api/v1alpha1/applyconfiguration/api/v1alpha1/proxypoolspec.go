@@ -40,6 +40,11 @@ type ProxyPoolSpecApplyConfiguration struct {
 	MinReadySeconds *int32 `json:"minReadySeconds,omitempty"`
 	// strategy bounds how replacements roll.
 	Strategy *PoolStrategyApplyConfiguration `json:"strategy,omitempty"`
+	// banRecycling replaces members that the sites they crawl block
+	// (Proxy spec.banRecycling): on by default for a pool, with 3 hosts in
+	// 10m; hosts 0 turns it off. A member's own spec.banRecycling (from the
+	// template) wins. Changing it here replaces no member.
+	BanRecycling *BanRecyclingApplyConfiguration `json:"banRecycling,omitempty"`
 	// autoscaling, when set, sizes the pool from the discovery API's demand:
 	// the leases its members hold and the lease requests refused for want
 	// of one of them.
@@ -107,6 +112,14 @@ func (b *ProxyPoolSpecApplyConfiguration) WithMinReadySeconds(value int32) *Prox
 // If called multiple times, the Strategy field is set to the value of the last call.
 func (b *ProxyPoolSpecApplyConfiguration) WithStrategy(value *PoolStrategyApplyConfiguration) *ProxyPoolSpecApplyConfiguration {
 	b.Strategy = value
+	return b
+}
+
+// WithBanRecycling sets the BanRecycling field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the BanRecycling field is set to the value of the last call.
+func (b *ProxyPoolSpecApplyConfiguration) WithBanRecycling(value *BanRecyclingApplyConfiguration) *ProxyPoolSpecApplyConfiguration {
+	b.BanRecycling = value
 	return b
 }
 

@@ -51,6 +51,13 @@ type ProxySpecApplyConfiguration struct {
 	External *ExternalEndpointApplyConfiguration `json:"external,omitempty"`
 	// healthCheck overrides the operator's probe defaults for this proxy.
 	HealthCheck *HealthCheckApplyConfiguration `json:"healthCheck,omitempty"`
+	// banRecycling replaces a Managed proxy that the sites it crawls block:
+	// blocked by at least `hosts` distinct hosts within `window` (reports,
+	// canaries, the gateway's refusals), it gets a new instance and a new
+	// IP, and its old exit IP is never served again for a while. Unset:
+	// the ProxyPool's spec.banRecycling for a pool member (on by default),
+	// off for a single Proxy. Ignored for External proxies.
+	BanRecycling *BanRecyclingApplyConfiguration `json:"banRecycling,omitempty"`
 }
 
 // ProxySpecApplyConfiguration constructs a declarative configuration of the ProxySpec type for use with
@@ -134,5 +141,13 @@ func (b *ProxySpecApplyConfiguration) WithExternal(value *ExternalEndpointApplyC
 // If called multiple times, the HealthCheck field is set to the value of the last call.
 func (b *ProxySpecApplyConfiguration) WithHealthCheck(value *HealthCheckApplyConfiguration) *ProxySpecApplyConfiguration {
 	b.HealthCheck = value
+	return b
+}
+
+// WithBanRecycling sets the BanRecycling field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the BanRecycling field is set to the value of the last call.
+func (b *ProxySpecApplyConfiguration) WithBanRecycling(value *BanRecyclingApplyConfiguration) *ProxySpecApplyConfiguration {
+	b.BanRecycling = value
 	return b
 }

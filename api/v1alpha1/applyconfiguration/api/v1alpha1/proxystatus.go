@@ -40,6 +40,21 @@ type ProxyStatusApplyConfiguration struct {
 	// another instance (a replaced one, an old address) is no verdict: the
 	// proxy is not Ready until the health engine has judged this one.
 	HealthCheckedInstance *string `json:"healthCheckedInstance,omitempty"`
+	// egressIP is the address the probe target saw the proxy's requests
+	// come from, when it differs from ip (NAT, a provider's gateway in
+	// front of an External proxy). Written by the health engine.
+	EgressIP *string `json:"egressIP,omitempty"`
+	// canaries are the last verdicts of spec.healthCheck.targets, one per
+	// canary. Written by the health engine.
+	Canaries []CanaryStatusApplyConfiguration `json:"canaries,omitempty"`
+	// burnedIPRerolls counts the instances in a row that came up on an
+	// exit IP retired for bans and were replaced before serving; it goes
+	// back to 0 once one serves. Written by the Proxy reconciler.
+	BurnedIPRerolls *int32 `json:"burnedIPRerolls,omitempty"`
+	// bannedInstance is the instance (named as healthCheckedInstance is)
+	// the Banned condition is about: a ban of an earlier instance is no
+	// ban. Written by the ban judge.
+	BannedInstance *string `json:"bannedInstance,omitempty"`
 	// observedGeneration is the spec generation this status describes.
 	ObservedGeneration *int64 `json:"observedGeneration,omitempty"`
 	// conditions: Provisioned, Healthy and Ready.
@@ -115,6 +130,43 @@ func (b *ProxyStatusApplyConfiguration) WithLastHealthCheckTime(value v1.Time) *
 // If called multiple times, the HealthCheckedInstance field is set to the value of the last call.
 func (b *ProxyStatusApplyConfiguration) WithHealthCheckedInstance(value string) *ProxyStatusApplyConfiguration {
 	b.HealthCheckedInstance = &value
+	return b
+}
+
+// WithEgressIP sets the EgressIP field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the EgressIP field is set to the value of the last call.
+func (b *ProxyStatusApplyConfiguration) WithEgressIP(value string) *ProxyStatusApplyConfiguration {
+	b.EgressIP = &value
+	return b
+}
+
+// WithCanaries adds the given value to the Canaries field in the declarative configuration
+// and returns the receiver, so that objects can be build by chaining "With" function invocations.
+// If called multiple times, values provided by each call will be appended to the Canaries field.
+func (b *ProxyStatusApplyConfiguration) WithCanaries(values ...*CanaryStatusApplyConfiguration) *ProxyStatusApplyConfiguration {
+	for i := range values {
+		if values[i] == nil {
+			panic("nil value passed to WithCanaries")
+		}
+		b.Canaries = append(b.Canaries, *values[i])
+	}
+	return b
+}
+
+// WithBurnedIPRerolls sets the BurnedIPRerolls field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the BurnedIPRerolls field is set to the value of the last call.
+func (b *ProxyStatusApplyConfiguration) WithBurnedIPRerolls(value int32) *ProxyStatusApplyConfiguration {
+	b.BurnedIPRerolls = &value
+	return b
+}
+
+// WithBannedInstance sets the BannedInstance field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the BannedInstance field is set to the value of the last call.
+func (b *ProxyStatusApplyConfiguration) WithBannedInstance(value string) *ProxyStatusApplyConfiguration {
+	b.BannedInstance = &value
 	return b
 }
 

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"github.com/example/egress-proxies-operator/bans"
 	"github.com/example/egress-proxies-operator/controllers"
 	"github.com/example/egress-proxies-operator/controllers/pool"
 	"github.com/example/egress-proxies-operator/discovery"
@@ -81,6 +82,7 @@ type options struct {
 	discovery   discovery.Config
 	leaseStore  leasestore.Options
 	gateway     gateway.Options
+	bans        bans.Config
 	zap         zap.Options
 }
 
@@ -92,7 +94,7 @@ type component interface {
 
 // components are the options that register flags and validate alike.
 func (o *options) components() []component {
-	return []component{&o.manager, &o.identity, &o.controllers, &o.pools, &o.health, &o.discovery, &o.leaseStore, &o.gateway}
+	return []component{&o.manager, &o.identity, &o.controllers, &o.pools, &o.health, &o.discovery, &o.leaseStore, &o.gateway, &o.bans}
 }
 
 // parseFlags turns the command line into options, rejecting anything the
@@ -166,10 +168,8 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := w.setupControllers(engine, triggers); err != nil {
-		return err
-	}
 	var demand pool.DemandSource
+	var outcomes discovery.OutcomeMemory
 	if opts.discovery.Enabled() {
 		server, err := w.setupDiscovery(ctx, engine)
 		if err != nil {
@@ -180,7 +180,13 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 				return err
 			}
 		}
-		demand = poolDemand{server}
+		demand, outcomes = poolDemand{server}, server.Outcomes()
+		if err := w.setupBans(outcomes, triggers); err != nil {
+			return err
+		}
+	}
+	if err := w.setupControllers(engine, triggers, outcomes); err != nil {
+		return err
 	}
 	if err := w.setupPools(demand); err != nil {
 		return err

@@ -27,6 +27,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/bans"
 	"github.com/example/egress-proxies-operator/controllers"
 	"github.com/example/egress-proxies-operator/controllers/pool"
 	"github.com/example/egress-proxies-operator/credentials"
@@ -113,16 +114,32 @@ func (w *wiring) setupHealth(roots *x509.CertPool, triggers chan<- event.Generic
 	return engine, register(health.ProxiesCollector{Reader: w.mgr.GetClient()}, engine.LastProbeCollector())
 }
 
+// setupBans adds the ban judge on the leader: it reads the outcome memory
+// and tells the Proxy reconciler of each ban through triggers.
+func (w *wiring) setupBans(outcomes discovery.OutcomeMemory, triggers chan<- event.GenericEvent) error {
+	c := w.opts.bans
+	judge := bans.New(bans.Options{
+		Client: w.mgr.GetClient(), Memory: outcomes, Interval: c.Interval, MaxBlockedShare: c.MaxBlockedShare,
+		BurnRetention: c.BurnRetention, Recorder: w.recorder, Clock: clock.RealClock{}, Notify: triggers,
+	})
+	if err := w.mgr.Add(judge); err != nil {
+		return fmt.Errorf("adding the ban judge: %w", err)
+	}
+	return nil
+}
+
 // setupControllers adds the Proxy and CrawlTarget controllers and the
 // leader's runnables beside them: the instance watcher, orphan GC and the
-// firewall keeper.
-func (w *wiring) setupControllers(engine *health.Engine, triggers chan event.GenericEvent) error {
+// firewall keeper. burned is nil without the discovery API (and its
+// outcome memory).
+func (w *wiring) setupControllers(engine *health.Engine, triggers chan event.GenericEvent, burned controllers.BurnedIPs) error {
 	o := w.opts.controllers
 	if err := (&controllers.ProxyReconciler{
 		Client: w.mgr.GetClient(), Providers: w.providers, Owner: w.owner, Recorder: w.recorder,
 		Workers: o.MaxConcurrentReconciles, Health: engineHealth{engine},
 		Replacement: o.Replacement, MaxReplacementsInFlight: o.MaxReplacementsInFlight, Triggers: triggers,
 		CredentialsCache: w.credentialsCache, CredentialsNamespace: w.opts.identity.CredentialsNamespace,
+		Burned: burned, MaxBurnedIPRerolls: o.MaxBurnedIPRerolls,
 	}).SetupWithManager(w.mgr); err != nil {
 		return fmt.Errorf("setting up the Proxy controller: %w", err)
 	}

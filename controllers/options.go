@@ -15,6 +15,7 @@ type Options struct {
 	MaxConcurrentReconciles int
 	Replacement             ReplacementPolicy
 	MaxReplacementsInFlight int
+	MaxBurnedIPRerolls      int
 	InstanceResyncInterval  time.Duration
 	GCInterval              time.Duration
 	GCGracePeriod           time.Duration
@@ -33,6 +34,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 		"How long a Managed proxy's instance may go without running (a VM stuck booting, a Squid container in CrashLoopBackOff, an unschedulable pod) before it is replaced; 0 never replaces for it.")
 	fs.IntVar(&o.MaxReplacementsInFlight, "max-replacements-in-flight", DefaultMaxReplacementsInFlight,
 		"Unhealthy proxies being replaced at once, per provider instance; more wait their turn.")
+	fs.IntVar(&o.MaxBurnedIPRerolls, "max-burned-ip-rerolls", DefaultMaxBurnedIPRerolls,
+		"New instances in a row replaced for coming up on an exit IP retired for bans (--burned-ip-retention) before one is served anyway.")
 	fs.DurationVar(&o.InstanceResyncInterval, "instance-resync-interval", DefaultInstanceResyncInterval,
 		"How often the instances of Ready proxies that no watch covers (gcp VMs) are listed again, one List per provider instance, so a VM terminated or deleted behind the operator's back is replaced (jittered by 20%).")
 	fs.DurationVar(&o.GCInterval, "gc-interval", DefaultGCInterval,
@@ -60,6 +63,9 @@ func (o *Options) Validate() error {
 	}
 	if o.MaxReplacementsInFlight < 1 {
 		errs = append(errs, fmt.Errorf("--max-replacements-in-flight must be at least 1, got %d", o.MaxReplacementsInFlight))
+	}
+	if o.MaxBurnedIPRerolls < 0 {
+		errs = append(errs, fmt.Errorf("--max-burned-ip-rerolls must not be negative, got %d", o.MaxBurnedIPRerolls))
 	}
 	if o.InstanceResyncInterval <= 0 {
 		errs = append(errs, fmt.Errorf("--instance-resync-interval must be positive, got %s", o.InstanceResyncInterval))

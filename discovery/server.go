@@ -218,6 +218,10 @@ func NewServer(opts Options) *Server {
 	return s
 }
 
+// Outcomes is the lease store's outcome memory, each call bounded and
+// measured as the API's are: for the ban judge and the Proxy reconciler.
+func (s *Server) Outcomes() OutcomeMemory { return s.store }
+
 // Handler is the API's http.Handler.
 func (s *Server) Handler() http.Handler { return s.router }
 

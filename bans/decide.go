@@ -1,0 +1,107 @@
+package bans
+
+import (
+	"cmp"
+	"slices"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/example/egress-proxies-operator/discovery"
+)
+
+// Subject is one serving proxy as the judge sees it.
+type Subject struct {
+	Key types.NamespacedName
+	// Group is the fleet it is judged with for the outage guard: its pool
+	// (namespace/pool), or its namespace for a stand-alone Proxy.
+	Group string
+	// Hosts and Window are its ban policy (Proxy.BanPolicy); Hosts 0: it is
+	// never banned, though its blocks still count toward the guard.
+	Hosts  int
+	Window time.Duration
+	// Since is when its current instance began serving: blocks before it
+	// were its predecessor's.
+	Since time.Time
+}
+
+// ID is the subject's id in the lease store.
+func (s Subject) ID() string { return s.Key.Namespace + "/" + s.Key.Name }
+
+// Verdict is the judge's word on one subject: the hosts that blocked its
+// current instance within its window, suspect hosts left out, sorted.
+type Verdict struct {
+	Hosts  []string
+	Banned bool
+}
+
+// Suspect is a host that blocked more than the bounded share of one group
+// at once: the host, not the proxies, is suspected, and nobody is banned
+// for it.
+type Suspect struct {
+	Group, Host      string
+	Blocked, Serving int
+}
+
+// MinSuspectBlocked is the fewest proxies of a group one host must block
+// to be suspect: one or two blocked proxies of a small fleet say nothing
+// about the host.
+const MinSuspectBlocked = 3
+
+// Decide decides, from the blocks the outcome memory holds, which subjects
+// are banned and which hosts are suspect. Pure: every case is a table row.
+func Decide(subjects []Subject, blocks []discovery.Block, now time.Time, maxShare float64) (map[types.NamespacedName]Verdict, []Suspect) {
+	byID := make(map[string]*Subject, len(subjects))
+	serving := map[string]int{}
+	for i := range subjects {
+		byID[subjects[i].ID()] = &subjects[i]
+		serving[subjects[i].Group]++
+	}
+	type groupHost struct{ group, host string }
+	blockedBy := map[groupHost]int{}
+	hostsOf := map[types.NamespacedName][]string{}
+	for _, b := range blocks {
+		s, ok := byID[b.Proxy]
+		if !ok || b.At.Before(s.Since) || now.Sub(b.At) > s.window() {
+			continue
+		}
+		blockedBy[groupHost{s.Group, b.Host}]++
+		hostsOf[s.Key] = append(hostsOf[s.Key], b.Host)
+	}
+	var suspects []Suspect
+	for gh, n := range blockedBy {
+		if n >= MinSuspectBlocked && float64(n) > maxShare*float64(serving[gh.group]) {
+			suspects = append(suspects, Suspect{Group: gh.group, Host: gh.host, Blocked: n, Serving: serving[gh.group]})
+		}
+	}
+	slices.SortFunc(suspects, func(a, b Suspect) int {
+		return cmp.Or(cmp.Compare(a.Group, b.Group), cmp.Compare(a.Host, b.Host))
+	})
+	verdicts := make(map[types.NamespacedName]Verdict, len(hostsOf))
+	for key, hosts := range hostsOf {
+		s := byID[key.Namespace+"/"+key.Name]
+		var kept []string
+		for _, h := range hosts {
+			if !slices.Contains(kept, h) && !isSuspect(suspects, s.Group, h) {
+				kept = append(kept, h)
+			}
+		}
+		slices.Sort(kept)
+		verdicts[key] = Verdict{Hosts: kept, Banned: s.Hosts > 0 && len(kept) >= s.Hosts}
+	}
+	return verdicts, suspects
+}
+
+// window is how far back the subject's blocks count: its policy's, or the
+// default for one that is never banned (its blocks still count toward the
+// guard).
+func (s *Subject) window() time.Duration {
+	if s.Window > 0 {
+		return s.Window
+	}
+	return discovery.OutcomeRetention
+}
+
+func isSuspect(suspects []Suspect, group, host string) bool {
+	return slices.ContainsFunc(suspects, func(s Suspect) bool { return s.Group == group && s.Host == host })
+}

@@ -1,0 +1,98 @@
+package bans
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/example/egress-proxies-operator/discovery"
+)
+
+var now = time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+
+func subject(name, group string, hosts int) Subject {
+	return Subject{Key: types.NamespacedName{Namespace: "crawl", Name: name}, Group: group, Hosts: hosts, Window: 10 * time.Minute,
+		Since: now.Add(-time.Hour)}
+}
+
+func blocked(name string, ago time.Duration, hosts ...string) []discovery.Block {
+	var out []discovery.Block
+	for _, h := range hosts {
+		out = append(out, discovery.Block{Proxy: "crawl/" + name, Host: h, At: now.Add(-ago), By: discovery.OutcomeReport})
+	}
+	return out
+}
+
+func concat(lists ...[]discovery.Block) []discovery.Block {
+	var out []discovery.Block
+	for _, l := range lists {
+		out = append(out, l...)
+	}
+	return out
+}
+
+func TestDecide(t *testing.T) {
+	fleet := func(n int) []Subject {
+		var s []Subject
+		for i := range n {
+			s = append(s, subject(string(rune('a'+i)), "crawl/eu", 3))
+		}
+		return s
+	}
+	cases := []struct {
+		name        string
+		subjects    []Subject
+		blocks      []discovery.Block
+		wantBanned  []string
+		wantSuspect []string
+	}{
+		{name: "blocked by 3 distinct hosts within the window: banned", subjects: fleet(10),
+			blocks: blocked("a", time.Minute, "x.example", "y.example", "z.example"), wantBanned: []string{"a"}},
+		{name: "by 2: not yet", subjects: fleet(10), blocks: blocked("a", time.Minute, "x.example", "y.example")},
+		{name: "one outside the window does not count", subjects: fleet(10),
+			blocks: concat(blocked("a", time.Minute, "x.example", "y.example"), blocked("a", 11*time.Minute, "z.example"))},
+		{name: "blocks before the instance served were its predecessor's", subjects: func() []Subject {
+			s := fleet(10)
+			s[0].Since = now.Add(-30 * time.Second)
+			return s
+		}(), blocks: blocked("a", time.Minute, "x.example", "y.example", "z.example")},
+		{name: "policy off (hosts 0): never banned", subjects: func() []Subject {
+			s := fleet(10)
+			s[0].Hosts = 0
+			return s
+		}(), blocks: blocked("a", time.Minute, "x.example", "y.example", "z.example")},
+		{name: "a host blocking most of the pool is suspect: nobody banned for it", subjects: fleet(4),
+			blocks: concat(blocked("a", time.Minute, "down.example", "y.example", "z.example"), blocked("b", time.Minute, "down.example"),
+				blocked("c", time.Minute, "down.example"), blocked("d", time.Minute, "down.example")),
+			wantSuspect: []string{"crawl/eu down.example"}},
+		{name: "the guard is per group: another pool's blocks say nothing of this one", subjects: append(fleet(10),
+			subject("p", "crawl/us", 3), subject("q", "crawl/us", 3), subject("r", "crawl/us", 3)),
+			blocks: concat(blocked("a", time.Minute, "x.example", "y.example", "z.example"),
+				blocked("p", time.Minute, "x.example"), blocked("q", time.Minute, "x.example"), blocked("r", time.Minute, "x.example")),
+			wantBanned: []string{"a"}, wantSuspect: []string{"crawl/us x.example"}},
+		{name: "two blocked of a small pool are no outage", subjects: fleet(3),
+			blocks: concat(blocked("a", time.Minute, "x.example", "y.example", "z.example"), blocked("b", time.Minute, "x.example")),
+			wantBanned: []string{"a"}},
+		{name: "blocks of unknown proxies are ignored", subjects: fleet(3), blocks: blocked("gone", time.Minute, "x.example", "y.example", "z.example")},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			verdicts, suspects := Decide(c.subjects, c.blocks, now, DefaultMaxBlockedShare)
+			var banned []string
+			for key, v := range verdicts {
+				if v.Banned {
+					banned = append(banned, key.Name)
+					assert.GreaterOrEqual(t, len(v.Hosts), 3)
+				}
+			}
+			assert.ElementsMatch(t, c.wantBanned, banned)
+			var got []string
+			for _, s := range suspects {
+				got = append(got, s.Group+" "+s.Host)
+			}
+			assert.ElementsMatch(t, c.wantSuspect, got)
+		})
+	}
+}

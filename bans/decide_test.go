@@ -73,7 +73,7 @@ func TestDecide(t *testing.T) {
 				blocked("p", time.Minute, "x.example"), blocked("q", time.Minute, "x.example"), blocked("r", time.Minute, "x.example")),
 			wantBanned: []string{"a"}, wantSuspect: []string{"crawl/us x.example"}},
 		{name: "two blocked of a small pool are no outage", subjects: fleet(3),
-			blocks: concat(blocked("a", time.Minute, "x.example", "y.example", "z.example"), blocked("b", time.Minute, "x.example")),
+			blocks:     concat(blocked("a", time.Minute, "x.example", "y.example", "z.example"), blocked("b", time.Minute, "x.example")),
 			wantBanned: []string{"a"}},
 		{name: "blocks of unknown proxies are ignored", subjects: fleet(3), blocks: blocked("gone", time.Minute, "x.example", "y.example", "z.example")},
 	}

@@ -130,7 +130,9 @@ func (j *Judge) Pass(ctx context.Context) error {
 		}
 	}
 	verdicts, suspects := Decide(subjects, blocks, now, j.opts.MaxBlockedShare)
-	j.tellSuspects(ctx, suspects, poolOf)
+	// Suspects are told last: their Event says the pass that spared the
+	// proxies for them is over.
+	defer j.tellSuspects(ctx, suspects, poolOf)
 	var errs []error
 	for i := range proxies.Items {
 		p := &proxies.Items[i]

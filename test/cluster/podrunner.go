@@ -35,6 +35,24 @@ type PodRunner struct {
 	mu      sync.Mutex
 	running map[types.UID]*runningPod
 	nextIP  int
+	// reuse: an address a stopped pod released goes to the next pod
+	// started, once (as a cloud hands a new VM an IP someone released):
+	// released are those waiting, reused those handed out again already.
+	reuse    bool
+	released []string
+	reused   map[string]bool
+}
+
+// ReuseReleasedIPs makes the runner hand the address of a pod that went
+// away to the next pod it starts, each address at most once more; false
+// stops it and forgets the addresses waiting.
+func (r *PodRunner) ReuseReleasedIPs(on bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.reuse, r.released = on, nil
+	if r.reused == nil {
+		r.reused = map[string]bool{}
+	}
 }
 
 type runningPod struct {
@@ -166,9 +184,26 @@ func (r *PodRunner) sync(ctx context.Context) error {
 		if !alive[uid] {
 			p.squid.Stop()
 			delete(r.running, uid)
+			if r.reuse && !r.reused[p.ip] {
+				r.released = append(r.released, p.ip)
+			}
 		}
 	}
 	return nil
+}
+
+// nextAddress is a new pod's address: a released one waiting, when reuse
+// is on, else one never used.
+func (r *PodRunner) nextAddress() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.reuse && len(r.released) > 0 {
+		ip := r.released[0]
+		r.released, r.reused[ip] = r.released[1:], true
+		return ip
+	}
+	r.nextIP++
+	return LoopbackIP(1, r.nextIP)
 }
 
 // annotationKey is the annotation a downward API file projects.
@@ -193,11 +228,7 @@ func (r *PodRunner) start(ctx context.Context, pod *corev1.Pod) error {
 	if m == nil {
 		return fmt.Errorf("its squid.conf has no http_port line")
 	}
-	r.mu.Lock()
-	r.nextIP++
-	n := r.nextIP
-	r.mu.Unlock()
-	ip := LoopbackIP(1, n)
+	ip := r.nextAddress()
 	// The pod's own address: what a pod IP is on a node. Requests leave
 	// from it too, so a site sees each proxy's own IP.
 	conf = httpPortLine.ReplaceAllString(conf, "http_port "+ip+":"+m[1]) + "\ntcp_outgoing_address " + ip + "\n"

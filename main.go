@@ -164,7 +164,8 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 	// One channel of Proxies to look at now: verdict changes from the
 	// health engine, lost instances from the instance watcher.
 	triggers := make(chan event.GenericEvent, 1024)
-	engine, err := w.setupHealth(roots, triggers)
+	canaries := &canaryOutcomes{}
+	engine, err := w.setupHealth(roots, triggers, canaries)
 	if err != nil {
 		return err
 	}
@@ -181,6 +182,7 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 			}
 		}
 		demand, outcomes = poolDemand{server}, server.Outcomes()
+		canaries.memory = outcomes
 		if err := w.setupBans(outcomes, triggers); err != nil {
 			return err
 		}

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"maps"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
@@ -94,11 +95,17 @@ func newWiring(ctx context.Context, opts options, providersConfig providers.Conf
 
 // setupHealth adds the health engine, which tells triggers of every
 // verdict change, and the metrics that read it.
-func (w *wiring) setupHealth(roots *x509.CertPool, triggers chan<- event.GenericEvent) (*health.Engine, error) {
+func (w *wiring) setupHealth(roots *x509.CertPool, triggers chan<- event.GenericEvent, outcomes health.OutcomeSink) (*health.Engine, error) {
+	prober := health.NewHTTPProber(roots)
 	engine := health.NewEngine(health.Options{
 		Cache:                w.mgr.GetCache(),
 		Client:               w.mgr.GetClient(),
-		Prober:               health.NewHTTPProber(roots),
+		Prober:               prober,
+		Canaries:             prober,
+		Outcomes:             outcomes,
+		CanaryInterval:       w.opts.health.CanaryInterval,
+		CanaryHostInterval:   w.opts.health.CanaryHostInterval,
+		EchoURL:              w.opts.health.EchoURL,
 		Defaults:             w.opts.health.Defaults,
 		Workers:              w.opts.health.Workers,
 		Clock:                clock.RealClock{},
@@ -308,6 +315,25 @@ type poolDemand struct{ server *discovery.Server }
 func (d poolDemand) PoolDemand(ctx context.Context, namespace, name string) (pool.Demand, error) {
 	got, err := d.server.PoolDemand(ctx, namespace, name)
 	return pool.Demand{ActiveLeases: got.ActiveLeases, LastRefused: got.LastRefused}, err
+}
+
+// canaryOutcomes hands the health engine's canary results to the lease
+// store's outcome memory (a blocked canary cools the proxy for its host
+// and counts toward its ban); memory is set once discovery is, before the
+// manager starts. Without the discovery API nothing records them.
+type canaryOutcomes struct{ memory discovery.OutcomeMemory }
+
+func (c *canaryOutcomes) CanaryOutcome(ctx context.Context, proxy types.NamespacedName, host string, blocked bool, cooldown time.Duration) {
+	if c.memory == nil {
+		return
+	}
+	o := discovery.Outcome{Blocked: blocked, Source: discovery.OutcomeCanary}
+	if blocked {
+		o.Cooldown = cooldown
+	}
+	if err := c.memory.RecordOutcome(ctx, proxy.String(), host, o); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "recording a canary's outcome", "proxy", proxy, "host", host)
+	}
 }
 
 // engineHealth lets discovery and the reconciler read the health engine's

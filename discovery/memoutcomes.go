@@ -112,7 +112,11 @@ func (m *MemoryStore) blockedLocked(proxy, host string, now time.Time) float64 {
 func (m *MemoryStore) RecordOutcome(_ context.Context, proxy, host string, out Outcome) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.recordLocked(proxy, host, out, m.clock.Now())
+	now := m.expireLocked()
+	m.recordLocked(proxy, host, out, now)
+	if out.Blocked && out.Cooldown > 0 {
+		m.coolLocked(proxy, host, now.Add(out.Cooldown))
+	}
 	return nil
 }
 

@@ -15,6 +15,10 @@ type Outcome struct {
 	// Source is what saw it: OutcomeReport, OutcomeCanary or
 	// OutcomeGateway.
 	Source string
+	// Cooldown, on a blocked outcome, also keeps the proxy away from the
+	// host that long (a longer cooldown running is kept), as a
+	// rate_limited report does; the record's LastBlockedBy says why.
+	Cooldown time.Duration
 }
 
 // Sources of an Outcome.

@@ -75,6 +75,19 @@ type Options struct {
 	// Nil probes without credentials.
 	Credentials          CredentialsLookup
 	CredentialsNamespace string
+	// Canaries fetches the team's canaries (spec.healthCheck.targets)
+	// through a proxy that passes its probes, each every CanaryInterval,
+	// and to one host at most once per CanaryHostInterval across the
+	// fleet; Outcomes takes what they learn. Nil Canaries: none are
+	// fetched.
+	Canaries           CanaryProber
+	Outcomes           OutcomeSink
+	CanaryInterval     time.Duration
+	CanaryHostInterval time.Duration
+	// EchoURL, when set, answers with the address a request came from; a
+	// probe that passes asks it (every EgressRecheck) to learn the proxy's
+	// exit IP, recorded as status.egressIP when it differs from its IP.
+	EchoURL string
 }
 
 // CredentialsLookup reads a proxy's credentials (credentials.Reader).
@@ -97,6 +110,8 @@ type Engine struct {
 	byURL map[string]*urlCount
 	// generation counts verdict changes, so discovery can cache on it.
 	generation atomic.Uint64
+	// pacer spaces the canaries to each host across the fleet.
+	pacer hostPacer
 }
 
 // NewEngine builds an engine; Start runs it.
@@ -107,8 +122,15 @@ func NewEngine(opts Options) *Engine {
 	if opts.Workers <= 0 {
 		opts.Workers = DefaultWorkers
 	}
+	if opts.CanaryInterval <= 0 {
+		opts.CanaryInterval = DefaultCanaryInterval
+	}
+	if opts.CanaryHostInterval <= 0 {
+		opts.CanaryHostInterval = DefaultCanaryHostInterval
+	}
 	return &Engine{
 		opts:    opts,
+		pacer:   hostPacer{interval: opts.CanaryHostInterval},
 		targets: map[types.NamespacedName]*target{},
 		byURL:   map[string]*urlCount{},
 		queue: workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[probeItem]{
@@ -179,16 +201,18 @@ func (e *Engine) work(ctx context.Context) bool {
 	t, ok := e.targets[key]
 	var identity string
 	var pt probeTarget
+	var echo bool
 	if ok {
 		identity, pt = t.identity, t.probeTarget
 		t.lastProbe = start
+		echo = e.opts.EchoURL != "" && (t.egressCheckedAt.IsZero() || start.Sub(t.egressCheckedAt) >= EgressRecheck)
 	}
 	e.mu.Unlock()
 	if !ok {
 		return true // forgotten while it waited
 	}
 
-	result := e.probe(ctx, key, pt)
+	result := e.probe(ctx, key, pt, echo)
 	observeProbe(result, e.opts.Clock.Since(start))
 
 	e.mu.Lock()
@@ -209,13 +233,21 @@ func (e *Engine) work(ctx context.Context) bool {
 		}
 		e.recountLocked(t, false)
 	}
+	recordChanged := t.learnEgress(result, pt.address)
 	verdict, written, managed := t.tracker.verdict, t.written, t.managed
+	var due []crawlv1alpha1.CanaryTarget
+	if verdict == Healthy && e.opts.Canaries != nil {
+		due = t.dueCanaries(t.probedAt)
+	}
 	e.mu.Unlock()
 
 	if changed && managed && !e.notify(ctx, key) {
 		return false
 	}
-	if verdict != written && verdict != Unknown {
+	if len(due) > 0 && e.runCanaries(ctx, key, identity, pt, due) {
+		recordChanged = true
+	}
+	if (verdict != written && verdict != Unknown) || recordChanged {
 		e.settle(ctx, key)
 	}
 	e.queue.AddAfter(probeItem{key: key}, e.nextProbe(settings, verdict))
@@ -256,24 +288,36 @@ func (e *Engine) notify(ctx context.Context, key types.NamespacedName) bool {
 const probeCredentialsLifetime = time.Minute
 
 // probe probes the proxy key at pt once, with its credentials when it
-// takes some (signed for the probe, on a proxy that takes per-lease ones).
-func (e *Engine) probe(ctx context.Context, key types.NamespacedName, pt probeTarget) Result {
+// takes some (signed for the probe, on a proxy that takes per-lease ones),
+// and asks the echo URL for its exit IP when echo is set.
+func (e *Engine) probe(ctx context.Context, key types.NamespacedName, pt probeTarget, echo bool) Result {
 	settings := pt.settings.Value()
 	req := ProbeRequest{ProxyAddr: pt.address, Target: settings.URL, Timeout: settings.Timeout, CheckOpen: pt.checkOpen}
-	if pt.hasCreds && e.opts.Credentials != nil {
-		creds, err := e.opts.Credentials.Lookup(ctx, pt.creds.Value())
-		if err == nil {
-			// The proxy checks the expiry on its own (wall) clock.
-			creds, err = creds.SignedFor(key.String(), "probe", time.Now().Add(settings.Timeout+probeCredentialsLifetime))
-		}
-		if err != nil && !req.CheckOpen {
-			return Result{Reason: ReasonCredentialsUnavailable, Message: err.Error()}
-		}
-		// A Managed proxy without its record (built before records
-		// existed) is still checked for being open, then probed bare.
-		req.Credentials = creds
+	if echo {
+		req.EchoURL = e.opts.EchoURL
 	}
+	creds, err := e.credentialsFor(ctx, key, pt)
+	if err != nil && !req.CheckOpen {
+		return Result{Reason: ReasonCredentialsUnavailable, Message: err.Error()}
+	}
+	// A Managed proxy without its record (built before records existed)
+	// is still checked for being open, then probed bare.
+	req.Credentials = creds
 	return e.opts.Prober.Probe(ctx, req)
+}
+
+// credentialsFor is what the engine presents to the proxy at pt: none for
+// a proxy that takes none, else its credentials signed for the engine (the
+// proxy checks the expiry on its own, wall, clock).
+func (e *Engine) credentialsFor(ctx context.Context, key types.NamespacedName, pt probeTarget) (credentials.Credentials, error) {
+	if !pt.hasCreds || e.opts.Credentials == nil {
+		return credentials.Credentials{}, nil
+	}
+	creds, err := e.opts.Credentials.Lookup(ctx, pt.creds.Value())
+	if err != nil {
+		return credentials.Credentials{}, err
+	}
+	return creds.SignedFor(key.String(), "probe", time.Now().Add(pt.settings.Value().Timeout+probeCredentialsLifetime))
 }
 
 // UndecidedRetry is how soon a proxy without a verdict is probed again.

@@ -26,12 +26,16 @@ var (
 	})
 	statusWrites = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: operator.MetricsNamespace, Subsystem: "healthcheck", Name: "status_writes_total",
-		Help: "Proxy status writes by the health engine: a verdict change, or a recorded verdict or Ready that no longer holds (a new address, an instance that stopped serving).",
+		Help: "Proxy status writes by the health engine: a verdict change, a canary's verdict or exit IP learnt, or a recorded verdict or Ready that no longer holds (a new address, an instance that stopped serving).",
 	})
+	canaryChecks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: operator.MetricsNamespace, Subsystem: "canary", Name: "checks_total",
+		Help: "Canary fetches through proxies (spec.healthCheck.targets), by canary name and verdict (Allowed, Blocked, Unknown).",
+	}, []string{"canary", "verdict"})
 )
 
 func init() {
-	ctrlmetrics.Registry.MustRegister(probesTotal, probeDuration, statusWrites)
+	ctrlmetrics.Registry.MustRegister(probesTotal, probeDuration, statusWrites, canaryChecks)
 }
 
 func observeProbe(r Result, took time.Duration) {

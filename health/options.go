@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"time"
 )
 
 // Config is the health engine's flags: the probe defaults a Proxy's
@@ -17,6 +18,10 @@ type Config struct {
 	Workers  int
 	// CABundle is a PEM file of CAs added to the system roots.
 	CABundle string
+	// CanaryInterval, CanaryHostInterval and EchoURL are Options'.
+	CanaryInterval     time.Duration
+	CanaryHostInterval time.Duration
+	EchoURL            string
 }
 
 // AddFlags registers the engine's flags.
@@ -30,6 +35,12 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Defaults.SuccessThreshold, "health-success-threshold", DefaultSuccessThreshold,
 		"Consecutive successful probes that make a proxy Healthy.")
 	fs.IntVar(&c.Workers, "health-workers", DefaultWorkers, "Probes running at once.")
+	fs.DurationVar(&c.CanaryInterval, "canary-interval", DefaultCanaryInterval,
+		"How often each canary (spec.healthCheck.targets) is fetched through each proxy that passes its probes.")
+	fs.DurationVar(&c.CanaryHostInterval, "canary-host-interval", DefaultCanaryHostInterval,
+		"The least time between two canaries to one host, across the whole fleet.")
+	fs.StringVar(&c.EchoURL, "egress-echo-url", "",
+		"An http(s) URL that answers with the address a request came from (a bare IP, or JSON with \"ip\" or \"origin\"): probes that pass ask it through the proxy, every 10m, and record status.egressIP when it differs from the proxy's IP. Empty: not asked.")
 	fs.StringVar(&c.CABundle, "health-ca-bundle", "",
 		"PEM file of CAs trusted for probe targets, added to the system roots (for private probe targets).")
 }
@@ -45,6 +56,14 @@ func (c *Config) Validate() error {
 	}
 	if c.Defaults.Timeout <= 0 {
 		errs = append(errs, fmt.Errorf("--health-timeout must be positive, got %s", c.Defaults.Timeout))
+	}
+	if c.CanaryInterval < 10*time.Second || c.CanaryHostInterval < 0 {
+		errs = append(errs, fmt.Errorf("--canary-interval must be at least 10s and --canary-host-interval not negative, got %s and %s", c.CanaryInterval, c.CanaryHostInterval))
+	}
+	if c.EchoURL != "" {
+		if u, err := url.Parse(c.EchoURL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+			errs = append(errs, fmt.Errorf("--egress-echo-url %q must be an absolute http or https URL", c.EchoURL))
+		}
 	}
 	for _, n := range []struct {
 		flag  string

@@ -57,6 +57,9 @@ type Result struct {
 	Reason string
 	// Message says what happened, for the condition.
 	Message string
+	// EgressIP is the address the echo URL saw the probe come from (""
+	// when not asked, or it could not tell).
+	EgressIP string
 }
 
 // ProbeRequest is one probe of one proxy.
@@ -71,6 +74,9 @@ type ProbeRequest struct {
 	// CheckOpen first sends a CONNECT without credentials: a proxy that
 	// tunnels it fails the probe with ReasonOpenProxy.
 	CheckOpen bool
+	// EchoURL, when set, is fetched through the proxy after a probe that
+	// passed, to learn the address sites see (Result.EgressIP).
+	EchoURL string
 }
 
 // Prober fetches a URL through a proxy.
@@ -181,7 +187,11 @@ func (p *HTTPProber) Probe(ctx context.Context, pr ProbeRequest) Result {
 	if res.StatusCode >= 400 {
 		return Result{Reason: ReasonBadStatus, Message: message}
 	}
-	return Result{Success: true, Reason: ReasonProbeSucceeded, Message: message}
+	result := Result{Success: true, Reason: ReasonProbeSucceeded, Message: message}
+	if pr.EchoURL != "" {
+		result.EgressIP = p.echo(ctx, pr)
+	}
+	return result
 }
 
 // classify names why a probe failed. Order matters: a timeout can surface as

@@ -2,6 +2,7 @@ package health
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -36,12 +37,16 @@ type knowledge struct {
 	// probed: the instance has been probed (or its recorded verdict
 	// adopted); until then its first probe, due now, writes its status.
 	probed bool
+	// egressIP and canaries are what its probes and canaries learnt.
+	egressIP string
+	canaries []crawlv1alpha1.CanaryStatus
 }
 
 // knowledge is a copy of what t knows; the caller holds the engine's lock.
 func (t *target) knowledge() knowledge {
 	return knowledge{instance: t.identity, verdict: t.tracker.verdict, decided: t.tracker.decided,
-		decidedAt: t.decidedAt, probed: !t.probedAt.IsZero() || t.written != Unknown}
+		decidedAt: t.decidedAt, probed: !t.probedAt.IsZero() || t.written != Unknown,
+		egressIP: t.egressIP, canaries: t.canaryStatuses()}
 }
 
 // healthPart is the engine's part of a Proxy's status, the fields it owns
@@ -50,6 +55,8 @@ type healthPart struct {
 	healthy, ready metav1.Condition
 	lastCheck      *metav1.Time
 	instance       string
+	egressIP       string
+	canaries       []crawlv1alpha1.CanaryStatus
 }
 
 // healthPartFor is the engine's part of p's status given what the engine
@@ -85,11 +92,11 @@ func healthPartFor(p *crawlv1alpha1.Proxy, known *knowledge, now time.Time) (hea
 		if !known.probed && !misleading {
 			return healthPart{}, false
 		}
-		part.instance = known.instance
+		part.instance, part.egressIP, part.canaries = known.instance, known.egressIP, known.canaries
 		meta.SetStatusCondition(&conditions, metav1.Condition{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionUnknown,
 			ObservedGeneration: p.Generation, Reason: crawlv1alpha1.ReasonAwaitingProbe, Message: "no health verdict for this instance yet"})
 	default:
-		part.instance = known.instance
+		part.instance, part.egressIP, part.canaries = known.instance, known.egressIP, known.canaries
 		at := metav1.NewTime(known.decidedAt).Rfc3339Copy() // as stored
 		if !known.decidedAt.IsZero() {
 			part.lastCheck = &at
@@ -108,15 +115,31 @@ func healthPartFor(p *crawlv1alpha1.Proxy, known *knowledge, now time.Time) (hea
 		stored.Status != part.healthy.Status || stored.Reason != part.healthy.Reason ||
 		storedReady.Status != part.ready.Status || storedReady.Reason != part.ready.Reason ||
 		p.Status.HealthCheckedInstance != part.instance ||
-		!part.lastCheck.Equal(p.Status.LastHealthCheckTime)
+		!part.lastCheck.Equal(p.Status.LastHealthCheckTime) ||
+		p.Status.EgressIP != part.egressIP || !equalCanaries(p.Status.Canaries, part.canaries)
 	return part, stale
+}
+
+// equalCanaries says whether two canary records say the same.
+func equalCanaries(a, b []crawlv1alpha1.CanaryStatus) bool {
+	return slices.EqualFunc(a, b, func(x, y crawlv1alpha1.CanaryStatus) bool {
+		return x.Name == y.Name && x.Host == y.Host && x.Verdict == y.Verdict && x.Message == y.Message &&
+			x.LastTransitionTime.Equal(y.LastTransitionTime)
+	})
 }
 
 // apply is part as an apply configuration of p.
 func (part healthPart) apply(p *crawlv1alpha1.Proxy) *acv1alpha1.ProxyApplyConfiguration {
 	status := acv1alpha1.ProxyStatus().
 		WithConditions(crawlv1alpha1.ConditionApply(part.healthy), crawlv1alpha1.ConditionApply(part.ready)).
-		WithHealthCheckedInstance(part.instance)
+		WithHealthCheckedInstance(part.instance).WithEgressIP(part.egressIP)
+	for _, c := range part.canaries {
+		cs := acv1alpha1.CanaryStatus().WithName(c.Name).WithHost(c.Host).WithVerdict(c.Verdict).WithMessage(c.Message)
+		if c.LastTransitionTime != nil {
+			cs.WithLastTransitionTime(*c.LastTransitionTime)
+		}
+		status.WithCanaries(cs)
+	}
 	if part.lastCheck != nil {
 		status.WithLastHealthCheckTime(*part.lastCheck)
 	}

@@ -2,7 +2,9 @@ package health
 
 import (
 	"net"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 	"unique"
 
@@ -55,6 +57,22 @@ type target struct {
 	probedAt time.Time
 	// counted is the contribution to byURL now: url, and whether Unhealthy.
 	counted *countedAs
+	// egressIP is the instance's exit IP when it differs from its address
+	// ("" otherwise, or unknown), as the echo URL last said at
+	// egressCheckedAt.
+	egressIP        string
+	egressCheckedAt time.Time
+	// canaries are the proxy's canaries (its spec's), and canaryStates
+	// what each last came to, by name.
+	canaries     []crawlv1alpha1.CanaryTarget
+	canaryStates map[string]*canaryState
+}
+
+// canaryState is one canary of one instance: its last verdict, and when
+// it is due again.
+type canaryState struct {
+	status crawlv1alpha1.CanaryStatus
+	due    time.Time
 }
 
 // track starts, updates or stops probing a Proxy as its status says.
@@ -91,6 +109,12 @@ func (e *Engine) track(obj any) {
 		if recorded == Unhealthy {
 			t.unhealthySince = since
 		}
+		if p.Status.HealthCheckedInstance == identity {
+			// What the status records of this instance holds until
+			// learnt again (after a restart: no write, no burst of
+			// canaries).
+			t.adoptRecorded(p, now, settings.Interval, e.spread)
+		}
 		if old != nil {
 			t.counted = old.counted // recountLocked moves it
 		}
@@ -100,6 +124,7 @@ func (e *Engine) track(obj any) {
 	resettle := exists && !replaced && t.settings.Value() != settings
 	t.probeTarget = probeTargetOf(p, settings, e.opts.CredentialsNamespace)
 	t.managed = p.Spec.Mode == crawlv1alpha1.ModeManaged
+	t.setCanaries(canariesOf(p))
 	e.recountLocked(t, false)
 	// Decided under the lock: a probe worker may be changing the verdict
 	// and the last probe's time as soon as it is released.
@@ -199,4 +224,76 @@ func (e *Engine) settingsFor(p *crawlv1alpha1.Proxy) Settings {
 		s.SuccessThreshold = int(*hc.SuccessThreshold)
 	}
 	return s
+}
+
+// canariesOf is a Proxy's canaries (spec.healthCheck.targets).
+func canariesOf(p *crawlv1alpha1.Proxy) []crawlv1alpha1.CanaryTarget {
+	if p.Spec.HealthCheck == nil {
+		return nil
+	}
+	return p.Spec.HealthCheck.Targets
+}
+
+// setCanaries takes the spec's canaries, forgetting the states of those
+// no longer in it.
+func (t *target) setCanaries(canaries []crawlv1alpha1.CanaryTarget) {
+	t.canaries = canaries
+	for name := range t.canaryStates {
+		if !slices.ContainsFunc(canaries, func(c crawlv1alpha1.CanaryTarget) bool { return c.Name == name }) {
+			delete(t.canaryStates, name)
+		}
+	}
+}
+
+// adoptRecorded takes the exit IP and canary verdicts p's status records
+// about its instance; the canaries are due again spread over interval.
+func (t *target) adoptRecorded(p *crawlv1alpha1.Proxy, now time.Time, interval time.Duration, spread func(time.Duration) time.Duration) {
+	t.egressIP = p.Status.EgressIP
+	for _, c := range p.Status.Canaries {
+		if t.canaryStates == nil {
+			t.canaryStates = map[string]*canaryState{}
+		}
+		t.canaryStates[c.Name] = &canaryState{status: *c.DeepCopy(), due: now.Add(spread(interval))}
+	}
+}
+
+// learnEgress takes the exit IP a probe's echo reported (none: nothing to
+// learn) for the instance at address, and says whether it changed.
+func (t *target) learnEgress(r Result, address string) bool {
+	if r.EgressIP == "" {
+		return false
+	}
+	t.egressCheckedAt = t.probedAt
+	egress := r.EgressIP
+	if host, _, err := net.SplitHostPort(address); err == nil && host == egress {
+		egress = ""
+	}
+	if egress == t.egressIP {
+		return false
+	}
+	t.egressIP = egress
+	return true
+}
+
+// dueCanaries are the canaries due by now.
+func (t *target) dueCanaries(now time.Time) []crawlv1alpha1.CanaryTarget {
+	var due []crawlv1alpha1.CanaryTarget
+	for _, c := range t.canaries {
+		if st := t.canaryStates[c.Name]; st == nil || !now.Before(st.due) {
+			due = append(due, c)
+		}
+	}
+	return due
+}
+
+// canaryStatuses are the verdicts to record, by name.
+func (t *target) canaryStatuses() []crawlv1alpha1.CanaryStatus {
+	var out []crawlv1alpha1.CanaryStatus
+	for _, c := range t.canaries {
+		if st := t.canaryStates[c.Name]; st != nil && st.status.Verdict != "" {
+			out = append(out, st.status)
+		}
+	}
+	slices.SortFunc(out, func(a, b crawlv1alpha1.CanaryStatus) int { return strings.Compare(a.Name, b.Name) })
+	return out
 }

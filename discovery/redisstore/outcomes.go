@@ -17,7 +17,7 @@ func (s *Store) RecordOutcome(ctx context.Context, proxy, host string, o discove
 	if o.Blocked {
 		blocked = 1
 	}
-	if err := s.run(ctx, recordOutcomeScript, proxy, host, blocked, o.Source).Err(); err != nil {
+	if err := s.run(ctx, recordOutcomeScript, proxy, host, blocked, o.Source, o.Cooldown.Milliseconds()).Err(); err != nil {
 		return fmt.Errorf("record-outcome script: %w", err)
 	}
 	return nil

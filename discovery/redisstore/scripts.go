@@ -504,9 +504,11 @@ return ms
 `)
 
 // recordOutcomeScript: ARGV[3] proxy, ARGV[4] host, ARGV[5] 1 for blocked,
-// ARGV[6] its source.
-var recordOutcomeScript = redis.NewScript(preamble + outcomes + `
+// ARGV[6] its source, ARGV[7] the cooldown ms a blocked outcome sets (0:
+// none).
+var recordOutcomeScript = redis.NewScript(preamble + cool + outcomes + `
 recordOutcome(ARGV[3], ARGV[4], ARGV[5] == '1', ARGV[6])
+if ARGV[5] == '1' and tonumber(ARGV[7]) > 0 then cool(ARGV[3], ARGV[4], tonumber(ARGV[7])) end
 return 1
 `)
 

@@ -52,16 +52,24 @@ func TestKeysExpireByThemselves(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, [2]int{1, 1}, [2]int{leases, cooldowns})
 
+	// What outlives them: when the proxy was last leased (an hour), and
+	// the outcome memory of the report (discovery.OutcomeRetention).
+	outlive := map[string]bool{"exp:last:ns/a": true, "exp:out:ns/a": true, "exp:obh:x.com": true, "exp:blocks": true}
 	assert.Eventually(t, func() bool {
 		keys, err := client.Keys(ctx, "exp:*").Result()
 		require.NoError(t, err)
 		for _, k := range keys {
-			if k != "exp:last:ns/a" {
+			if !outlive[k] {
 				return false
 			}
 		}
 		return true
 	}, 5*time.Second, 50*time.Millisecond, "lease, load and cooldown keys expire with their TTLs")
+	for k := range outlive {
+		ttl, err := client.PTTL(ctx, k).Result()
+		require.NoError(t, err)
+		assert.True(t, ttl > 0 && ttl <= discovery.OutcomeRetention, "%s expires by itself within the outcome memory's retention: %s", k, ttl)
+	}
 	leases, cooldowns, err = store.Counts(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, [2]int{0, 0}, [2]int{leases, cooldowns})

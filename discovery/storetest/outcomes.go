@@ -91,6 +91,23 @@ func outcomeMemory(t *testing.T, h Harness) {
 	assert.False(t, ok, "the oldest host went first")
 }
 
+// outcomeCooldown: a blocked outcome with a cooldown keeps its proxy away
+// from that host only, and the record says what saw it.
+func outcomeCooldown(t *testing.T, h Harness) {
+	ctx := context.Background()
+	require.NoError(t, h.Store.RecordOutcome(ctx, "a", "shop.example", discovery.Outcome{Blocked: true, Source: discovery.OutcomeCanary, Cooldown: time.Minute}))
+	_, err := acquire(h, Of("a"), "shop.example", time.Minute)
+	noneAvailable(t, err, discovery.CauseCooling)
+	l, err := acquire(h, Of("a"), "news.example", time.Minute)
+	require.NoError(t, err, "another host may use it")
+	assert.Equal(t, "a", l.ProxyID)
+	r, _ := recordOf(t, h, "a", "shop.example")
+	assert.Equal(t, discovery.OutcomeCanary, r.LastBlockedBy)
+	h.Advance(time.Minute + time.Second)
+	_, err = acquire(h, Of("a"), "shop.example", time.Minute)
+	require.NoError(t, err, "the cooldown ended")
+}
+
 // reportsRecordOutcomes: a report on a lease or a gateway session adds to
 // its proxy's record with the target: ok served, rate_limited and blocked
 // blocked (both cooling the proxy for the target), error nothing.

@@ -52,6 +52,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"Usage", usage},
 		{"Ledger", ledger},
 		{"OutcomeMemory", outcomeMemory},
+		{"OutcomeCooldown", outcomeCooldown},
 		{"ReportsRecordOutcomes", reportsRecordOutcomes},
 		{"BetterRecord", betterRecord},
 		{"BurnedIPs", burnedIPs},

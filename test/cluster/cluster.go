@@ -244,6 +244,7 @@ func (c *Cluster) StartOperator(bin string, opts OperatorOptions) (*Operator, er
 		"--discovery-token-secret=" + OperatorNamespace + "/discovery-token",
 		"--health-probe-url=" + c.Target.URL,
 		"--health-ca-bundle=" + c.Target.CAFile,
+		"--egress-echo-url=" + c.Target.EchoURL,
 		"--health-interval=1s",
 		"--health-timeout=2s",
 	}

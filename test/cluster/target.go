@@ -27,8 +27,11 @@ var targetIPs = []string{"127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", "12
 // health engine fetches through every proxy.
 type Target struct {
 	// URL is the probe URL; CAFile the PEM of the CA that signed its
-	// certificate (give it to --health-ca-bundle).
-	URL, CAFile string
+	// certificate (give it to --health-ca-bundle). EchoURL answers with
+	// the address a request came from (--egress-echo-url); BlockedURL
+	// answers 403 with a ban page, as a site that blocks every proxy
+	// would (a canary that fails).
+	URL, CAFile, EchoURL, BlockedURL string
 	srv         *http.Server
 	down        atomic.Bool
 }
@@ -70,7 +73,17 @@ func StartTarget(dir string) (*Target, error) {
 	srv := &http.Server{
 		ReadHeaderTimeout: 5 * time.Second,
 		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			switch r.URL.Path {
+			case "/ip":
+				host, _, _ := net.SplitHostPort(r.RemoteAddr)
+				_, _ = io.WriteString(w, host+"\n")
+				return
+			case "/blocked":
+				w.WriteHeader(http.StatusForbidden)
+				_, _ = io.WriteString(w, "<h1>Access denied</h1>")
+				return
+			}
 			if t.down.Load() {
 				w.WriteHeader(http.StatusServiceUnavailable)
 				return
@@ -81,7 +94,7 @@ func StartTarget(dir string) (*Target, error) {
 		ErrorLog: log.New(io.Discard, "", 0),
 	}
 	go func() { _ = srv.ServeTLS(l, "", "") }()
-	t.URL, t.srv = "https://"+ip+"/generate_204", srv
+	t.URL, t.EchoURL, t.BlockedURL, t.srv = "https://"+ip+"/generate_204", "https://"+ip+"/ip", "https://"+ip+"/blocked", srv
 	return t, nil
 }
 

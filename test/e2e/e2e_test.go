@@ -77,7 +77,7 @@ func runMain(m *testing.M) int {
 	}
 	world.gateway = cluster.FreeAddr()
 	world.opts = cluster.OperatorOptions{DiscoveryAddr: cluster.FreeAddr(), ProbeAddr: cluster.FreeAddr(),
-		ExtraArgs: []string{"--pool-autoscale-interval=1s", "--ban-check-interval=1s", "--gateway-bind-address=" + world.gateway, "--tenant-review-ttl=1s"}}
+		ExtraArgs: []string{"--pool-autoscale-interval=1s", "--ban-check-interval=1s", "--canary-interval=10s", "--canary-host-interval=0s", "--gateway-bind-address=" + world.gateway, "--tenant-review-ttl=1s"}}
 	world.discovery = "http://" + world.opts.DiscoveryAddr
 	if world.operator, err = world.cluster.StartOperator(world.bin, world.opts); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
@@ -211,6 +211,7 @@ func TestE2E(t *testing.T) {
 	t.Run("pool", testPool)
 	t.Run("pool autoscaling", testPoolAutoscaling)
 	t.Run("bans", testBans)
+	t.Run("canaries", testCanaries)
 	t.Run("external", testExternal)
 	t.Run("gateway", testGateway)
 	t.Run("tenants", testTenants)

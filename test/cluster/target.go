@@ -32,8 +32,8 @@ type Target struct {
 	// answers 403 with a ban page, as a site that blocks every proxy
 	// would (a canary that fails).
 	URL, CAFile, EchoURL, BlockedURL string
-	srv         *http.Server
-	down        atomic.Bool
+	srv                              *http.Server
+	down                             atomic.Bool
 }
 
 // SetDown makes the target answer 503 to everything (down) or 204 again:

@@ -93,8 +93,11 @@ type Proxy struct {
 	Password            string            `json:"password,omitempty"`
 	CredentialsWithheld string            `json:"credentialsWithheld,omitempty"`
 	Attributes          map[string]string `json:"attributes"`
-	Healthy             bool              `json:"healthy"`
-	ActiveLeases        int               `json:"activeLeases"`
+	// ExitIP is the address sites see its requests come from (its IP, or
+	// the egress IP the operator learnt when another).
+	ExitIP       string `json:"exitIP,omitempty"`
+	Healthy      bool   `json:"healthy"`
+	ActiveLeases int    `json:"activeLeases"`
 }
 
 // Lease is a claim on one proxy until ExpiresAt.
@@ -111,6 +114,10 @@ type Lease struct {
 	// request, sent no earlier than NextRequestAt (when set).
 	Paced         bool       `json:"paced,omitempty"`
 	NextRequestAt *time.Time `json:"nextRequestAt,omitempty"`
+	// Why says how the proxy was chosen, in the answer that created the
+	// lease: least-loaded, then the fewest recent blocks by the target,
+	// or the soonest slot in the target's pace.
+	Why string `json:"why,omitempty"`
 }
 
 // ProxyURL is the proxy's URL, credentials included, for

@@ -610,3 +610,18 @@ func TestOutcomesThroughTheAPI(t *testing.T) {
 	assert.NotEqual(t, blockedOn, proxyID(next), "the better record wins over the least recently leased")
 	assert.Equal(t, WhyBetterRecord, next.body["why"])
 }
+
+// TestExitIP: a proxy's exitIP is its IP, or the egress IP the health
+// engine learnt when another; leases show it.
+func TestExitIP(t *testing.T) {
+	f := newFixture(t)
+	f.proxy("direct", "127.0.0.11", true, map[string]string{"pick": "direct"})
+	natted := f.proxy("natted", "127.0.0.12", true, map[string]string{"pick": "natted"})
+	natted.Status.EgressIP = "127.0.0.99"
+	f.view.upsert(natted)
+	for pick, want := range map[string]string{"direct": "127.0.0.11", "natted": "127.0.0.99"} {
+		l := f.do("POST", "/v1/leases", fmt.Sprintf(`{"selector":{"pick":%q}}`, pick))
+		require.Equal(t, http.StatusCreated, l.status, l.raw)
+		assert.Equal(t, want, l.body["proxy"].(map[string]any)["exitIP"], pick)
+	}
+}

@@ -35,10 +35,13 @@ type HealthSource interface {
 // entry is what discovery knows of one Proxy: enough to list and lease it
 // without touching the Proxy object again.
 type entry struct {
-	key        types.NamespacedName
-	id         string
-	ip         string
-	port       int32
+	key  types.NamespacedName
+	id   string
+	ip   string
+	port int32
+	// egress is where sites see its requests come from, when the health
+	// engine learnt another address than ip (status.egressIP).
+	egress     string
 	attributes *attributeSet // spec.attributes plus the derived ones, shared
 	// serving: Ready phase with an address. statusReady: Ready by the
 	// recorded status (Proxy.IsReady, the rule of the Ready condition).
@@ -166,6 +169,7 @@ func entryOf(p *crawlv1alpha1.Proxy, sets *attributeSets) *entry {
 		key:         types.NamespacedName{Namespace: p.Namespace, Name: p.Name},
 		id:          p.Namespace + "/" + p.Name,
 		ip:          p.Status.IP,
+		egress:      p.Status.EgressIP,
 		port:        p.Status.Port,
 		attributes:  sets.intern(attrs),
 		serving:     p.Serving(),
@@ -202,8 +206,12 @@ type ProxyInfo struct {
 	// shown without them.
 	CredentialsWithheld string            `json:"credentialsWithheld,omitempty"`
 	Attributes          map[string]string `json:"attributes"`
-	Healthy             bool              `json:"healthy"`
-	ActiveLeases        int               `json:"activeLeases"`
+	// ExitIP is the address sites see its requests come from: the
+	// proxy's IP, or the egress IP the health engine learnt when another
+	// (NAT, a provider's gateway).
+	ExitIP       string `json:"exitIP,omitempty"`
+	Healthy      bool   `json:"healthy"`
+	ActiveLeases int    `json:"activeLeases"`
 
 	creds    credentials.Ref
 	hasCreds bool
@@ -211,7 +219,10 @@ type ProxyInfo struct {
 
 func (v *View) info(e *entry, leases int) ProxyInfo {
 	info := ProxyInfo{ID: e.id, IP: e.ip, Port: e.port, Attributes: e.attributes.m, Healthy: v.healthy(e), ActiveLeases: leases,
-		creds: e.creds.Value(), hasCreds: e.hasCreds}
+		ExitIP: e.ip, creds: e.creds.Value(), hasCreds: e.hasCreds}
+	if e.egress != "" {
+		info.ExitIP = e.egress
+	}
 	if e.ip != "" && e.port != 0 {
 		info.URL = "http://" + net.JoinHostPort(e.ip, strconv.Itoa(int(e.port)))
 	}

@@ -154,6 +154,10 @@ func (b boundedStore) Blocks(ctx context.Context, since time.Time) (bl []Block, 
 	return bl, err
 }
 
+func (b boundedStore) ForgetProxy(ctx context.Context, proxy string) error {
+	return b.do(ctx, "forget_proxy", func(ctx context.Context) error { return b.store.ForgetProxy(ctx, proxy) })
+}
+
 func (b boundedStore) BurnIP(ctx context.Context, scope, ip string, retention time.Duration) error {
 	return b.do(ctx, "burn_ip", func(ctx context.Context) error { return b.store.BurnIP(ctx, scope, ip, retention) })
 }

@@ -152,6 +152,21 @@ func (m *MemoryStore) Blocks(_ context.Context, since time.Time) ([]Block, error
 	return out, nil
 }
 
+// ForgetProxy implements Store.
+func (m *MemoryStore) ForgetProxy(_ context.Context, proxy string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for host := range m.outcomes.records[proxy] {
+		m.forgetRecordLocked(proxy, host)
+	}
+	if n := len(m.cooldowns[proxy]); n > 0 {
+		// Their ends stay in coolEnds; expireLocked skips what is gone.
+		m.nCooling -= n
+		delete(m.cooldowns, proxy)
+	}
+	return nil
+}
+
 // BurnIP implements Store.
 func (m *MemoryStore) BurnIP(_ context.Context, scope, ip string, retention time.Duration) error {
 	m.mu.Lock()

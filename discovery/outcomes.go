@@ -144,4 +144,8 @@ type OutcomeMemory interface {
 	BurnIP(ctx context.Context, scope, ip string, retention time.Duration) error
 	// BurnedUntil is when ip stops being burned in scope (zero: it is not).
 	BurnedUntil(ctx context.Context, scope, ip string) (time.Time, error)
+	// ForgetProxy drops proxy's cooldowns and outcome records: they were
+	// about the address it had, and it has moved (a replacement, a new
+	// address). Its leases stay.
+	ForgetProxy(ctx context.Context, proxy string) error
 }

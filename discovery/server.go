@@ -187,6 +187,11 @@ func NewServer(opts Options) *Server {
 	}
 	s := &Server{opts: opts, router: httprouter.New(), store: boundedStore{store: opts.Store, timeout: opts.StoreTimeout}, revoker: newRevoker()}
 	s.authState.Store(authUnknown)
+	if opts.View != nil {
+		opts.View.mu.Lock()
+		opts.View.onMove = s.forgetMoved
+		opts.View.mu.Unlock()
+	}
 	r := s.router
 	r.GET("/healthz", s.plain("/healthz", func(w http.ResponseWriter, _ *http.Request, _ httprouter.Params) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -216,6 +221,18 @@ func NewServer(opts Options) *Server {
 		s.count("panic", writeError(w, http.StatusInternalServerError, "internal", "internal error"), 0)
 	}
 	return s
+}
+
+// forgetMoved drops the cooldowns and outcome record of a proxy that came
+// back on a new address (a replacement): they were about its old one. In
+// the background, bounded as every store call; a failure is logged, and
+// the old record fades by itself.
+func (s *Server) forgetMoved(id string) {
+	go func() {
+		if err := s.store.ForgetProxy(context.Background(), id); err != nil {
+			logf.Log.WithName("discovery").Error(err, "forgetting the cooldowns and record of a proxy that moved", "proxy", id)
+		}
+	}()
 }
 
 // Outcomes is the lease store's outcome memory, each call bounded and

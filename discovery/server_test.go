@@ -625,3 +625,39 @@ func TestExitIP(t *testing.T) {
 		assert.Equal(t, want, l.body["proxy"].(map[string]any)["exitIP"], pick)
 	}
 }
+
+// TestMovedProxyStartsClean: a proxy replaced (back on a new address)
+// loses the cooldowns and record of its old one; a status update that
+// keeps its address keeps them, and so does the gap while it has none.
+func TestMovedProxyStartsClean(t *testing.T) {
+	f := newFixture(t)
+	p := f.proxy("eu-1", "127.0.0.11", true, nil)
+	l := f.do("POST", "/v1/leases", `{"target":"shop.example"}`)
+	require.Equal(t, http.StatusCreated, l.status, l.raw)
+	require.Equal(t, http.StatusNoContent, f.do("POST", "/v1/leases/"+l.body["leaseID"].(string)+"/report", `{"result":"blocked","target":"shop.example"}`).status)
+	cooling := func() bool {
+		r := f.do("POST", "/v1/leases", `{"target":"shop.example"}`)
+		if r.status == http.StatusCreated {
+			f.do("DELETE", "/v1/leases/"+r.body["leaseID"].(string), "")
+		}
+		return r.status == http.StatusServiceUnavailable
+	}
+	require.True(t, cooling())
+
+	p.Status.Message = "unrelated"
+	f.view.upsert(p.DeepCopy())
+	replacing := p.DeepCopy()
+	replacing.Status.Phase, replacing.Status.IP, replacing.Status.Port = crawlv1alpha1.PhaseReplacing, "", 0
+	f.view.upsert(replacing)
+	f.view.upsert(p.DeepCopy()) // back on the same address
+	require.True(t, cooling(), "same address, after a gap without one: the cooldown holds")
+
+	moved := p.DeepCopy()
+	moved.Status.IP = "127.0.0.12"
+	testenv.SetHealth(moved, metav1.ConditionTrue, "x") // a verdict about the new address
+	f.view.upsert(moved)
+	require.Eventually(t, func() bool { return !cooling() }, 5*time.Second, 10*time.Millisecond, "the new address starts clean")
+	outcomes, err := f.store.Outcomes(context.Background(), "crawl/eu-1")
+	require.NoError(t, err)
+	assert.Empty(t, outcomes)
+}

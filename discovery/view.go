@@ -41,7 +41,10 @@ type entry struct {
 	port int32
 	// egress is where sites see its requests come from, when the health
 	// engine learnt another address than ip (status.egressIP).
-	egress     string
+	egress string
+	// lastIP is the last address it had (ip, or while it has none, the
+	// one before): a new one means it moved.
+	lastIP     string
 	attributes *attributeSet // spec.attributes plus the derived ones, shared
 	// serving: Ready phase with an address. statusReady: Ready by the
 	// recorded status (Proxy.IsReady, the rule of the Ready condition).
@@ -60,6 +63,9 @@ type View struct {
 	// credentialsNamespace is the operator's, where Managed proxies'
 	// credentials records are.
 	credentialsNamespace string
+	// onMove is told of a proxy that came back on a new address (the
+	// server forgets its cooldowns and record there); nil: nobody.
+	onMove func(id string)
 
 	attributeSets attributeSets
 
@@ -111,14 +117,24 @@ func (v *View) upsert(obj any) {
 	e := entryOf(p, &v.attributeSets)
 	ref, hasCreds := credentials.RefFor(p, v.credentialsNamespace)
 	e.creds, e.hasCreds = unique.Make(ref), hasCreds
+	e.lastIP = e.ip
 	v.mu.Lock()
-	defer v.mu.Unlock()
-	if _, exists := v.entries[e.id]; !exists {
+	old, exists := v.entries[e.id]
+	if !exists {
 		i, _ := slices.BinarySearch(v.ids, e.id)
 		v.ids = slices.Insert(v.ids, i, e.id)
 	}
+	if exists && e.ip == "" {
+		e.lastIP = old.lastIP
+	}
+	moved := exists && old.lastIP != "" && e.ip != "" && e.ip != old.lastIP
 	v.entries[e.id] = e
 	v.generation++
+	onMove := v.onMove
+	v.mu.Unlock()
+	if moved && onMove != nil {
+		onMove(e.id)
+	}
 }
 
 func (v *View) remove(id string) {

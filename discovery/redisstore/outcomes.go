@@ -67,6 +67,14 @@ func (s *Store) Blocks(ctx context.Context, since time.Time) ([]discovery.Block,
 	return out, nil
 }
 
+// ForgetProxy implements discovery.Store.
+func (s *Store) ForgetProxy(ctx context.Context, proxy string) error {
+	if err := s.run(ctx, forgetProxyScript, proxy).Err(); err != nil {
+		return fmt.Errorf("forget-proxy script: %w", err)
+	}
+	return nil
+}
+
 // BurnIP implements discovery.Store.
 func (s *Store) BurnIP(ctx context.Context, scope, ip string, retention time.Duration) error {
 	if err := s.run(ctx, burnIPScript, scope, ip, retention.Milliseconds()).Err(); err != nil {

@@ -51,6 +51,9 @@ import (
 //	                      to OutcomeRetention on each block (Blocks)
 //	P burned:<scope>      zset of the scope's burned IPs by the end of their
 //	                      retention, trimmed on each burn
+//	P coolhosts:<proxy>   set of the hosts the proxy has cooled for, so
+//	                      ForgetProxy finds its cooldowns; expires with the
+//	                      last
 //	P session:<session>   hash of a gateway session's routes: "own" -> its
 //	                      proxy, "d:<host>" -> the host's detour, "r:<host>"
 //	                      -> "<ms>|<proxy>" of its last rate_limited report,
@@ -373,6 +376,8 @@ local function cool(proxy, target, ms)
     redis.call('ZREMRANGEBYSCORE', P .. 'cooldowns', '-inf', now)
     redis.call('ZADD', P .. 'cooldowns', untilv, member)
     extend(P .. 'cooldowns', untilv - now)
+    redis.call('SADD', P .. 'coolhosts:' .. proxy, target)
+    extend(P .. 'coolhosts:' .. proxy, untilv - now)
   end
 end
 `
@@ -566,4 +571,21 @@ var burnedUntilScript = redis.NewScript(preamble + `
 local untilv = tonumber(redis.call('ZSCORE', P .. 'burned:' .. ARGV[3], ARGV[4]) or '0')
 if untilv <= now then return 0 end
 return untilv
+`)
+
+// forgetProxyScript: ARGV[3] proxy. Drops its cooldowns and outcome
+// records (discovery.OutcomeMemory.ForgetProxy).
+var forgetProxyScript = redis.NewScript(preamble + `
+local proxy = ARGV[3]
+for _, h in ipairs(redis.call('SMEMBERS', P .. 'coolhosts:' .. proxy)) do
+  redis.call('DEL', P .. 'cool:' .. proxy .. '|' .. h)
+  redis.call('ZREM', P .. 'cooldowns', proxy .. '|' .. h)
+end
+redis.call('DEL', P .. 'coolhosts:' .. proxy)
+for _, h in ipairs(redis.call('HKEYS', P .. 'out:' .. proxy)) do
+  redis.call('HDEL', P .. 'obh:' .. h, proxy)
+  redis.call('ZREM', P .. 'blocks', proxy .. '|' .. h)
+end
+redis.call('DEL', P .. 'out:' .. proxy)
+return 1
 `)

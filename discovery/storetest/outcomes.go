@@ -108,6 +108,27 @@ func outcomeCooldown(t *testing.T, h Harness) {
 	require.NoError(t, err, "the cooldown ended")
 }
 
+// forgetProxy: a proxy that moved starts clean: no cooldown, no record,
+// no block; another proxy's are kept.
+func forgetProxy(t *testing.T, h Harness) {
+	ctx := context.Background()
+	require.NoError(t, h.Store.RecordOutcome(ctx, "a", "shop.example", blocked))
+	require.NoError(t, h.Store.RecordOutcome(ctx, "b", "shop.example", discovery.Outcome{Blocked: true, Source: discovery.OutcomeCanary, Cooldown: time.Hour}))
+	_, err := acquire(h, Of("b"), "shop.example", time.Minute)
+	noneAvailable(t, err, discovery.CauseCooling)
+	require.NoError(t, h.Store.ForgetProxy(ctx, "b"))
+	l, err := acquire(h, Of("a", "b"), "shop.example", time.Minute)
+	require.NoError(t, err, "b's cooldown is gone")
+	assert.Equal(t, "b", l.ProxyID)
+	assert.Equal(t, discovery.WhyBetterRecord, l.Why, "b has no record any more, a has")
+	_, ok := recordOf(t, h, "b", "shop.example")
+	assert.False(t, ok)
+	blocks, err := h.Store.Blocks(ctx, time.Time{})
+	require.NoError(t, err)
+	require.Len(t, blocks, 1)
+	assert.Equal(t, "a", blocks[0].Proxy)
+}
+
 // reportsRecordOutcomes: a report on a lease or a gateway session adds to
 // its proxy's record with the target: ok served, rate_limited and blocked
 // blocked (both cooling the proxy for the target), error nothing.

@@ -53,6 +53,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"Ledger", ledger},
 		{"OutcomeMemory", outcomeMemory},
 		{"OutcomeCooldown", outcomeCooldown},
+		{"ForgetProxy", forgetProxy},
 		{"ReportsRecordOutcomes", reportsRecordOutcomes},
 		{"BetterRecord", betterRecord},
 		{"BurnedIPs", burnedIPs},

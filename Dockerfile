@@ -12,6 +12,7 @@ COPY api/ api/
 COPY controllers/ controllers/
 COPY providers/ providers/
 COPY health/ health/
+COPY bans/ bans/
 COPY discovery/ discovery/
 COPY credentials/ credentials/
 COPY gateway/ gateway/

@@ -102,6 +102,12 @@ func startReplica(t testing.TB, w *web, politeness discovery.Politeness, store d
 		testenv.SetHealth(p, metav1.ConditionTrue, "ProbeSucceeded")
 		view.Handler().OnAdd(p, false)
 	}
+	return startViewProduct(t, view, politeness, store)
+}
+
+// startViewProduct is discovery and the gateway over view's proxies.
+func startViewProduct(t testing.TB, view *discovery.View, politeness discovery.Politeness, store discovery.Store) *product {
+	t.Helper()
 	server := discovery.NewServer(discovery.Options{
 		Store: store, View: view, Tokens: discovery.StaticToken(token),
 		DefaultTTL: discovery.DefaultTTL, MaxTTL: discovery.DefaultMaxTTL, DefaultCooldown: discovery.DefaultCooldown,

@@ -30,6 +30,7 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 
+	"github.com/example/egress-proxies-operator/bans"
 	"github.com/example/egress-proxies-operator/controllers"
 	"github.com/example/egress-proxies-operator/discovery"
 	"github.com/example/egress-proxies-operator/gateway"
@@ -383,6 +384,12 @@ func TestChartDefaultsAreTheOperatorsDefaults(t *testing.T) {
 				MaxUnhealthyShare                                                         float64
 				MaxReplacementsInFlight                                                   int
 			}
+			Outcomes struct {
+				CanaryInterval, CanaryHostInterval, BanCheckInterval, BurnedIPRetention string
+				EgressEchoURL                                                           string `json:"egressEchoURL"`
+				MaxBlockedShare                                                         float64
+				MaxBurnedIPRerolls                                                      int `json:"maxBurnedIPRerolls"`
+			}
 		}
 	}
 	require.NoError(t, yaml.Unmarshal(repoFile(t, chartDir+"/values.yaml"), &values))
@@ -411,6 +418,10 @@ func TestChartDefaultsAreTheOperatorsDefaults(t *testing.T) {
 		{op.Healing.UnhealthyReplaceAfter, controllers.DefaultUnhealthyReplaceAfter, "healing.unhealthyReplaceAfter"},
 		{op.Healing.StartupTimeout, controllers.DefaultStartupTimeout, "healing.startupTimeout"},
 		{op.Healing.InstanceResyncInterval, controllers.DefaultInstanceResyncInterval, "healing.instanceResyncInterval"},
+		{op.Outcomes.CanaryInterval, health.DefaultCanaryInterval, "outcomes.canaryInterval"},
+		{op.Outcomes.CanaryHostInterval, health.DefaultCanaryHostInterval, "outcomes.canaryHostInterval"},
+		{op.Outcomes.BanCheckInterval, bans.DefaultInterval, "outcomes.banCheckInterval"},
+		{op.Outcomes.BurnedIPRetention, bans.DefaultBurnRetention, "outcomes.burnedIPRetention"},
 		{op.Healing.SyncPeriod, operator.DefaultSyncPeriod, "healing.syncPeriod"},
 		{gw.Gateway.ConnectTimeout, gateway.DefaultConnectTimeout, "gateway.connectTimeout"},
 		{gw.Gateway.IdleTimeout, gateway.DefaultIdleTimeout, "gateway.idleTimeout"},
@@ -424,6 +435,9 @@ func TestChartDefaultsAreTheOperatorsDefaults(t *testing.T) {
 		assert.Equal(t, d.want, got, "operator.%s", d.what)
 	}
 	assert.False(t, op.GC.DryRun)
+	assert.Equal(t, bans.DefaultMaxBlockedShare, op.Outcomes.MaxBlockedShare)
+	assert.Equal(t, controllers.DefaultMaxBurnedIPRerolls, op.Outcomes.MaxBurnedIPRerolls)
+	assert.Empty(t, op.Outcomes.EgressEchoURL, "no echo by default: the operator asks no third party unless told")
 	assert.True(t, op.Discovery.AdaptivePacing, "main's --adaptive-pacing is on by default")
 	assert.Equal(t, health.DefaultURL, op.Health.ProbeURL)
 	assert.Equal(t, health.DefaultFailureThreshold, op.Health.FailureThreshold)

@@ -43,14 +43,22 @@ type Suspect struct {
 	Blocked, Serving int
 }
 
+// SuspectKey keys a group's host in Decide's lastSuspect.
+func SuspectKey(group, host string) string { return group + "|" + host }
+
 // MinSuspectBlocked is the fewest proxies of a group one host must block
 // to be suspect: one or two blocked proxies of a small fleet say nothing
 // about the host.
 const MinSuspectBlocked = 3
 
 // Decide decides, from the blocks the outcome memory holds, which subjects
-// are banned and which hosts are suspect. Pure: every case is a table row.
-func Decide(subjects []Subject, blocks []discovery.Block, now time.Time, maxShare float64) (map[types.NamespacedName]Verdict, []Suspect) {
+// are banned and which hosts are suspect. lastSuspect is when each host
+// (keyed SuspectKey) was last found suspect for a group: as a group
+// recovers from a host's outage the share falls below the bound before
+// every block of it has aged out, so a block from the suspicion (at or
+// before its last moment) is pardoned, and only a later one counts. Pure:
+// every case is a table row.
+func Decide(subjects []Subject, blocks []discovery.Block, now time.Time, maxShare float64, lastSuspect map[string]time.Time) (map[types.NamespacedName]Verdict, []Suspect) {
 	byID := make(map[string]*Subject, len(subjects))
 	serving := map[string]int{}
 	for i := range subjects {
@@ -66,6 +74,9 @@ func Decide(subjects []Subject, blocks []discovery.Block, now time.Time, maxShar
 			continue
 		}
 		blockedBy[groupHost{s.Group, b.Host}]++
+		if pardon, ok := lastSuspect[SuspectKey(s.Group, b.Host)]; ok && !b.At.After(pardon) {
+			continue
+		}
 		hostsOf[s.Key] = append(hostsOf[s.Key], b.Host)
 	}
 	var suspects []Suspect
@@ -77,7 +88,7 @@ func Decide(subjects []Subject, blocks []discovery.Block, now time.Time, maxShar
 	slices.SortFunc(suspects, func(a, b Suspect) int {
 		return cmp.Or(cmp.Compare(a.Group, b.Group), cmp.Compare(a.Host, b.Host))
 	})
-	verdicts := make(map[types.NamespacedName]Verdict, len(hostsOf))
+	verdicts := make(map[types.NamespacedName]Verdict, len(subjects))
 	for key, hosts := range hostsOf {
 		s := byID[key.Namespace+"/"+key.Name]
 		var kept []string

@@ -47,6 +47,7 @@ func TestDecide(t *testing.T) {
 		blocks      []discovery.Block
 		wantBanned  []string
 		wantSuspect []string
+		pardon      map[string]time.Time
 	}{
 		{name: "blocked by 3 distinct hosts within the window: banned", subjects: fleet(10),
 			blocks: blocked("a", time.Minute, "x.example", "y.example", "z.example"), wantBanned: []string{"a"}},
@@ -75,11 +76,17 @@ func TestDecide(t *testing.T) {
 		{name: "two blocked of a small pool are no outage", subjects: fleet(3),
 			blocks:     concat(blocked("a", time.Minute, "x.example", "y.example", "z.example"), blocked("b", time.Minute, "x.example")),
 			wantBanned: []string{"a"}},
+		{name: "a host suspect at an earlier pass: its blocks from then on are pardoned, a later one counts", subjects: fleet(10),
+			blocks: concat(blocked("a", 3*time.Minute, "down.example"), blocked("a", time.Minute, "y.example", "z.example")),
+			pardon: map[string]time.Time{SuspectKey("crawl/eu", "down.example"): now.Add(-2 * time.Minute)}},
+		{name: "after the pardon", subjects: fleet(10),
+			blocks: concat(blocked("a", time.Minute, "down.example", "y.example", "z.example")),
+			pardon: map[string]time.Time{SuspectKey("crawl/eu", "down.example"): now.Add(-2 * time.Minute)}, wantBanned: []string{"a"}},
 		{name: "blocks of unknown proxies are ignored", subjects: fleet(3), blocks: blocked("gone", time.Minute, "x.example", "y.example", "z.example")},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			verdicts, suspects := Decide(c.subjects, c.blocks, now, DefaultMaxBlockedShare)
+			verdicts, suspects := Decide(c.subjects, c.blocks, now, DefaultMaxBlockedShare, c.pardon)
 			var banned []string
 			for key, v := range verdicts {
 				if v.Banned {

@@ -76,6 +76,11 @@ type Judge struct {
 	// suspected are the (group, host) pairs suspect at the last pass, so
 	// the Event goes out once per suspicion.
 	suspected map[string]bool
+	// lastSuspect is when each (group, host) was last suspect (Decide's
+	// pardon). It is the memory of an outage: lost on a restart, which
+	// errs toward banning over keeping, as the Proxy reconciler's memory
+	// of a probe target's outage does.
+	lastSuspect map[string]time.Time
 }
 
 // New returns a judge.
@@ -83,7 +88,7 @@ func New(opts Options) *Judge {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
-	return &Judge{opts: opts, suspected: map[string]bool{}}
+	return &Judge{opts: opts, suspected: map[string]bool{}, lastSuspect: map[string]time.Time{}}
 }
 
 // NeedLeaderElection: one judge writes the condition.
@@ -129,7 +134,17 @@ func (j *Judge) Pass(ctx context.Context) error {
 			byKey[s.Key] = s
 		}
 	}
-	verdicts, suspects := Decide(subjects, blocks, now, j.opts.MaxBlockedShare)
+	j.mu.Lock()
+	verdicts, suspects := Decide(subjects, blocks, now, j.opts.MaxBlockedShare, j.lastSuspect)
+	for _, s := range suspects {
+		j.lastSuspect[SuspectKey(s.Group, s.Host)] = now
+	}
+	for k, at := range j.lastSuspect {
+		if now.Sub(at) > discovery.OutcomeRetention {
+			delete(j.lastSuspect, k) // no block that old is left to pardon
+		}
+	}
+	j.mu.Unlock()
 	// Suspects are told last: their Event says the pass that spared the
 	// proxies for them is over.
 	defer j.tellSuspects(ctx, suspects, poolOf)
@@ -248,7 +263,7 @@ func (j *Judge) tellSuspects(ctx context.Context, suspects []Suspect, poolOf map
 	defer j.mu.Unlock()
 	now := map[string]bool{}
 	for _, s := range suspects {
-		k := s.Group + "|" + s.Host
+		k := SuspectKey(s.Group, s.Host)
 		now[k] = true
 		if j.suspected[k] {
 			continue

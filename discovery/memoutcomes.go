@@ -13,7 +13,9 @@ func outcomeOf(result string) (Outcome, bool) {
 	switch result {
 	case ResultOK:
 		return Outcome{Source: OutcomeReport}, true
-	case ResultRateLimited, ResultBlocked:
+	case ResultRateLimited:
+		return Outcome{Blocked: true, Limited: true, Source: OutcomeReport}, true
+	case ResultBlocked:
 		return Outcome{Blocked: true, Source: OutcomeReport}, true
 	}
 	return Outcome{}, false
@@ -23,8 +25,8 @@ func outcomeOf(result string) (Outcome, bool) {
 // host, and burned IPs by scope and IP with the end of their retention.
 type memOutcomes struct {
 	records map[string]map[string]HostRecord
-	// blockedHosts counts, per host, the records with a block in them: a
-	// lease for a host no proxy was blocked by skips the tie-break.
+	// blockedHosts counts, per host, the records with a refusal in them: a
+	// lease for a host that refused no proxy skips the tie-break.
 	blockedHosts map[string]int
 	burned       map[string]time.Time
 	writes       int
@@ -50,7 +52,7 @@ func (m *MemoryStore) recordLocked(proxy, host string, out Outcome, now time.Tim
 		}
 	}
 	next := r.Recorded(out, now)
-	if r.LastBlocked.IsZero() && !next.LastBlocked.IsZero() {
+	if r.Blocked == 0 && next.Blocked > 0 {
 		o.blockedHosts[host]++
 	}
 	hosts[host] = next
@@ -72,7 +74,7 @@ func (m *MemoryStore) dropOldestLocked(proxy string, hosts map[string]HostRecord
 
 func (m *MemoryStore) forgetRecordLocked(proxy, host string) {
 	o := &m.outcomes
-	if r, ok := o.records[proxy][host]; ok && !r.LastBlocked.IsZero() {
+	if r, ok := o.records[proxy][host]; ok && r.Blocked > 0 {
 		if o.blockedHosts[host]--; o.blockedHosts[host] <= 0 {
 			delete(o.blockedHosts, host)
 		}
@@ -102,7 +104,7 @@ func (m *MemoryStore) sweepOutcomesLocked(now time.Time) {
 // blockedLocked is proxy's decayed blocked weight with host at now.
 func (m *MemoryStore) blockedLocked(proxy, host string, now time.Time) float64 {
 	r, ok := m.outcomes.records[proxy][host]
-	if !ok || r.LastBlocked.IsZero() || now.Sub(r.At) >= OutcomeRetention {
+	if !ok || r.Blocked == 0 || now.Sub(r.At) >= OutcomeRetention {
 		return 0
 	}
 	return Decayed(r.Blocked, r.At, now)

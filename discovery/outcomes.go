@@ -7,11 +7,17 @@ import (
 )
 
 // Outcome is what one request, canary probe or tunnel through a proxy to a
-// host came to: served, or blocked (a 429 or 403, a ban page, a refused
-// tunnel). Errors that say nothing of the host's view of the proxy (a
-// timeout, a reset) are no outcome.
+// host came to: served, or refused: blocked (a 403, a ban page, a refused
+// tunnel, a failing canary), or pushed back (Limited: a 429). Errors that
+// say nothing of the host's view of the proxy (a timeout, a reset) are no
+// outcome.
 type Outcome struct {
 	Blocked bool
+	// Limited, on a refusal, says it was a push-back (a 429): it weighs
+	// against the proxy in selection as a block does, but is no block of
+	// the proxy itself, so Blocks (and bans) leave it out; pacing answers
+	// it.
+	Limited bool
 	// Source is what saw it: OutcomeReport, OutcomeCanary or
 	// OutcomeGateway.
 	Source string
@@ -38,10 +44,11 @@ const (
 // as of the store's now.
 type HostRecord struct {
 	Host    string  `json:"host"`
-	Served  float64 `json:"served"`
+	Served float64 `json:"served"`
+	// Blocked weighs the refusals: blocks and push-backs.
 	Blocked float64 `json:"blocked"`
-	// LastBlocked is the last blocked outcome (zero: none remembered), and
-	// LastBlockedBy what saw it.
+	// LastBlocked is the last block (not a push-back; zero: none
+	// remembered), and LastBlockedBy what saw it.
 	LastBlocked   time.Time `json:"lastBlocked,omitzero"`
 	LastBlockedBy string    `json:"lastBlockedBy,omitempty"`
 	// At is the last outcome of either kind.
@@ -81,10 +88,13 @@ func Decayed(w float64, at, now time.Time) float64 {
 // Recorded is r after o at now (r as stored, at r.At).
 func (r HostRecord) Recorded(o Outcome, now time.Time) HostRecord {
 	r.Served, r.Blocked = Decayed(r.Served, r.At, now), Decayed(r.Blocked, r.At, now)
-	if o.Blocked {
+	switch {
+	case o.Blocked && o.Limited:
+		r.Blocked++
+	case o.Blocked:
 		r.Blocked++
 		r.LastBlocked, r.LastBlockedBy = now, o.Source
-	} else {
+	default:
 		r.Served++
 	}
 	r.At = now

@@ -232,12 +232,13 @@ func (t *Tunnels) PushBack(ctx context.Context, host string, retryAfter time.Dur
 	t.s.pushBack(ctx, normalizeTarget(host), retryAfter)
 }
 
-// Blocked records that host refused proxy through the gateway (a refused
-// tunnel, a plain-HTTP 429 or 403) in the outcome memory; a store that
-// does not answer loses the outcome, and says so in the log.
-func (t *Tunnels) Blocked(ctx context.Context, proxy, host string) {
+// Refused records that host refused proxy through the gateway in the
+// outcome memory: a refused tunnel or a plain-HTTP 403 blocks it, a
+// plain-HTTP 429 (limited) pushes back. A store that does not answer
+// loses the outcome, and says so in the log.
+func (t *Tunnels) Refused(ctx context.Context, proxy, host string, limited bool) {
 	host = normalizeTarget(host)
-	if err := t.s.store.RecordOutcome(ctx, proxy, host, Outcome{Blocked: true, Source: OutcomeGateway}); err != nil {
+	if err := t.s.store.RecordOutcome(ctx, proxy, host, Outcome{Blocked: true, Limited: limited, Source: OutcomeGateway}); err != nil {
 		logf.FromContext(ctx).Error(err, "recording a blocked outcome", "proxy", proxy, "host", host)
 	}
 }

@@ -95,7 +95,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, id Identity) {
 				g.opts.Upstreams.PushBack(context.WithoutCancel(ctx), r.URL.Hostname(), retryAfter)
 			}
 			if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusForbidden {
-				g.opts.Upstreams.Blocked(context.WithoutCancel(ctx), up.ProxyID, r.URL.Hostname())
+				g.opts.Upstreams.Refused(context.WithoutCancel(ctx), up.ProxyID, r.URL.Hostname(), resp.StatusCode == http.StatusTooManyRequests)
 			}
 			n := g.relay(w, resp, up)
 			g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID, id.Session, n+max(r.ContentLength, 0))

@@ -84,9 +84,10 @@ type Upstreams interface {
 	// PushBack reports a site's 429 or 503 on a plain-HTTP request, with
 	// its Retry-After, so the host's learned pace slows.
 	PushBack(ctx context.Context, host string, retryAfter time.Duration)
-	// Blocked records that host refused proxy: a tunnel the upstream
-	// refused, or a plain-HTTP 429 or 403 (the outcome memory).
-	Blocked(ctx context.Context, proxy, host string)
+	// Refused records that host refused proxy (the outcome memory): a
+	// tunnel the upstream refused, or a plain-HTTP 403, blocks it; a
+	// plain-HTTP 429 (limited) pushes back.
+	Refused(ctx context.Context, proxy, host string, limited bool)
 	// Admit checks a tenant's tunnels-per-second and bytes-per-day quota
 	// before a tunnel or request (a *discovery.QuotaError when over).
 	Admit(ctx context.Context, who *tenant.Tenant) error

@@ -151,7 +151,7 @@ func (g *Gateway) connectAny(ctx context.Context, id Identity, host, hostport st
 		}
 		upstreamFailures.WithLabelValues(reason).Inc()
 		if reason == failRefused {
-			g.opts.Upstreams.Blocked(context.WithoutCancel(ctx), up.ProxyID, host)
+			g.opts.Upstreams.Refused(context.WithoutCancel(ctx), up.ProxyID, host, false)
 		}
 		logf.FromContext(ctx).Info("upstream failed a tunnel; trying another", "proxy", up.ProxyID, "reason", reason, "error", err.Error(),
 			"session", id.Session, "host", host)

@@ -13,11 +13,14 @@ import (
 
 // RecordOutcome implements discovery.Store.
 func (s *Store) RecordOutcome(ctx context.Context, proxy, host string, o discovery.Outcome) error {
-	blocked := 0
+	blocked, limited := 0, 0
 	if o.Blocked {
 		blocked = 1
 	}
-	if err := s.run(ctx, recordOutcomeScript, proxy, host, blocked, o.Source, o.Cooldown.Milliseconds()).Err(); err != nil {
+	if o.Limited {
+		limited = 1
+	}
+	if err := s.run(ctx, recordOutcomeScript, proxy, host, blocked, o.Source, o.Cooldown.Milliseconds(), limited).Err(); err != nil {
 		return fmt.Errorf("record-outcome script: %w", err)
 	}
 	return nil

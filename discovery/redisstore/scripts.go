@@ -124,7 +124,7 @@ local function splitRecord(raw)
     i = j + 1
   end
 end
-local function recordOutcome(proxy, host, blocked, by)
+local function recordOutcome(proxy, host, blocked, by, limited)
   local key = P .. 'out:' .. proxy
   local raw = redis.call('HGET', key, host)
   local served, bl, lb, lby = 0, 0, 0, ''
@@ -140,7 +140,9 @@ local function recordOutcome(proxy, host, blocked, by)
     end
     redis.call('HDEL', key, oldest)
   end
-  if blocked then
+  if blocked and limited then
+    bl = bl + 1
+  elseif blocked then
     bl, lb, lby = bl + 1, now, by
     redis.call('ZREMRANGEBYSCORE', P .. 'blocks', '-inf', now - OR)
     redis.call('ZADD', P .. 'blocks', now, proxy .. '|' .. host)
@@ -148,7 +150,7 @@ local function recordOutcome(proxy, host, blocked, by)
   else
     served = served + 1
   end
-  if lb > 0 then
+  if bl > 0 then
     redis.call('HSET', P .. 'obh:' .. host, proxy, bl .. '|' .. now)
     redis.call('PEXPIRE', P .. 'obh:' .. host, OR)
   end
@@ -389,7 +391,7 @@ local l = live(ARGV[3])
 if not l then return 0 end
 local blocked = ARGV[4] == 'rate_limited' or ARGV[4] == 'blocked'
 if blocked then cool(l[1], ARGV[5], tonumber(ARGV[6])) end
-if ARGV[5] ~= '' and (blocked or ARGV[4] == 'ok') then recordOutcome(l[1], ARGV[5], blocked, 'report') end
+if ARGV[5] ~= '' and (blocked or ARGV[4] == 'ok') then recordOutcome(l[1], ARGV[5], blocked, 'report', ARGV[4] == 'rate_limited') end
 return 1
 `)
 
@@ -428,7 +430,7 @@ if not r[1] or tonumber(r[1]) <= now then return '' end
 local proxy = r[3] or r[2]
 if not proxy then return '' end
 if ARGV[4] ~= 'rate_limited' and ARGV[4] ~= 'blocked' then
-  if ARGV[4] == 'ok' then recordOutcome(proxy, ARGV[5], false, 'report') end
+  if ARGV[4] == 'ok' then recordOutcome(proxy, ARGV[5], false, 'report', false) end
   return proxy
 end
 if r[4] then
@@ -439,7 +441,7 @@ if r[4] then
 end
 redis.call('HSET', key, 'r:' .. ARGV[5], now .. '|' .. proxy)
 cool(proxy, ARGV[5], tonumber(ARGV[6]))
-recordOutcome(proxy, ARGV[5], true, 'report')
+recordOutcome(proxy, ARGV[5], true, 'report', ARGV[4] == 'rate_limited')
 return proxy
 `)
 
@@ -510,9 +512,9 @@ return ms
 
 // recordOutcomeScript: ARGV[3] proxy, ARGV[4] host, ARGV[5] 1 for blocked,
 // ARGV[6] its source, ARGV[7] the cooldown ms a blocked outcome sets (0:
-// none).
+// none), ARGV[8] 1 for a push-back.
 var recordOutcomeScript = redis.NewScript(preamble + cool + outcomes + `
-recordOutcome(ARGV[3], ARGV[4], ARGV[5] == '1', ARGV[6])
+recordOutcome(ARGV[3], ARGV[4], ARGV[5] == '1', ARGV[6], ARGV[8] == '1')
 if ARGV[5] == '1' and tonumber(ARGV[7]) > 0 then cool(ARGV[3], ARGV[4], tonumber(ARGV[7])) end
 return 1
 `)

@@ -73,6 +73,18 @@ func outcomeMemory(t *testing.T, h Harness) {
 	require.NoError(t, err)
 	assert.Empty(t, blocks, "no block since the last outcome")
 
+	// A push-back (a 429) weighs like a block in the record, but is no
+	// block: Blocks leaves it out.
+	record(t, h, "d", "shop.example", discovery.Outcome{Blocked: true, Limited: true, Source: discovery.OutcomeReport}, 1)
+	r, _ = recordOf(t, h, "d", "shop.example")
+	assert.InDelta(t, 1, r.Blocked, 0.01)
+	assert.True(t, r.LastBlocked.IsZero(), "a push-back is no block")
+	blocks, err = h.Store.Blocks(ctx, time.Time{})
+	require.NoError(t, err)
+	for _, b := range blocks {
+		assert.NotEqual(t, "d", b.Proxy, "a push-back is no block")
+	}
+
 	h.Advance(discovery.OutcomeRetention)
 	_, ok = recordOf(t, h, "a", "shop.example")
 	assert.False(t, ok, "forgotten after OutcomeRetention")
@@ -130,8 +142,9 @@ func forgetProxy(t *testing.T, h Harness) {
 }
 
 // reportsRecordOutcomes: a report on a lease or a gateway session adds to
-// its proxy's record with the target: ok served, rate_limited and blocked
-// blocked (both cooling the proxy for the target), error nothing.
+// its proxy's record with the target: ok served, rate_limited a push-back
+// and blocked a block (both refusals, both cooling the proxy for the
+// target), error nothing.
 func reportsRecordOutcomes(t *testing.T, h Harness) {
 	ctx := context.Background()
 	l, err := acquire(h, Of("a"), "", time.Minute)

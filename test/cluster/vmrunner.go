@@ -29,12 +29,15 @@ type VMRunner struct {
 
 	mu      sync.Mutex
 	proxies map[string]*ConnectProxy // by VM address
+	// owner is the VM (its id) each address's proxy plays: a new VM on a
+	// reused address gets a proxy of its own, with its own lease key.
+	owner   map[string]uint64
 	crashed map[string]bool
 }
 
 // NewVMRunner plays the VMs of fake; Run starts it.
 func NewVMRunner(fake *fakecompute.Server) *VMRunner {
-	return &VMRunner{fake: fake, proxies: map[string]*ConnectProxy{}, crashed: map[string]bool{}}
+	return &VMRunner{fake: fake, proxies: map[string]*ConnectProxy{}, owner: map[string]uint64{}, crashed: map[string]bool{}}
 }
 
 // Run follows the fake's VMs every 250ms until ctx ends.
@@ -57,6 +60,12 @@ func (r *VMRunner) sync() {
 		}
 		alive[addr] = true
 		r.mu.Lock()
+		if p, ok := r.proxies[addr]; ok && r.owner[addr] != vm.GetId() {
+			// Another VM on the address: the last one's proxy goes.
+			p.Close()
+			delete(r.proxies, addr)
+			delete(r.crashed, addr)
+		}
 		_, running := r.proxies[addr]
 		crashed := r.crashed[addr]
 		r.mu.Unlock()
@@ -69,7 +78,7 @@ func (r *VMRunner) sync() {
 			continue
 		}
 		r.mu.Lock()
-		r.proxies[addr] = p
+		r.proxies[addr], r.owner[addr] = p, vm.GetId()
 		r.mu.Unlock()
 	}
 	r.mu.Lock()
@@ -78,6 +87,7 @@ func (r *VMRunner) sync() {
 		if !alive[addr] {
 			p.Close()
 			delete(r.proxies, addr)
+			delete(r.owner, addr)
 		}
 	}
 	for addr := range r.crashed {

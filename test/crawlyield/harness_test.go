@@ -133,7 +133,8 @@ type outcome int
 
 const (
 	gotPage   outcome = iota
-	wasted            // a site's 429, 403 or block page, or a connection error
+	wasted            // a site's 429 or block page, or a connection error
+	refused           // a site's 403: it refuses the IP itself (wasted too)
 	held              // the gateway's own 429: no IP may take the host now
 	abandoned         // the run ended during it
 )
@@ -197,7 +198,7 @@ func crawl(w *web, urls []string, workers int, d time.Duration, fetch fetcher) r
 					pages.Add(1)
 					requests.Add(1)
 					continue
-				case wasted:
+				case wasted, refused:
 					wastedN.Add(1)
 					requests.Add(1)
 				case held:
@@ -237,6 +238,9 @@ func classify(resp *http.Response) (outcome, time.Duration) {
 	}
 	if debugWaste {
 		fmt.Println("wasted:", resp.StatusCode, resp.Request.URL.Host, strings.TrimSpace(string(body)), resp.Header)
+	}
+	if resp.StatusCode == http.StatusForbidden {
+		return refused, retry
 	}
 	return wasted, retry
 }
@@ -302,7 +306,8 @@ func keepRefusal(ctx context.Context, _ *url.URL, _ *http.Request, resp *http.Re
 
 // throughGateway is a crawler on the gateway: worker i is session w<i>,
 // with a new tunnel per request unless keepAlive, and it reports a
-// site's refusal on its session, as the docs tell crawlers to.
+// site's refusal on its session, as the docs tell crawlers to: a 403 as
+// blocked, the rest as rate_limited.
 func throughGateway(w *web, p *product, workers int, keepAlive bool) fetcher {
 	clients := make([]*http.Client, workers)
 	for i := range clients {
@@ -312,16 +317,19 @@ func throughGateway(w *web, p *product, workers int, keepAlive bool) fetcher {
 	}
 	return func(ctx context.Context, worker int, rawURL string) (outcome, time.Duration) {
 		o, retry := get(ctx, clients[worker], rawURL)
-		if o == wasted {
-			reportSession(p, fmt.Sprintf("w%d", worker), rawURL, retry)
+		switch o {
+		case wasted:
+			reportSession(p, fmt.Sprintf("w%d", worker), "rate_limited", rawURL, retry)
+		case refused:
+			reportSession(p, fmt.Sprintf("w%d", worker), "blocked", rawURL, retry)
 		}
 		return o, retry
 	}
 }
 
-func reportSession(p *product, session, rawURL string, retry time.Duration) {
+func reportSession(p *product, session, result, rawURL string, retry time.Duration) {
 	u, _ := url.Parse(rawURL)
-	body, _ := json.Marshal(map[string]any{"result": "rate_limited", "target": u.Hostname(), "retryAfterSeconds": int(retry.Seconds())})
+	body, _ := json.Marshal(map[string]any{"result": result, "target": u.Hostname(), "retryAfterSeconds": int(retry.Seconds())})
 	req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, p.api.URL+"/v1/sessions/"+session+"/report", strings.NewReader(string(body)))
 	req.Header.Set("Authorization", "Bearer "+token)
 	if resp, err := http.DefaultClient.Do(req); err == nil {
@@ -341,7 +349,7 @@ func throughLeases(w *web, p *product, workers int) (fetcher, func()) {
 	}
 	return func(ctx context.Context, worker int, rawURL string) (outcome, time.Duration) {
 			o, retry := get(ctx, clients[worker], rawURL)
-			if o == wasted && retry == 0 {
+			if (o == wasted || o == refused) && retry == 0 {
 				retry = time.Second // a lease refused: 503 no_proxy_available, with its own Retry-After inside the error
 			}
 			return o, retry

@@ -54,6 +54,8 @@ type chaos struct {
 	deaths     []vmDeath
 	recoveries []time.Duration
 	outage     outagePhase
+	// bans follows ban storms, burned IPs and the one-host outage.
+	bans *banWatch
 }
 
 // revival brings a killed thing back at a time.
@@ -86,6 +88,9 @@ func (c *chaos) run(ctx context.Context, duration time.Duration) {
 	c.outage.end = c.outage.start.Add(outageLength)
 	sickPause := [2]time.Time{c.outage.start.Add(-sickQuiet), c.outage.end.Add(replaceAfter + outageSettle)}
 	sickStop := start.Add(duration - sickQuiet)
+	// One host blocks a whole pool at 48%, after the last restart: the
+	// judge's memory of the suspicion spans the rest of the run.
+	hostOutageAt := start.Add(time.Duration(0.48 * float64(duration)))
 	// The second replica (two-replica soak) is killed again and again, but
 	// not from just before the outage until it is judged (the judgement
 	// reads both processes' counters), nor in the last minute.
@@ -103,6 +108,11 @@ func (c *chaos) run(ctx context.Context, duration time.Duration) {
 		case now := <-ticker.C:
 			c.revive(now)
 			c.outageStep(now)
+			if !hostOutageAt.IsZero() && now.After(hostOutageAt) {
+				hostOutageAt = time.Time{}
+				c.hostOutage(context.WithoutCancel(ctx))
+				continue
+			}
 			c.mu.Lock()
 			c.sickAllowed = now.Before(sickStop) && (now.Before(sickPause[0]) || now.After(sickPause[1]))
 			c.mu.Unlock()
@@ -157,8 +167,10 @@ func (c *chaos) act(ctx context.Context) {
 		c.deletePod(ctx)
 	case n < 86:
 		c.sicken()
-	case n < 95:
+	case n < 93:
 		c.churn(ctx)
+	case n < 96:
+		c.banStorm()
 	default:
 		c.replace(ctx)
 	}

@@ -94,6 +94,20 @@ type world struct {
 	// answers: discovery requests that fail then are not held against it.
 	operatorUp atomic.Bool
 	restarts   int
+	// restartedAt is when the operator was last killed: with the memory
+	// store, what it remembered (burned IPs) died with it.
+	restartedAt time.Time
+}
+
+// burnedSince is from when a burned IP is remembered: always on Redis,
+// since the last restart with the memory store.
+func (w *world) burnedSince() time.Time {
+	if w.redis != nil {
+		return time.Time{}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.restartedAt
 }
 
 func newWorld(t *testing.T) *world {
@@ -119,6 +133,10 @@ func newWorld(t *testing.T) *world {
 		}
 	})
 	w := &world{cluster: c, fake: fake, vms: cluster.NewVMRunner(fake), replacements: map[string]float64{}}
+	// New instances get released addresses back, as clouds hand a new VM
+	// an IP someone released: a banned member's burned IP comes back.
+	c.Runner.ReuseReleasedIPs(true)
+	fake.ReuseReleasedIPs(true)
 	go w.vms.Run(t.Context())
 	t.Cleanup(w.vms.CloseAll)
 
@@ -177,6 +195,7 @@ func (w *world) operatorArgs(metricsAddr string) []string {
 		"--rate-limit-cooldown=" + cooldown.String(), "--lease-max-ttl=" + leaseMaxTTL.String(),
 		"--gc-interval=" + gcInterval.String(), "--gc-grace-period=" + gcGracePeriod.String(),
 		"--unhealthy-replace-after=" + replaceAfter.String(), "--instance-resync-interval=" + resyncInterval.String(),
+		"--ban-check-interval=2s",
 	}
 	if w.redis != nil {
 		args = append(args, "--leader-elect", "--lease-store=redis", "--redis-address="+w.redis.Addr, "--lease-store-timeout=500ms")
@@ -214,6 +233,7 @@ func (w *world) restartOperator(pause time.Duration, idle func()) error {
 	w.mu.Lock()
 	w.operator.Kill()
 	w.restarts++
+	w.restartedAt = time.Now()
 	w.mu.Unlock()
 	time.Sleep(pause)
 	// Connections kept alive to the dead process must not be reused.

@@ -169,7 +169,9 @@ func (l *load) crawler(ctx context.Context, rng *rand.Rand) {
 			l.mu.Unlock()
 			granted := time.Now()
 			if l.w.second != nil {
-				l.shared.granted(lease.Proxy.ID, target, sent, granted)
+				// A cooldown is about the address it was reported for: a
+				// proxy back on a new one starts clean.
+				l.shared.granted(lease.Proxy.ID+"@"+lease.Proxy.IP, target, sent, granted)
 			}
 			l.use(rng, lease, target, granted)
 		}
@@ -212,7 +214,7 @@ func (l *load) use(rng *rand.Rand, lease leaseAnswer, target string, granted tim
 		case status == http.StatusNotFound:
 			l.shared.lostLease("report", lease.LeaseID, time.Now(), lease.ExpiresAt)
 		case status == http.StatusNoContent && result == "rate_limited":
-			l.shared.reported(lease.Proxy.ID, target, sent, time.Now())
+			l.shared.reported(lease.Proxy.ID+"@"+lease.Proxy.IP, target, sent, time.Now())
 		}
 	}
 	if rng.IntN(5) == 0 {

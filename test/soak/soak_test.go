@@ -101,6 +101,8 @@ func TestSoak(t *testing.T) {
 	runCtx, stop := context.WithTimeout(ctx, *soakDuration)
 	defer stop()
 	l, ch, s := newLoad(w), newChaos(w, seed, sizes), &sampler{w: w}
+	bw := newBanWatch()
+	ch.bans = bw
 	if w.redis != nil {
 		s.redis = redis.NewClient(&redis.Options{Addr: w.redis.Addr})
 		defer s.redis.Close()
@@ -110,6 +112,7 @@ func TestSoak(t *testing.T) {
 	wg.Go(func() { l.run(runCtx, seed) })
 	wg.Go(func() { ch.run(runCtx, *soakDuration) })
 	wg.Go(func() { s.run(runCtx) })
+	wg.Go(func() { bw.watch(runCtx, w, w.burnedSince) })
 	wg.Wait()
 	soakEnd := time.Now()
 	if err := w.stopRecycling(ctx); err != nil {
@@ -149,6 +152,10 @@ func TestSoak(t *testing.T) {
 	poolProblems := eventually(convergeWithin, func() []string { return w.poolProblems(ctx) })
 	poolsSettled := time.Since(poolsStart)
 	gcDeleted, gcLive, gcErr := w.gcAudit(ctx)
+	bw.sample(ctx, w, w.burnedSince())
+	bw.mu.Lock()
+	bw.outageTold = w.outageTold(ctx)
+	bw.mu.Unlock()
 	replacements := w.totalReplacements()
 	recoveryMedian, recoveryMax, recoveries, recoveriesWaiting := ch.recoveryTimes()
 	// Every abandoned lease is gone once its TTL is, and no proxy counts a
@@ -192,6 +199,7 @@ VM killed behind the operator's back -> successor Healthy: %d measured, median %
 probe target outage of %s: replacements for being Unhealthy during it %.0f, passes that held one back %.0f
 orphan GC: %d instances deleted, %d of them live
 status writes the API server refused with 409 Conflict, bring-up to the end: %.0f
+bans: %s
 `, seed, sizes, total(sizes), bringUp.Round(time.Second),
 		*soakDuration, w.restarts, ch.stillDown(), leftDown, ch.summary(),
 		w.fake.Requests("insert"), w.fake.Requests("get"), w.fake.Requests("delete"), w.fake.Requests("aggregatedList"), w.fake.Created(),
@@ -204,7 +212,7 @@ status writes the API server refused with 409 Conflict, bring-up to the end: %.0
 		len(soakPools), poolMaxAge, len(poolProblems), poolsSettled.Round(time.Second), formatCauses(replacements),
 		recoveries, recoveryMedian.Round(time.Second), recoveryMax.Round(time.Second), recoveriesWaiting,
 		outageLength, ch.outage.replacedDuring, ch.outage.heldDuring,
-		gcDeleted, len(gcLive), conflicts)
+		gcDeleted, len(gcLive), conflicts, bw.summary())
 	if conflicts != 0 {
 		t.Errorf("the API server answered %.0f of the operator's status writes with 409 Conflict", conflicts)
 	}
@@ -234,6 +242,21 @@ status writes the API server refused with 409 Conflict, bring-up to the end: %.0
 		t.Error("no replacement was held back during the outage: the outage guard was never tested")
 	}
 	report(t, "ProxyPool not whole after the faults", poolProblems)
+	report(t, "a proxy was Ready on an IP burned before its instance served", bw.served)
+	report(t, "a member was banned for a host that blocked its whole pool (the one-host outage)", bw.outageBanned)
+	report(t, "the one-host outage could not be set up", bw.outageErrs)
+	switch {
+	case len(bw.outageMembers) < 3:
+		t.Errorf("the one-host outage blocked %d members of %s: too few to test the guard", len(bw.outageMembers), outagePool)
+	case !bw.outageTold:
+		t.Errorf("%s was never told its host %s is suspect: the per-host guard went untested", outagePool, outageHost)
+	}
+	if replacements[poolCause("Banned")] == 0 {
+		t.Error("no pool member was replaced for a ban: ban storms went untested")
+	}
+	if replacements["BurnedIP"] == 0 {
+		t.Error("no new instance came up on a burned IP: the burned-IP memory went untested")
+	}
 	for _, cause := range []string{"InstanceFailed", "InstanceLost", poolCause("UnhealthyTooLong"), poolCause("MaxAge")} {
 		if replacements[cause] == 0 {
 			t.Errorf("no replacement with cause %s: that path went untested", cause)

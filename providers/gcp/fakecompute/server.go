@@ -74,6 +74,37 @@ type Server struct {
 	stuckStopping bool
 	requests      map[string]int
 	firewalls     map[firewallKey]*computepb.Firewall
+	// reuse: the NAT address of a VM that went goes to the next VM
+	// created, once (as GCE hands a new VM an ephemeral IP someone
+	// released): released are those waiting, reused those handed out
+	// again already.
+	reuse    bool
+	released []string
+	reused   map[string]bool
+}
+
+// ReuseReleasedIPs makes the fake hand the address of a VM that is gone to
+// the next VM it creates, each address at most once more; false stops it
+// and forgets the addresses waiting.
+func (s *Server) ReuseReleasedIPs(on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.reuse, s.released = on, nil
+	if s.reused == nil {
+		s.reused = map[string]bool{}
+	}
+}
+
+// goneLocked forgets the VM at key, its address released.
+func (s *Server) goneLocked(key string) {
+	v, ok := s.vms[key]
+	if !ok {
+		return
+	}
+	delete(s.vms, key)
+	if s.reuse && !s.reused[v.natIP] {
+		s.released = append(s.released, v.natIP)
+	}
 }
 
 type vm struct {
@@ -149,7 +180,7 @@ func (s *Server) Remove(zone, name string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	_, ok := s.vms[zone+"/"+name]
-	delete(s.vms, zone+"/"+name)
+	s.goneLocked(zone + "/" + name)
 	return ok
 }
 
@@ -414,6 +445,10 @@ func (s *Server) addLocked(project, zone string, res *computepb.Instance, create
 	res.CreationTimestamp = proto.String(createdAt.Format(time.RFC3339Nano))
 	// Distinct addresses, all in the loopback range: never a real host.
 	ip := fmt.Sprintf("127.2.%d.%d", 1+s.nextID/250, 1+s.nextID%250)
+	if s.reuse && len(s.released) > 0 {
+		ip, s.released = s.released[0], s.released[1:]
+		s.reused[ip] = true
+	}
 	v := &vm{res: res, createdAt: createdAt, natIP: ip}
 	s.vms[zone+"/"+res.GetName()] = v
 	s.advanceLocked()
@@ -428,7 +463,7 @@ func (s *Server) advanceLocked() {
 		age := now.Sub(v.createdAt)
 		switch {
 		case v.deleteStarted && !s.stuckStopping && !now.Before(v.deleteAt):
-			delete(s.vms, key)
+			s.goneLocked(key)
 			continue
 		case v.deleteStarted:
 			status = "STOPPING"

@@ -43,7 +43,7 @@ const (
 // outcomes, each counted with a weight that halves every OutcomeHalfLife,
 // as of the store's now.
 type HostRecord struct {
-	Host    string  `json:"host"`
+	Host   string  `json:"host"`
 	Served float64 `json:"served"`
 	// Blocked weighs the refusals: blocks and push-backs.
 	Blocked float64 `json:"blocked"`

@@ -35,7 +35,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.MaxReplacementsInFlight, "max-replacements-in-flight", DefaultMaxReplacementsInFlight,
 		"Unhealthy proxies being replaced at once, per provider instance; more wait their turn.")
 	fs.IntVar(&o.MaxBurnedIPRerolls, "max-burned-ip-rerolls", DefaultMaxBurnedIPRerolls,
-		"New instances in a row replaced for coming up on an exit IP retired for bans (--burned-ip-retention) before one is served anyway.")
+		"New instances in a row replaced for coming up on an exit IP retired for bans (--burned-ip-retention) before one is served anyway; 0 serves the first at once (reason BurnedIPAccepted).")
 	fs.DurationVar(&o.InstanceResyncInterval, "instance-resync-interval", DefaultInstanceResyncInterval,
 		"How often the instances of Ready proxies that no watch covers (gcp VMs) are listed again, one List per provider instance, so a VM terminated or deleted behind the operator's back is replaced (jittered by 20%).")
 	fs.DurationVar(&o.GCInterval, "gc-interval", DefaultGCInterval,

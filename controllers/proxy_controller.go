@@ -95,8 +95,8 @@ type ProxyReconciler struct {
 	CredentialsNamespace string
 	// Burned is the memory of exit IPs retired for bans: an instance that
 	// comes up on one is replaced before it serves, at most
-	// MaxBurnedIPRerolls times in a row (zero: DefaultMaxBurnedIPRerolls).
-	// Nil: no such memory (no discovery API).
+	// MaxBurnedIPRerolls times in a row (0: served at once, and the status
+	// says so). Nil: no such memory (no discovery API).
 	Burned             BurnedIPs
 	MaxBurnedIPRerolls int
 
@@ -182,9 +182,6 @@ func (r *ProxyReconciler) observe(ctx context.Context, p *crawlv1alpha1.Proxy) (
 func (r *ProxyReconciler) observeInstance(ctx context.Context, p *crawlv1alpha1.Proxy) (observation, providers.Provider) {
 	o := observation{proxy: p, now: r.clock().Now(), replacement: r.Replacement, pool: p.PoolName(), ban: p.CurrentBan(),
 		maxRerolls: r.MaxBurnedIPRerolls}
-	if o.maxRerolls <= 0 {
-		o.maxRerolls = DefaultMaxBurnedIPRerolls
-	}
 	if p.Spec.Mode == crawlv1alpha1.ModeExternal {
 		return o, nil
 	}

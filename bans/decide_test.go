@@ -12,8 +12,9 @@ import (
 
 var now = time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
 
-func subject(name, group string, hosts int) Subject {
-	return Subject{Key: types.NamespacedName{Namespace: "crawl", Name: name}, Group: group, Hosts: hosts, Window: 10 * time.Minute,
+// subject is a proxy of group banned at 3 hosts within 10m.
+func subject(name, group string) Subject {
+	return Subject{Key: types.NamespacedName{Namespace: "crawl", Name: name}, Group: group, Hosts: 3, Window: 10 * time.Minute,
 		Since: now.Add(-time.Hour)}
 }
 
@@ -37,7 +38,7 @@ func TestDecide(t *testing.T) {
 	fleet := func(n int) []Subject {
 		var s []Subject
 		for i := range n {
-			s = append(s, subject(string(rune('a'+i)), "crawl/eu", 3))
+			s = append(s, subject(string(rune('a'+i)), "crawl/eu"))
 		}
 		return s
 	}
@@ -69,7 +70,7 @@ func TestDecide(t *testing.T) {
 				blocked("c", time.Minute, "down.example"), blocked("d", time.Minute, "down.example")),
 			wantSuspect: []string{"crawl/eu down.example"}},
 		{name: "the guard is per group: another pool's blocks say nothing of this one", subjects: append(fleet(10),
-			subject("p", "crawl/us", 3), subject("q", "crawl/us", 3), subject("r", "crawl/us", 3)),
+			subject("p", "crawl/us"), subject("q", "crawl/us"), subject("r", "crawl/us")),
 			blocks: concat(blocked("a", time.Minute, "x.example", "y.example", "z.example"),
 				blocked("p", time.Minute, "x.example"), blocked("q", time.Minute, "x.example"), blocked("r", time.Minute, "x.example")),
 			wantBanned: []string{"a"}, wantSuspect: []string{"crawl/us x.example"}},

@@ -91,7 +91,7 @@ func New(opts Options) *Judge {
 	return &Judge{opts: opts, suspected: map[string]bool{}, lastSuspect: map[string]time.Time{}}
 }
 
-// NeedLeaderElection: one judge writes the condition.
+// NeedLeaderElection is true: one judge writes the condition.
 func (j *Judge) NeedLeaderElection() bool { return true }
 
 // Start judges until ctx ends.

@@ -83,14 +83,18 @@ func (w *world) api(method, path, body string) (int, []byte, error) {
 	return res.StatusCode, raw, err
 }
 
-// leaseMember leases a member of pool (the least-loaded) and reports it
-// blocked by hosts, then releases it; it returns the member's id.
+// blockMember leases a member of pool (the least-loaded, but none of
+// avoid) and reports it blocked by hosts, then releases it; it returns the
+// member's id.
 func (w *world) blockMember(pool string, avoid []string, hosts ...string) (string, error) {
 	var lease leaseAnswer
 	for try := 0; ; try++ {
 		status, raw, err := w.api(http.MethodPost, "/v1/leases", fmt.Sprintf(`{"selector":{"pool":%q},"ttlSeconds":30}`, pool))
-		if err != nil || status != http.StatusCreated {
-			return "", fmt.Errorf("leasing a member of %s: %d %s %v", pool, status, raw, err)
+		if err != nil {
+			return "", fmt.Errorf("leasing a member of %s: %w", pool, err)
+		}
+		if status != http.StatusCreated {
+			return "", fmt.Errorf("leasing a member of %s: %d %s", pool, status, raw)
 		}
 		if err := json.Unmarshal(raw, &lease); err != nil {
 			return "", err
@@ -104,8 +108,11 @@ func (w *world) blockMember(pool string, avoid []string, hosts ...string) (strin
 	defer func() { _, _, _ = w.api(http.MethodDelete, "/v1/leases/"+lease.LeaseID, "") }()
 	for _, h := range hosts {
 		status, raw, err := w.api(http.MethodPost, "/v1/leases/"+lease.LeaseID+"/report", fmt.Sprintf(`{"result":"blocked","target":%q}`, h))
-		if err != nil || status != http.StatusNoContent {
-			return "", fmt.Errorf("reporting %s blocked by %s: %d %s %v", lease.Proxy.ID, h, status, raw, err)
+		if err != nil {
+			return "", fmt.Errorf("reporting %s blocked by %s: %w", lease.Proxy.ID, h, err)
+		}
+		if status != http.StatusNoContent {
+			return "", fmt.Errorf("reporting %s blocked by %s: %d %s", lease.Proxy.ID, h, status, raw)
 		}
 	}
 	return lease.Proxy.ID, nil

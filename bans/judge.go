@@ -110,12 +110,14 @@ func (j *Judge) Start(ctx context.Context) error {
 // and tells of new suspect hosts.
 func (j *Judge) Pass(ctx context.Context) error {
 	now := j.opts.Clock.Now()
+	// The cache's own objects, read only: a pass over a large fleet every
+	// few seconds must not copy it.
 	var proxies crawlv1alpha1.ProxyList
-	if err := j.opts.Client.List(ctx, &proxies); err != nil {
+	if err := j.opts.Client.List(ctx, &proxies, client.UnsafeDisableDeepCopy); err != nil {
 		return fmt.Errorf("listing Proxies: %w", err)
 	}
 	var pools crawlv1alpha1.ProxyPoolList
-	if err := j.opts.Client.List(ctx, &pools); err != nil {
+	if err := j.opts.Client.List(ctx, &pools, client.UnsafeDisableDeepCopy); err != nil {
 		return fmt.Errorf("listing ProxyPools: %w", err)
 	}
 	poolOf := map[types.NamespacedName]*crawlv1alpha1.ProxyPool{}

@@ -14,9 +14,9 @@ import (
 
 // Transport is an http.RoundTripper that sends each request through a
 // leased proxy for its host: one lease per host, kept renewed, so a host's
-// requests stick to one proxy. A 429 or 403 from a site is reported
-// rate_limited with its Retry-After and the next request to that host goes
-// through another proxy; a proxy that fails (the tunnel cannot be opened,
+// requests stick to one proxy. A 429 from a site is reported rate_limited
+// and a 403 blocked, with its Retry-After, and the next request to that
+// host goes through another proxy; a proxy that fails (the tunnel cannot be opened,
 // the proxy is deleted or stops being healthy) is released and the request
 // is sent once more through a new lease, when its body can be sent again.
 // A host with a politeness policy (or a pace the fleet learned) gets a

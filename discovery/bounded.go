@@ -27,7 +27,22 @@ type boundedStore struct {
 }
 
 func (b boundedStore) do(ctx context.Context, op string, call func(context.Context) error) error {
-	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	return b.doWithin(ctx, op, b.timeout, call)
+}
+
+// scanTimeout bounds the calls that read a span of records rather than a
+// key (the ledger for an attribution query, the blocks for the ban
+// judge): neither is on a crawler's path, and a busy fleet's few minutes
+// of ledger take longer to read than a lease takes to grant.
+func (b boundedStore) scanTimeout() time.Duration {
+	return max(10*b.timeout, MinScanTimeout)
+}
+
+// MinScanTimeout is the least a scan of the store (scanTimeout) may take.
+const MinScanTimeout = 5 * time.Second
+
+func (b boundedStore) doWithin(ctx context.Context, op string, timeout time.Duration, call func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	start := time.Now()
 	err := call(ctx)
@@ -56,7 +71,7 @@ func (b boundedStore) AppendLedger(ctx context.Context, e LedgerEntry, retention
 }
 
 func (b boundedStore) ReadLedger(ctx context.Context, from, to time.Time) (out []LedgerEntry, err error) {
-	err = b.do(ctx, "read_ledger", func(ctx context.Context) error { out, err = b.store.ReadLedger(ctx, from, to); return err })
+	err = b.doWithin(ctx, "read_ledger", b.scanTimeout(), func(ctx context.Context) error { out, err = b.store.ReadLedger(ctx, from, to); return err })
 	return out, err
 }
 
@@ -150,7 +165,7 @@ func (b boundedStore) Outcomes(ctx context.Context, proxy string) (r []HostRecor
 }
 
 func (b boundedStore) Blocks(ctx context.Context, since time.Time) (bl []Block, err error) {
-	err = b.do(ctx, "blocks", func(ctx context.Context) error { bl, err = b.store.Blocks(ctx, since); return err })
+	err = b.doWithin(ctx, "blocks", b.scanTimeout(), func(ctx context.Context) error { bl, err = b.store.Blocks(ctx, since); return err })
 	return bl, err
 }
 

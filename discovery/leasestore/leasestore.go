@@ -44,7 +44,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Backend, "lease-store", Memory,
 		"Where discovery keeps leases, cooldowns and refused requests: memory (this process only; lost on restart; one replica) or redis (shared by every replica, survives restarts).")
 	fs.DurationVar(&o.Timeout, "lease-store-timeout", discovery.DefaultStoreTimeout,
-		"Bound on each lease store call: with the store away, discovery answers 503 store_unavailable within it.")
+		"Bound on each lease store call: with the store away, discovery answers 503 store_unavailable within it. Reads of a span of records (an attribution query's ledger, the ban judge's blocks) get ten times as long, 5s at least.")
 	fs.StringVar(&o.Redis.Address, "redis-address", "",
 		"host:port of the Redis server (standalone or primary; not Redis Cluster), with --lease-store=redis.")
 	fs.StringVar(&o.Redis.Username, "redis-username", "", "Redis ACL user; empty: the default user.")

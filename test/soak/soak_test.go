@@ -219,6 +219,10 @@ bans: %s
 
 	report(t, "chaos could not do its work", ch.errs)
 	report(t, "not converged, leaked, duplicated or on the wrong address", converged)
+	if len(converged) > 0 {
+		name, _, _ := strings.Cut(converged[0], ":")
+		t.Logf("the operator's last lines about %s:\n%s", name, strings.Join(w.logLinesAbout(name, 40), "\n"))
+	}
 	report(t, "health verdict does not match the proxy's real state", mismatched)
 	if wantUnhealthy == 0 {
 		t.Error("no proxy was down at the end: the verdict check proved nothing")

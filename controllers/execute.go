@@ -212,7 +212,7 @@ func eventType(a Action) string {
 		return corev1.EventTypeWarning
 	}
 	switch a.Reason {
-	case ReasonInstanceFailed, ReasonInstanceLost, ReasonUnhealthy, ReasonStartupTimeout, ReasonBanned, ReasonBurnedIP, ReasonBurnedIPAccepted, ReasonProbeTargetSuspect, ReasonReplacementsBusy, ReasonCredentialsError:
+	case ReasonInstanceFailed, ReasonInstanceLost, ReasonUnhealthy, ReasonStartupTimeout, ReasonBanned, ReasonBurnedIP, ReasonBurnedIPAccepted, ReasonBurnedIPUnknown, ReasonProbeTargetSuspect, ReasonReplacementsBusy, ReasonCredentialsError:
 		return corev1.EventTypeWarning
 	}
 	return corev1.EventTypeNormal

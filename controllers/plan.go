@@ -347,7 +347,10 @@ func planRunning(o observation) Action {
 	p := o.proxy
 	switch {
 	case o.burnedErr != nil:
-		return Action{Type: ActionWait, Phase: phaseWhileStarting(p), Reason: ReasonBurnedIPUnknown, Err: o.burnedErr,
+		// Asked again at the next poll, not after a growing backoff: the
+		// store is usually back within seconds, and the instance serves
+		// nobody until it answers.
+		return Action{Type: ActionWait, Phase: phaseWhileStarting(p), Reason: ReasonBurnedIPUnknown,
 			Message: fmt.Sprintf("instance %s runs at %s, but the burned-IP memory did not answer: waiting for it before serving: %v", inst.Name, inst.IP, o.burnedErr)}
 	case !o.burnedUntil.IsZero() && int(p.Status.BurnedIPRerolls) < o.maxRerolls:
 		// Not budgeted: it serves nobody yet.

@@ -462,5 +462,6 @@ func TestBansAndBurnedIPs(t *testing.T) {
 	a = plan(o)
 	assert.Equal(t, ActionWait, a.Type)
 	assert.Equal(t, ReasonBurnedIPUnknown, a.Reason)
-	assert.Error(t, a.Err)
+	assert.NoError(t, a.Err, "polled again, not backed off")
+	assert.Contains(t, a.Message, "connection refused")
 }

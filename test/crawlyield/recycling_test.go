@@ -20,6 +20,7 @@ import (
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/bans"
+	"github.com/example/egress-proxies-operator/controllers"
 	"github.com/example/egress-proxies-operator/discovery"
 	"github.com/example/egress-proxies-operator/test/cluster"
 	"github.com/example/egress-proxies-operator/test/simweb"
@@ -177,7 +178,7 @@ func (f *recyclingFleet) recycle(ctx context.Context) error {
 		s.proxy.Close()
 		f.cloud.release(s.ip)
 		ip := f.cloud.allocate()
-		for try := 0; f.memory && try < controllersMaxRerolls; try++ {
+		for try := 0; f.memory && try < controllers.DefaultMaxBurnedIPRerolls; try++ {
 			until, err := f.store.BurnedUntil(ctx, burnedScope, ip)
 			if err != nil {
 				return err
@@ -196,10 +197,6 @@ func (f *recyclingFleet) recycle(ctx context.Context) error {
 	}
 	return nil
 }
-
-// controllersMaxRerolls is the Proxy reconciler's default bound
-// (controllers.DefaultMaxBurnedIPRerolls).
-const controllersMaxRerolls = 3
 
 // BenchmarkCrawlYieldRecycling: the fleet on a cloud that hands out burned
 // addresses, crawled politely by 64 workers through the gateway for 20 s

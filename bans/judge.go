@@ -200,7 +200,8 @@ func (j *Judge) ban(ctx context.Context, p *crawlv1alpha1.Proxy, s Subject, v Ve
 	if scope == "" {
 		scope = p.Spec.Provider
 	}
-	for _, ip := range exitIPs(p) {
+	ips := exitIPs(p)
+	for _, ip := range ips {
 		if err := j.opts.Memory.BurnIP(ctx, scope, ip, j.opts.BurnRetention); err != nil {
 			return fmt.Errorf("burning %s of Proxy %s/%s: %w", ip, p.Namespace, p.Name, err)
 		}
@@ -212,10 +213,10 @@ func (j *Judge) ban(ctx context.Context, p *crawlv1alpha1.Proxy, s Subject, v Ve
 		return err
 	}
 	bansTotal.WithLabelValues(scope).Inc()
-	logf.FromContext(ctx).Info("proxy banned", "proxy", client.ObjectKeyFromObject(p), "hosts", v.Hosts, "ips", exitIPs(p))
+	logf.FromContext(ctx).Info("proxy banned", "proxy", client.ObjectKeyFromObject(p), "hosts", v.Hosts, "ips", ips)
 	if j.opts.Recorder != nil {
 		j.opts.Recorder.Eventf(p, nil, corev1.EventTypeWarning, EventBanned, "Judge", "%s; its exit IPs %s are burned for %s", msg,
-			strings.Join(exitIPs(p), ", "), j.opts.BurnRetention)
+			strings.Join(ips, ", "), j.opts.BurnRetention)
 	}
 	if j.opts.Notify != nil {
 		select {

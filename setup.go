@@ -314,7 +314,7 @@ type poolDemand struct{ server *discovery.Server }
 
 func (d poolDemand) PoolDemand(ctx context.Context, namespace, name string) (pool.Demand, error) {
 	got, err := d.server.PoolDemand(ctx, namespace, name)
-	return pool.Demand{ActiveLeases: got.ActiveLeases, LastRefused: got.LastRefused}, err
+	return pool.Demand{ActiveLeases: got.ActiveLeases, Held: got.Held, HeldLeases: got.HeldLeases, LastRefused: got.LastRefused}, err
 }
 
 // canaryOutcomes hands the health engine's canary results to the lease

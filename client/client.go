@@ -118,6 +118,8 @@ type Lease struct {
 	// lease: least-loaded, then the fewest recent blocks by the target,
 	// or the soonest slot in the target's pace.
 	Why string `json:"why,omitempty"`
+	// Exclusive says the lease holds its proxy alone.
+	Exclusive bool `json:"exclusive,omitempty"`
 }
 
 // ProxyURL is the proxy's URL, credentials included, for
@@ -142,6 +144,10 @@ type LeaseRequest struct {
 	// MaxWait is how long the caller will wait for a paced target's next
 	// slot (at most a minute); 0: only a slot free now.
 	MaxWait time.Duration
+	// Exclusive asks for a proxy nobody else holds a lease on, held alone
+	// until the lease is released or expires (account-per-IP work). With
+	// none free: CodeNoProxyAvailable and a RetryAfter.
+	Exclusive bool
 }
 
 // Lease leases the least-loaded healthy proxy matching req. With none free
@@ -156,6 +162,9 @@ func (c *Client) Lease(ctx context.Context, req LeaseRequest) (*Lease, error) {
 	}
 	if req.MaxWait > 0 {
 		body["maxWaitSeconds"] = req.MaxWait.Seconds()
+	}
+	if req.Exclusive {
+		body["exclusive"] = true
 	}
 	var l Lease
 	if err := c.do(ctx, http.MethodPost, "/v1/leases", body, http.StatusCreated, &l); err != nil {

@@ -103,6 +103,11 @@ func (b boundedStore) ActiveLeases(ctx context.Context, ids []string) (n []int, 
 	return n, err
 }
 
+func (b boundedStore) Held(ctx context.Context, ids []string) (held []bool, err error) {
+	err = b.do(ctx, "held", func(ctx context.Context) error { held, err = b.store.Held(ctx, ids); return err })
+	return held, err
+}
+
 func (b boundedStore) NoteRefused(ctx context.Context, pool string) error {
 	return b.do(ctx, "note_refused", func(ctx context.Context) error { return b.store.NoteRefused(ctx, pool) })
 }
@@ -117,8 +122,8 @@ func (b boundedStore) Route(ctx context.Context, session, host string) (r Route,
 	return r, err
 }
 
-func (b boundedStore) SetRoute(ctx context.Context, session, host, proxy string, own bool, idle time.Duration) error {
-	return b.do(ctx, "set_route", func(ctx context.Context) error { return b.store.SetRoute(ctx, session, host, proxy, own, idle) })
+func (b boundedStore) SetRoute(ctx context.Context, session, host string, set RouteSet) error {
+	return b.do(ctx, "set_route", func(ctx context.Context) error { return b.store.SetRoute(ctx, session, host, set) })
 }
 
 func (b boundedStore) ReportSession(ctx context.Context, session, result, target string, cooldown, window time.Duration) (proxy string, err error) {

@@ -11,6 +11,11 @@ import (
 type PoolDemand struct {
 	// ActiveLeases are the leases its members hold now.
 	ActiveLeases int
+	// Held are the members an exclusive lease holds: each is a member's
+	// whole share of demand, whatever its lease count.
+	Held int
+	// HeldLeases are the leases on those members (in ActiveLeases).
+	HeldLeases int
 	// LastRefused is when a lease request whose selector matched one of
 	// the pool's members was last answered 503 no_proxy_available, on any
 	// replica sharing the store (zero: not within RefusedMemory).
@@ -19,13 +24,22 @@ type PoolDemand struct {
 
 // PoolDemand reads one pool's demand from the store. It only reads.
 func (s *Server) PoolDemand(ctx context.Context, namespace, pool string) (PoolDemand, error) {
-	leases, err := s.store.ActiveLeases(ctx, s.opts.View.poolMembers(namespace, pool))
+	members := s.opts.View.poolMembers(namespace, pool)
+	leases, err := s.store.ActiveLeases(ctx, members)
 	if err != nil {
 		return PoolDemand{}, fmt.Errorf("counting the leases of pool %s/%s: %w", namespace, pool, err)
 	}
+	held, err := s.store.Held(ctx, members)
+	if err != nil {
+		return PoolDemand{}, fmt.Errorf("reading the exclusive holds of pool %s/%s: %w", namespace, pool, err)
+	}
 	d := PoolDemand{}
-	for _, n := range leases {
+	for i, n := range leases {
 		d.ActiveLeases += n
+		if held[i] {
+			d.Held++
+			d.HeldLeases += n
+		}
 	}
 	if d.LastRefused, err = s.store.LastRefused(ctx, namespace+"/"+pool); err != nil {
 		return PoolDemand{}, fmt.Errorf("reading when a lease of pool %s/%s was last refused: %w", namespace, pool, err)

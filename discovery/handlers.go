@@ -82,6 +82,9 @@ type leaseRequest struct {
 	// MaxWaitSeconds is how long the client will wait for a paced
 	// target's next slot (default 0: only a slot free now).
 	MaxWaitSeconds float64 `json:"maxWaitSeconds"`
+	// Exclusive asks for a proxy nobody else holds a lease on, held alone
+	// until the lease is released or expires.
+	Exclusive bool `json:"exclusive"`
 }
 
 // MaxLeaseWait bounds a lease request's maxWaitSeconds.
@@ -108,6 +111,8 @@ type leaseResponse struct {
 	// (discovery.Why*): least-loaded, then the fewest recent blocks by the
 	// target, or the soonest slot in the target's pace.
 	Why string `json:"why,omitempty"`
+	// Exclusive says the lease holds its proxy alone.
+	Exclusive bool `json:"exclusive,omitempty"`
 }
 
 // Lease states in responses.
@@ -141,7 +146,7 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request, _ httproute
 		return authUnavailable(r.Context(), w, err)
 	}
 	acquire := s.acquireRequest(candidates, req.Target, ttl, time.Duration(req.MaxWaitSeconds*float64(time.Second)))
-	acquire.Holder, acquire.Limit = t.Name, s.limitFor(t, LimitLeases)
+	acquire.Holder, acquire.Limit, acquire.Exclusive = t.Name, s.limitFor(t, LimitLeases), req.Exclusive
 	lease, err := s.store.Acquire(r.Context(), acquire)
 	var quota *QuotaError
 	if errors.As(s.quotaError(t, LimitLeases, err), &quota) {
@@ -168,7 +173,13 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request, _ httproute
 		}
 		setRetryAfter(w, retry)
 		msg := fmt.Sprintf("no healthy proxy matches selector %v", map[string]string(req.Selector))
-		if len(candidates.IDs) > 0 {
+		switch {
+		case len(candidates.IDs) > 0 && none.Cause == CauseExclusive && req.Exclusive:
+			msg = fmt.Sprintf("each of the %d healthy proxies matching selector %v is in use or held by an exclusive lease; an exclusive lease needs one nobody holds",
+				len(candidates.IDs), map[string]string(req.Selector))
+		case len(candidates.IDs) > 0 && none.Cause == CauseExclusive:
+			msg = fmt.Sprintf("each of the %d healthy proxies matching selector %v is held by an exclusive lease", len(candidates.IDs), map[string]string(req.Selector))
+		case len(candidates.IDs) > 0:
 			msg = fmt.Sprintf("all %d healthy proxies matching selector %v are cooling down for target %q", len(candidates.IDs), map[string]string(req.Selector), req.Target)
 		}
 		return writeError(w, http.StatusServiceUnavailable, CodeNoProxyAvailable, msg)
@@ -343,7 +354,7 @@ func (s *Server) leaseView(ctx context.Context, l Lease) leaseResponse {
 		info = ProxyInfo{ID: l.ProxyID, Attributes: map[string]string{}}
 	}
 	s.withCredentials(ctx, &info, &l)
-	resp := leaseResponse{LeaseID: l.ID, Proxy: info, Target: l.Target, ExpiresAt: l.ExpiresAt.UTC(), State: LeaseActive, Why: l.Why}
+	resp := leaseResponse{LeaseID: l.ID, Proxy: info, Target: l.Target, ExpiresAt: l.ExpiresAt.UTC(), State: LeaseActive, Why: l.Why, Exclusive: l.Exclusive}
 	if why := s.opts.View.unavailable(l.ProxyID); why != "" {
 		resp.State, resp.Reason = LeaseProxyUnavailable, why
 	}

@@ -63,6 +63,8 @@ type MemoryStore struct {
 	ledger []LedgerEntry
 	// outcomes: the outcome memory (memoutcomes.go).
 	outcomes memOutcomes
+	// holds: the exclusive lease holding each proxy, absent for none.
+	holds map[string]*memLease
 }
 
 // MaxMemoryLedger bounds the ledger records the memory store keeps (some
@@ -78,6 +80,9 @@ type usageCount struct {
 type memSession struct {
 	name    string
 	own     string
+	// since, ip, hold: the stint on own (Route).
+	since    time.Time
+	ip, hold string
 	detours map[string]string // host -> proxy
 	// reported: host -> the last rate_limited report that cooled a proxy.
 	reported map[string]sessionReport
@@ -121,6 +126,7 @@ func NewMemoryStore(clk clock.PassiveClock) *MemoryStore {
 		learned:     map[string]Learned{},
 		limited:     map[string]int{},
 		usage:       map[string]*usageCount{},
+		holds:       map[string]*memLease{},
 	}
 	m.outcomes.init()
 	return m
@@ -161,26 +167,47 @@ func (m *MemoryStore) Acquire(_ context.Context, req AcquireRequest) (Lease, err
 	} else {
 		var soonest time.Time
 		var byRecord bool
+		held, cooled := 0, 0
+		maxLoad := -1
+		if req.Exclusive {
+			maxLoad = 0
+		}
 		best, soonest, byRecord = set.pick(func(id string) (time.Time, bool) {
+			if until, ok := m.heldLocked(id, req.Within); ok {
+				held++
+				return until, true
+			}
 			if req.Target == "" {
 				return time.Time{}, false
 			}
 			until, ok := m.cooldowns[id][req.Target]
+			if ok {
+				cooled++
+			}
 			return until, ok
-		}, blocked)
+		}, blocked, maxLoad)
 		if byRecord {
 			why = WhyBetterRecord
 		}
 		if best == "" {
 			e := &NoProxyAvailableError{}
+			switch {
+			case held > cooled || (req.Exclusive && cooled == 0 && len(req.Candidates.IDs) > 0):
+				e.Cause = CauseExclusive
+			case cooled > 0:
+				e.Cause = CauseCooling
+			}
 			if !soonest.IsZero() {
-				e.RetryAfter, e.Cause = soonest.Sub(now), CauseCooling
+				e.RetryAfter = soonest.Sub(now)
 			}
 			return Lease{}, e
 		}
 	}
-	l := &memLease{Lease: Lease{ID: uuid.NewString(), ProxyID: best, Target: req.Target, CreatedAt: now, ExpiresAt: now.Add(req.TTL), Wait: wait, Paced: paced, Holder: req.Holder, Why: why},
-		limit: req.Limit.Key}
+	l := &memLease{Lease: Lease{ID: uuid.NewString(), ProxyID: best, Target: req.Target, CreatedAt: now, ExpiresAt: now.Add(req.TTL), Wait: wait, Paced: paced, Holder: req.Holder, Why: why,
+		Exclusive: req.Exclusive}, limit: req.Limit.Key}
+	if req.Exclusive {
+		m.holds[best] = l
+	}
 	if l.limit != "" {
 		m.limited[l.limit]++
 	}
@@ -204,6 +231,15 @@ func (m *MemoryStore) pickPacedLocked(set *candidateSet, req AcquireRequest, lea
 	var soonest time.Duration
 	causes := map[string]int{}
 	for _, id := range req.Candidates.IDs {
+		if until, ok := m.heldLocked(id, req.Within); ok {
+			causes[CauseExclusive]++
+			soonest = minPositive(soonest, until.Sub(now))
+			continue
+		}
+		if req.Exclusive && m.loads[id] > 0 {
+			causes[CauseExclusive]++
+			continue
+		}
 		if until, ok := m.cooldowns[id][req.Target]; ok {
 			causes[CauseCooling]++
 			soonest = minPositive(soonest, until.Sub(now))
@@ -243,6 +279,16 @@ func (m *MemoryStore) pickPacedLocked(set *candidateSet, req AcquireRequest, lea
 	}
 	m.sweepTATsLocked(now)
 	return best.id, best.wait, !best.pace.IsZero(), nil
+}
+
+// heldLocked says whether an exclusive lease other than within holds
+// proxy, and until when.
+func (m *MemoryStore) heldLocked(proxy, within string) (time.Time, bool) {
+	h, ok := m.holds[proxy]
+	if !ok || h.ID == within {
+		return time.Time{}, false
+	}
+	return h.ExpiresAt, true
 }
 
 // pacedChoice is a candidate for a paced request.
@@ -323,7 +369,7 @@ func minPositive(a, b time.Duration) time.Duration {
 // ties to the first of pace, concurrency, cooling.
 func mostCommon(causes map[string]int) string {
 	best := ""
-	for _, c := range []string{CausePaced, CauseConcurrency, CauseCooling} {
+	for _, c := range []string{CausePaced, CauseConcurrency, CauseCooling, CauseExclusive} {
 		if causes[c] > causes[best] {
 			best = c
 		}
@@ -531,11 +577,12 @@ func (m *MemoryStore) Route(_ context.Context, session, host string) (Route, err
 	if !ok {
 		return Route{}, nil
 	}
-	return Route{Own: sess.own, Detour: sess.detours[host]}, nil
+	return Route{Own: sess.own, Detour: sess.detours[host], Since: sess.since, IP: sess.ip, Hold: sess.hold}, nil
 }
 
 // SetRoute implements Store.
-func (m *MemoryStore) SetRoute(_ context.Context, session, host, proxy string, own bool, idle time.Duration) error {
+func (m *MemoryStore) SetRoute(_ context.Context, session, host string, set RouteSet) error {
+	proxy, own, idle := set.Proxy, set.Own, set.Idle
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.expireLocked()
@@ -545,6 +592,9 @@ func (m *MemoryStore) SetRoute(_ context.Context, session, host, proxy string, o
 		m.sessions[session] = sess
 	}
 	if own {
+		if sess.own != proxy || set.Fresh {
+			sess.since, sess.ip, sess.hold = now, set.IP, set.Hold
+		}
 		sess.own = proxy
 		delete(sess.detours, host)
 	} else {
@@ -600,6 +650,18 @@ func (m *MemoryStore) ActiveLeases(_ context.Context, ids []string) ([]int, erro
 	out := make([]int, len(ids))
 	for i, id := range ids {
 		out[i] = m.loads[id]
+	}
+	return out, nil
+}
+
+// Held implements Store.
+func (m *MemoryStore) Held(_ context.Context, ids []string) ([]bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.expireLocked()
+	out := make([]bool, len(ids))
+	for i, id := range ids {
+		_, out[i] = m.holds[id]
 	}
 	return out, nil
 }
@@ -681,6 +743,9 @@ func (m *MemoryStore) expireLocked() time.Time {
 // dropLocked forgets a lease already out of the expiry heap.
 func (m *MemoryStore) dropLocked(l *memLease, now time.Time) {
 	delete(m.leases, l.ID)
+	if m.holds[l.ProxyID] == l {
+		delete(m.holds, l.ProxyID)
+	}
 	if l.limit != "" {
 		if m.limited[l.limit] <= 1 {
 			delete(m.limited, l.limit)
@@ -763,10 +828,11 @@ type candidateSet struct {
 	heap    heapOf[*setItem]
 }
 
-// pick returns the least-loaded member for which cooling says false; when
-// every member is cooling, "" and the soonest end of their cooldowns.
-// Members popped while skipping are pushed back.
-func (s *candidateSet) pick(cooling func(id string) (time.Time, bool), blocked func(id string) float64) (best string, soonest time.Time, byRecord bool) {
+// pick returns the least-loaded member (of at most maxLoad leases, when
+// not negative) for which skip says false; when there is none, "" and the
+// soonest end of what held the skipped ones back. Members popped while
+// skipping are pushed back.
+func (s *candidateSet) pick(skip func(id string) (time.Time, bool), blocked func(id string) float64, maxLoad int) (best string, soonest time.Time, byRecord bool) {
 	var skipped []*setItem
 	var first *setItem
 	bestBlocked := 0.0
@@ -775,6 +841,10 @@ func (s *candidateSet) pick(cooling func(id string) (time.Time, bool), blocked f
 		if first != nil && (blocked == nil || top.load != first.load || len(skipped) >= maxRecordTies) {
 			break
 		}
+		if maxLoad >= 0 && top.load > maxLoad {
+			break
+		}
+		cooling := skip
 		until, cool := cooling(top.id)
 		switch {
 		case cool:

@@ -29,6 +29,10 @@ type Lease struct {
 	// Why says how Acquire chose the proxy (WhyLeastLoaded,
 	// WhyBetterRecord, WhySoonestSlot); empty on a lease read back.
 	Why string
+	// Exclusive says the lease holds its proxy alone: no other lease goes
+	// to it until this one is released or expires (but those asked
+	// Within it).
+	Exclusive bool
 }
 
 // Report results a client may send.
@@ -69,6 +73,30 @@ type Route struct {
 	// instead, while its own proxy was cooling down for that host. "" when
 	// there is none.
 	Detour string
+	// Since is when the session took Own (its lifetime runs from then), on
+	// the store's clock.
+	Since time.Time
+	// IP is Own's exit IP when the session took it: a strict session
+	// keeps it or fails.
+	IP string
+	// Hold is the exclusive lease holding Own for the session ("": none).
+	Hold string
+}
+
+// RouteSet is what SetRoute records of one tunnel of a session.
+type RouteSet struct {
+	// Proxy carried the tunnel: as the session's own (Own, which also ends
+	// the host's detour), or as the host's detour.
+	Proxy string
+	Own   bool
+	// Fresh starts a new stint on Own even when it is the proxy the
+	// session had (its lifetime ran out): Since restarts.
+	Fresh bool
+	// IP and Hold are recorded with a new stint on Own (Route.IP,
+	// Route.Hold).
+	IP, Hold string
+	// Idle: the session is forgotten once idle for longer.
+	Idle time.Duration
 }
 
 // Limit caps the live leases taken under one key (a tenant's leases, or
@@ -107,8 +135,8 @@ type NoProxyAvailableError struct {
 	// candidate, or every one is at its concurrency limit for the target).
 	RetryAfter time.Duration
 	// Cause says what held the candidates back (the most common among
-	// CausePaced, CauseConcurrency and CauseCooling), "" when there is no
-	// candidate at all.
+	// CausePaced, CauseConcurrency, CauseCooling and CauseExclusive), ""
+	// when there is no candidate at all.
 	Cause string
 }
 
@@ -123,6 +151,9 @@ const (
 	// CauseConcurrency: each holds as many leases for the target as its
 	// policy allows.
 	CauseConcurrency = "concurrency"
+	// CauseExclusive: an exclusive lease holds each candidate, or (for an
+	// exclusive request) each holds a lease already.
+	CauseExclusive = "exclusive"
 )
 
 func (e *NoProxyAvailableError) Error() string {
@@ -131,6 +162,8 @@ func (e *NoProxyAvailableError) Error() string {
 		return fmt.Sprintf("no proxy available: the target's pace allows the next request in %s", e.RetryAfter)
 	case e.Cause == CauseConcurrency:
 		return "no proxy available: every candidate holds as many connections to the target as its policy allows"
+	case e.Cause == CauseExclusive:
+		return "no proxy available: every candidate is held by an exclusive lease or (for an exclusive one) in use"
 	case e.RetryAfter > 0:
 		return fmt.Sprintf("no proxy available: the first cooldown ends in %s", e.RetryAfter)
 	}
@@ -181,6 +214,13 @@ type AcquireRequest struct {
 	// MaxWait is how far ahead a paced request may reserve its slot: a
 	// candidate whose next slot is later is not available now.
 	MaxWait time.Duration
+	// Exclusive asks for a proxy nobody else holds a lease on, and holds
+	// it alone for the lease's life: no other lease goes to it meanwhile.
+	Exclusive bool
+	// Within names the exclusive lease this one shares its proxy with (a
+	// gateway session's tunnels through the proxy the session holds): an
+	// exclusive hold keeps out every lease but those asked within it.
+	Within string
 }
 
 // Pace is how one proxy may send requests to one host: a GCRA (a token
@@ -308,6 +348,9 @@ type Store interface {
 	Report(ctx context.Context, id, result, target string, cooldown time.Duration) error
 	// ActiveLeases counts the live leases of each proxy of ids, in order.
 	ActiveLeases(ctx context.Context, ids []string) ([]int, error)
+	// Held says, for each proxy of ids in order, whether an exclusive lease
+	// holds it.
+	Held(ctx context.Context, ids []string) ([]bool, error)
 	// NoteRefused records that a lease request selecting pool (its
 	// namespace/name) was refused for want of a proxy; LastRefused reads
 	// when that last happened (zero: not within RefusedMemory). Pools size
@@ -317,11 +360,11 @@ type Store interface {
 	// Route reads a gateway session's route for host (the zero Route when
 	// the session is unknown).
 	Route(ctx context.Context, session, host string) (Route, error)
-	// SetRoute records that a session's tunnel to host went through proxy:
-	// as the session's own proxy (own true, which also ends host's detour)
-	// or as host's detour. The session is forgotten once idle for longer
-	// than idle.
-	SetRoute(ctx context.Context, session, host, proxy string, own bool, idle time.Duration) error
+	// SetRoute records that a session's tunnel to host went through
+	// set.Proxy (RouteSet). A new stint on the session's own proxy (another
+	// proxy, or Fresh) records Since, IP and Hold anew; the same proxy
+	// keeps them.
+	SetRoute(ctx context.Context, session, host string, set RouteSet) error
 	// ReportSession records the outcome of a session's requests to target:
 	// rate_limited puts the proxy they went through (target's detour, else
 	// the session's own) in cooldown for target, as Report does. A

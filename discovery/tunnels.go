@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -83,6 +84,15 @@ type TunnelRequest struct {
 	// Session sticks the tunnel to the session's own proxy; "" rotates:
 	// every tunnel goes to the least-loaded proxy.
 	Session string
+	// Strict keeps a session on its own proxy and exit IP or fails it (a
+	// *SessionLostError); a soft session moves to another proxy instead.
+	Strict bool
+	// Lifetime bounds a session's stint on one proxy (zero: none): past
+	// it, a soft session takes a new proxy and a strict one ends.
+	Lifetime time.Duration
+	// Exclusive holds the session's own proxy alone while the session
+	// lives: no other lease or session gets it.
+	Exclusive bool
 	// Selector restricts the upstreams, as a lease's does.
 	Selector Selector
 	// Host is the tunnel's target host (a port is ignored).
@@ -90,8 +100,8 @@ type TunnelRequest struct {
 	// Avoid are proxies that already failed this tunnel.
 	Avoid []string
 	// TTL is the tunnel lease's; the gateway renews it while the tunnel
-	// lasts. SessionIdle is how long a session's route outlives its last
-	// tunnel.
+	// lasts. SessionIdle is how long a session's route (and its exclusive
+	// hold) outlives its last tunnel.
 	TTL, SessionIdle time.Duration
 	// MaxWait is how long the tunnel may wait for a paced host's next
 	// slot.
@@ -101,11 +111,15 @@ type TunnelRequest struct {
 // Upstream is the proxy one tunnel goes through, on a lease of its own.
 type Upstream struct {
 	ProxyID string
-	// Address is the proxy's host:port.
-	Address string
+	// Address is the proxy's host:port; ExitIP where sites see the
+	// tunnel come from.
+	Address, ExitIP string
 	// User are the proxy's credentials (nil: it needs none).
 	User    *url.Userinfo
 	LeaseID string
+	// Hold is the exclusive lease holding the proxy for the tunnel's
+	// session ("": none): the gateway renews it with the tunnel's.
+	Hold string
 	// Wait is how long the tunnel must wait before it goes: the slot its
 	// host's pace reserved.
 	Wait time.Duration
@@ -114,16 +128,54 @@ type Upstream struct {
 	Paced bool
 }
 
+// Why a strict session failed (SessionLostError.Cause).
+const (
+	// SessionProxyGone: its proxy no longer exists, or no longer serves.
+	SessionProxyGone = "proxy_gone"
+	// SessionProxyUnhealthy: its proxy is not healthy.
+	SessionProxyUnhealthy = "proxy_unhealthy"
+	// SessionProxyFailed: its proxy failed this tunnel.
+	SessionProxyFailed = "proxy_failed"
+	// SessionCooling: its proxy is cooling down for the host.
+	SessionCooling = "cooling"
+	// SessionIPChanged: its proxy is back, on another exit IP.
+	SessionIPChanged = "ip_changed"
+	// SessionTaken: its exclusive hold ran out and another holds the proxy.
+	SessionTaken = "proxy_taken"
+	// SessionEnded: its lifetime is over.
+	SessionEnded = "ended"
+)
+
+// SessionLostError says a strict session cannot go on: its tunnels would
+// leave from another exit IP. The client starts a new session.
+type SessionLostError struct {
+	Session, Proxy, IP string
+	// Cause is one of the Session* causes above.
+	Cause string
+}
+
+func (e *SessionLostError) Error() string {
+	if e.Cause == SessionEnded {
+		return fmt.Sprintf("strict session %q ended: its lifetime on proxy %s (%s) is over; start a new session", e.Session, e.Proxy, e.IP)
+	}
+	return fmt.Sprintf("strict session %q lost its proxy %s (%s): %s; start a new session", e.Session, e.Proxy, e.IP, strings.ReplaceAll(e.Cause, "_", " "))
+}
+
 // Pick leases the upstream for a tunnel: the session's own proxy while it
 // is healthy and not cooling down for the host; else the proxy the session
 // last took to that host instead, if it still may; else the least-loaded
 // healthy one not cooling down for the host. The session moves to that
 // last one only when its own proxy is gone, unhealthy or failed this
-// tunnel; a cooldown for one host leaves it where it is for the others.
-// With nothing available it returns a *NoProxyAvailableError.
+// tunnel, or its lifetime there is over; a cooldown for one host leaves it
+// where it is for the others. A strict session never moves: it fails with
+// a *SessionLostError. With nothing available it returns a
+// *NoProxyAvailableError.
 func (t *Tunnels) Pick(ctx context.Context, req TunnelRequest) (Upstream, error) {
 	if req.Session != "" && !ValidSessionName(req.Session) {
 		return Upstream{}, fmt.Errorf("%w: session %q must be 1-64 letters, digits, '-' or '_'", ErrInvalidTunnel, req.Session)
+	}
+	if req.Session == "" && (req.Strict || req.Exclusive || req.Lifetime > 0) {
+		return Upstream{}, fmt.Errorf("%w: strict, exclusive and a lifetime need a session", ErrInvalidTunnel)
 	}
 	if err := validateSelector("selector", req.Selector); err != nil {
 		return Upstream{}, fmt.Errorf("%w: %w", ErrInvalidTunnel, err)
@@ -132,35 +184,146 @@ func (t *Tunnels) Pick(ctx context.Context, req TunnelRequest) (Upstream, error)
 	if err := validateTarget(host, true); err != nil {
 		return Upstream{}, fmt.Errorf("%w: %w", ErrInvalidTunnel, err)
 	}
-	store := t.s.store
 	who := req.Tenant
 	if who == nil {
 		who = tenant.Anonymous
 	}
-	session := SessionKey(who, req.Session)
 	candidates, err := t.s.leasableCandidates(ctx, who, t.s.opts.View.candidates(req.Selector))
 	if err != nil {
 		return Upstream{}, err
 	}
-	limit := t.s.limitFor(who, LimitTunnels)
-	acquire := func(c Candidates, maxWait time.Duration) (Lease, error) {
-		r := t.s.acquireRequest(c, host, req.TTL, maxWait)
-		r.Holder, r.Limit = who.Name, limit
-		l, err := store.Acquire(ctx, r)
-		return l, t.s.quotaError(who, LimitTunnels, err)
-	}
-	avoid := slices.Clone(req.Avoid)
-	usable := func(id string) bool {
-		_, found := slices.BinarySearch(candidates.IDs, id)
-		return id != "" && found && !slices.Contains(avoid, id)
-	}
-	var route Route
+	p := &pick{t: t, req: req, who: who, host: host, session: SessionKey(who, req.Session), candidates: candidates,
+		avoid: slices.Clone(req.Avoid), limit: t.s.limitFor(who, LimitTunnels)}
 	if req.Session != "" {
-		if route, err = store.Route(ctx, session, host); err != nil {
+		if p.route, err = t.s.store.Route(ctx, p.session, host); err != nil {
 			return Upstream{}, err
 		}
 	}
-	ownUsable := usable(route.Own)
+	if req.Strict && p.route.Own != "" {
+		return p.strict(ctx)
+	}
+	return p.soft(ctx)
+}
+
+// pick is one tunnel's choice of upstream.
+type pick struct {
+	t          *Tunnels
+	req        TunnelRequest
+	who        *tenant.Tenant
+	host       string
+	session    string
+	candidates Candidates
+	avoid      []string
+	limit      Limit
+	route      Route
+}
+
+func (p *pick) acquire(ctx context.Context, c Candidates, maxWait time.Duration, exclusive bool, within string) (Lease, error) {
+	r := p.t.s.acquireRequest(c, p.host, p.req.TTL, maxWait)
+	r.Holder, r.Limit, r.Exclusive, r.Within = p.who.Name, p.limit, exclusive, within
+	if exclusive {
+		// The hold outlives a tunnel: it lasts while the session does.
+		r.TTL, r.Target, r.PaceOf, r.Adaptive, r.Limit = p.req.SessionIdle, "", nil, false, Limit{}
+	}
+	l, err := p.t.s.store.Acquire(ctx, r)
+	return l, p.t.s.quotaError(p.who, LimitTunnels, err)
+}
+
+func (p *pick) usable(id string) bool {
+	_, found := slices.BinarySearch(p.candidates.IDs, id)
+	return id != "" && found && !slices.Contains(p.avoid, id)
+}
+
+// expired says whether the session's stint on its own proxy is over.
+func (p *pick) expired() bool {
+	return p.req.Lifetime > 0 && p.route.Own != "" && !p.route.Since.IsZero() &&
+		p.t.s.opts.Clock.Since(p.route.Since) >= p.req.Lifetime
+}
+
+// strict leases the session's own proxy, on the exit IP the session took
+// it with, or says why it cannot.
+func (p *pick) strict(ctx context.Context) (Upstream, error) {
+	own := p.route.Own
+	lost := func(cause string) (Upstream, error) {
+		return Upstream{}, &SessionLostError{Session: p.req.Session, Proxy: own, IP: p.route.IP, Cause: cause}
+	}
+	if p.expired() {
+		return lost(SessionEnded)
+	}
+	if why := p.t.s.opts.View.unavailable(own); why != "" {
+		if _, exists := p.t.s.opts.View.lookup(own, 0); !exists || !strings.Contains(why, "not healthy") {
+			return lost(SessionProxyGone)
+		}
+		return lost(SessionProxyUnhealthy)
+	}
+	if slices.Contains(p.avoid, own) {
+		return lost(SessionProxyFailed)
+	}
+	if !p.usable(own) {
+		return lost(SessionProxyGone) // no longer one the session's selector and tenant may use
+	}
+	if info, ok := p.t.s.opts.View.lookup(own, 0); ok && p.route.IP != "" && info.ExitIP != p.route.IP {
+		return lost(SessionIPChanged)
+	}
+	hold, err := p.keepHold(ctx, own)
+	if err != nil {
+		var none *NoProxyAvailableError
+		if errors.As(err, &none) {
+			return lost(SessionTaken)
+		}
+		return Upstream{}, err
+	}
+	lease, err := p.acquire(ctx, Candidates{IDs: []string{own}}, p.req.MaxWait, false, hold)
+	var none *NoProxyAvailableError
+	switch {
+	case errors.As(err, &none) && none.Cause == CauseCooling:
+		return lost(SessionCooling)
+	case errors.As(err, &none) && none.Cause == CauseExclusive:
+		return lost(SessionTaken)
+	}
+	notePaced(err, lease.Wait)
+	if err != nil {
+		return Upstream{}, err
+	}
+	up, err := p.upstream(ctx, lease, hold)
+	if err != nil {
+		return lost(SessionProxyGone)
+	}
+	return up, p.note(ctx, RouteSet{Proxy: own, Own: true, IP: p.route.IP, Hold: hold})
+}
+
+// keepHold renews the session's exclusive hold on proxy, or takes it anew
+// when it ran out and nobody else took the proxy; "" for a session that
+// holds nothing.
+func (p *pick) keepHold(ctx context.Context, proxy string) (string, error) {
+	if !p.req.Exclusive {
+		return "", nil
+	}
+	if p.route.Hold != "" {
+		if _, err := p.t.s.store.Renew(ctx, p.route.Hold, p.req.SessionIdle); err == nil {
+			return p.route.Hold, nil
+		} else if !errors.Is(err, ErrLeaseNotFound) {
+			return "", err
+		}
+	}
+	l, err := p.acquire(ctx, Candidates{IDs: []string{proxy}}, 0, true, "")
+	if err != nil {
+		return "", err
+	}
+	p.route.Hold = l.ID
+	return l.ID, nil
+}
+
+// soft leases the session's own proxy while it may take the host, else
+// the host's detour, else a new one (which becomes the session's own when
+// its own is gone); a strict session's first tunnel comes here too.
+func (p *pick) soft(ctx context.Context) (Upstream, error) {
+	route := p.route
+	fresh := p.expired()
+	ownUsable := p.usable(route.Own) && !fresh
+	if fresh {
+		p.releaseHold(ctx)
+	}
 	// skipped are the session's own proxy and detour when their pace or a
 	// cooldown held them back: stickiness yields to politeness, but when
 	// no other proxy may take the host either, the tunnel waits for them
@@ -174,30 +337,40 @@ func (t *Tunnels) Pick(ctx context.Context, req TunnelRequest) (Upstream, error)
 			lease Lease
 			err   error
 			own   bool
+			hold  string
 		)
 		switch {
-		case ownUsable && !slices.Contains(avoid, route.Own):
+		case ownUsable && !slices.Contains(p.avoid, route.Own):
 			// A session keeps its own proxy only while its pace allows a
 			// request now: politeness beats stickiness.
-			lease, err = acquire(Candidates{IDs: []string{route.Own}}, 0)
+			if hold, err = p.keepHold(ctx, route.Own); err == nil {
+				lease, err = p.acquire(ctx, Candidates{IDs: []string{route.Own}}, 0, false, hold)
+			}
 			own = true
 			if errors.Is(err, ErrNoProxyAvailable) {
-				avoid, skipped = append(avoid, route.Own), append(skipped, route.Own) // for this host only
+				p.avoid, skipped = append(p.avoid, route.Own), append(skipped, route.Own) // for this host only
 				continue
 			}
-		case usable(route.Detour):
-			lease, err = acquire(Candidates{IDs: []string{route.Detour}}, 0)
+		case p.usable(route.Detour):
+			lease, err = p.acquire(ctx, Candidates{IDs: []string{route.Detour}}, 0, false, "")
 			if errors.Is(err, ErrNoProxyAvailable) {
-				avoid, skipped = append(avoid, route.Detour), append(skipped, route.Detour)
+				p.avoid, skipped = append(p.avoid, route.Detour), append(skipped, route.Detour)
 				continue
 			}
 		default:
-			lease, err = acquire(without(candidates, avoid), req.MaxWait)
 			own = !ownUsable
+			lease, hold, err = p.fresh(ctx, without(p.candidates, p.avoid), own)
 			if errors.Is(err, ErrNoProxyAvailable) && len(skipped) > 0 {
 				slices.Sort(skipped)
-				lease, err = acquire(Candidates{IDs: skipped}, req.MaxWait)
+				within := ""
+				if slices.Contains(skipped, route.Own) {
+					within = route.Hold
+				}
+				lease, err = p.acquire(ctx, Candidates{IDs: skipped}, p.req.MaxWait, false, within)
 				own = err == nil && lease.ProxyID == route.Own
+				if own {
+					hold = route.Hold
+				}
 				skipped = nil
 			}
 			notePaced(err, lease.Wait)
@@ -205,24 +378,83 @@ func (t *Tunnels) Pick(ctx context.Context, req TunnelRequest) (Upstream, error)
 		if err != nil {
 			return Upstream{}, err
 		}
-		up, err := t.upstream(ctx, lease)
-		up.Wait, up.Paced = lease.Wait, lease.Paced
+		up, err := p.upstream(ctx, lease, hold)
 		if err != nil {
 			warn(logf.FromContext(ctx), "gateway: skipping an upstream", "proxy", lease.ProxyID, "error", err.Error())
-			_ = store.Release(ctx, lease.ID) // never used, so never recorded
-			avoid = append(avoid, lease.ProxyID)
+			p.avoid = append(p.avoid, lease.ProxyID)
 			continue
 		}
-		t.s.record(ctx, LedgerTunnel, LedgerStart, lease, req.Session, lease.ExpiresAt, 0)
-		if req.Session != "" {
-			if err := store.SetRoute(ctx, session, host, lease.ProxyID, own, req.SessionIdle); err != nil {
-				warn(logf.FromContext(ctx), "gateway: the session's route was not recorded; its next tunnel may go elsewhere",
-					"session", req.Session, "error", err.Error())
+		if p.req.Session != "" {
+			set := RouteSet{Proxy: lease.ProxyID, Own: own, Fresh: own && fresh, IP: up.ExitIP, Hold: hold}
+			if own && lease.ProxyID == route.Own && !fresh {
+				set.IP = route.IP
+			}
+			if err := p.note(ctx, set); err != nil {
+				return up, err
 			}
 		}
 		return up, nil
 	}
 	return Upstream{}, &NoProxyAvailableError{}
+}
+
+// fresh leases a proxy from c for a tunnel that goes elsewhere than the
+// session's own: for an exclusive session taking a new own proxy, a proxy
+// nobody holds a lease on, held for the session first.
+func (p *pick) fresh(ctx context.Context, c Candidates, own bool) (Lease, string, error) {
+	if !own || !p.req.Exclusive {
+		l, err := p.acquire(ctx, c, p.req.MaxWait, false, "")
+		return l, "", err
+	}
+	hold, err := p.acquire(ctx, c, 0, true, "")
+	if err != nil {
+		return Lease{}, "", err
+	}
+	l, err := p.acquire(ctx, Candidates{IDs: []string{hold.ProxyID}}, p.req.MaxWait, false, hold.ID)
+	if err != nil {
+		_ = p.t.s.store.Release(ctx, hold.ID)
+		return Lease{}, "", err
+	}
+	p.releaseHold(ctx)
+	return l, hold.ID, nil
+}
+
+// releaseHold lets go of the session's exclusive hold on its old proxy.
+func (p *pick) releaseHold(ctx context.Context) {
+	if p.route.Hold == "" {
+		return
+	}
+	if err := p.t.s.store.Release(ctx, p.route.Hold); err != nil {
+		warn(logf.FromContext(ctx), "gateway: releasing a session's exclusive hold failed; it expires by itself", "session", p.req.Session, "error", err.Error())
+	}
+	p.route.Hold = ""
+}
+
+// upstream is where lease's proxy is, recorded in the ledger; a lease
+// whose proxy cannot be reached so is released unused.
+func (p *pick) upstream(ctx context.Context, lease Lease, hold string) (Upstream, error) {
+	up, err := p.t.upstream(ctx, lease)
+	up.Wait, up.Paced, up.Hold = lease.Wait, lease.Paced, hold
+	if err != nil {
+		_ = p.t.s.store.Release(ctx, lease.ID) // never used, so never recorded
+		return Upstream{}, err
+	}
+	p.t.s.record(ctx, LedgerTunnel, LedgerStart, lease, p.req.Session, lease.ExpiresAt, 0)
+	return up, nil
+}
+
+// note records the session's route after a tunnel; a store that does not
+// answer only costs the next tunnel its stickiness, so it is logged.
+func (p *pick) note(ctx context.Context, set RouteSet) error {
+	if p.req.Session == "" {
+		return nil
+	}
+	set.Idle = p.req.SessionIdle
+	if err := p.t.s.store.SetRoute(ctx, p.session, p.host, set); err != nil {
+		warn(logf.FromContext(ctx), "gateway: the session's route was not recorded; its next tunnel may go elsewhere",
+			"session", p.req.Session, "error", err.Error())
+	}
+	return nil
 }
 
 // PushBack tells discovery that host answered a request through the
@@ -249,7 +481,7 @@ func (t *Tunnels) upstream(ctx context.Context, lease Lease) (Upstream, error) {
 	if !ok || info.IP == "" || info.Port == 0 {
 		return Upstream{}, fmt.Errorf("proxy %s has no address", lease.ProxyID)
 	}
-	up := Upstream{ProxyID: lease.ProxyID, LeaseID: lease.ID, Address: net.JoinHostPort(info.IP, strconv.Itoa(int(info.Port)))}
+	up := Upstream{ProxyID: lease.ProxyID, LeaseID: lease.ID, Address: net.JoinHostPort(info.IP, strconv.Itoa(int(info.Port))), ExitIP: info.ExitIP}
 	if info.hasCreds {
 		if t.s.opts.Credentials == nil {
 			return Upstream{}, errors.New("its credentials cannot be read")

@@ -10,10 +10,13 @@ import (
 )
 
 // Demand is what the discovery API saw of a pool's use: the leases its
-// members hold now, and when a lease request that selected the pool was
-// last refused for want of a member (zero: never).
+// members hold now, the members exclusive leases hold (and the leases on
+// them), and when a lease request that selected the pool was last refused
+// for want of a member (zero: never).
 type Demand struct {
 	ActiveLeases int
+	Held         int
+	HeldLeases   int
 	LastRefused  time.Time
 }
 
@@ -55,7 +58,9 @@ type Recommendation struct {
 // recommend sizes a pool from its demand. It is pure, so each rule is a
 // table row in autoscale_test.go:
 //
-//   - wanted is the leases held over the target per member, rounded up;
+//   - wanted is the leases held over the target per member, rounded up,
+//     where a member an exclusive lease holds is one member whatever
+//     its leases;
 //   - when a request was refused lately and every member is available
 //     (the pool is not still growing), one member more than now;
 //   - bounded by minReplicas and maxReplicas;
@@ -64,7 +69,8 @@ type Recommendation struct {
 //     maxReplicas, when the pool was scaled beyond it).
 func recommend(spec *crawlv1alpha1.PoolAutoscaling, current, available int32, d Demand, last *crawlv1alpha1.PoolAutoscalingStatus, now time.Time) Recommendation {
 	target := max(spec.TargetLeasesPerMember, 1)
-	wanted := int32((d.ActiveLeases + int(target) - 1) / int(target))
+	shared := max(d.ActiveLeases-d.HeldLeases, 0)
+	wanted := int32(d.Held + (shared+int(target)-1)/int(target))
 	if !d.LastRefused.IsZero() && now.Sub(d.LastRefused) < starvedWindow && available >= current {
 		wanted = max(wanted, current+1)
 	}

@@ -55,9 +55,14 @@ import (
 //	                      ForgetProxy finds its cooldowns; expires with the
 //	                      last
 //	P session:<session>   hash of a gateway session's routes: "own" -> its
-//	                      proxy, "d:<host>" -> the host's detour, "r:<host>"
+//	                      proxy, "since", "ip" and "hold" of its stint
+//	                      there, "d:<host>" -> the host's detour, "r:<host>"
 //	                      -> "<ms>|<proxy>" of its last rate_limited report,
 //	                      "until" the end of its idle time; expires by itself
+//	P hold:<proxy>        the id of the exclusive lease holding the proxy;
+//	                      expires with it
+//	P holds               zset of the exclusive leases by expiry, so an
+//	                      acquire with none live looks up no hold
 //
 // A key is declared in no KEYS array, since the scripts compute them: the
 // store needs a standalone Redis (or a primary), not Redis Cluster.
@@ -69,9 +74,16 @@ local function load(proxy)
   return redis.call('ZCOUNT', P .. 'proxy:' .. proxy, '(' .. now, '+inf')
 end
 local function live(id)
-  local l = redis.call('HMGET', P .. 'lease:' .. id, 'proxy', 'target', 'created', 'expires', 'holder', 'limit')
+  local l = redis.call('HMGET', P .. 'lease:' .. id, 'proxy', 'target', 'created', 'expires', 'holder', 'limit', 'excl')
   if not l[1] or tonumber(l[4]) <= now then return nil end
   return l
+end
+local function heldUntil(proxy, within)
+  local h = redis.call('GET', P .. 'hold:' .. proxy)
+  if not h or h == within then return 0 end
+  local x = tonumber(redis.call('HGET', P .. 'lease:' .. h, 'expires') or '0')
+  if x <= now then return 0 end
+  return x
 end
 local function extend(key, ms)
   if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
@@ -177,7 +189,8 @@ const minBlockedWeight = 0.01
 // id, ARGV[6] 1 to apply the target's learned pace, ARGV[7] the longest
 // wait ms for a paced slot, ARGV[8] k, the number of declared paces,
 // ARGV[9] who holds the lease (discovery.Lease.Holder), ARGV[10] and
-// ARGV[11] its Limit's key ("" for none) and max, then
+// ARGV[11] its Limit's key ("" for none) and max, ARGV[12] 1 for an
+// exclusive lease, ARGV[13] the exclusive lease it is within ("" none), then
 // k paces of six values each (interval ms, burst, max concurrent, fleet
 // key, fleet interval ms, fleet burst), then the candidates as pairs (id,
 // index of its pace, 0 for none). Returns {1, proxy, created, expires,
@@ -188,6 +201,9 @@ var acquireScript = redis.NewScript(preamble + pacing + outcomes + `
 local ttl, target, id = tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local maxWait, k, holder = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
 local lkey, lmax = ARGV[10], tonumber(ARGV[11])
+local exclusive, within = ARGV[12] == '1', ARGV[13]
+redis.call('ZREMRANGEBYSCORE', P .. 'holds', '-inf', now)
+local anyHeld = redis.call('EXISTS', P .. 'holds') == 1
 if lkey ~= '' then
   local z = P .. 'limit:' .. lkey
   redis.call('ZREMRANGEBYSCORE', z, '-inf', now)
@@ -198,7 +214,7 @@ if lkey ~= '' then
     return {0, wait, 'quota'}
   end
 end
-local paces, j = {}, 12
+local paces, j = {}, 14
 for i = 1, k do
   paces[i] = {interval = tonumber(ARGV[j]), burst = tonumber(ARGV[j + 1]), conc = tonumber(ARGV[j + 2]),
     fkey = ARGV[j + 3], finterval = tonumber(ARGV[j + 4]), fburst = tonumber(ARGV[j + 5])}
@@ -208,13 +224,25 @@ local learned = 0
 if ARGV[6] == '1' and target ~= '' then learned = learnedAt(target) end
 local paced = target ~= '' and (k > 0 or learned > 0)
 local none = {interval = 0, burst = 0, conc = 0, fkey = '', finterval = 0, fburst = 0}
-local causes = {paced = 0, concurrency = 0, cooling = 0}
+local causes = {paced = 0, concurrency = 0, cooling = 0, exclusive = 0}
 local best, bestWait, bestLoad, bestLast, bestPace, soonest, bestBlocked, plain, plainLoad, plainLast
 local records = target ~= '' and redis.call('EXISTS', P .. 'obh:' .. target) == 1
 for i = j, #ARGV, 2 do
   local proxy, p = ARGV[i], paces[tonumber(ARGV[i + 1])] or none
   local ok, wait = true, 0
-  if target ~= '' then
+  if anyHeld then
+    local x = heldUntil(proxy, within)
+    if x > 0 then
+      ok = false
+      causes.exclusive = causes.exclusive + 1
+      if not soonest or x - now < soonest then soonest = x - now end
+    end
+  end
+  if ok and exclusive and load(proxy) > 0 then
+    ok = false
+    causes.exclusive = causes.exclusive + 1
+  end
+  if ok and target ~= '' then
     local untilv = tonumber(redis.call('GET', P .. 'cool:' .. proxy .. '|' .. target) or '0')
     if untilv > now then
       ok = false
@@ -256,7 +284,7 @@ for i = j, #ARGV, 2 do
 end
 if not best then
   local cause = ''
-  for _, c in ipairs({'paced', 'concurrency', 'cooling'}) do
+  for _, c in ipairs({'paced', 'concurrency', 'cooling', 'exclusive'}) do
     if causes[c] > 0 and (cause == '' or causes[c] > causes[cause]) then cause = c end
   end
   return {0, soonest or 0, cause}
@@ -265,6 +293,12 @@ local expires = now + ttl
 local key = P .. 'lease:' .. id
 redis.call('HSET', key, 'proxy', best, 'target', target, 'created', now, 'expires', expires, 'holder', holder, 'limit', lkey)
 redis.call('PEXPIRE', key, ttl)
+if exclusive then
+  redis.call('HSET', key, 'excl', '1')
+  redis.call('SET', P .. 'hold:' .. best, id, 'PX', ttl)
+  redis.call('ZADD', P .. 'holds', expires, id)
+  extend(P .. 'holds', ttl)
+end
 if lkey ~= '' then
   local z = P .. 'limit:' .. lkey
   redis.call('ZADD', z, expires, id)
@@ -324,11 +358,11 @@ return {i, since, n}
 `)
 
 // getScript: ARGV[3] the lease id. Returns {proxy, target, created,
-// expires, load, holder} or nil.
+// expires, load, holder, 1 if exclusive} or nil.
 var getScript = redis.NewScript(preamble + `
 local l = live(ARGV[3])
 if not l then return nil end
-return {l[1], l[2], tonumber(l[3]), tonumber(l[4]), load(l[1]), l[5] or ''}
+return {l[1], l[2], tonumber(l[3]), tonumber(l[4]), load(l[1]), l[5] or '', tonumber(l[7] or '0')}
 `)
 
 // renewScript: ARGV[3] the lease id, ARGV[4] ttl ms. Returns what get does.
@@ -350,15 +384,24 @@ if l[6] and l[6] ~= '' then
   redis.call('ZADD', P .. 'limit:' .. l[6], expires, id)
   extend(P .. 'limit:' .. l[6], ttl)
 end
-return {l[1], l[2], tonumber(l[3]), expires, load(l[1]), l[5] or ''}
+if l[7] == '1' and redis.call('GET', P .. 'hold:' .. l[1]) == id then
+  redis.call('PEXPIRE', P .. 'hold:' .. l[1], ttl)
+  redis.call('ZADD', P .. 'holds', expires, id)
+  extend(P .. 'holds', ttl)
+end
+return {l[1], l[2], tonumber(l[3]), expires, load(l[1]), l[5] or '', tonumber(l[7] or '0')}
 `)
 
 // releaseScript: ARGV[3] the lease id. Idempotent.
 var releaseScript = redis.NewScript(preamble + `
 local id = ARGV[3]
 local key = P .. 'lease:' .. id
-local l = redis.call('HMGET', key, 'proxy', 'target', 'limit')
+local l = redis.call('HMGET', key, 'proxy', 'target', 'limit', 'excl')
 if l[1] then redis.call('ZREM', P .. 'proxy:' .. l[1], id) end
+if l[4] == '1' then
+  if redis.call('GET', P .. 'hold:' .. l[1]) == id then redis.call('DEL', P .. 'hold:' .. l[1]) end
+  redis.call('ZREM', P .. 'holds', id)
+end
 if l[3] and l[3] ~= '' then redis.call('ZREM', P .. 'limit:' .. l[3], id) end
 if l[1] and l[2] and l[2] ~= '' then redis.call('ZREM', P .. 'hl:' .. l[1] .. '|' .. l[2], id) end
 redis.call('ZREM', P .. 'leases', id)
@@ -397,10 +440,15 @@ return 1
 
 // setRouteScript: ARGV[3] the session, ARGV[4] host, ARGV[5] proxy,
 // ARGV[6] 1 for the session's own proxy, 0 for host's detour, ARGV[7] idle
-// ms.
+// ms, ARGV[8] 1 for a fresh stint, ARGV[9] and ARGV[10] the stint's IP
+// and hold.
 var setRouteScript = redis.NewScript(preamble + `
 local key = P .. 'session:' .. ARGV[3]
 if ARGV[6] == '1' then
+  local cur = redis.call('HGET', key, 'own')
+  if cur ~= ARGV[5] or ARGV[8] == '1' then
+    redis.call('HSET', key, 'since', now, 'ip', ARGV[9], 'hold', ARGV[10])
+  end
   redis.call('HSET', key, 'own', ARGV[5])
   redis.call('HDEL', key, 'd:' .. ARGV[4])
 else
@@ -411,12 +459,22 @@ redis.call('PEXPIRE', key, tonumber(ARGV[7]))
 return 1
 `)
 
-// routeScript: ARGV[3] the session, ARGV[4] host. Returns {own, detour},
-// empty for none.
+// routeScript: ARGV[3] the session, ARGV[4] host. Returns {own, detour,
+// since, ip, hold}, empty for none.
 var routeScript = redis.NewScript(preamble + `
-local r = redis.call('HMGET', P .. 'session:' .. ARGV[3], 'until', 'own', 'd:' .. ARGV[4])
-if not r[1] or tonumber(r[1]) <= now then return {'', ''} end
-return {r[2] or '', r[3] or ''}
+local r = redis.call('HMGET', P .. 'session:' .. ARGV[3], 'until', 'own', 'd:' .. ARGV[4], 'since', 'ip', 'hold')
+if not r[1] or tonumber(r[1]) <= now then return {'', '', '', '', ''} end
+return {r[2] or '', r[3] or '', r[4] or '', r[5] or '', r[6] or ''}
+`)
+
+// heldScript: ARGV[3..] proxies. Returns 1 for each one an exclusive lease
+// holds, 0 otherwise.
+var heldScript = redis.NewScript(preamble + `
+local out = {}
+for i = 3, #ARGV do
+  if heldUntil(ARGV[i], '') > 0 then out[#out + 1] = 1 else out[#out + 1] = 0 end
+end
+return out
 `)
 
 // reportSessionScript: ARGV[3] the session, ARGV[4] result, ARGV[5]

@@ -124,8 +124,13 @@ func (s *Store) acquire(ctx context.Context, req discovery.AcquireRequest, ids [
 			of[i] = index[p]
 		}
 	}
-	args := make([]any, 0, 9+6*len(paces)+2*len(ids))
-	args = append(args, req.TTL.Milliseconds(), req.Target, id, adaptive, req.MaxWait.Milliseconds(), len(paces), req.Holder, req.Limit.Key, req.Limit.Max)
+	exclusive := "0"
+	if req.Exclusive {
+		exclusive = "1"
+	}
+	args := make([]any, 0, 11+6*len(paces)+2*len(ids))
+	args = append(args, req.TTL.Milliseconds(), req.Target, id, adaptive, req.MaxWait.Milliseconds(), len(paces), req.Holder, req.Limit.Key, req.Limit.Max,
+		exclusive, req.Within)
 	for _, p := range paces {
 		args = append(args, p.Interval.Milliseconds(), p.Burst, p.MaxConcurrent, p.FleetKey, p.FleetInterval.Milliseconds(), p.FleetBurst)
 	}
@@ -151,7 +156,7 @@ func (s *Store) acquire(ctx context.Context, req discovery.AcquireRequest, ids [
 	wait, _ := res[5].(int64)
 	paced, _ := res[6].(int64)
 	why, _ := res[7].(int64)
-	l.Wait, l.Paced, l.Holder = time.Duration(wait)*time.Millisecond, paced == 1, req.Holder
+	l.Wait, l.Paced, l.Holder, l.Exclusive = time.Duration(wait)*time.Millisecond, paced == 1, req.Holder, req.Exclusive
 	l.Why = [...]string{discovery.WhyLeastLoaded, discovery.WhyBetterRecord, discovery.WhySoonestSlot}[min(max(why, 0), 2)]
 	return l, err
 }
@@ -218,12 +223,14 @@ func (s *Store) leaseFrom(id string, cmd *redis.Cmd) (discovery.Lease, error) {
 	if err != nil {
 		return discovery.Lease{}, fmt.Errorf("lease script: %w", err)
 	}
-	if len(res) != 6 {
-		return discovery.Lease{}, fmt.Errorf("lease script answered %d values, want 6", len(res))
+	if len(res) != 7 {
+		return discovery.Lease{}, fmt.Errorf("lease script answered %d values, want 7", len(res))
 	}
 	target, _ := res[1].(string)
 	l, err := leaseOf(id, target, res[0], res[2], res[3], res[4])
 	l.Holder, _ = res[5].(string)
+	excl, _ := res[6].(int64)
+	l.Exclusive = excl == 1
 	return l, err
 }
 
@@ -264,19 +271,29 @@ func (s *Store) Route(ctx context.Context, session, host string) (discovery.Rout
 	if err != nil {
 		return discovery.Route{}, fmt.Errorf("route script: %w", err)
 	}
-	if len(vals) != 2 {
-		return discovery.Route{}, fmt.Errorf("route script: %d values, want 2", len(vals))
+	if len(vals) != 5 {
+		return discovery.Route{}, fmt.Errorf("route script: %d values, want 5", len(vals))
 	}
-	return discovery.Route{Own: vals[0], Detour: vals[1]}, nil
+	r := discovery.Route{Own: vals[0], Detour: vals[1], IP: vals[3], Hold: vals[4]}
+	if vals[2] != "" {
+		ms, err := strconv.ParseInt(vals[2], 10, 64)
+		if err != nil {
+			return discovery.Route{}, fmt.Errorf("route script: since %q: %w", vals[2], err)
+		}
+		r.Since = time.UnixMilli(ms).UTC()
+	}
+	return r, nil
 }
 
 // SetRoute implements discovery.Store.
-func (s *Store) SetRoute(ctx context.Context, session, host, proxy string, own bool, idle time.Duration) error {
-	ownArg := "0"
-	if own {
-		ownArg = "1"
+func (s *Store) SetRoute(ctx context.Context, session, host string, set discovery.RouteSet) error {
+	flag := func(b bool) string {
+		if b {
+			return "1"
+		}
+		return "0"
 	}
-	if err := s.run(ctx, setRouteScript, session, host, proxy, ownArg, idle.Milliseconds()).Err(); err != nil {
+	if err := s.run(ctx, setRouteScript, session, host, set.Proxy, flag(set.Own), set.Idle.Milliseconds(), flag(set.Fresh), set.IP, set.Hold).Err(); err != nil {
 		return fmt.Errorf("set route script: %w", err)
 	}
 	return nil
@@ -297,6 +314,29 @@ func (s *Store) ReportSession(ctx context.Context, session, result, target strin
 // loadsChunk bounds one script's proxies, so that listing a large fleet
 // never holds Redis for long in one go.
 const loadsChunk = 1000
+
+// Held implements discovery.Store.
+func (s *Store) Held(ctx context.Context, ids []string) ([]bool, error) {
+	out := make([]bool, len(ids))
+	for start := 0; start < len(ids); start += loadsChunk {
+		chunk := ids[start:min(start+loadsChunk, len(ids))]
+		args := make([]any, len(chunk))
+		for i, id := range chunk {
+			args[i] = id
+		}
+		held, err := s.run(ctx, heldScript, args...).Int64Slice()
+		if err != nil {
+			return nil, fmt.Errorf("held script: %w", err)
+		}
+		if len(held) != len(chunk) {
+			return nil, fmt.Errorf("held script answered %d values for %d proxies", len(held), len(chunk))
+		}
+		for i, h := range held {
+			out[start+i] = h == 1
+		}
+	}
+	return out, nil
+}
 
 // ActiveLeases implements discovery.Store: one script per thousand ids,
 // sent in one pipeline.

@@ -160,7 +160,7 @@ func reportsRecordOutcomes(t *testing.T, h Harness) {
 	_, err = acquire(h, Of("a"), "shop.example", time.Minute)
 	noneAvailable(t, err, discovery.CauseCooling)
 
-	require.NoError(t, h.Store.SetRoute(ctx, "s1", "news.example", "b", true, time.Minute))
+	require.NoError(t, h.Store.SetRoute(ctx, "s1", "news.example", discovery.RouteSet{Proxy: "b", Own: true, Idle: time.Minute}))
 	_, err = h.Store.ReportSession(ctx, "s1", discovery.ResultOK, "news.example", time.Minute, time.Second)
 	require.NoError(t, err)
 	_, err = h.Store.ReportSession(ctx, "s1", discovery.ResultRateLimited, "news.example", time.Minute, time.Second)

@@ -57,6 +57,9 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"ReportsRecordOutcomes", reportsRecordOutcomes},
 		{"BetterRecord", betterRecord},
 		{"BurnedIPs", burnedIPs},
+		{"Exclusive", exclusive},
+		{"ExclusiveConcurrently", exclusiveConcurrently},
+		{"SessionStints", sessionStints},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.test(t, newHarness(t)) })
@@ -384,6 +387,9 @@ func largeCandidateSets(t *testing.T, h Harness) {
 	assert.ErrorIs(t, err, discovery.ErrNoProxyAvailable)
 }
 
+// hops is a route's proxies alone, without its stint.
+func hops(r discovery.Route) discovery.Route { return discovery.Route{Own: r.Own, Detour: r.Detour} }
+
 // sessions: a gateway session's own proxy and per-host detours, what a
 // report by session cools down, and the session's end when idle.
 func sessions(t *testing.T, h Harness) {
@@ -394,14 +400,14 @@ func sessions(t *testing.T, h Harness) {
 		require.NoError(t, err)
 		return r
 	}
-	assert.Equal(t, discovery.Route{}, route("s1", "shop.example"), "unknown session")
+	assert.Equal(t, discovery.Route{}, hops(route("s1", "shop.example")), "unknown session")
 	_, err := h.Store.ReportSession(ctx, "s1", discovery.ResultRateLimited, "shop.example", time.Minute, time.Second)
 	require.ErrorIs(t, err, discovery.ErrSessionNotFound)
 
-	require.NoError(t, h.Store.SetRoute(ctx, "s1", "shop.example", "p1", true, 10*time.Minute))
-	assert.Equal(t, discovery.Route{Own: "p1"}, route("s1", "shop.example"))
-	assert.Equal(t, discovery.Route{Own: "p1"}, route("s1", "news.example"), "own proxy for every host")
-	assert.Equal(t, discovery.Route{}, route("s2", "shop.example"), "per session")
+	require.NoError(t, h.Store.SetRoute(ctx, "s1", "shop.example", discovery.RouteSet{Proxy: "p1", Own: true, Idle: 10*time.Minute}))
+	assert.Equal(t, discovery.Route{Own: "p1"}, hops(route("s1", "shop.example")))
+	assert.Equal(t, discovery.Route{Own: "p1"}, hops(route("s1", "news.example")), "own proxy for every host")
+	assert.Equal(t, discovery.Route{}, hops(route("s2", "shop.example")), "per session")
 
 	// shop.example rate-limits s1 through p1: p1 cools for that host only.
 	proxy, err := h.Store.ReportSession(ctx, "s1", discovery.ResultRateLimited, "shop.example", 5*time.Minute, time.Second)
@@ -415,7 +421,7 @@ func sessions(t *testing.T, h Harness) {
 
 	// The detour for shop.example is p2; a second report at once is the
 	// same burst: it cools nothing more.
-	require.NoError(t, h.Store.SetRoute(ctx, "s1", "shop.example", "p2", false, 10*time.Minute))
+	require.NoError(t, h.Store.SetRoute(ctx, "s1", "shop.example", discovery.RouteSet{Proxy: "p2", Own: false, Idle: 10*time.Minute}))
 	proxy, err = h.Store.ReportSession(ctx, "s1", discovery.ResultRateLimited, "shop.example", 5*time.Minute, time.Minute)
 	require.NoError(t, err)
 	assert.Equal(t, "p1", proxy, "the burst's proxy")
@@ -423,8 +429,8 @@ func sessions(t *testing.T, h Harness) {
 	require.NoError(t, err, "the detour does not cool for a late report of the same burst")
 	require.NoError(t, h.Store.Release(ctx, l.ID))
 	h.Advance(2 * time.Minute)
-	assert.Equal(t, discovery.Route{Own: "p1", Detour: "p2"}, route("s1", "shop.example"))
-	assert.Equal(t, discovery.Route{Own: "p1"}, route("s1", "news.example"))
+	assert.Equal(t, discovery.Route{Own: "p1", Detour: "p2"}, hops(route("s1", "shop.example")))
+	assert.Equal(t, discovery.Route{Own: "p1"}, hops(route("s1", "news.example")))
 	proxy, err = h.Store.ReportSession(ctx, "s1", discovery.ResultOK, "shop.example", 0, time.Second)
 	require.NoError(t, err)
 	assert.Equal(t, "p2", proxy, "ok is recorded against the detour, and cools nothing")
@@ -432,16 +438,16 @@ func sessions(t *testing.T, h Harness) {
 	require.NoError(t, err)
 
 	// Back on its own proxy for shop.example: the detour ends.
-	require.NoError(t, h.Store.SetRoute(ctx, "s1", "shop.example", "p3", true, 10*time.Minute))
-	assert.Equal(t, discovery.Route{Own: "p3"}, route("s1", "shop.example"))
+	require.NoError(t, h.Store.SetRoute(ctx, "s1", "shop.example", discovery.RouteSet{Proxy: "p3", Own: true, Idle: 10*time.Minute}))
+	assert.Equal(t, discovery.Route{Own: "p3"}, hops(route("s1", "shop.example")))
 
 	// Idle past its time, the session is gone; each route extends it.
 	h.Advance(9 * time.Minute)
-	require.NoError(t, h.Store.SetRoute(ctx, "s1", "news.example", "p3", true, 10*time.Minute))
+	require.NoError(t, h.Store.SetRoute(ctx, "s1", "news.example", discovery.RouteSet{Proxy: "p3", Own: true, Idle: 10*time.Minute}))
 	h.Advance(9 * time.Minute)
-	assert.Equal(t, discovery.Route{Own: "p3"}, route("s1", "shop.example"), "extended by the last route")
+	assert.Equal(t, discovery.Route{Own: "p3"}, hops(route("s1", "shop.example")), "extended by the last route")
 	h.Advance(2 * time.Minute)
-	assert.Equal(t, discovery.Route{}, route("s1", "shop.example"), "idle for 11 minutes")
+	assert.Equal(t, discovery.Route{}, hops(route("s1", "shop.example")), "idle for 11 minutes")
 	_, err = h.Store.ReportSession(ctx, "s1", discovery.ResultRateLimited, "shop.example", time.Minute, time.Second)
 	require.ErrorIs(t, err, discovery.ErrSessionNotFound)
 }

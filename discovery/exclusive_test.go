@@ -1,0 +1,55 @@
+package discovery
+
+import (
+	"context"
+	"net/http"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+)
+
+// An exclusive lease gets a proxy nobody holds, keeps every other lease
+// off it, is refused with 503 and Retry-After when none is free, and
+// counts its member whole in the pool's demand.
+func TestExclusiveLeases(t *testing.T) {
+	f := newFixture(t)
+	for _, name := range []string{"eu-0", "eu-1"} {
+		p := f.proxy(name, "127.0.0.1"+name[3:], true, nil)
+		p.OwnerReferences = []metav1.OwnerReference{{APIVersion: crawlv1alpha1.GroupVersion.String(), Kind: "ProxyPool", Name: "eu", UID: "u", Controller: ptrTo(true)}}
+		f.view.upsert(p)
+	}
+	shared := f.do("POST", "/v1/leases", `{"selector":{"pool":"eu"}}`)
+	require.Equal(t, http.StatusCreated, shared.status, shared.raw)
+	assert.Nil(t, shared.body["exclusive"], "a shared lease does not say exclusive")
+
+	held := f.do("POST", "/v1/leases", `{"selector":{"pool":"eu"},"exclusive":true}`)
+	require.Equal(t, http.StatusCreated, held.status, held.raw)
+	assert.Equal(t, true, held.body["exclusive"])
+	assert.NotEqual(t, proxyID(shared), proxyID(held), "the proxy nobody holds")
+
+	second := f.do("POST", "/v1/leases", `{"selector":{"pool":"eu"},"exclusive":true}`)
+	require.Equal(t, http.StatusServiceUnavailable, second.status, second.raw)
+	assert.Equal(t, CodeNoProxyAvailable, errorCode(second))
+	assert.Contains(t, errorMessage(second), "exclusive lease needs one nobody holds")
+	assert.NotEmpty(t, second.header.Get("Retry-After"))
+
+	for range 3 {
+		r := f.do("POST", "/v1/leases", `{"selector":{"pool":"eu"}}`)
+		require.Equal(t, http.StatusCreated, r.status, r.raw)
+		assert.Equal(t, proxyID(shared), proxyID(r), "shared leases stay off the held proxy")
+	}
+	demand, err := f.srv.PoolDemand(context.Background(), "crawl", "eu")
+	require.NoError(t, err)
+	assert.Equal(t, PoolDemand{ActiveLeases: 5, Held: 1, HeldLeases: 1, LastRefused: f.clock.Now()}, demand,
+		"the refused exclusive lease and the held member reach the autoscaler")
+
+	release := f.do("DELETE", "/v1/leases/"+held.body["leaseID"].(string), "")
+	require.Equal(t, http.StatusNoContent, release.status)
+	again := f.do("POST", "/v1/leases", `{"selector":{"pool":"eu"},"exclusive":true}`)
+	require.Equal(t, http.StatusCreated, again.status, "released, the proxy is free again: %s", again.raw)
+	assert.Equal(t, proxyID(held), proxyID(again))
+}

@@ -78,12 +78,12 @@ type usageCount struct {
 
 // memSession is one gateway session's routes.
 type memSession struct {
-	name    string
-	own     string
+	name string
+	own  string
 	// since, ip, hold: the stint on own (Route).
 	since    time.Time
 	ip, hold string
-	detours map[string]string // host -> proxy
+	detours  map[string]string // host -> proxy
 	// reported: host -> the last rate_limited report that cooled a proxy.
 	reported map[string]sessionReport
 	until    time.Time

@@ -53,9 +53,7 @@ func stripHop(h http.Header) {
 func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, id Identity) {
 	ctx := r.Context()
 	if !g.takeSlot(ctx) {
-		requestsTotal.WithLabelValues(kindHTTP, outcomeBusy).Inc()
-		w.Header().Set("Retry-After", "1")
-		http.Error(w, "the gateway is at its capacity; retry", http.StatusServiceUnavailable)
+		g.busy(w, r)
 		return
 	}
 	defer g.freeSlot()
@@ -64,14 +62,11 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, id Identity) {
 	stripHop(out.Header)
 	retryable := r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0
 	var avoid []string
-	lastFailure := ""
+	var last *failure
 	for attempt := range g.opts.Attempts {
-		up, err := g.pick(ctx, discovery.TunnelRequest{
-			Tenant: id.Tenant, Session: id.Session, Selector: id.Selector, Host: r.URL.Hostname(), Avoid: avoid,
-			TTL: g.opts.LeaseTTL, SessionIdle: g.opts.SessionIdle,
-		})
+		up, err := g.pick(ctx, g.tunnelRequest(id, r.URL.Hostname(), avoid))
 		if err != nil {
-			pickError(w, r, err, lastFailure)
+			pickAnswer(err, last).write(w, r)
 			return
 		}
 		if !waitForSlot(ctx, up) {
@@ -79,16 +74,15 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, id Identity) {
 			return
 		}
 		resp, err := g.forwarder.RoundTrip(out.WithContext(context.WithValue(ctx, upstreamKey{}, up)))
-		reason := ""
+		var f *failure
 		switch {
 		case err != nil:
-			reason = failDial
+			f = &failure{proxy: up.ProxyID, reason: failDial, err: err}
 		case resp.StatusCode == http.StatusProxyAuthRequired:
-			reason = failAuth
 			_ = resp.Body.Close()
-			err = errors.New("the upstream refused our credentials (407)")
+			f = &failure{proxy: up.ProxyID, reason: failAuth, status: resp.StatusCode, err: errors.New("the upstream refused our credentials (407)")}
 		}
-		if reason == "" {
+		if f == nil {
 			if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
 				// The site pushed back: the host's pace learns from it.
 				retryAfter, _ := client.ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
@@ -101,16 +95,15 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, id Identity) {
 			g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID, id.Session, n+max(r.ContentLength, 0))
 			return
 		}
-		upstreamFailures.WithLabelValues(reason).Inc()
+		upstreamFailures.WithLabelValues(f.reason).Inc()
 		g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID, id.Session, 0)
 		if !retryable || attempt+1 == g.opts.Attempts {
-			requestsTotal.WithLabelValues(kindHTTP, outcomeUpstreamFailed).Inc()
-			http.Error(w, "the upstream failed: "+err.Error(), http.StatusBadGateway)
+			f.answer().write(w, r)
 			return
 		}
-		logf.FromContext(ctx).Info("upstream failed a request; trying another", "proxy", up.ProxyID, "reason", reason, "error", err.Error())
+		logf.FromContext(ctx).Info("upstream failed a request; trying another", "proxy", up.ProxyID, "reason", f.reason, "error", f.err.Error())
 		avoid = append(avoid, up.ProxyID)
-		lastFailure = up.ProxyID + ": " + err.Error()
+		last = f
 	}
 }
 
@@ -125,6 +118,11 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, up discovery
 		}
 	}
 	w.Header().Set(HeaderUpstream, up.ProxyID)
+	if up.ExitIP != "" {
+		w.Header().Set(HeaderExitIP, up.ExitIP)
+	}
+	// The gateway's member goes last: the one farthest from the site.
+	w.Header().Add("Proxy-Status", servedStatus(up))
 	w.WriteHeader(resp.StatusCode)
 	n, _ := io.Copy(w, resp.Body)
 	bytesTotal.WithLabelValues(directionDown).Add(float64(n))

@@ -23,7 +23,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -213,18 +212,11 @@ func (g *Gateway) Start(ctx context.Context) error {
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	id, refused := g.authenticate(r)
 	if refused != nil {
-		if refused.status == http.StatusProxyAuthRequired {
-			w.Header().Set("Proxy-Authenticate", realm)
-		}
-		if refused.retryAfter > 0 {
-			w.Header().Set("Retry-After", strconv.Itoa(int(refused.retryAfter/time.Second)))
-		}
-		requestsTotal.WithLabelValues(kindOf(r), outcomeRefused).Inc()
-		http.Error(w, refused.msg, refused.status)
+		refused.write(w, r)
 		return
 	}
 	if err := g.opts.Upstreams.Admit(r.Context(), id.Tenant); err != nil {
-		pickError(w, r, err, "")
+		pickAnswer(err, nil).write(w, r)
 		return
 	}
 	switch {
@@ -233,41 +225,36 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case r.URL.IsAbs() && r.URL.Scheme == "http":
 		g.forward(w, r, id)
 	default:
-		requestsTotal.WithLabelValues(kindOf(r), outcomeRefused).Inc()
-		http.Error(w, "the gateway is an HTTP proxy: send CONNECT host:port for HTTPS, or an absolute http:// URL", http.StatusBadRequest)
+		answer{status: http.StatusBadRequest, errType: psHTTPRequestError, cause: CauseBadRequest,
+			msg: "the gateway is an HTTP proxy: send CONNECT host:port for HTTPS, or an absolute http:// URL"}.write(w, r)
 	}
-}
-
-// refusal is why the gateway refuses a client before any tunnel: its
-// status, message and, for a 503, when to come back.
-type refusal struct {
-	status     int
-	msg        string
-	retryAfter time.Duration
 }
 
 // authenticate reads the client's Proxy-Authorization: the username is the
 // session and selector (ParseUsername), the password the discovery token
 // or the client's ServiceAccount token.
-func (g *Gateway) authenticate(r *http.Request) (Identity, *refusal) {
+func (g *Gateway) authenticate(r *http.Request) (Identity, *answer) {
 	user, password, ok := proxyBasicAuth(r.Header.Get("Proxy-Authorization"))
 	who, err := g.opts.Upstreams.Authorize(r.Context(), password)
 	switch {
 	case errors.Is(err, discovery.ErrGatewayLocked):
 		// Everyone alike, with or without credentials: nothing they send
 		// can help until the operator has a token.
-		return Identity{}, &refusal{http.StatusServiceUnavailable, err.Error(), lockedRetryAfter}
+		return Identity{}, &answer{status: http.StatusServiceUnavailable, errType: psProxyConfigError, cause: CauseGatewayLocked,
+			msg: err.Error(), retryAfter: lockedRetryAfter}
 	case !ok:
-		return Identity{}, &refusal{status: http.StatusProxyAuthRequired, msg: "proxy credentials required: http://<session>:<discovery token or ServiceAccount token>@<gateway>"}
+		return Identity{}, &answer{status: http.StatusProxyAuthRequired, errType: psHTTPRequestDenied, cause: CauseAuthRequired,
+			msg: "proxy credentials required: http://<session>:<discovery token or ServiceAccount token>@<gateway>"}
 	case errors.Is(err, discovery.ErrWrongToken):
-		return Identity{}, &refusal{status: http.StatusProxyAuthRequired, msg: err.Error()}
+		return Identity{}, &answer{status: http.StatusProxyAuthRequired, errType: psHTTPRequestDenied, cause: CauseWrongPassword, msg: err.Error()}
 	case err != nil:
 		logf.FromContext(r.Context()).Error(err, "gateway: could not check a client's password")
-		return Identity{}, &refusal{http.StatusServiceUnavailable, "the gateway could not check the proxy password; retry", reviewRetryAfter}
+		return Identity{}, &answer{status: http.StatusServiceUnavailable, errType: psProxyInternalError, cause: CauseAuthUnavailable,
+			msg: "the gateway could not check the proxy password; retry", retryAfter: reviewRetryAfter}
 	}
 	id, err := ParseUsername(user)
 	if err != nil {
-		return Identity{}, &refusal{status: http.StatusBadRequest, msg: "proxy username: " + err.Error()}
+		return Identity{}, &answer{status: http.StatusBadRequest, errType: psHTTPRequestError, cause: CauseBadUsername, msg: "proxy username: " + err.Error()}
 	}
 	id.Tenant = who
 	return id, nil
@@ -305,57 +292,6 @@ func (g *Gateway) takeSlot(ctx context.Context) bool {
 }
 
 func (g *Gateway) freeSlot() { <-g.slots }
-
-// pickError answers a client whose tunnel found no upstream.
-func pickError(w http.ResponseWriter, r *http.Request, err error, lastFailure string) {
-	var none *discovery.NoProxyAvailableError
-	var quota *discovery.QuotaError
-	switch {
-	case errors.As(err, &quota):
-		// The tenant's own limit: a 429 with when to come back, as a site
-		// would answer.
-		requestsTotal.WithLabelValues(kindOf(r), outcomeQuota).Inc()
-		retry := max(quota.RetryAfter, time.Second)
-		w.Header().Set("Retry-After", strconv.Itoa(int((retry+time.Second-1)/time.Second)))
-		w.Header().Set("Proxy-Status", fmt.Sprintf(`%s; error=connection_limit_reached; details="quota %s: retry in %dms"`,
-			ProxyStatusName, quota.Limit, quota.RetryAfter.Milliseconds()))
-		http.Error(w, quota.Error(), http.StatusTooManyRequests)
-	case errors.Is(err, discovery.ErrInvalidTunnel):
-		requestsTotal.WithLabelValues(kindOf(r), outcomeRefused).Inc()
-		http.Error(w, err.Error(), http.StatusBadRequest)
-	case errors.As(err, &none) && lastFailure != "":
-		requestsTotal.WithLabelValues(kindOf(r), outcomeUpstreamFailed).Inc()
-		http.Error(w, "no upstream could reach the target; the last one: "+lastFailure, http.StatusBadGateway)
-	case errors.As(err, &none) && none.Cause != "":
-		// Proxies match, but none may take this host now: a 429, as the
-		// site itself would say, with the cause for the crawler's log.
-		requestsTotal.WithLabelValues(kindOf(r), outcomePaced).Inc()
-		retry := max(none.RetryAfter, time.Second)
-		w.Header().Set("Retry-After", strconv.Itoa(int((retry+time.Second-1)/time.Second)))
-		w.Header().Set("Proxy-Status", proxyStatus(none))
-		http.Error(w, "no proxy may take this host now: "+none.Error(), http.StatusTooManyRequests)
-	case errors.As(err, &none):
-		requestsTotal.WithLabelValues(kindOf(r), outcomeNoProxy).Inc()
-		retry := none.RetryAfter
-		if retry <= 0 {
-			retry = 5 * time.Second
-		}
-		w.Header().Set("Retry-After", strconv.Itoa(int((retry+time.Second-1)/time.Second)))
-		http.Error(w, "no healthy proxy matches the selector", http.StatusServiceUnavailable)
-	default:
-		requestsTotal.WithLabelValues(kindOf(r), outcomeNoProxy).Inc()
-		w.Header().Set("Retry-After", "2")
-		http.Error(w, "the lease store did not answer; retry", http.StatusServiceUnavailable)
-	}
-}
-
-// proxyStatus is the RFC 9209 Proxy-Status of a request no proxy may take
-// now: connection_limit_reached, the gateway's own limit, with the cause
-// (paced, concurrency, cooling) and when to come back in its details.
-func proxyStatus(none *discovery.NoProxyAvailableError) string {
-	return fmt.Sprintf(`%s; error=connection_limit_reached; details="%s: retry in %dms"`,
-		ProxyStatusName, none.Cause, none.RetryAfter.Milliseconds())
-}
 
 // connectionPoll is how often a tunnel held back by its host's connection
 // limit asks again: a tunnel that ends frees its place without telling.
@@ -410,9 +346,18 @@ func (g *Gateway) renewLeases(ctx context.Context, log logr.Logger) {
 			return
 		case <-ticker.C:
 		}
+		holds := map[string]bool{}
 		for _, t := range g.open() {
 			if err := g.opts.Upstreams.Renew(ctx, t.up.LeaseID, t.name, g.opts.LeaseTTL); err != nil && ctx.Err() == nil {
 				log.V(1).Info("renewing a tunnel's lease failed", "proxy", t.up.ProxyID, "lease", t.up.LeaseID, "error", err.Error())
+			}
+			if t.up.Hold == "" || holds[t.up.Hold] {
+				continue
+			}
+			// The session's exclusive hold lasts while its tunnels do.
+			holds[t.up.Hold] = true
+			if err := g.opts.Upstreams.Renew(ctx, t.up.Hold, t.name, g.opts.SessionIdle); err != nil && ctx.Err() == nil {
+				log.V(1).Info("renewing a session's exclusive hold failed", "proxy", t.up.ProxyID, "lease", t.up.Hold, "error", err.Error())
 			}
 		}
 	}

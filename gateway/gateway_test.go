@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/discovery"
@@ -37,6 +38,7 @@ const token = "gateway-token"
 // which upstream carried a request by its source address.
 type fixture struct {
 	gw      *gateway.Gateway
+	server  *discovery.Server
 	gwAddr  string
 	api     *httptest.Server
 	view    *discovery.View
@@ -75,13 +77,18 @@ func (s *site) upstreams() []string {
 	return append([]string(nil), s.seen...)
 }
 
-func newFixture(t testing.TB, opts gateway.Options) *fixture {
+func newFixture(t testing.TB, opts gateway.Options) *fixture { return newFixtureOn(t, opts, clock.RealClock{}) }
+
+// newFixtureOn is newFixture with discovery (its server and memory store)
+// on clk.
+func newFixtureOn(t testing.TB, opts gateway.Options, clk clock.WithTicker) *fixture {
 	t.Helper()
 	f := &fixture{view: discovery.NewView(nil, "operator-ns"), squids: map[string]*squid.Squid{}, byIP: map[string]string{}}
 	server := discovery.NewServer(discovery.Options{
-		Store: discovery.NewMemoryStore(nil), View: f.view, Tokens: discovery.StaticToken(token),
+		Store: discovery.NewMemoryStore(clk), View: f.view, Tokens: discovery.StaticToken(token), Clock: clk,
 		DefaultTTL: discovery.DefaultTTL, MaxTTL: discovery.DefaultMaxTTL, DefaultCooldown: time.Minute,
 	})
+	f.server = server
 	f.api = httptest.NewServer(server.Handler())
 	t.Cleanup(f.api.Close)
 	for i, name := range []string{"a", "b", "c"} {
@@ -121,14 +128,35 @@ func newFixture(t testing.TB, opts gateway.Options) *fixture {
 
 func (f *fixture) addProxy(t testing.TB, name, ip string) {
 	t.Helper()
+	f.view.Handler().OnAdd(externalProxy(name, ip, true), false)
+}
+
+// setHealth turns a proxy's Healthy condition, as the health engine would.
+func (f *fixture) setHealth(t testing.TB, id string, healthy bool) {
+	t.Helper()
+	for ip, of := range f.byIP {
+		if of == id {
+			name := strings.TrimPrefix(id, "crawl/")
+			f.view.Handler().OnUpdate(externalProxy(name, ip, !healthy), externalProxy(name, ip, healthy))
+			return
+		}
+	}
+	t.Fatalf("no proxy %s", id)
+}
+
+func externalProxy(name, ip string, healthy bool) *crawlv1alpha1.Proxy {
 	p := &crawlv1alpha1.Proxy{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "crawl", Name: name},
 		Spec: crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeExternal, Attributes: map[string]string{"geo": "local"},
 			External: &crawlv1alpha1.ExternalEndpoint{Address: ip}},
 		Status: crawlv1alpha1.ProxyStatus{Phase: crawlv1alpha1.PhaseReady, IP: ip, Port: 3128},
 	}
-	testenv.SetHealth(p, metav1.ConditionTrue, "ProbeSucceeded")
-	f.view.Handler().OnAdd(p, false)
+	status := metav1.ConditionTrue
+	if !healthy {
+		status = metav1.ConditionFalse
+	}
+	testenv.SetHealth(p, status, "ProbeSucceeded")
+	return p
 }
 
 func (f *fixture) startSite(t testing.TB, ip string, https bool) *site {

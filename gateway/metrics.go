@@ -21,6 +21,7 @@ const (
 	outcomeNoProxy        = "no_proxy"        // nothing to pick, or the store did not answer
 	outcomePaced          = "paced"           // no proxy may take the host now (its pace, concurrency or cooldowns): 429
 	outcomeUpstreamFailed = "upstream_failed" // every upstream tried failed
+	outcomeSessionLost    = "session_lost"    // a strict session lost its proxy or ended: 502
 
 	directionUp   = "up"   // client to site
 	directionDown = "down" // site to client
@@ -60,6 +61,10 @@ var (
 		Namespace: operator.MetricsNamespace, Subsystem: "gateway", Name: "bytes_total",
 		Help: "Bytes carried by the gateway, by direction: up (client to site), down (site to client).",
 	}, []string{"direction"})
+	errorsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: operator.MetricsNamespace, Subsystem: "gateway", Name: "errors_total",
+		Help: "Answers the gateway gave itself instead of a site's, by their Proxy-Status error type (RFC 9209) and cause (the first word of its details).",
+	}, []string{"error", "cause"})
 	upstreamFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: operator.MetricsNamespace, Subsystem: "gateway", Name: "upstream_failures_total",
 		Help: "Upstream proxies that failed a tunnel or request, by reason: dial, timeout, auth, refused, upstream, protocol.",
@@ -67,5 +72,5 @@ var (
 )
 
 func init() {
-	ctrlmetrics.Registry.MustRegister(requestsTotal, tunnelsOpen, tunnelsClosed, tunnelDuration, connectDuration, bytesTotal, upstreamFailures)
+	ctrlmetrics.Registry.MustRegister(requestsTotal, errorsTotal, tunnelsOpen, tunnelsClosed, tunnelDuration, connectDuration, bytesTotal, upstreamFailures)
 }

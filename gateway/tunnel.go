@@ -55,21 +55,19 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 	hostport := r.Host
 	host, port, err := net.SplitHostPort(hostport)
 	if err != nil || host == "" || port == "" {
-		requestsTotal.WithLabelValues(kindConnect, outcomeRefused).Inc()
-		http.Error(w, fmt.Sprintf("CONNECT needs host:port, got %q", hostport), http.StatusBadRequest)
+		answer{status: http.StatusBadRequest, errType: psHTTPRequestError, cause: CauseBadRequest,
+			msg: fmt.Sprintf("CONNECT needs host:port, got %q", hostport)}.write(w, r)
 		return
 	}
 	if !g.takeSlot(ctx) {
-		requestsTotal.WithLabelValues(kindConnect, outcomeBusy).Inc()
-		w.Header().Set("Retry-After", "1")
-		http.Error(w, fmt.Sprintf("the gateway has its %d tunnels open; retry", g.opts.MaxTunnels), http.StatusServiceUnavailable)
+		g.busy(w, r)
 		return
 	}
 	start := time.Now()
-	upstream, up, lastFailure, err := g.connectAny(ctx, id, host, hostport)
+	upstream, up, last, err := g.connectAny(ctx, id, host, hostport)
 	if err != nil {
 		g.freeSlot()
-		pickError(w, r, err, lastFailure)
+		pickAnswer(err, last).write(w, r)
 		return
 	}
 	connectDuration.Observe(time.Since(start).Seconds())
@@ -95,7 +93,7 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 	// Bytes the client sent early (a TLS ClientHello) go first.
 	early := unread(brw.Reader)
 	_ = clientConn.SetDeadline(time.Time{})
-	if _, err := io.WriteString(clientConn, "HTTP/1.1 200 Connection established\r\n"+HeaderUpstream+": "+up.ProxyID+"\r\n\r\n"); err != nil {
+	if _, err := io.WriteString(clientConn, connectReply(up)); err != nil {
 		_ = clientConn.Close()
 		abandon()
 		return
@@ -115,6 +113,30 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 	go g.carry(bg, t, early, upstream.pending)
 }
 
+// connectReply is the gateway's 200 to a CONNECT: the upstream that
+// carries the tunnel, its exit IP, and the same in Proxy-Status.
+func connectReply(up discovery.Upstream) string {
+	reply := "HTTP/1.1 200 Connection established\r\n" + HeaderUpstream + ": " + up.ProxyID + "\r\n"
+	if up.ExitIP != "" {
+		reply += HeaderExitIP + ": " + up.ExitIP + "\r\n"
+	}
+	return reply + "Proxy-Status: " + servedStatus(up) + "\r\n\r\n"
+}
+
+// busy answers a client beyond MaxTunnels.
+func (g *Gateway) busy(w http.ResponseWriter, r *http.Request) {
+	answer{status: http.StatusServiceUnavailable, errType: psConnectionLimitReached, cause: CauseBusy, retryAfter: time.Second,
+		msg: fmt.Sprintf("the gateway carries its %d tunnels and requests; retry", g.opts.MaxTunnels)}.write(w, r)
+}
+
+// tunnelRequest is what id asks of a tunnel or request to host.
+func (g *Gateway) tunnelRequest(id Identity, host string, avoid []string) discovery.TunnelRequest {
+	return discovery.TunnelRequest{
+		Tenant: id.Tenant, Session: id.Session, Strict: id.Strict, Lifetime: id.Lifetime, Exclusive: id.Exclusive,
+		Selector: id.Selector, Host: host, Avoid: avoid, TTL: g.opts.LeaseTTL, SessionIdle: g.opts.SessionIdle,
+	}
+}
+
 // carry runs a tunnel to its end, then gives back its place, its lease and
 // its registration.
 func (g *Gateway) carry(ctx context.Context, t *tunnel, early, pending []byte) {
@@ -128,38 +150,35 @@ func (g *Gateway) carry(ctx context.Context, t *tunnel, early, pending []byte) {
 
 // connectAny opens a tunnel to hostport through the first upstream that
 // takes it, trying at most Attempts of them; each failure is counted
-// against its upstream, which the next pick avoids. lastFailure describes
-// the last failure, for the client's 502.
-func (g *Gateway) connectAny(ctx context.Context, id Identity, host, hostport string) (dialed, discovery.Upstream, string, error) {
+// against its upstream, which the next pick avoids (a strict session's
+// next pick then fails). last is the last failure, for the client's 502.
+func (g *Gateway) connectAny(ctx context.Context, id Identity, host, hostport string) (dialed, discovery.Upstream, *failure, error) {
 	var avoid []string
-	lastFailure := ""
+	var last *failure
 	for range g.opts.Attempts {
-		up, err := g.pick(ctx, discovery.TunnelRequest{
-			Tenant: id.Tenant, Session: id.Session, Selector: id.Selector, Host: host, Avoid: avoid,
-			TTL: g.opts.LeaseTTL, SessionIdle: g.opts.SessionIdle,
-		})
+		up, err := g.pick(ctx, g.tunnelRequest(id, host, avoid))
 		if err != nil {
-			return dialed{}, discovery.Upstream{}, lastFailure, err
+			return dialed{}, discovery.Upstream{}, last, err
 		}
 		if !waitForSlot(ctx, up) {
 			g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID, id.Session, 0)
-			return dialed{}, discovery.Upstream{}, lastFailure, ctx.Err()
+			return dialed{}, discovery.Upstream{}, last, ctx.Err()
 		}
-		d, reason, err := g.connect(ctx, up, hostport)
-		if err == nil {
-			return d, up, "", nil
+		d, f := g.connect(ctx, up, hostport)
+		if f == nil {
+			return d, up, nil, nil
 		}
-		upstreamFailures.WithLabelValues(reason).Inc()
-		if reason == failRefused {
+		upstreamFailures.WithLabelValues(f.reason).Inc()
+		if f.reason == failRefused {
 			g.opts.Upstreams.Refused(context.WithoutCancel(ctx), up.ProxyID, host, false)
 		}
-		logf.FromContext(ctx).Info("upstream failed a tunnel; trying another", "proxy", up.ProxyID, "reason", reason, "error", err.Error(),
+		logf.FromContext(ctx).Info("upstream failed a tunnel; trying another", "proxy", up.ProxyID, "reason", f.reason, "error", f.err.Error(),
 			"session", id.Session, "host", host)
 		g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID, id.Session, 0)
 		avoid = append(avoid, up.ProxyID)
-		lastFailure = fmt.Sprintf("%s: %v", up.ProxyID, err)
+		last = f
 	}
-	return dialed{}, discovery.Upstream{}, lastFailure, &discovery.NoProxyAvailableError{}
+	return dialed{}, discovery.Upstream{}, last, &discovery.NoProxyAvailableError{}
 }
 
 // Upstream failure reasons, for the metrics.
@@ -180,12 +199,15 @@ type dialed struct {
 }
 
 // connect opens a tunnel through one upstream: a CONNECT with the
-// upstream's credentials, and its 200.
-func (g *Gateway) connect(ctx context.Context, up discovery.Upstream, hostport string) (dialed, string, error) {
+// upstream's credentials, and its 200; or how it failed.
+func (g *Gateway) connect(ctx context.Context, up discovery.Upstream, hostport string) (dialed, *failure) {
+	failed := func(reason string, status int, err error) (dialed, *failure) {
+		return dialed{}, &failure{proxy: up.ProxyID, reason: reason, status: status, err: err}
+	}
 	dialer := net.Dialer{Timeout: g.opts.ConnectTimeout}
 	conn, err := dialer.DialContext(ctx, "tcp", up.Address)
 	if err != nil {
-		return dialed{}, failDial, err
+		return failed(failDial, 0, err)
 	}
 	_ = conn.SetDeadline(time.Now().Add(g.opts.ConnectTimeout))
 	req := &http.Request{Method: http.MethodConnect, URL: &url.URL{Opaque: hostport}, Host: hostport, Header: http.Header{}}
@@ -194,7 +216,7 @@ func (g *Gateway) connect(ctx context.Context, up discovery.Upstream, hostport s
 	}
 	if err := req.Write(conn); err != nil {
 		_ = conn.Close()
-		return dialed{}, failDial, fmt.Errorf("sending CONNECT: %w", err)
+		return failed(failDial, 0, fmt.Errorf("sending CONNECT: %w", err))
 	}
 	br := bufio.NewReaderSize(conn, 1024)
 	resp, err := http.ReadResponse(br, req)
@@ -202,9 +224,9 @@ func (g *Gateway) connect(ctx context.Context, up discovery.Upstream, hostport s
 		_ = conn.Close()
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() {
-			return dialed{}, failTimeout, fmt.Errorf("no CONNECT answer within %s", g.opts.ConnectTimeout)
+			return failed(failTimeout, 0, fmt.Errorf("no CONNECT answer within %s", g.opts.ConnectTimeout))
 		}
-		return dialed{}, failProtocol, fmt.Errorf("reading the CONNECT answer: %w", err)
+		return failed(failProtocol, 0, fmt.Errorf("reading the CONNECT answer: %w", err))
 	}
 	if resp.StatusCode != http.StatusOK {
 		_ = resp.Body.Close()
@@ -216,10 +238,10 @@ func (g *Gateway) connect(ctx context.Context, up discovery.Upstream, hostport s
 		case resp.StatusCode >= 500:
 			reason = failUpstream
 		}
-		return dialed{}, reason, fmt.Errorf("CONNECT %s answered %s", hostport, resp.Status)
+		return failed(reason, resp.StatusCode, fmt.Errorf("CONNECT %s answered %s", hostport, resp.Status))
 	}
 	_ = conn.SetDeadline(time.Time{})
-	return dialed{conn: conn, pending: unread(br)}, "", nil
+	return dialed{conn: conn, pending: unread(br)}, nil
 }
 
 // unread copies what br holds and nobody has read yet, so the tunnel can

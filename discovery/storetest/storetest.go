@@ -404,7 +404,7 @@ func sessions(t *testing.T, h Harness) {
 	_, err := h.Store.ReportSession(ctx, "s1", discovery.ResultRateLimited, "shop.example", time.Minute, time.Second)
 	require.ErrorIs(t, err, discovery.ErrSessionNotFound)
 
-	require.NoError(t, h.Store.SetRoute(ctx, "s1", "shop.example", discovery.RouteSet{Proxy: "p1", Own: true, Idle: 10*time.Minute}))
+	require.NoError(t, h.Store.SetRoute(ctx, "s1", "shop.example", discovery.RouteSet{Proxy: "p1", Own: true, Idle: 10 * time.Minute}))
 	assert.Equal(t, discovery.Route{Own: "p1"}, hops(route("s1", "shop.example")))
 	assert.Equal(t, discovery.Route{Own: "p1"}, hops(route("s1", "news.example")), "own proxy for every host")
 	assert.Equal(t, discovery.Route{}, hops(route("s2", "shop.example")), "per session")
@@ -421,7 +421,7 @@ func sessions(t *testing.T, h Harness) {
 
 	// The detour for shop.example is p2; a second report at once is the
 	// same burst: it cools nothing more.
-	require.NoError(t, h.Store.SetRoute(ctx, "s1", "shop.example", discovery.RouteSet{Proxy: "p2", Own: false, Idle: 10*time.Minute}))
+	require.NoError(t, h.Store.SetRoute(ctx, "s1", "shop.example", discovery.RouteSet{Proxy: "p2", Own: false, Idle: 10 * time.Minute}))
 	proxy, err = h.Store.ReportSession(ctx, "s1", discovery.ResultRateLimited, "shop.example", 5*time.Minute, time.Minute)
 	require.NoError(t, err)
 	assert.Equal(t, "p1", proxy, "the burst's proxy")
@@ -438,12 +438,12 @@ func sessions(t *testing.T, h Harness) {
 	require.NoError(t, err)
 
 	// Back on its own proxy for shop.example: the detour ends.
-	require.NoError(t, h.Store.SetRoute(ctx, "s1", "shop.example", discovery.RouteSet{Proxy: "p3", Own: true, Idle: 10*time.Minute}))
+	require.NoError(t, h.Store.SetRoute(ctx, "s1", "shop.example", discovery.RouteSet{Proxy: "p3", Own: true, Idle: 10 * time.Minute}))
 	assert.Equal(t, discovery.Route{Own: "p3"}, hops(route("s1", "shop.example")))
 
 	// Idle past its time, the session is gone; each route extends it.
 	h.Advance(9 * time.Minute)
-	require.NoError(t, h.Store.SetRoute(ctx, "s1", "news.example", discovery.RouteSet{Proxy: "p3", Own: true, Idle: 10*time.Minute}))
+	require.NoError(t, h.Store.SetRoute(ctx, "s1", "news.example", discovery.RouteSet{Proxy: "p3", Own: true, Idle: 10 * time.Minute}))
 	h.Advance(9 * time.Minute)
 	assert.Equal(t, discovery.Route{Own: "p3"}, hops(route("s1", "shop.example")), "extended by the last route")
 	h.Advance(2 * time.Minute)

@@ -231,3 +231,39 @@ func BenchmarkGatewayMemoryAt5000Tunnels(b *testing.B) {
 	}
 	b.ReportMetric(0, "ns/op")
 }
+
+// BenchmarkGatewaySessions: tunnels per second through the gateway, one
+// session per client, three clients (one per upstream, so each exclusive
+// session holds one): soft sessions as the baseline (bare_), then strict
+// sessions, rotation without a session, and exclusive holds (last: they
+// keep their proxies while their sessions live), each over the same 1 KiB
+// downloads in the same run.
+func BenchmarkGatewaySessions(b *testing.B) {
+	for range b.N {
+		f := newFixture(b, gateway.Options{})
+		small := blobServer(b, "127.0.0.85", 1<<10)
+		const tunnels, clients = 1500, 3
+		pass := func(username func(client int) string) float64 {
+			// The last pass's tunnels end (and free their proxies) first.
+			require.Eventually(b, func() bool { return f.gw.Open() == 0 }, 10*time.Second, 10*time.Millisecond)
+			took := drive(b, clients, tunnels, func(i int) error {
+				conn, br, err := tunnelTo(f.gwAddr, small, basic(username(i%clients), token))
+				if err != nil {
+					return err
+				}
+				defer conn.Close()
+				n, err := readAll(conn, br)
+				if err == nil && n != 1<<10 {
+					err = fmt.Errorf("tunnel %d got %d bytes", i, n)
+				}
+				return err
+			})
+			return tunnels / took.Seconds()
+		}
+		b.ReportMetric(pass(func(c int) string { return fmt.Sprintf("session-soft%d", c) }), "bare_tunnels/s")
+		b.ReportMetric(pass(func(c int) string { return fmt.Sprintf("session-strict%d-strict", c) }), "strict_tunnels/s")
+		b.ReportMetric(pass(func(int) string { return "" }), "rotating_tunnels/s")
+		b.ReportMetric(pass(func(c int) string { return fmt.Sprintf("session-excl%d-strict-exclusive", c) }), "exclusive_tunnels/s")
+	}
+	b.ReportMetric(0, "ns/op")
+}

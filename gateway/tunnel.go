@@ -141,8 +141,10 @@ func (g *Gateway) tunnelRequest(id Identity, host string, avoid []string) discov
 // its registration.
 func (g *Gateway) carry(ctx context.Context, t *tunnel, early, pending []byte) {
 	defer g.freeSlot()
-	defer func() { g.opts.Upstreams.Release(ctx, t.up.LeaseID, t.name, t.moved.Load()) }()
+	// Unregistered once its lease is released: a tunnel no longer open
+	// holds no lease either.
 	defer g.unregister(t)
+	defer func() { g.opts.Upstreams.Release(ctx, t.up.LeaseID, t.name, t.moved.Load()) }()
 	t.run(early, pending)
 	tunnelsClosed.WithLabelValues(t.reason).Inc()
 	tunnelDuration.Observe(time.Since(t.started).Seconds())

@@ -289,7 +289,8 @@ func (p *pick) strict(ctx context.Context) (Upstream, error) {
 	if err != nil {
 		return lost(SessionProxyGone)
 	}
-	return up, p.note(ctx, RouteSet{Proxy: own, Own: true, IP: p.route.IP, Hold: hold})
+	p.note(ctx, RouteSet{Proxy: own, Own: true, IP: p.route.IP, Hold: hold})
+	return up, nil
 }
 
 // keepHold renews the session's exclusive hold on proxy, or takes it anew
@@ -389,9 +390,7 @@ func (p *pick) soft(ctx context.Context) (Upstream, error) {
 			if own && lease.ProxyID == route.Own && !fresh {
 				set.IP = route.IP
 			}
-			if err := p.note(ctx, set); err != nil {
-				return up, err
-			}
+			p.note(ctx, set)
 		}
 		return up, nil
 	}
@@ -445,16 +444,15 @@ func (p *pick) upstream(ctx context.Context, lease Lease, hold string) (Upstream
 
 // note records the session's route after a tunnel; a store that does not
 // answer only costs the next tunnel its stickiness, so it is logged.
-func (p *pick) note(ctx context.Context, set RouteSet) error {
+func (p *pick) note(ctx context.Context, set RouteSet) {
 	if p.req.Session == "" {
-		return nil
+		return
 	}
 	set.Idle = p.req.SessionIdle
 	if err := p.t.s.store.SetRoute(ctx, p.session, p.host, set); err != nil {
 		warn(logf.FromContext(ctx), "gateway: the session's route was not recorded; its next tunnel may go elsewhere",
 			"session", p.req.Session, "error", err.Error())
 	}
-	return nil
 }
 
 // PushBack tells discovery that host answered a request through the

@@ -53,7 +53,7 @@ func ipSite(t *testing.T, ip string) *httptest.Server {
 // browserContext is one browser context (its own cookies, connections and
 // proxy credentials) whose proxy challenges are answered with username
 // and the gateway's token through the DevTools protocol.
-func browserContext(t *testing.T, browser context.Context, username string) context.Context {
+func browserContext(browser context.Context, t *testing.T, username string) context.Context {
 	t.Helper()
 	ctx, cancel := chromedp.NewContext(browser, chromedp.WithNewBrowserContext())
 	t.Cleanup(cancel)
@@ -62,7 +62,9 @@ func browserContext(t *testing.T, browser context.Context, username string) cont
 	require.NoError(t, chromedp.Listen(ctx, func(ev any) {
 		switch ev := ev.(type) {
 		case *fetch.EventRequestPaused:
-			go func() { _, _ = chromedp.Call(ctx, fetch.ContinueRequest, fetch.ContinueRequestParams{RequestID: ev.RequestID}) }()
+			go func() {
+				_, _ = chromedp.Call(ctx, fetch.ContinueRequest, fetch.ContinueRequestParams{RequestID: ev.RequestID})
+			}()
 		case *fetch.EventAuthRequired:
 			reply := &fetch.AuthChallengeResponse{Response: fetch.AuthChallengeResponseResponseCancelAuth}
 			if ev.AuthChallenge.Source == fetch.AuthChallengeSourceProxy {
@@ -148,8 +150,8 @@ func TestChromiumThroughTheGateway(t *testing.T) {
 	require.NoError(t, chromedp.Do(browser), "starting %s", bin)
 
 	// Strict and exclusive: each session holds a proxy of its own.
-	a := browserContext(t, browser, "browser-session-a-strict-exclusive")
-	b := browserContext(t, browser, "browser-session-b-strict-exclusive")
+	a := browserContext(browser, t, "browser-session-a-strict-exclusive")
+	b := browserContext(browser, t, "browser-session-b-strict-exclusive")
 	shopURL := func(path string) string { return shop.URL + path + "?next=" + news.URL + path + "-next" }
 	newsURL := func(path string) string { return news.URL + path + "?next=" + shop.URL + path + "-next" }
 

@@ -77,7 +77,9 @@ func (s *site) upstreams() []string {
 	return append([]string(nil), s.seen...)
 }
 
-func newFixture(t testing.TB, opts gateway.Options) *fixture { return newFixtureOn(t, opts, clock.RealClock{}) }
+func newFixture(t testing.TB, opts gateway.Options) *fixture {
+	return newFixtureOn(t, opts, clock.RealClock{})
+}
 
 // newFixtureOn is newFixture with discovery (its server and memory store)
 // on clk.

@@ -167,9 +167,9 @@ func TestExclusiveSessions(t *testing.T) {
 		assert.NotEmpty(t, resp.Header.Get("Retry-After"))
 		assert.Contains(t, resp.Header.Get("Proxy-Status"), `error=destination_unavailable; details="exclusive: `)
 	}
-	lease := f.apiLease(t, `{"selector":{},"exclusive":true}`)
-	assert.Equal(t, http.StatusServiceUnavailable, lease.StatusCode, "the lease API sees the holds too")
-	assert.NotEmpty(t, lease.Header.Get("Retry-After"))
+	status, header := f.apiLease(t, `{"selector":{},"exclusive":true}`)
+	assert.Equal(t, http.StatusServiceUnavailable, status, "the lease API sees the holds too")
+	assert.NotEmpty(t, header.Get("Retry-After"))
 }
 
 func TestEveryOwnAnswerCarriesProxyStatus(t *testing.T) {
@@ -236,8 +236,9 @@ func errorsCounted(t *testing.T, errType, cause string) float64 {
 	return 0
 }
 
-// apiLease posts a lease request to the discovery API.
-func (f *fixture) apiLease(t *testing.T, body string) *http.Response {
+// apiLease posts a lease request to the discovery API: its status and
+// headers.
+func (f *fixture) apiLease(t *testing.T, body string) (int, http.Header) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, f.api.URL+"/v1/leases", strings.NewReader(body))
 	require.NoError(t, err)
@@ -246,6 +247,5 @@ func (f *fixture) apiLease(t *testing.T, body string) *http.Response {
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	_ = resp.Body.Close()
-	return resp
+	return resp.StatusCode, resp.Header
 }
-

@@ -102,7 +102,7 @@ func exclusiveConcurrently(t *testing.T, h Harness) {
 	for i := range ids {
 		ids[i] = fmt.Sprintf("p%d", i)
 	}
-	set := indexed("race", 1, ids...)
+	set := indexed("race", 7, ids...)
 	var (
 		mu   sync.Mutex
 		got  = map[string]int{}

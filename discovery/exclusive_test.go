@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -52,4 +53,46 @@ func TestExclusiveLeases(t *testing.T) {
 	again := f.do("POST", "/v1/leases", `{"selector":{"pool":"eu"},"exclusive":true}`)
 	require.Equal(t, http.StatusCreated, again.status, "released, the proxy is free again: %s", again.raw)
 	assert.Equal(t, proxyID(held), proxyID(again))
+}
+
+// An exclusive session holds a proxy its host may take: one cooling down
+// for the host is let go, and the session holds the next; the hold keeps
+// the others off it, and the host's cooldown is not the hold's.
+func TestAnExclusiveSessionHoldsAProxyItsHostMayTake(t *testing.T) {
+	f := newFixture(t)
+	f.proxy("a", "127.0.0.21", true, nil)
+	f.proxy("b", "127.0.0.22", true, nil)
+	// a is the one the least-loaded pick would take first: it cools for
+	// shop.example.
+	cool := f.do("POST", "/v1/leases", `{"selector":{},"target":"shop.example"}`)
+	require.Equal(t, http.StatusCreated, cool.status, cool.raw)
+	require.Equal(t, "crawl/a", proxyID(cool))
+	report := f.do("POST", "/v1/leases/"+cool.body["leaseID"].(string)+"/report", `{"result":"rate_limited","target":"shop.example"}`)
+	require.Equal(t, http.StatusNoContent, report.status, report.raw)
+	require.Equal(t, http.StatusNoContent, f.do("DELETE", "/v1/leases/"+cool.body["leaseID"].(string), "").status)
+	// b was leased last: a comes first again for a hold.
+	f.clock.Step(time.Second)
+	last := f.do("POST", "/v1/leases", `{"selector":{}}`)
+	require.Equal(t, "crawl/b", proxyID(last))
+	require.Equal(t, http.StatusNoContent, f.do("DELETE", "/v1/leases/"+last.body["leaseID"].(string), "").status)
+
+	tunnels := f.srv.Tunnels()
+	req := TunnelRequest{Session: "x1", Exclusive: true, Host: "shop.example", TTL: time.Minute, SessionIdle: time.Hour}
+	up, err := tunnels.Pick(context.Background(), req)
+	require.NoError(t, err)
+	assert.Equal(t, "crawl/b", up.ProxyID, "the proxy cooling for the host is let go")
+	assert.NotEmpty(t, up.Hold)
+	tunnels.Release(context.Background(), up.LeaseID, "x1", 0)
+
+	held, err := f.store.Held(context.Background(), []string{"crawl/a", "crawl/b"})
+	require.NoError(t, err)
+	assert.Equal(t, []bool{false, true}, held, "only b is held, with no tunnel open")
+	other := f.do("POST", "/v1/leases", `{"selector":{},"target":"news.example"}`)
+	require.Equal(t, http.StatusCreated, other.status, other.raw)
+	assert.Equal(t, "crawl/a", proxyID(other), "a lease for another host stays off the held proxy")
+
+	again, err := tunnels.Pick(context.Background(), TunnelRequest{Session: "x1", Exclusive: true, Host: "news.example", TTL: time.Minute, SessionIdle: time.Hour})
+	require.NoError(t, err)
+	assert.Equal(t, "crawl/b", again.ProxyID, "the session keeps its hold for its other hosts")
+	assert.Equal(t, up.Hold, again.Hold)
 }

@@ -250,10 +250,10 @@ func (p *pick) strict(ctx context.Context) (Upstream, error) {
 	if p.expired() {
 		return lost(SessionEnded)
 	}
-	if why := p.t.s.opts.View.unavailable(own); why != "" {
-		if _, exists := p.t.s.opts.View.lookup(own, 0); !exists || !strings.Contains(why, "not healthy") {
-			return lost(SessionProxyGone)
-		}
+	switch exists, serving, healthy := p.t.s.opts.View.state(own); {
+	case !exists || !serving:
+		return lost(SessionProxyGone)
+	case !healthy:
 		return lost(SessionProxyUnhealthy)
 	}
 	if slices.Contains(p.avoid, own) {
@@ -405,18 +405,33 @@ func (p *pick) fresh(ctx context.Context, c Candidates, own bool) (Lease, string
 		l, err := p.acquire(ctx, c, p.req.MaxWait, false, "")
 		return l, "", err
 	}
-	hold, err := p.acquire(ctx, c, 0, true, "")
-	if err != nil {
-		return Lease{}, "", err
-	}
-	l, err := p.acquire(ctx, Candidates{IDs: []string{hold.ProxyID}}, p.req.MaxWait, false, hold.ID)
-	if err != nil {
+	// The hold is taken for no host (it outlives this tunnel, and must not
+	// count as a connection to it): a held proxy that may not take this
+	// host now is let go, and the next one tried.
+	var tried []string
+	err := error(&NoProxyAvailableError{})
+	for range freshHoldTries {
+		var hold, l Lease
+		if hold, err = p.acquire(ctx, without(c, tried), 0, true, ""); err != nil {
+			return Lease{}, "", err
+		}
+		l, err = p.acquire(ctx, Candidates{IDs: []string{hold.ProxyID}}, p.req.MaxWait, false, hold.ID)
+		if err == nil {
+			p.releaseHold(ctx)
+			return l, hold.ID, nil
+		}
 		_ = p.t.s.store.Release(ctx, hold.ID)
-		return Lease{}, "", err
+		if !errors.Is(err, ErrNoProxyAvailable) {
+			return Lease{}, "", err
+		}
+		tried = append(tried, hold.ProxyID)
 	}
-	p.releaseHold(ctx)
-	return l, hold.ID, nil
+	return Lease{}, "", err
 }
+
+// freshHoldTries bounds the proxies an exclusive session holds and lets go
+// in one pick because its host may not go through them now.
+const freshHoldTries = 3
 
 // releaseHold lets go of the session's exclusive hold on its old proxy.
 func (p *pick) releaseHold(ctx context.Context) {

@@ -326,6 +326,18 @@ func (v *View) unavailable(id string) string {
 	return ""
 }
 
+// state says whether a proxy exists, serves (is not being replaced or
+// deleted) and is healthy.
+func (v *View) state(id string) (exists, serving, healthy bool) {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	e, ok := v.entries[id]
+	if !ok {
+		return false, false, false
+	}
+	return true, e.serving, v.healthy(e)
+}
+
 // lookup returns a proxy by id; ok is false once it is deleted.
 func (v *View) lookup(id string, leases int) (ProxyInfo, bool) {
 	v.mu.RLock()

@@ -183,8 +183,8 @@ func (r *Reconciler) autoscale(ctx context.Context, pool *crawlv1alpha1.ProxyPoo
 		limited = metav1.ConditionTrue
 	}
 	setCondition(status, pool.Generation, crawlv1alpha1.ConditionScalingLimited, limited, rec.Limited,
-		fmt.Sprintf("demand asks for %d members (%d active leases at %d per member), bounded to [%d, %d]",
-			rec.Wanted, d.ActiveLeases, pool.Spec.Autoscaling.TargetLeasesPerMember, pool.Spec.Autoscaling.MinReplicas, pool.Spec.Autoscaling.MaxReplicas))
+		fmt.Sprintf("demand asks for %d members (%s), bounded to [%d, %d]",
+			rec.Wanted, demandOf(d, pool.Spec.Autoscaling.TargetLeasesPerMember), pool.Spec.Autoscaling.MinReplicas, pool.Spec.Autoscaling.MaxReplicas))
 	if rec.Replicas == current {
 		return false, nil
 	}
@@ -198,10 +198,19 @@ func (r *Reconciler) autoscale(ctx context.Context, pool *crawlv1alpha1.ProxyPoo
 	if err := r.Client.Patch(ctx, pool, patch); err != nil {
 		return false, fmt.Errorf("scaling ProxyPool %s/%s to %d: %w", pool.Namespace, pool.Name, rec.Replicas, err)
 	}
-	logf.FromContext(ctx).Info("autoscaled", "from", current, "to", rec.Replicas, "activeLeases", d.ActiveLeases)
+	logf.FromContext(ctx).Info("autoscaled", "from", current, "to", rec.Replicas, "activeLeases", d.ActiveLeases, "heldExclusively", d.Held)
 	r.Recorder.Eventf(pool, nil, corev1.EventTypeNormal, "Autoscaled", "Scale",
-		"scaled from %d to %d members: %d active leases, target %d per member", current, rec.Replicas, d.ActiveLeases, pool.Spec.Autoscaling.TargetLeasesPerMember)
+		"scaled from %d to %d members: %s", current, rec.Replicas, demandOf(d, pool.Spec.Autoscaling.TargetLeasesPerMember))
 	return true, nil
+}
+
+// demandOf says what the autoscaler sized a pool by.
+func demandOf(d Demand, target int32) string {
+	s := fmt.Sprintf("%d active leases at %d per member", d.ActiveLeases, target)
+	if d.Held > 0 {
+		s += fmt.Sprintf(", %d members held by exclusive leases", d.Held)
+	}
+	return s
 }
 
 // carryOut creates and deletes what decide said, and expects to see it in

@@ -202,8 +202,7 @@ local ttl, target, id = tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local maxWait, k, holder = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
 local lkey, lmax = ARGV[10], tonumber(ARGV[11])
 local exclusive, within = ARGV[12] == '1', ARGV[13]
-redis.call('ZREMRANGEBYSCORE', P .. 'holds', '-inf', now)
-local anyHeld = redis.call('EXISTS', P .. 'holds') == 1
+local anyHeld = redis.call('ZCOUNT', P .. 'holds', '(' .. now, '+inf') > 0
 if lkey ~= '' then
   local z = P .. 'limit:' .. lkey
   redis.call('ZREMRANGEBYSCORE', z, '-inf', now)
@@ -296,6 +295,7 @@ redis.call('PEXPIRE', key, ttl)
 if exclusive then
   redis.call('HSET', key, 'excl', '1')
   redis.call('SET', P .. 'hold:' .. best, id, 'PX', ttl)
+  redis.call('ZREMRANGEBYSCORE', P .. 'holds', '-inf', now)
   redis.call('ZADD', P .. 'holds', expires, id)
   extend(P .. 'holds', ttl)
 end

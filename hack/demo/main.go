@@ -187,6 +187,12 @@ news site has none:
   curl -s -x http://demo:$TOKEN@%[9]s --cacert %[10]s https://%[11]s/page/1
   %[4]s get crawltargets
 
+A strict session in the providers' grammar: one exit IP for 10 minutes, or
+a 502 whose Proxy-Status says why; every CONNECT reply names the proxy and
+the exit IP:
+
+  curl -sv -x http://session-demo1-sesstime-10-strict:$TOKEN@%[9]s --cacert %[10]s https://%[11]s/page/1 2>&1 | grep -i '< \(x-egress\|proxy-status\)'
+
 Politeness at work: 40 requests at once to the shop through the gateway.
 The gateway holds each until an IP's pace allows it (every answer is a 200,
 spread over a few seconds), or answers 429 with Retry-After and Proxy-Status

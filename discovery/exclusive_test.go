@@ -96,3 +96,38 @@ func TestAnExclusiveSessionHoldsAProxyItsHostMayTake(t *testing.T) {
 	assert.Equal(t, "crawl/b", again.ProxyID, "the session keeps its hold for its other hosts")
 	assert.Equal(t, up.Hold, again.Hold)
 }
+
+// A strict session's first tunnel that fails may start the session on
+// another proxy (it never left from the first); once a tunnel went
+// through its proxy, a failure loses the session.
+func TestAStrictSessionStartsOverOnlyBeforeItsFirstTunnel(t *testing.T) {
+	f := newFixture(t)
+	f.proxy("a", "127.0.0.21", true, nil)
+	f.proxy("b", "127.0.0.22", true, nil)
+	tunnels := f.srv.Tunnels()
+	req := TunnelRequest{Session: "s1", Strict: true, Host: "shop.example", TTL: time.Minute, SessionIdle: time.Hour}
+	first, err := tunnels.Pick(context.Background(), req)
+	require.NoError(t, err)
+	assert.True(t, first.Fresh, "the session's first tunnel starts its stint")
+	tunnels.Release(context.Background(), first.LeaseID, "s1", 0)
+
+	retry := req
+	retry.Avoid, retry.Restart = []string{first.ProxyID}, true
+	moved, err := tunnels.Pick(context.Background(), retry)
+	require.NoError(t, err, "the first tunnel failed: the session starts elsewhere")
+	assert.NotEqual(t, first.ProxyID, moved.ProxyID)
+	assert.True(t, moved.Fresh)
+	tunnels.Release(context.Background(), moved.LeaseID, "s1", 0)
+
+	again, err := tunnels.Pick(context.Background(), req)
+	require.NoError(t, err)
+	assert.Equal(t, moved.ProxyID, again.ProxyID, "and sticks there")
+	assert.False(t, again.Fresh)
+	tunnels.Release(context.Background(), again.LeaseID, "s1", 0)
+	failed := req
+	failed.Avoid = []string{again.ProxyID}
+	_, err = tunnels.Pick(context.Background(), failed)
+	var lost *SessionLostError
+	require.ErrorAs(t, err, &lost, "a used proxy failing loses the strict session")
+	assert.Equal(t, SessionProxyFailed, lost.Cause)
+}

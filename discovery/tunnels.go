@@ -93,6 +93,10 @@ type TunnelRequest struct {
 	// Exclusive holds the session's own proxy alone while the session
 	// lives: no other lease or session gets it.
 	Exclusive bool
+	// Restart says the session's stint began with this tunnel's last
+	// attempt, which failed: a strict session has not used that proxy
+	// yet, so it may still start on another.
+	Restart bool
 	// Selector restricts the upstreams, as a lease's does.
 	Selector Selector
 	// Host is the tunnel's target host (a port is ignored).
@@ -120,6 +124,8 @@ type Upstream struct {
 	// Hold is the exclusive lease holding the proxy for the tunnel's
 	// session ("": none): the gateway renews it with the tunnel's.
 	Hold string
+	// Fresh says this tunnel starts the session's stint on the proxy.
+	Fresh bool
 	// Wait is how long the tunnel must wait before it goes: the slot its
 	// host's pace reserved.
 	Wait time.Duration
@@ -199,7 +205,7 @@ func (t *Tunnels) Pick(ctx context.Context, req TunnelRequest) (Upstream, error)
 			return Upstream{}, err
 		}
 	}
-	if req.Strict && p.route.Own != "" {
+	if req.Strict && p.route.Own != "" && !req.Restart {
 		return p.strict(ctx)
 	}
 	return p.soft(ctx)
@@ -390,6 +396,7 @@ func (p *pick) soft(ctx context.Context) (Upstream, error) {
 			if own && lease.ProxyID == route.Own && !fresh {
 				set.IP = route.IP
 			}
+			up.Fresh = own && (fresh || lease.ProxyID != route.Own)
 			p.note(ctx, set)
 		}
 		return up, nil

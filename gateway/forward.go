@@ -63,8 +63,11 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, id Identity) {
 	retryable := r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0
 	var avoid []string
 	var last *failure
+	restart := false
 	for attempt := range g.opts.Attempts {
-		up, err := g.pick(ctx, g.tunnelRequest(id, r.URL.Hostname(), avoid))
+		req := g.tunnelRequest(id, r.URL.Hostname(), avoid)
+		req.Restart = restart
+		up, err := g.pick(ctx, req)
 		if err != nil {
 			pickAnswer(err, last).write(w, r)
 			return
@@ -104,6 +107,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, id Identity) {
 		logf.FromContext(ctx).Info("upstream failed a request; trying another", "proxy", up.ProxyID, "reason", f.reason, "error", f.err.Error())
 		avoid = append(avoid, up.ProxyID)
 		last = f
+		restart = up.Fresh
 	}
 }
 

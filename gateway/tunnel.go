@@ -157,8 +157,11 @@ func (g *Gateway) carry(ctx context.Context, t *tunnel, early, pending []byte) {
 func (g *Gateway) connectAny(ctx context.Context, id Identity, host, hostport string) (dialed, discovery.Upstream, *failure, error) {
 	var avoid []string
 	var last *failure
+	restart := false
 	for range g.opts.Attempts {
-		up, err := g.pick(ctx, g.tunnelRequest(id, host, avoid))
+		req := g.tunnelRequest(id, host, avoid)
+		req.Restart = restart
+		up, err := g.pick(ctx, req)
 		if err != nil {
 			return dialed{}, discovery.Upstream{}, last, err
 		}
@@ -179,6 +182,9 @@ func (g *Gateway) connectAny(ctx context.Context, id Identity, host, hostport st
 		g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID, id.Session, 0)
 		avoid = append(avoid, up.ProxyID)
 		last = f
+		// A session whose first tunnel on a proxy failed never left from
+		// it: even a strict one may start on another.
+		restart = up.Fresh
 	}
 	return dialed{}, discovery.Upstream{}, last, &discovery.NoProxyAvailableError{}
 }

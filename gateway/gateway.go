@@ -4,7 +4,12 @@
 // proxies. Discovery picks that proxy on the lease store the lease API
 // uses: the session's own while it is healthy and not cooling down for the
 // host, else the least-loaded one that is not. A failed upstream is retried
-// on another, a bounded number of times.
+// on another, a bounded number of times. The username is read in the
+// dotted form or the commercial providers' grammar (ParseUsername): a
+// strict session keeps its exit IP or fails, a lifetime renews or ends a
+// session, an exclusive one holds its proxy alone. Every answer says what
+// happened: the proxy and exit IP on what it carried, an RFC 9209
+// Proxy-Status on what it refused (answers.go).
 //
 // It never looks inside a tunnel (no TLS interception), and bounds what it
 // holds: a cap on open tunnels (beyond it, clients wait briefly, then get

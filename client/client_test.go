@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"errors"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -142,6 +143,32 @@ func TestLeaseRenewReportRelease(t *testing.T) {
 	require.NoError(t, err)
 	_, err = wrong.Lease(ctx, client.LeaseRequest{})
 	assert.True(t, client.HasCode(err, client.CodeUnauthorized), "%v", err)
+}
+
+// TestExclusiveLease: an exclusive lease holds a proxy alone; with every
+// proxy held or in use, the next is refused with when to come back.
+func TestExclusiveLease(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	var held []*client.Lease
+	for {
+		l, err := f.c.Lease(ctx, client.LeaseRequest{Exclusive: true, TTL: time.Minute})
+		var apiErr *client.APIError
+		if errors.As(err, &apiErr) {
+			assert.Equal(t, client.CodeNoProxyAvailable, apiErr.Code)
+			assert.Positive(t, apiErr.RetryAfter)
+			break
+		}
+		require.NoError(t, err)
+		assert.True(t, l.Exclusive)
+		held = append(held, l)
+		require.LessOrEqual(t, len(held), len(f.squids), "one exclusive lease a proxy")
+	}
+	require.Len(t, held, len(f.squids), "every proxy held once")
+	require.NoError(t, f.c.Release(ctx, held[0].ID))
+	again, err := f.c.Lease(ctx, client.LeaseRequest{})
+	require.NoError(t, err, "a released hold frees its proxy")
+	assert.Equal(t, held[0].Proxy.ID, again.Proxy.ID)
 }
 
 // TestHoldRenewsAcrossTTLs: a held lease outlives many TTLs, and is gone

@@ -26,6 +26,7 @@ import (
 	"github.com/example/egress-proxies-operator/health"
 	"github.com/example/egress-proxies-operator/operator"
 	"github.com/example/egress-proxies-operator/providers"
+	"github.com/example/egress-proxies-operator/providers/aws"
 	"github.com/example/egress-proxies-operator/providers/gcp"
 	"github.com/example/egress-proxies-operator/providers/kubernetes"
 )
@@ -138,6 +139,7 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 var providerRegistry = providers.Registry{
 	kubernetes.Type: kubernetes.New,
 	gcp.Type:        gcp.New,
+	aws.Type:        aws.New,
 }
 
 // run starts the operator and blocks until ctx ends. Every check that needs

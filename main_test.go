@@ -16,6 +16,7 @@ import (
 
 	"github.com/example/egress-proxies-operator/gateway"
 	"github.com/example/egress-proxies-operator/providers"
+	"github.com/example/egress-proxies-operator/providers/aws"
 	"github.com/example/egress-proxies-operator/providers/gcp"
 	"github.com/example/egress-proxies-operator/providers/kubernetes"
 	"github.com/example/egress-proxies-operator/test/testenv"
@@ -246,7 +247,7 @@ func TestRunRejectsUnknownProviderTypesAndSettings(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), path)
 	assert.Contains(t, err.Error(), `providers[0] "kind-local" (type kubernetes): settings.allowedSourceRanges[0]: "10.0.0.0/33" is not a CIDR`)
-	assert.Contains(t, err.Error(), `providers[1] "gcp-eu": unknown type "gce" (known: [gcp kubernetes])`)
+	assert.Contains(t, err.Error(), `providers[1] "gcp-eu": unknown type "gce" (known: [aws gcp kubernetes])`)
 }
 
 // TestBinaryExitCodes builds the real binary and checks what a user or a
@@ -294,6 +295,7 @@ func TestShippedProvidersConfigs(t *testing.T) {
 	settingsOf := map[string]func() any{
 		kubernetes.Type: func() any { return &kubernetes.Settings{} },
 		gcp.Type:        func() any { return &gcp.Settings{} },
+		aws.Type:        func() any { return &aws.Settings{} },
 	}
 	for _, path := range []string{"config/manager/providers_config.yaml", "config/samples/providers-config.yaml"} {
 		t.Run(path, func(t *testing.T) {
@@ -309,7 +311,13 @@ func TestShippedProvidersConfigs(t *testing.T) {
 	}
 	cfg, err := providers.LoadConfig("config/samples/providers-config.yaml")
 	require.NoError(t, err)
-	assert.Equal(t, []string{"kind-local", "gcp-eu", "gcp-us"}, cfg.Names())
+	assert.Equal(t, []string{"kind-local", "gcp-eu", "gcp-us", "aws-eu"}, cfg.Names())
+	for _, inst := range cfg.Providers {
+		if inst.Type == aws.Type { // connects nowhere and needs no credentials to build
+			_, err := aws.New(inst.Name, inst.Settings, providers.Dependencies{})
+			require.NoError(t, err, "%s passes the provider's own checks", inst.Name)
+		}
+	}
 }
 
 // TestDefaultGCPercent: the operator runs its collector at

@@ -3,7 +3,9 @@
 // must come from an allowed source range and present the proxy's
 // credentials, CONNECT goes to port 443 only, and the denied destinations
 // (loopback, link-local where metadata servers live, private ranges) are
-// never reachable. It is a leaf: it imports nothing of the operator.
+// never reachable. A VM's cloud-init (VMCloudInit) is written here too, so
+// every cloud's instances run the same Squid. It is a leaf: it imports
+// nothing of the operator.
 package squidconf
 
 import (

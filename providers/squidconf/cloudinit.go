@@ -1,0 +1,98 @@
+package squidconf
+
+import (
+	"fmt"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+)
+
+// VMDeniedDestinations are never reachable through a VM's Squid, on any
+// cloud: loopback, link-local (the metadata servers at 169.254.169.254,
+// whose tokens would be the VM's own identity), the private and shared
+// ranges of the VPC and beyond, in IPv4 and IPv6.
+var VMDeniedDestinations = []string{
+	"0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16",
+	"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10",
+	"::1/128", "fe80::/10", "fc00::/7",
+}
+
+// Paths of the hardened cloud-init on a Debian or Ubuntu image. Squid's
+// package writes its own squid.conf when it installs, so the operator's
+// files land in a directory of their own and are installed over it once the
+// package is in.
+const (
+	VMStagingDir  = "/etc/egress-proxy"
+	VMSquidConf   = "/etc/squid/squid.conf"
+	VMLeaseKey    = "/etc/squid/lease.key"
+	VMLeaseAuth   = "/usr/local/lib/egress-proxy/lease-auth.pl"
+	VMRevokedFile = "/var/spool/squid/revoked-leases"
+)
+
+// CloudConfig is the subset of cloud-config the operator writes.
+type CloudConfig struct {
+	PackageUpdate bool        `json:"package_update"`
+	Packages      []string    `json:"packages"`
+	WriteFiles    []WriteFile `json:"write_files"`
+	Runcmd        [][]string  `json:"runcmd"`
+}
+
+// WriteFile is one of a CloudConfig's files.
+type WriteFile struct {
+	Path        string `json:"path"`
+	Permissions string `json:"permissions"`
+	Content     string `json:"content"`
+}
+
+// VMParams are what a VM's cloud-init needs.
+type VMParams struct {
+	// Owner is the Proxy's namespace/name; Port its spec.port.
+	Owner string
+	Port  int32
+	// AllowedSources are the provider's firewall source ranges.
+	AllowedSources []string
+	// LeaseKey is the proxy's own lease key file (never the password).
+	LeaseKey string
+}
+
+// VMCloudInit is the user-data of a VM whose Proxy brings none, on any
+// cloud: Squid with the per-lease credentials check and the source ranges
+// of the provider's firewall, CONNECT to 443 only and VMDeniedDestinations
+// refused. Errors are the parameters' (a bad range), for the Proxy's status.
+func VMCloudInit(p VMParams) (string, error) {
+	conf, err := Render(Params{
+		Owner:              p.Owner,
+		Port:               p.Port,
+		AllowedSources:     p.AllowedSources,
+		DeniedDestinations: VMDeniedDestinations,
+		AuthHelper:         VMLeaseAuth,
+		KeyFile:            VMLeaseKey,
+		RevokedFile:        VMRevokedFile,
+	})
+	if err != nil {
+		return "", err
+	}
+	doc, err := yaml.Marshal(CloudConfig{
+		PackageUpdate: true,
+		Packages:      []string{"squid"},
+		WriteFiles: []WriteFile{
+			{Path: VMStagingDir + "/squid.conf", Permissions: "0600", Content: conf},
+			{Path: VMStagingDir + "/lease.key", Permissions: "0600", Content: p.LeaseKey},
+			{Path: VMStagingDir + "/lease-auth.pl", Permissions: "0600", Content: LeaseAuthHelper},
+		},
+		Runcmd: [][]string{
+			{"install", "-o", "root", "-g", "root", "-m", "0644", VMStagingDir + "/squid.conf", VMSquidConf},
+			// proxy is Debian's squid user (uid 13), present in every image.
+			{"install", "-o", "root", "-g", "proxy", "-m", "0640", VMStagingDir + "/lease.key", VMLeaseKey},
+			{"install", "-D", "-o", "root", "-g", "root", "-m", "0755", VMStagingDir + "/lease-auth.pl", VMLeaseAuth},
+			{"rm", "-rf", VMStagingDir},
+			{"systemctl", "enable", "squid"},
+			{"systemctl", "restart", "squid"},
+		},
+	})
+	if err != nil {
+		return "", fmt.Errorf("encoding the cloud-init of %s: %w", p.Owner, err)
+	}
+	return fmt.Sprintf("#cloud-config\n# Rendered by egress-proxies-operator for Proxy %s: set spec.cloudInit to bring your own.\n%s",
+		p.Owner, strings.TrimPrefix(string(doc), "---\n")), nil
+}

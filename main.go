@@ -142,6 +142,22 @@ var providerRegistry = providers.Registry{
 	aws.Type:        aws.New,
 }
 
+// cloudTypes are the provider types that run proxies on a public cloud's
+// network: a Managed proxy of one carries its type as the discovery
+// attribute cloud, since sites block whole clouds by ASN.
+var cloudTypes = map[string]bool{gcp.Type: true, aws.Type: true}
+
+// cloudsOf maps each provider instance on a cloud to that cloud.
+func cloudsOf(cfg providers.Config) map[string]string {
+	out := map[string]string{}
+	for _, inst := range cfg.Providers {
+		if cloudTypes[inst.Type] {
+			out[inst.Name] = inst.Type
+		}
+	}
+	return out
+}
+
 // run starts the operator and blocks until ctx ends. Every check that needs
 // no cluster (flags, the providers file, the probe CAs) runs before
 // connecting, so a bad command line fails fast and offline.

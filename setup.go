@@ -50,8 +50,10 @@ type wiring struct {
 	restConfig *rest.Config
 	mgr        manager.Manager
 	providers  providers.Set
-	owner      providers.Owner
-	recorder   events.EventRecorder
+	// clouds: each provider instance on a cloud -> that cloud (its type).
+	clouds   map[string]string
+	owner    providers.Owner
+	recorder events.EventRecorder
 	// credentialsCache holds only Secrets labelled
 	// crawl.example.com/proxy-credentials=true: in the watched namespaces
 	// (the ones Proxies name) and the credentials namespace (the generated
@@ -88,7 +90,7 @@ func newWiring(ctx context.Context, opts options, providersConfig providers.Conf
 		return nil, fmt.Errorf("adding the credentials cache: %w", err)
 	}
 	return &wiring{
-		opts: opts, restConfig: restConfig, mgr: mgr, providers: set, owner: opts.identity.Owner(),
+		opts: opts, restConfig: restConfig, mgr: mgr, providers: set, clouds: cloudsOf(providersConfig), owner: opts.identity.Owner(),
 		recorder: mgr.GetEventRecorder("egress-proxies-operator"), credentialsCache: credentialsCache,
 	}, nil
 }
@@ -188,6 +190,7 @@ func (w *wiring) setupPools(demand pool.DemandSource) error {
 func (w *wiring) setupDiscovery(ctx context.Context, engine *health.Engine) (*discovery.Server, error) {
 	d := w.opts.discovery
 	view := discovery.NewView(engineHealth{engine}, w.opts.identity.CredentialsNamespace)
+	view.SetClouds(w.clouds)
 	policies, quotas := discovery.NewPolicyIndex(), discovery.NewQuotaIndex()
 	var synced []func() bool
 	for _, feed := range []struct {

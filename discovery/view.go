@@ -68,6 +68,8 @@ type View struct {
 	onMove func(id string)
 
 	attributeSets attributeSets
+	// clouds: provider instance -> its cloud (SetClouds).
+	clouds map[string]string
 
 	mu         sync.RWMutex
 	entries    map[string]*entry
@@ -86,6 +88,11 @@ type cachedCandidates struct {
 	viewGen, healthGen uint64
 	candidates         Candidates
 }
+
+// SetClouds names the cloud each provider instance runs in (its type, for
+// the clouds: gcp, aws), which Managed proxies carry as the attribute
+// cloud. Call it before the view's informer starts.
+func (v *View) SetClouds(clouds map[string]string) { v.clouds = clouds }
 
 // NewView returns an empty view; feed it with Handler. credentialsNamespace
 // is the operator's namespace, where Managed proxies' credentials are kept.
@@ -114,7 +121,7 @@ func (v *View) upsert(obj any) {
 	if !ok {
 		return
 	}
-	e := entryOf(p, &v.attributeSets)
+	e := entryOf(p, &v.attributeSets, v.clouds)
 	ref, hasCreds := credentials.RefFor(p, v.credentialsNamespace)
 	e.creds, e.hasCreds = unique.Make(ref), hasCreds
 	e.lastIP = e.ip
@@ -150,19 +157,24 @@ func (v *View) remove(id string) {
 	v.generation++
 }
 
-// Derived attribute keys, reserved in spec.attributes by the CRD.
+// Derived attribute keys, reserved in spec.attributes by the CRD (zone,
+// region and cloud for Managed proxies only: an External proxy declares
+// its own).
 const (
 	attrProvider = "provider"
 	attrMode     = "mode"
 	attrZone     = "zone"
 	attrRegion   = "region"
+	// attrCloud is the network a Managed proxy leaves from, as sites block
+	// whole clouds by ASN: its provider's type (gcp, aws).
+	attrCloud = "cloud"
 	// attrPool is the name of the ProxyPool a member belongs to, so
 	// crawlers lease from a pool by name.
 	attrPool = "pool"
 )
 
-func entryOf(p *crawlv1alpha1.Proxy, sets *attributeSets) *entry {
-	attrs := make(map[string]string, len(p.Spec.Attributes)+5)
+func entryOf(p *crawlv1alpha1.Proxy, sets *attributeSets, clouds map[string]string) *entry {
+	attrs := make(map[string]string, len(p.Spec.Attributes)+6)
 	for k, val := range p.Spec.Attributes {
 		attrs[k] = val
 	}
@@ -172,6 +184,9 @@ func entryOf(p *crawlv1alpha1.Proxy, sets *attributeSets) *entry {
 	}
 	if p.Spec.Provider != "" {
 		attrs[attrProvider] = p.Spec.Provider
+		if cloud := clouds[p.Spec.Provider]; cloud != "" {
+			attrs[attrCloud] = cloud
+		}
 	}
 	if pl := p.Spec.Placement; pl != nil {
 		if pl.Zone != "" {

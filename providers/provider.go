@@ -153,7 +153,23 @@ var (
 	// ErrTerminal means retrying cannot help until the spec or the provider
 	// config changes (bad placement, permission denied, quota).
 	ErrTerminal = errors.New("terminal provider error")
+	// ErrCapacity marks a terminal create refused for want of capacity
+	// where it asked (a full zone, no Spot capacity), and ErrQuota one
+	// refused by an account or project limit: retrying the same placement
+	// cannot help, another zone or a standard instance may.
+	ErrCapacity = errors.New("no capacity")
+	ErrQuota    = errors.New("quota exceeded")
 )
+
+// Capacity wraps a terminal error as a capacity refusal.
+func Capacity(format string, args ...any) error {
+	return fmt.Errorf("%w: %w", ErrCapacity, Terminal(format, args...))
+}
+
+// Quota wraps a terminal error as a quota refusal.
+func Quota(format string, args ...any) error {
+	return fmt.Errorf("%w: %w", ErrQuota, Terminal(format, args...))
+}
 
 // Terminal wraps a message as a terminal error; the message reaches the
 // Proxy's status, so it should tell the user what to change.
@@ -166,10 +182,14 @@ func Transient(err error) error {
 	return fmt.Errorf("%w: %w", ErrTransient, err)
 }
 
-// TerminalMessage is err's message without the ErrTerminal prefix, for
+// TerminalMessage is err's message without the error kinds' prefixes, for
 // conditions.
 func TerminalMessage(err error) string {
-	return strings.TrimPrefix(err.Error(), ErrTerminal.Error()+": ")
+	msg := err.Error()
+	for _, prefix := range []error{ErrCapacity, ErrQuota, ErrTerminal} {
+		msg = strings.TrimPrefix(msg, prefix.Error()+": ")
+	}
+	return msg
 }
 
 // maxInstanceName is the shortest name limit among providers: GCE's 63.

@@ -55,6 +55,7 @@ const (
 // +kubebuilder:validation:XValidation:rule="self.mode != 'Managed' || !has(self.external)",message="spec.external is forbidden when spec.mode is Managed: the provider assigns the address"
 // +kubebuilder:validation:XValidation:rule="self.mode != 'External' || !has(self.placement)",message="spec.placement is forbidden when spec.mode is External: only Managed proxies are placed"
 // +kubebuilder:validation:XValidation:rule="self.mode != 'External' || !has(self.cloudInit)",message="spec.cloudInit is forbidden when spec.mode is External: only Managed proxies are provisioned"
+// +kubebuilder:validation:XValidation:rule="self.mode != 'Managed' || !has(self.attributes) || !self.attributes.exists(k, k in ['zone', 'region', 'cloud'])",message="spec.attributes must not set zone, region or cloud on a Managed proxy: the operator derives them from its placement and provider (an External proxy may declare them)"
 // +kubebuilder:validation:XValidation:rule="self.mode != 'External' || !has(self.credentials)",message="spec.credentials is forbidden when spec.mode is External: declare an External proxy's credentials in spec.external.credentials"
 type ProxySpec struct {
 	// mode is Managed (the operator provisions the proxy through spec.provider)
@@ -84,14 +85,17 @@ type ProxySpec struct {
 
 	// attributes are free-form labels that crawler clients select proxies by
 	// through the discovery API, for example geo: eu or tier: residential.
-	// The keys healthy, provider, mode, zone, region and pool are reserved:
-	// the operator derives them (pool is the name of the ProxyPool a member
-	// belongs to).
+	// The keys healthy, provider, mode and pool are reserved: the operator
+	// derives them (pool is the name of the ProxyPool a member belongs to).
+	// So are zone, region and cloud for a Managed proxy, which the operator
+	// derives from its placement and provider; an External proxy may
+	// declare them, so one selector spans Managed and External proxies of
+	// a region.
 	// +optional
 	// +kubebuilder:validation:MaxProperties=32
 	// +kubebuilder:validation:XValidation:rule="self.all(k, size(k) <= 63 && k.matches('^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$'))",message="spec.attributes keys must be 1-63 characters of letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
 	// +kubebuilder:validation:XValidation:rule="self.all(k, size(self[k]) <= 253)",message="spec.attributes values must be at most 253 characters"
-	// +kubebuilder:validation:XValidation:rule="!self.exists(k, k in ['healthy', 'provider', 'mode', 'zone', 'region', 'pool'])",message="spec.attributes must not set the reserved keys healthy, provider, mode, zone, region or pool: the operator derives them"
+	// +kubebuilder:validation:XValidation:rule="!self.exists(k, k in ['healthy', 'provider', 'mode', 'pool'])",message="spec.attributes must not set the reserved keys healthy, provider, mode or pool: the operator derives them"
 	Attributes map[string]string `json:"attributes,omitempty"`
 
 	// placement says where a Managed proxy runs. Which fields are required

@@ -93,8 +93,12 @@ func TestProxyValidation(t *testing.T) {
 				"spec.cloudInit must set exactly one of inline or secretRef"},
 			{"Secret cloud-init without a name", "mode: Managed\nprovider: kind-local\ncloudInit: {secretRef: {key: user-data}}",
 				"spec.cloudInit.secretRef.name: Required value"},
-			{"reserved attribute", "mode: Managed\nprovider: kind-local\nattributes: {zone: eu}",
-				"spec.attributes must not set the reserved keys"},
+			{"reserved attribute", "mode: External\nexternal: {address: 127.0.0.1}\nattributes: {pool: eu}",
+				"spec.attributes must not set the reserved keys healthy, provider, mode or pool"},
+			{"a Managed proxy's zone attribute", "mode: Managed\nprovider: kind-local\nattributes: {zone: eu}",
+				"spec.attributes must not set zone, region or cloud on a Managed proxy"},
+			{"a Managed proxy's cloud attribute", "mode: Managed\nprovider: kind-local\nattributes: {cloud: aws}",
+				"spec.attributes must not set zone, region or cloud on a Managed proxy"},
 			{"bad attribute key", "mode: Managed\nprovider: kind-local\nattributes: {'-geo': eu}",
 				"spec.attributes keys must be 1-63 characters"},
 			{"plain-http probe URL", "mode: Managed\nprovider: kind-local\nhealthCheck: {url: 'http://example.com/'}",
@@ -137,6 +141,10 @@ func TestProxyValidation(t *testing.T) {
 				assert.Equal(t, int32(3128), p.Spec.Port)
 				assert.Equal(t, int32(0), p.Spec.External.Port, "external.port stays unset: spec.port applies")
 			}},
+			{"External declaring its zone, region and cloud", "mode: External\nexternal: {address: proxy-2.example.com}\nattributes: {zone: eu-west-1a, region: eu-west-1, cloud: aws}",
+				func(t *testing.T, p *crawlv1alpha1.Proxy) {
+					assert.Equal(t, "eu-west-1", p.Spec.Attributes["region"], "an External proxy declares where it is")
+				}},
 			{"External by IPv6 address", "mode: External\nexternal: {address: '::1', port: 8080}", func(t *testing.T, p *crawlv1alpha1.Proxy) {
 				assert.Equal(t, int32(8080), p.Spec.External.Port)
 			}},

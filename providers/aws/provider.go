@@ -449,14 +449,6 @@ var (
 	retryCodes    = []string{"RequestLimitExceeded", "Unavailable", "InternalError", "ServiceUnavailable"}
 )
 
-// ErrCapacity marks a create refused for want of capacity in the zone (or
-// of Spot capacity), ErrQuota one refused by an account limit: both
-// terminal for this placement, and what a pool places elsewhere for.
-var (
-	ErrCapacity = errors.New("no capacity")
-	ErrQuota    = errors.New("quota exceeded")
-)
-
 // classify maps an API error to the provider error kinds: not found; 5xx,
 // throttling and transport errors transient; capacity and quota terminal
 // and marked so; other 4xx terminal, with EC2's message.
@@ -473,9 +465,9 @@ func classify(err error) error {
 	case slices.Contains(retryCodes, code) || errors.As(err, &status) && status.HTTPStatusCode() >= http.StatusInternalServerError:
 		return providers.Transient(err)
 	case slices.Contains(capacityCodes, code):
-		return fmt.Errorf("%w: %w", ErrCapacity, providers.Terminal("%s: %s", code, apiErr.ErrorMessage()))
+		return providers.Capacity("%s: %s", code, apiErr.ErrorMessage())
 	case slices.Contains(quotaCodes, code):
-		return fmt.Errorf("%w: %w", ErrQuota, providers.Terminal("quota exceeded: %s: %s", code, apiErr.ErrorMessage()))
+		return providers.Quota("quota exceeded: %s: %s", code, apiErr.ErrorMessage())
 	}
 	return providers.Terminal("%s: %s", code, apiErr.ErrorMessage())
 }

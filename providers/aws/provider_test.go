@@ -288,7 +288,7 @@ func TestCapacityQuotaAndOutagesAreToldApart(t *testing.T) {
 	ctx := context.Background()
 	fake.SetZoneFull("eu-west-1b", true)
 	err := p.Create(ctx, createRequest(awsProxy(), "hash-1"))
-	require.ErrorIs(t, err, ErrCapacity)
+	require.ErrorIs(t, err, providers.ErrCapacity)
 	require.ErrorIs(t, err, providers.ErrTerminal, "the zone is full: not this call's to retry")
 	assert.Contains(t, err.Error(), "InsufficientInstanceCapacity")
 	fake.SetZoneFull("eu-west-1b", false)
@@ -296,7 +296,7 @@ func TestCapacityQuotaAndOutagesAreToldApart(t *testing.T) {
 	fake.SetInstanceLimit(1)
 	require.NoError(t, p.Create(ctx, createRequest(awsProxy(), "hash-1")))
 	err = p.Create(ctx, createRequest(awsProxy(func(p *crawlv1alpha1.Proxy) { p.Name, p.UID = "eu-2", "uid-2" }), "hash-1"))
-	require.ErrorIs(t, err, ErrQuota)
+	require.ErrorIs(t, err, providers.ErrQuota)
 	assert.Contains(t, err.Error(), "quota exceeded: InstanceLimitExceeded")
 
 	fake.SetDown(true)

@@ -488,7 +488,7 @@ func classify(err error) error {
 	case errors.As(err, &gerr) && (gerr.Code == http.StatusTooManyRequests || gerr.Code >= 500 || isRateLimit(gerr)):
 		return providers.Transient(err)
 	case errors.As(err, &gerr) && isQuota(gerr):
-		return providers.Terminal("quota exceeded: %s", gerr.Message)
+		return providers.Quota("quota exceeded: %s", gerr.Message)
 	case errors.As(err, &gerr):
 		return providers.Terminal("%s (HTTP %d)", gerr.Message, gerr.Code)
 	default:
@@ -524,18 +524,26 @@ func isRateLimit(gerr *googleapi.Error) bool {
 	return false
 }
 
+// capacityCodes are the insert operation errors of a zone without room:
+// another zone, or a standard VM for a Spot one, may have it.
+var capacityCodes = []string{"ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "RESOURCE_POOL_EXHAUSTED"}
+
 // operationError reports a failed insert operation; GCE returns it again for
 // every retry with the same requestId, so it is terminal until the spec
 // changes.
 func operationError(name string, opErr *computepb.Error) error {
 	var msgs []string
-	quota := false
+	quota, capacity := false, false
 	for _, e := range opErr.GetErrors() {
 		msgs = append(msgs, e.GetCode()+": "+e.GetMessage())
 		quota = quota || strings.Contains(e.GetCode(), "QUOTA")
+		capacity = capacity || slices.Contains(capacityCodes, e.GetCode())
 	}
-	if quota {
-		return providers.Terminal("quota exceeded creating VM %s: %s", name, strings.Join(msgs, "; "))
+	switch {
+	case quota:
+		return providers.Quota("quota exceeded creating VM %s: %s", name, strings.Join(msgs, "; "))
+	case capacity:
+		return providers.Capacity("no capacity for VM %s: %s", name, strings.Join(msgs, "; "))
 	}
 	return providers.Terminal("creating VM %s failed: %s", name, strings.Join(msgs, "; "))
 }

@@ -337,9 +337,11 @@ func TestErrorMapping(t *testing.T) {
 		{"400 on insert: terminal", fakecompute.Fault{Method: "insert", Status: http.StatusBadRequest, Reason: "invalid",
 			Message: "Invalid value for field 'resource.machineType'"}, "create", providers.ErrTerminal, "Invalid value for field 'resource.machineType'"},
 		{"quota on insert: named as such", fakecompute.Fault{Method: "insert", Status: http.StatusForbidden, Reason: "quotaExceeded",
-			Message: "Quota 'CPUS' exceeded. Limit: 8.0 in region europe-west1."}, "create", providers.ErrTerminal, "quota exceeded: Quota 'CPUS' exceeded"},
+			Message: "Quota 'CPUS' exceeded. Limit: 8.0 in region europe-west1."}, "create", providers.ErrQuota, "quota exceeded: Quota 'CPUS' exceeded"},
 		{"quota failing the insert operation: named as such", fakecompute.Fault{Method: "insert", OperationError: "QUOTA_EXCEEDED",
-			Message: "Quota 'IN_USE_ADDRESSES' exceeded."}, "create", providers.ErrTerminal, "quota exceeded creating VM"},
+			Message: "Quota 'IN_USE_ADDRESSES' exceeded."}, "create", providers.ErrQuota, "quota exceeded creating VM"},
+		{"a full zone failing the insert operation: no capacity", fakecompute.Fault{Method: "insert", OperationError: "ZONE_RESOURCE_POOL_EXHAUSTED",
+			Message: "The zone 'projects/crawl-prod/zones/europe-west1-b' does not have enough resources available to fulfill the request."}, "create", providers.ErrCapacity, "no capacity for VM"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

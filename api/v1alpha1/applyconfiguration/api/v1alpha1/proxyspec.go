@@ -27,9 +27,12 @@ type ProxySpecApplyConfiguration struct {
 	Port *int32 `json:"port,omitempty"`
 	// attributes are free-form labels that crawler clients select proxies by
 	// through the discovery API, for example geo: eu or tier: residential.
-	// The keys healthy, provider, mode, zone, region and pool are reserved:
-	// the operator derives them (pool is the name of the ProxyPool a member
-	// belongs to).
+	// The keys healthy, provider, mode and pool are reserved: the operator
+	// derives them (pool is the name of the ProxyPool a member belongs to).
+	// So are zone, region and cloud for a Managed proxy, which the operator
+	// derives from its placement and provider; an External proxy may
+	// declare them, so one selector spans Managed and External proxies of
+	// a region.
 	Attributes map[string]string `json:"attributes,omitempty"`
 	// placement says where a Managed proxy runs. Which fields are required
 	// depends on the provider (gcp needs zone, machineType and image unless

@@ -39,3 +39,32 @@ func TestPoolStrategyValidation(t *testing.T) {
 		})
 	}
 }
+
+// TestPoolProvidersValidation: a pool across providers gives each member
+// its provider and zone, so what would contradict that is refused.
+func TestPoolProvidersValidation(t *testing.T) {
+	env := testenv.Start(t)
+	ctx := context.Background()
+	pool := func(rest string) string {
+		return "replicas: 6\ntemplate:\n  spec: {mode: Managed, provider: gcp-eu}\n" + rest
+	}
+	for _, tc := range []struct{ name, spec, want string }{
+		{"zones beside providers", pool("zones: [a]\nproviders: [{name: gcp-eu}]"), "spec.zones is forbidden when spec.providers is set"},
+		{"a template provider not listed", pool("providers: [{name: aws-eu}]"), "spec.template.spec.provider must be one of spec.providers"},
+		{"every weight 0", pool("providers: [{name: gcp-eu, weight: 0}, {name: aws-eu, weight: 0}]"), "spec.providers needs a provider of weight above 0"},
+		{"a template zone", "replicas: 2\ntemplate:\n  spec: {mode: Managed, provider: gcp-eu, placement: {zone: b}}\nproviders: [{name: gcp-eu}]",
+			"spec.template.spec.placement.zone is forbidden when spec.zones or spec.providers is set"},
+		{"a provider twice", pool("providers: [{name: gcp-eu}, {name: gcp-eu}]"), "Duplicate value"},
+		{"a weight above 100", pool("providers: [{name: gcp-eu, weight: 101}]"), "spec.providers[0].weight"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := env.Client.Create(ctx, objectFromSpec(t, "ProxyPool", "pool", tc.spec))
+			require.Error(t, err, "the API server accepted it")
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+	t.Run("accepted: two providers with weights and zones", func(t *testing.T) {
+		require.NoError(t, env.Client.Create(ctx, objectFromSpec(t, "ProxyPool", "pool",
+			pool("providers: [{name: gcp-eu, weight: 2, zones: [europe-west1-b, europe-west1-c]}, {name: aws-eu, zones: [eu-west-1a]}]"))))
+	})
+}

@@ -10,7 +10,10 @@ import (
 // every replacement (a template change, age recycling, a member Unhealthy
 // for too long) goes through.
 //
-// +kubebuilder:validation:XValidation:rule="!has(self.zones) || size(self.zones) == 0 || !has(self.template.spec.placement) || !has(self.template.spec.placement.zone)",message="spec.template.spec.placement.zone is forbidden when spec.zones is set: the pool gives each member its zone"
+// +kubebuilder:validation:XValidation:rule="((!has(self.zones) || size(self.zones) == 0) && (!has(self.providers) || size(self.providers) == 0)) || !has(self.template.spec.placement) || !has(self.template.spec.placement.zone)",message="spec.template.spec.placement.zone is forbidden when spec.zones or spec.providers is set: the pool gives each member its zone"
+// +kubebuilder:validation:XValidation:rule="!has(self.providers) || size(self.providers) == 0 || !has(self.zones) || size(self.zones) == 0",message="spec.zones is forbidden when spec.providers is set: list each provider's zones in its entry"
+// +kubebuilder:validation:XValidation:rule="!has(self.providers) || size(self.providers) == 0 || self.providers.exists(p, p.name == self.template.spec.provider)",message="spec.template.spec.provider must be one of spec.providers"
+// +kubebuilder:validation:XValidation:rule="!has(self.providers) || size(self.providers) == 0 || self.providers.exists(p, !has(p.weight) || p.weight > 0)",message="spec.providers needs a provider of weight above 0"
 // +kubebuilder:validation:XValidation:rule="!has(self.autoscaling) || self.autoscaling.minReplicas <= self.autoscaling.maxReplicas",message="spec.autoscaling.minReplicas must not exceed spec.autoscaling.maxReplicas"
 type ProxyPoolSpec struct {
 	// replicas is how many members the pool keeps, 0-1000. With
@@ -38,6 +41,21 @@ type ProxyPoolSpec struct {
 	// +kubebuilder:validation:items:MinLength=1
 	// +kubebuilder:validation:items:MaxLength=63
 	Zones []string `json:"zones,omitempty"`
+
+	// providers spread the members over several provider instances by
+	// weight (another cloud is another network: sites block whole clouds
+	// by ASN), and within each over its zones, as spec.zones does within
+	// one. Each member gets its provider in spec.provider and its zone in
+	// spec.placement.zone; the template's machine type and image, when
+	// set, apply to every provider, so leave them to each provider
+	// instance's defaults in a pool across clouds. Changing it moves
+	// members as changing spec.zones does. Empty: every member uses the
+	// template's provider.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=8
+	Providers []PoolProvider `json:"providers,omitempty"`
 
 	// maxAge is how old a member may grow before the pool replaces it (a
 	// rolling replacement, so the fleet's IPs rotate without anyone
@@ -80,6 +98,32 @@ type ProxyPoolSpec struct {
 	// of one of them.
 	// +optional
 	Autoscaling *PoolAutoscaling `json:"autoscaling,omitempty"`
+}
+
+// PoolProvider is one provider instance of a pool across providers.
+type PoolProvider struct {
+	// name of a provider instance in the operator's providers config.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	Name string `json:"name"`
+
+	// weight is this provider's share of the members, relative to the
+	// others' (0-100; 0 drains it). Default 1.
+	// +optional
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100
+	Weight *int32 `json:"weight,omitempty"`
+
+	// zones this provider's members are spread over evenly. Empty: its
+	// members are not placed in zones (the provider's default applies).
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=63
+	Zones []string `json:"zones,omitempty"`
 }
 
 // ProxyTemplate is what a pool's members are made from.

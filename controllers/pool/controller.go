@@ -232,7 +232,7 @@ func (r *Reconciler) carryOut(ctx context.Context, pool *crawlv1alpha1.ProxyPool
 			r.forgetMember(key, m.Name)
 			return fmt.Errorf("creating member %s of ProxyPool %s: %w", m.Name, key, err)
 		}
-		log.Info("member created", "member", m.Name, "zone", zone)
+		log.Info("member created", "member", m.Name, "provider", m.Spec.Provider, "zone", zone)
 	}
 	for _, ret := range d.Delete {
 		m := byName[ret.Name]
@@ -260,9 +260,9 @@ func causeText(cause string) string {
 	case CauseMaxAge:
 		return "older than spec.maxAge, its successor available"
 	case CauseZoneRemoved:
-		return "its zone is no longer in spec.zones"
+		return "its zone (or provider) is no longer in spec.zones (or spec.providers)"
 	case CauseZoneRebalance:
-		return "its zone has more members than its share"
+		return "its zone (or provider) has more members than its share"
 	}
 	return "the pool has more members than spec.replicas"
 }
@@ -303,8 +303,15 @@ func inputOf(pool *crawlv1alpha1.ProxyPool, replicas int32, members []crawlv1alp
 	if pool.Spec.MaxAge != nil {
 		in.MaxAge = pool.Spec.MaxAge.Duration
 	}
+	for _, p := range pool.Spec.Providers {
+		in.Providers = append(in.Providers, ProviderShare{Name: p.Name, Weight: int(ptr.Deref(p.Weight, 1)), Zones: p.Zones})
+	}
 	for i := range members {
-		in.Members = append(in.Members, memberOf(&members[i], hash))
+		m := memberOf(&members[i], hash)
+		if len(in.Providers) > 0 {
+			m.Zone = SlotOf(members[i].Spec.Provider, m.Zone)
+		}
+		in.Members = append(in.Members, m)
 	}
 	return in
 }
@@ -367,11 +374,16 @@ func TemplateHash(t *crawlv1alpha1.ProxyTemplate) string {
 	return hex.EncodeToString(sum[:])[:10]
 }
 
-// newMember is a Proxy made from the pool's template for one zone, named
-// from the pool, labelled with it and controlled by it; a Managed one
-// carries the instance-cleanup finalizer from its creation.
-func newMember(pool *crawlv1alpha1.ProxyPool, zone, hash string, scheme *runtime.Scheme) (*crawlv1alpha1.Proxy, error) {
+// newMember is a Proxy made from the pool's template for one slot (a zone,
+// or in a pool across providers a provider and zone), named from the
+// pool, labelled with it and controlled by it; a Managed one carries the
+// instance-cleanup finalizer from its creation.
+func newMember(pool *crawlv1alpha1.ProxyPool, slot, hash string, scheme *runtime.Scheme) (*crawlv1alpha1.Proxy, error) {
 	t := pool.Spec.Template
+	zone, provider := slot, ""
+	if len(pool.Spec.Providers) > 0 {
+		provider, zone, _ = strings.Cut(slot, "/")
+	}
 	p := &crawlv1alpha1.Proxy{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        pool.Name + "-" + utilrand.String(5),
@@ -386,6 +398,9 @@ func newMember(pool *crawlv1alpha1.ProxyPool, zone, hash string, scheme *runtime
 	}
 	p.Labels[crawlv1alpha1.LabelPool] = pool.Name
 	p.Labels[crawlv1alpha1.LabelPoolTemplateHash] = hash
+	if provider != "" {
+		p.Spec.Provider = provider
+	}
 	if zone != "" {
 		p.Labels[crawlv1alpha1.LabelZone] = zone
 		if p.Spec.Placement == nil {

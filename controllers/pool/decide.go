@@ -9,7 +9,9 @@ import (
 // Member is what decide needs to know of one Proxy of a pool.
 type Member struct {
 	Name string
-	// Zone the pool gave the member ("" when the pool has no zones).
+	// Zone is the member's slot: the zone the pool gave it ("" when the
+	// pool has no zones), or, in a pool across providers, its provider
+	// and zone (SlotOf).
 	Zone string
 	// Updated: made from the pool's current template.
 	Updated bool
@@ -35,7 +37,10 @@ type Member struct {
 // Input is a pool's desired shape, its members and the time.
 type Input struct {
 	Replicas int
-	Zones    []string
+	// Zones the members are spread over evenly; or, when Providers is
+	// set, each provider's share is spread over its zones.
+	Zones     []string
+	Providers []ProviderShare
 	// MaxSurge and MaxUnavailable are resolved to counts (see budget).
 	MaxSurge, MaxUnavailable int
 	// MaxAge zero: members are never recycled for age.
@@ -44,6 +49,37 @@ type Input struct {
 	MinReady      time.Duration
 	Members       []Member
 	Now           time.Time
+}
+
+// ProviderShare is one provider of a pool across providers: its weight
+// and its zones.
+type ProviderShare struct {
+	Name   string
+	Weight int
+	Zones  []string
+}
+
+// SlotOf is the slot of a member of a pool across providers: its provider
+// and zone.
+func SlotOf(provider, zone string) string { return provider + "/" + zone }
+
+// slots are the places members go, in listing order: the zones, or each
+// provider's zones (a provider without zones is one slot); none when the
+// pool has neither.
+func (in Input) slots() []string {
+	if len(in.Providers) == 0 {
+		return in.Zones
+	}
+	var out []string
+	for _, p := range in.Providers {
+		if len(p.Zones) == 0 {
+			out = append(out, SlotOf(p.Name, ""))
+		}
+		for _, z := range p.Zones {
+			out = append(out, SlotOf(p.Name, z))
+		}
+	}
+	return out
 }
 
 // Why a member is replaced or removed, counted in
@@ -66,7 +102,8 @@ type Retirement struct {
 
 // Decision is what one pass does, and the counts the status reports.
 type Decision struct {
-	// Create is one zone per member to create ("" for none).
+	// Create is one slot per member to create: its zone ("" for none),
+	// or its provider and zone (SlotOf).
 	Create []string
 	// Delete are the members to delete now.
 	Delete []Retirement
@@ -158,7 +195,7 @@ func replacementCause(in Input, m Member) string {
 		return CauseTemplateChanged
 	case in.MaxAge > 0 && !in.Now.Before(expiry(in, m)):
 		return CauseMaxAge
-	case len(in.Zones) > 0 && !slices.Contains(in.Zones, m.Zone):
+	case len(in.slots()) > 0 && !slices.Contains(in.slots(), m.Zone):
 		return CauseZoneRemoved
 	}
 	return ""
@@ -195,24 +232,96 @@ func sooner(a, b time.Duration) time.Duration {
 	return a
 }
 
-// zoneQuotas splits replicas over the zones, at most one apart. The zones
-// that have most members now take the odd ones, so a scale does not move
-// members between zones; ties go to the listing order. With no zones, one
-// quota of "" holds them all.
+// zoneQuotas splits replicas over the slots: over the zones at most one
+// apart, or first over the providers by weight, then over each one's
+// zones. The slots that have most members now take the odd ones, so a
+// scale does not move members between them; ties go to the listing order.
+// With no slots, one quota of "" holds them all.
 func zoneQuotas(in Input, kept map[string]int) map[string]int {
-	if len(in.Zones) == 0 {
-		return map[string]int{"": in.Replicas}
+	if len(in.Providers) == 0 {
+		if len(in.Zones) == 0 {
+			return map[string]int{"": in.Replicas}
+		}
+		return evenSplit(in.Replicas, in.Zones, kept)
 	}
-	zones := slices.Clone(in.Zones)
-	slices.SortStableFunc(zones, func(a, b string) int { return cmp.Compare(kept[b], kept[a]) })
-	quotas := make(map[string]int, len(zones))
-	for i, z := range zones {
-		quotas[z] = in.Replicas / len(zones)
-		if i < in.Replicas%len(zones) {
-			quotas[z]++
+	names := make([]string, len(in.Providers))
+	weights := make([]int, len(in.Providers))
+	keptBy := map[string]int{}
+	slotsOf := map[string][]string{}
+	for i, p := range in.Providers {
+		names[i], weights[i] = p.Name, p.Weight
+		for _, z := range orEmpty(p.Zones) {
+			slot := SlotOf(p.Name, z)
+			slotsOf[p.Name] = append(slotsOf[p.Name], slot)
+			keptBy[p.Name] += kept[slot]
+		}
+	}
+	quotas := map[string]int{}
+	for name, n := range weightedSplit(in.Replicas, names, weights, keptBy) {
+		for slot, q := range evenSplit(n, slotsOf[name], kept) {
+			quotas[slot] = q
 		}
 	}
 	return quotas
+}
+
+// evenSplit splits n over keys at most one apart, the odd ones to the keys
+// with most kept members, then in listing order.
+func evenSplit(n int, keys []string, kept map[string]int) map[string]int {
+	keys = slices.Clone(keys)
+	slices.SortStableFunc(keys, func(a, b string) int { return cmp.Compare(kept[b], kept[a]) })
+	quotas := make(map[string]int, len(keys))
+	for i, k := range keys {
+		quotas[k] = n / len(keys)
+		if i < n%len(keys) {
+			quotas[k]++
+		}
+	}
+	return quotas
+}
+
+// weightedSplit splits n over keys in proportion to their weights, by the
+// largest remainder; ties go to the keys with most kept members, then to
+// the listing order.
+func weightedSplit(n int, keys []string, weights []int, kept map[string]int) map[string]int {
+	total := 0
+	for _, w := range weights {
+		total += w
+	}
+	out := make(map[string]int, len(keys))
+	if total == 0 {
+		return out
+	}
+	type share struct {
+		key       string
+		remainder int
+		order     int
+	}
+	shares := make([]share, len(keys))
+	given := 0
+	for i, k := range keys {
+		out[k] = n * weights[i] / total
+		given += out[k]
+		shares[i] = share{key: k, remainder: n * weights[i] % total, order: i}
+	}
+	slices.SortStableFunc(shares, func(a, b share) int {
+		return cmp.Or(cmp.Compare(b.remainder, a.remainder), cmp.Compare(kept[b.key], kept[a.key]), cmp.Compare(a.order, b.order))
+	})
+	for i := 0; given < n && i < len(shares); i++ {
+		if shares[i].remainder > 0 {
+			out[shares[i].key]++
+			given++
+		}
+	}
+	return out
+}
+
+// orEmpty is zones, or the one empty zone of a provider without zones.
+func orEmpty(zones []string) []string {
+	if len(zones) == 0 {
+		return []string{""}
+	}
+	return zones
 }
 
 // markSurplus gives a cause to the members beyond their zone's quota (the
@@ -255,7 +364,7 @@ func markSurplus(in Input, live []candidate) (map[string][]*candidate, map[strin
 // the surge: at most replicas + maxSurge live members.
 func zonesToCreate(in Input, quotas map[string]int, kept map[string][]*candidate, live int) []string {
 	deficit := map[string]int{}
-	order := in.Zones
+	order := in.slots()
 	if len(order) == 0 {
 		order = []string{""}
 	}

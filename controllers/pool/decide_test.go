@@ -257,6 +257,39 @@ func TestDecide(t *testing.T) {
 			wantCounts: [5]int{2, 2, 2, 2, 0},
 		},
 		{
+			name: "a pool of 6 over two providers of equal weight, each with its zones, is created 3/3 and spread within each",
+			in: Input{Replicas: 6, MaxSurge: 1, Providers: []ProviderShare{
+				{Name: "gcp-eu", Weight: 1, Zones: []string{"b", "c"}}, {Name: "aws-eu", Weight: 1, Zones: []string{"1a"}}}},
+			wantCreate: []string{"aws-eu/1a", "gcp-eu/b", "aws-eu/1a", "gcp-eu/b", "gcp-eu/c", "aws-eu/1a"},
+		},
+		{
+			name: "weights 2:1 give 4 and 2 of 6; a provider without zones is one slot",
+			in: Input{Replicas: 6, MaxSurge: 1, Providers: []ProviderShare{
+				{Name: "gcp-eu", Weight: 2, Zones: []string{"b", "c"}}, {Name: "aws-eu", Weight: 1}}},
+			wantCreate: []string{"gcp-eu/b", "gcp-eu/c", "aws-eu/", "gcp-eu/b", "gcp-eu/c", "aws-eu/"},
+		},
+		{
+			name: "a drained provider (weight 0) gives its members to the others, its successors first",
+			in: Input{Replicas: 4, MaxSurge: 1, Providers: []ProviderShare{{Name: "gcp-eu", Weight: 1}, {Name: "aws-eu", Weight: 0}},
+				Members: concat(members("g", SlotOf("gcp-eu", ""), 2, nil), members("w", SlotOf("aws-eu", ""), 2, nil))},
+			wantCreate: []string{"gcp-eu/"},
+			wantCounts: [5]int{4, 4, 4, 4, 2},
+		},
+		{
+			name: "a provider removed from the list: its members are replaced on the others",
+			in: Input{Replicas: 2, MaxSurge: 1, Providers: []ProviderShare{{Name: "gcp-eu", Weight: 1}},
+				Members: concat(members("g", SlotOf("gcp-eu", ""), 1, nil), members("w", SlotOf("aws-eu", ""), 1, nil))},
+			wantCreate: []string{"gcp-eu/"},
+			wantCounts: [5]int{2, 2, 2, 2, 1},
+		},
+		{
+			name: "a pool across providers at its shares is settled",
+			in: Input{Replicas: 3, MaxSurge: 1, Providers: []ProviderShare{{Name: "gcp-eu", Weight: 2}, {Name: "aws-eu", Weight: 1}},
+				Members: concat(members("g", SlotOf("gcp-eu", ""), 2, nil), members("w", SlotOf("aws-eu", ""), 1, nil))},
+			wantCounts: [5]int{3, 3, 3, 3, 0},
+			settled:    true,
+		},
+		{
 			name:       "a settled pool does nothing",
 			in:         Input{Replicas: 6, Zones: zones, MaxSurge: 1, Members: concat(members("a", "a", 2, nil), members("b", "b", 2, nil), members("c", "c", 2, nil))},
 			wantCounts: [5]int{6, 6, 6, 6, 0},

@@ -36,10 +36,10 @@ func TestTheAPIServerAcceptsEveryManifest(t *testing.T) {
 	}
 
 	sources := map[string]objects{}
-	for _, dir := range []string{"overlays/kind", "overlays/gcp-eu", "overlays/gcp-us"} {
+	for _, dir := range []string{"overlays/kind", "overlays/gcp-eu", "overlays/gcp-us", "overlays/aws-eu"} {
 		sources[dir] = build(t, dir)
 	}
-	for _, values := range []string{"values-gcp-eu.yaml", "values-gcp-us.yaml"} {
+	for _, values := range []string{"values-gcp-eu.yaml", "values-gcp-us.yaml", "values-aws-eu.yaml"} {
 		sources["chart with "+values] = chartInstall{valuesFiles: []string{values}, apiVersions: []string{serviceMonitorAPI}}.mustRender(t).objects
 	}
 	sources["chart with defaults"] = chartInstall{}.mustRender(t).objects

@@ -125,12 +125,13 @@ func cmpOr(s, def string) string {
 
 func TestChartRendersForEachRegion(t *testing.T) {
 	for _, tc := range []struct {
-		values, provider, gsa string
-		tokenCreated          bool // every region's values do; TestChartAuth covers the rest
+		values, provider, gsa, role string
+		tokenCreated                bool // every region's values do; TestChartAuth covers the rest
 	}{
-		{"", "kind-local", "", true},
-		{"values-gcp-eu.yaml", "gcp-eu", "egress-proxies-operator@my-crawl-project.iam.gserviceaccount.com", true},
-		{"values-gcp-us.yaml", "gcp-us", "egress-proxies-operator@my-crawl-project.iam.gserviceaccount.com", true},
+		{"", "kind-local", "", "", true},
+		{"values-gcp-eu.yaml", "gcp-eu", "egress-proxies-operator@my-crawl-project.iam.gserviceaccount.com", "", true},
+		{"values-gcp-us.yaml", "gcp-us", "egress-proxies-operator@my-crawl-project.iam.gserviceaccount.com", "", true},
+		{"values-aws-eu.yaml", "aws-eu", "", "arn:aws:iam::111122223333:role/egress-proxies-operator", true},
 	} {
 		t.Run(cmpOr(tc.values, "defaults"), func(t *testing.T) {
 			in := chartInstall{}
@@ -153,6 +154,7 @@ func TestChartRendersForEachRegion(t *testing.T) {
 			require.True(t, r.objects.one(t, "ServiceAccount", &sa))
 			assert.Equal(t, deploy.Spec.Template.Spec.ServiceAccountName, sa.Name)
 			assert.Equal(t, tc.gsa, sa.Annotations["iam.gke.io/gcp-service-account"], "the Workload Identity annotation")
+			assert.Equal(t, tc.role, sa.Annotations["eks.amazonaws.com/role-arn"], "the IRSA annotation")
 
 			flag := managerArg(t, deploy, "--discovery-token-secret")
 			var secret corev1.Secret
@@ -503,7 +505,10 @@ func TestChartSchemaRejectsBadValues(t *testing.T) {
 		{"replacement period not a duration", map[string]any{"operator": map[string]any{"healing": map[string]any{"unhealthyReplaceAfter": "never"}}}, "/operator/healing/unhealthyReplaceAfter"},
 		{"extra arg without dashes", map[string]any{"operator": map[string]any{"extraArgs": []any{"enable-http2"}}}, "/operator/extraArgs/0"},
 		{"bad pull policy", map[string]any{"image": map[string]any{"pullPolicy": "Sometimes"}}, "/image/pullPolicy"},
-		{"unknown provider type", map[string]any{"providers": []any{map[string]any{"name": "aws-eu", "type": "aws"}}}, "/providers/0/type"},
+		{"unknown provider type", map[string]any{"providers": []any{map[string]any{"name": "azure-eu", "type": "azure"}}}, "/providers/0/type"},
+		{"aws without settings", map[string]any{"providers": []any{map[string]any{"name": "aws-eu", "type": "aws"}}}, "settings"},
+		{"aws open to the world", map[string]any{"providers": []any{map[string]any{"name": "aws-eu", "type": "aws", "settings": map[string]any{
+			"region": "eu-west-1", "securityGroup": map[string]any{"sourceRanges": []any{"0.0.0.0/0"}}}}}}, "/providers/0/settings/securityGroup/sourceRanges/0"},
 		{"provider name not a DNS label", map[string]any{"providers": []any{map[string]any{"name": "GCP_EU", "type": "gcp", "settings": map[string]any{"project": "p"}}}}, "/providers/0/name"},
 		{"gcp without project", map[string]any{"providers": []any{map[string]any{"name": "gcp-eu", "type": "gcp", "settings": map[string]any{"zone": "europe-west1-b"}}}}, "project"},
 		{"unknown kubernetes setting", map[string]any{"providers": []any{map[string]any{"name": "local", "type": "kubernetes", "settings": map[string]any{"imag": "squid"}}}}, "imag"},
@@ -525,7 +530,7 @@ func TestChartSchemaRejectsBadValues(t *testing.T) {
 // TestChartLintStrict is `helm lint --strict`, with the defaults and with
 // each region's values.
 func TestChartLintStrict(t *testing.T) {
-	for _, values := range []string{"", "values-gcp-eu.yaml", "values-gcp-us.yaml"} {
+	for _, values := range []string{"", "values-gcp-eu.yaml", "values-gcp-us.yaml", "values-aws-eu.yaml"} {
 		t.Run(cmpOr(values, "defaults"), func(t *testing.T) {
 			vals := map[string]any{}
 			if values != "" {

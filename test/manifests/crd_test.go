@@ -47,7 +47,7 @@ func TestCRDCopiesAreTheGeneratedOne(t *testing.T) {
 			assert.Equal(t, want.Annotations["controller-gen.kubebuilder.io/version"], crd.Annotations["controller-gen.kubebuilder.io/version"], "%s: %s", what, name)
 		}
 	}
-	for _, dir := range []string{"config/default", "overlays/kind", "overlays/gcp-eu", "overlays/gcp-us"} {
+	for _, dir := range []string{"config/default", "overlays/kind", "overlays/gcp-eu", "overlays/gcp-us", "overlays/aws-eu"} {
 		check(dir, build(t, dir))
 	}
 	check("the chart", chartInstall{}.mustRender(t).objects)

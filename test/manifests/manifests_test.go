@@ -22,11 +22,13 @@ func TestOverlays(t *testing.T) {
 	for _, tc := range []struct {
 		dir, provider string
 		gcp           bool
+		role          string // the IRSA role, on AWS
 	}{
-		{"config/default", "kind-local", false},
-		{"overlays/kind", "kind-local", false},
-		{"overlays/gcp-eu", "gcp-eu", true},
-		{"overlays/gcp-us", "gcp-us", true},
+		{"config/default", "kind-local", false, ""},
+		{"overlays/kind", "kind-local", false, ""},
+		{"overlays/gcp-eu", "gcp-eu", true, ""},
+		{"overlays/gcp-us", "gcp-us", true, ""},
+		{"overlays/aws-eu", "aws-eu", false, "arn:aws:iam::111122223333:role/egress-proxies-operator"},
 	} {
 		t.Run(tc.dir, func(t *testing.T) {
 			m := build(t, tc.dir)
@@ -45,6 +47,7 @@ func TestOverlays(t *testing.T) {
 			require.True(t, m.one(t, "ServiceAccount", &sa))
 			assert.Equal(t, deploy.Spec.Template.Spec.ServiceAccountName, sa.Name)
 			gsa := sa.Annotations["iam.gke.io/gcp-service-account"]
+			assert.Equal(t, tc.role, sa.Annotations["eks.amazonaws.com/role-arn"], "the IRSA annotation")
 			var binding struct {
 				Spec struct {
 					Member      string `json:"member"`

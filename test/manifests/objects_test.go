@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
 	"github.com/example/egress-proxies-operator/providers"
+	"github.com/example/egress-proxies-operator/providers/aws"
 	"github.com/example/egress-proxies-operator/providers/gcp"
 	"github.com/example/egress-proxies-operator/providers/kubernetes"
 	"github.com/example/egress-proxies-operator/test/testenv"
@@ -123,6 +124,8 @@ func providerNames(t *testing.T, cm corev1.ConfigMap) []string {
 			settings = &kubernetes.Settings{}
 		case gcp.Type:
 			settings = &gcp.Settings{}
+		case aws.Type:
+			settings = &aws.Settings{}
 		default:
 			require.Failf(t, "unknown provider type", "%s: %q", inst.Name, inst.Type)
 		}

@@ -44,6 +44,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.PoolAutoscalingApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("PoolAutoscalingStatus"):
 		return &apiv1alpha1.PoolAutoscalingStatusApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("PoolProvider"):
+		return &apiv1alpha1.PoolProviderApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("PoolStrategy"):
 		return &apiv1alpha1.PoolStrategyApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("Proxy"):

@@ -235,6 +235,22 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: lastScaleTime
       type:
         namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
+- name: com.github.example.egress-proxies-operator.api.v1alpha1.PoolProvider
+  map:
+    fields:
+    - name: name
+      type:
+        scalar: string
+    - name: weight
+      type:
+        scalar: numeric
+      default: 1
+    - name: zones
+      type:
+        list:
+          elementType:
+            scalar: string
+          elementRelationship: associative
 - name: com.github.example.egress-proxies-operator.api.v1alpha1.PoolStrategy
   map:
     fields:
@@ -303,6 +319,14 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: minReadySeconds
       type:
         scalar: numeric
+    - name: providers
+      type:
+        list:
+          elementType:
+            namedType: com.github.example.egress-proxies-operator.api.v1alpha1.PoolProvider
+          elementRelationship: associative
+          keys:
+          - name
     - name: replicas
       type:
         scalar: numeric

@@ -27,6 +27,16 @@ type ProxyPoolSpecApplyConfiguration struct {
 	// provider the zone becomes a node constraint on
 	// topology.kubernetes.io/zone. Empty: members are not placed in zones.
 	Zones []string `json:"zones,omitempty"`
+	// providers spread the members over several provider instances by
+	// weight (another cloud is another network: sites block whole clouds
+	// by ASN), and within each over its zones, as spec.zones does within
+	// one. Each member gets its provider in spec.provider and its zone in
+	// spec.placement.zone; the template's machine type and image, when
+	// set, apply to every provider, so leave them to each provider
+	// instance's defaults in a pool across clouds. Changing it moves
+	// members as changing spec.zones does. Empty: every member uses the
+	// template's provider.
+	Providers []PoolProviderApplyConfiguration `json:"providers,omitempty"`
 	// maxAge is how old a member may grow before the pool replaces it (a
 	// rolling replacement, so the fleet's IPs rotate without anyone
 	// acting), at least 30s. Unset: members are never recycled for age.
@@ -79,6 +89,19 @@ func (b *ProxyPoolSpecApplyConfiguration) WithTemplate(value *ProxyTemplateApply
 func (b *ProxyPoolSpecApplyConfiguration) WithZones(values ...string) *ProxyPoolSpecApplyConfiguration {
 	for i := range values {
 		b.Zones = append(b.Zones, values[i])
+	}
+	return b
+}
+
+// WithProviders adds the given value to the Providers field in the declarative configuration
+// and returns the receiver, so that objects can be build by chaining "With" function invocations.
+// If called multiple times, values provided by each call will be appended to the Providers field.
+func (b *ProxyPoolSpecApplyConfiguration) WithProviders(values ...*PoolProviderApplyConfiguration) *ProxyPoolSpecApplyConfiguration {
+	for i := range values {
+		if values[i] == nil {
+			panic("nil value passed to WithProviders")
+		}
+		b.Providers = append(b.Providers, *values[i])
 	}
 	return b
 }

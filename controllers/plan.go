@@ -481,7 +481,12 @@ func providerFailure(err error, phase crawlv1alpha1.ProxyPhase) Action {
 		return Action{Type: ActionWait, Phase: phase, Reason: ReasonProviderTransient,
 			Message: fmt.Sprintf("provider unavailable, retrying: %v", err), Err: err}
 	}
-	if errors.Is(err, providers.ErrTerminal) {
+	switch {
+	case errors.Is(err, providers.ErrCapacity):
+		return fail(crawlv1alpha1.ReasonNoCapacity, providers.TerminalMessage(err))
+	case errors.Is(err, providers.ErrQuota):
+		return fail(crawlv1alpha1.ReasonQuotaExceeded, providers.TerminalMessage(err))
+	case errors.Is(err, providers.ErrTerminal):
 		return fail(ReasonProviderError, providers.TerminalMessage(err))
 	}
 	// An error of no known kind is retried: failing a Proxy on a bug or a

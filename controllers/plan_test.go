@@ -157,6 +157,10 @@ func TestPlan(t *testing.T) {
 			wantType: ActionWait, wantReason: ReasonProviderTransient, wantErr: true},
 		{name: "terminal Get error: fail", proxy: proxyFixture(), getErr: terminal,
 			wantType: ActionFail, wantPhase: crawlv1alpha1.PhaseFailed, wantReason: ReasonProviderError},
+		{name: "no capacity: fail, saying so (a pool places the member elsewhere)", proxy: proxyFixture(), getErr: providers.Capacity("ZONE_RESOURCE_POOL_EXHAUSTED"),
+			wantType: ActionFail, wantPhase: crawlv1alpha1.PhaseFailed, wantReason: crawlv1alpha1.ReasonNoCapacity},
+		{name: "quota: fail, saying so", proxy: proxyFixture(), getErr: providers.Quota("quota exceeded: InstanceLimitExceeded"),
+			wantType: ActionFail, wantPhase: crawlv1alpha1.PhaseFailed, wantReason: crawlv1alpha1.ReasonQuotaExceeded},
 		{name: "unclassified Get error: retried, not failed", proxy: proxyFixture(), getErr: errors.New("connection reset"),
 			wantType: ActionWait, wantReason: ReasonProviderError, wantErr: true},
 

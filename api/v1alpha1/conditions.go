@@ -34,6 +34,12 @@ const (
 	ReasonBanned = "Banned"
 	// ReasonBlockedOnHosts: the Banned condition's reason when True.
 	ReasonBlockedOnHosts = "BlockedOnHosts"
+	// ReasonNoCapacity and ReasonQuotaExceeded: the Provisioned reason of a
+	// Proxy whose create the provider refused for want of capacity where
+	// it asked (a full zone, no Spot capacity), or for an account or
+	// project limit. Its pool places a successor elsewhere.
+	ReasonNoCapacity    = "NoCapacity"
+	ReasonQuotaExceeded = "QuotaExceeded"
 )
 
 // CurrentBan is the Banned condition when it is True about the instance

@@ -320,6 +320,10 @@ const (
 	// ConditionScalingLimited is True when the autoscaler wanted more than
 	// maxReplicas or fewer than minReplicas.
 	ConditionScalingLimited = "ScalingLimited"
+	// ConditionPlacementLimited is True while a zone (or a provider) of the
+	// pool has no room for a new member (a create refused for capacity or
+	// quota): members go to the others until it is tried again.
+	ConditionPlacementLimited = "PlacementLimited"
 
 	// LabelPool names the ProxyPool a member belongs to.
 	LabelPool = "crawl.example.com/pool"

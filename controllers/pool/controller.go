@@ -75,6 +75,8 @@ type Reconciler struct {
 
 	lagOnce sync.Once
 	lag     *cachelag.Tracker
+	// full remembers the slots with no room (placement.go).
+	full fullSlots
 }
 
 // Reconcile performs one pass for one pool.
@@ -85,6 +87,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		if apierrors.IsNotFound(err) {
 			forgetMetrics(req.NamespacedName)
 			r.forgetPool(req.NamespacedName)
+			r.full.forget(req.NamespacedName)
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
@@ -125,7 +128,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 
 	hash := TemplateHash(&pool.Spec.Template)
 	in := inputOf(&pool, replicas, members, hash, now)
+	reopens := r.placeAround(&pool, status, &in, now)
 	d := decide(in)
+	d.Recheck = sooner(d.Recheck, reopens)
 	if err := r.carryOut(ctx, &pool, hash, d, members); err != nil {
 		return reconcile.Result{}, err
 	}
@@ -248,9 +253,34 @@ func (r *Reconciler) carryOut(ctx context.Context, pool *crawlv1alpha1.ProxyPool
 	return nil
 }
 
+// placeAround marks the slots of members refused for want of room as full
+// (an Event for each newly full one), gives decide the slots full now,
+// writes the PlacementLimited condition, and returns how soon the first
+// full slot opens again.
+func (r *Reconciler) placeAround(pool *crawlv1alpha1.ProxyPool, status *crawlv1alpha1.ProxyPoolStatus, in *Input, now time.Time) time.Duration {
+	key := client.ObjectKeyFromObject(pool)
+	for _, slot := range r.full.note(key, in.Members, now) {
+		r.Recorder.Eventf(pool, nil, corev1.EventTypeWarning, "PlacementFull", "Place",
+			"no room in %s (its provider refused a member for capacity or quota): new members go elsewhere for %s", slotText(slot), FullSlotBackoff)
+	}
+	full, first := r.full.current(key, now)
+	in.Full = full
+	fullSlotsGauge.WithLabelValues(pool.Namespace, pool.Name).Set(float64(len(full)))
+	if len(full) == 0 {
+		setCondition(status, pool.Generation, crawlv1alpha1.ConditionPlacementLimited, metav1.ConditionFalse, "RoomEverywhere",
+			"every zone and provider of the pool takes new members")
+		return 0
+	}
+	setCondition(status, pool.Generation, crawlv1alpha1.ConditionPlacementLimited, metav1.ConditionTrue, "NoRoom",
+		fmt.Sprintf("no room in %s (capacity or quota): new members go to the pool's other zones and providers until %s", fullText(full), first.UTC().Format(time.RFC3339)))
+	return first.Sub(now)
+}
+
 // causeText says a cause in words, for the Event.
 func causeText(cause string) string {
 	switch cause {
+	case CauseNoRoom:
+		return "its provider had no room for it there (capacity or quota); its successor goes elsewhere"
 	case CauseUnhealthy:
 		return "Unhealthy for longer than its replacement period, its successor available"
 	case CauseBanned:
@@ -352,6 +382,8 @@ func memberOf(p *crawlv1alpha1.Proxy, hash string) Member {
 	prov := meta.FindStatusCondition(p.Status.Conditions, crawlv1alpha1.ConditionProvisioned)
 	m.Sick = prov != nil && prov.Reason == crawlv1alpha1.ReasonUnhealthyTooLong && p.Status.Phase == crawlv1alpha1.PhaseReady
 	m.Banned = prov != nil && prov.Reason == crawlv1alpha1.ReasonBanned && p.Status.Phase == crawlv1alpha1.PhaseReady
+	m.NoRoom = prov != nil && p.Status.Phase == crawlv1alpha1.PhaseFailed &&
+		(prov.Reason == crawlv1alpha1.ReasonNoCapacity || prov.Reason == crawlv1alpha1.ReasonQuotaExceeded)
 	return m
 }
 

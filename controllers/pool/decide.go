@@ -3,6 +3,7 @@ package pool
 import (
 	"cmp"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -27,6 +28,9 @@ type Member struct {
 	// Banned: sites blocked it on enough hosts (the ban judge's Banned
 	// condition, as the Proxy reconciler marks it); its pool replaces it.
 	Banned bool
+	// NoRoom: its provider refused to create it for capacity or quota
+	// where the pool placed it; its pool places a successor elsewhere.
+	NoRoom bool
 	// Deleting: already on its way out; counted apart from the live ones.
 	Deleting bool
 	// Jitter in [0, 1), fixed per member: how much of the pool's age jitter
@@ -41,6 +45,9 @@ type Input struct {
 	// set, each provider's share is spread over its zones.
 	Zones     []string
 	Providers []ProviderShare
+	// Full are the slots with no room now: they keep the members they
+	// have, and the members they lack go to the others.
+	Full []string
 	// MaxSurge and MaxUnavailable are resolved to counts (see budget).
 	MaxSurge, MaxUnavailable int
 	// MaxAge zero: members are never recycled for age.
@@ -85,6 +92,7 @@ func (in Input) slots() []string {
 // Why a member is replaced or removed, counted in
 // proxy_operator_pool_replacements_total.
 const (
+	CauseNoRoom          = "NoRoom"
 	CauseUnhealthy       = "UnhealthyTooLong"
 	CauseBanned          = "Banned"
 	CauseTemplateChanged = "TemplateChanged"
@@ -187,6 +195,8 @@ func (d *Decision) count(c candidate) {
 // first; empty when it may stay.
 func replacementCause(in Input, m Member) string {
 	switch {
+	case m.NoRoom:
+		return CauseNoRoom
 	case m.Sick:
 		return CauseUnhealthy
 	case m.Banned:
@@ -265,6 +275,46 @@ func zoneQuotas(in Input, kept map[string]int) map[string]int {
 	return quotas
 }
 
+// withoutFull caps each full slot's quota at the members it keeps and
+// gives what it lacks to the open slots: the same provider's first, then
+// any, the one with the fewest first. With no open slot, the pool stays
+// short until a full one is tried again.
+func withoutFull(in Input, quotas, kept map[string]int) map[string]int {
+	if len(in.Full) == 0 {
+		return quotas
+	}
+	order := in.slots()
+	if len(order) == 0 {
+		order = []string{""}
+	}
+	provider := func(slot string) string { p, _, _ := strings.Cut(slot, "/"); return p }
+	for _, full := range order {
+		if !slices.Contains(in.Full, full) || quotas[full] <= kept[full] {
+			continue
+		}
+		excess := quotas[full] - kept[full]
+		quotas[full] = kept[full]
+		for ; excess > 0; excess-- {
+			best := ""
+			for _, slot := range order {
+				if slices.Contains(in.Full, slot) {
+					continue
+				}
+				same := len(in.Providers) > 0 && provider(slot) == provider(full)
+				bestSame := best != "" && len(in.Providers) > 0 && provider(best) == provider(full)
+				if best == "" || same && !bestSame || same == bestSame && quotas[slot] < quotas[best] {
+					best = slot
+				}
+			}
+			if best == "" {
+				break
+			}
+			quotas[best]++
+		}
+	}
+	return quotas
+}
+
 // evenSplit splits n over keys at most one apart, the odd ones to the keys
 // with most kept members, then in listing order.
 func evenSplit(n int, keys []string, kept map[string]int) map[string]int {
@@ -334,7 +384,7 @@ func markSurplus(in Input, live []candidate) (map[string][]*candidate, map[strin
 			counts[c.Zone]++
 		}
 	}
-	quotas := zoneQuotas(in, counts)
+	quotas := withoutFull(in, zoneQuotas(in, counts), counts)
 	byZone := map[string][]*candidate{}
 	for i := range live {
 		if c := &live[i]; c.cause == "" {

@@ -290,6 +290,39 @@ func TestDecide(t *testing.T) {
 			settled:    true,
 		},
 		{
+			name: "a member refused for room in zone b is replaced in another zone; b keeps the members it has",
+			in: Input{Replicas: 6, Zones: zones, MaxSurge: 1, Full: []string{"b"},
+				Members: concat(members("a", "a", 2, nil), members("b", "b", 1, nil), members("x", "b", 1, func(m *Member) { m.Ready, m.NoRoom = false, true }),
+					members("c", "c", 2, nil))},
+			wantCreate: []string{"a"},
+			wantCounts: [5]int{6, 5, 5, 6, 1},
+		},
+		{
+			name: "once its successor is available, the refused member goes",
+			in: Input{Replicas: 6, Zones: zones, MaxSurge: 1, Full: []string{"b"},
+				Members: concat(members("a", "a", 3, nil), members("b", "b", 1, nil), members("x", "b", 1, func(m *Member) { m.Ready, m.NoRoom = false, true }),
+					members("c", "c", 2, nil))},
+			wantDelete: []Retirement{{"x0", CauseNoRoom}},
+			wantCounts: [5]int{7, 6, 6, 7, 1},
+		},
+		{
+			name: "a full provider's share goes to its other zones first, then to the other providers",
+			in: Input{Replicas: 6, MaxSurge: 6, Full: []string{"gcp-eu/b"}, Providers: []ProviderShare{
+				{Name: "gcp-eu", Weight: 1, Zones: []string{"b", "c"}}, {Name: "aws-eu", Weight: 1, Zones: []string{"1a"}}}},
+			wantCreate: []string{"gcp-eu/c", "aws-eu/1a", "gcp-eu/c", "aws-eu/1a", "gcp-eu/c", "aws-eu/1a"},
+		},
+		{
+			name: "every zone of a provider full: its share goes to the other provider",
+			in: Input{Replicas: 4, MaxSurge: 4, Full: []string{"gcp-eu/b"}, Providers: []ProviderShare{
+				{Name: "gcp-eu", Weight: 1, Zones: []string{"b"}}, {Name: "aws-eu", Weight: 1, Zones: []string{"1a"}}}},
+			wantCreate: []string{"aws-eu/1a", "aws-eu/1a", "aws-eu/1a", "aws-eu/1a"},
+		},
+		{
+			name:       "everything full: nothing is created, and nobody is moved",
+			in:         Input{Replicas: 3, Zones: []string{"a"}, MaxSurge: 1, Full: []string{"a"}, Members: members("a", "a", 2, nil)},
+			wantCounts: [5]int{2, 2, 2, 2, 0},
+		},
+		{
 			name:       "a settled pool does nothing",
 			in:         Input{Replicas: 6, Zones: zones, MaxSurge: 1, Members: concat(members("a", "a", 2, nil), members("b", "b", 2, nil), members("c", "c", 2, nil))},
 			wantCounts: [5]int{6, 6, 6, 6, 0},

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/api/option"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -41,16 +42,12 @@ func TestMain(m *testing.M) {
 
 var zones = []string{"europe-west1-b", "europe-west1-c", "europe-west1-d"}
 
-// TestGCPPoolSpreadsAndRecycles runs the pool controller beside the real
-// Proxy reconciler and gcp provider, whose real Compute client talks to the
-// fake Compute API: a pool of 6 over three zones gets two VMs in each, and
-// with a maxAge every member is recycled (a new VM, the old one deleted)
-// while never fewer than 6 are available.
-//
-// Probes are not the subject here (the e2e suite probes real Squid through
-// real pods): a stand-in marks each Ready member's Healthy condition True
-// once its VM runs, as the engine would once its first probe passed.
-func TestGCPPoolSpreadsAndRecycles(t *testing.T) {
+// gcpPools runs the pool controller and the Proxy reconciler on the
+// shared API server, with the gcp provider's real Compute client talking to
+// a fake Compute API; it returns the fake, a client, a namespace of the
+// test's own and a context ending with the test.
+func gcpPools(t *testing.T) (*fakecompute.Server, client.Client, string, context.Context) {
+	t.Helper()
 	env := testenv.Shared(t)
 	fake := fakecompute.New(clock.RealClock{}, fakecompute.Timings{
 		Provisioning: 100 * time.Millisecond, Staging: 100 * time.Millisecond, Stopping: 100 * time.Millisecond,
@@ -87,6 +84,20 @@ func TestGCPPoolSpreadsAndRecycles(t *testing.T) {
 	c := env.Client
 	ns := env.Namespace(t)
 	go markHealthy(ctx, c, ns)
+	return fake, c, ns, ctx
+}
+
+// TestGCPPoolSpreadsAndRecycles runs the pool controller beside the real
+// Proxy reconciler and gcp provider, whose real Compute client talks to the
+// fake Compute API: a pool of 6 over three zones gets two VMs in each, and
+// with a maxAge every member is recycled (a new VM, the old one deleted)
+// while never fewer than 6 are available.
+//
+// Probes are not the subject here (the e2e suite probes real Squid through
+// real pods): a stand-in marks each Ready member's Healthy condition True
+// once its VM runs, as the engine would once its first probe passed.
+func TestGCPPoolSpreadsAndRecycles(t *testing.T) {
+	fake, c, ns, ctx := gcpPools(t)
 
 	p := &crawlv1alpha1.ProxyPool{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "eu"},
@@ -141,6 +152,59 @@ func TestGCPPoolSpreadsAndRecycles(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return apierrors.IsNotFound(c.Get(ctx, client.ObjectKeyFromObject(p), &crawlv1alpha1.ProxyPool{})) && len(fake.Instances()) == 0
 	}, 30*time.Second, 100*time.Millisecond, "deleting the pool deletes every member's VM")
+}
+
+// TestAFullZoneMovesMembersToTheNext: a zone whose inserts fail with
+// ZONE_RESOURCE_POOL_EXHAUSTED gets no member: the members refused there
+// are replaced in the pool's other zone, the pool says so (PlacementLimited,
+// a PlacementFull Event), and the full zone is not tried again in a loop.
+func TestAFullZoneMovesMembersToTheNext(t *testing.T) {
+	fake, c, ns, ctx := gcpPools(t)
+	const refusals = 1000
+	fake.Inject(fakecompute.Fault{Method: "insert", Zone: zones[1], OperationError: "ZONE_RESOURCE_POOL_EXHAUSTED",
+		Message: "The zone does not have enough resources available to fulfill the request.", Times: refusals})
+	p := &crawlv1alpha1.ProxyPool{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "full"},
+		Spec: crawlv1alpha1.ProxyPoolSpec{
+			Replicas: ptr.To[int32](4), Zones: zones[:2],
+			Strategy: crawlv1alpha1.PoolStrategy{MaxSurge: ptr.To(intstr.FromInt32(2))},
+			Template: crawlv1alpha1.ProxyTemplate{Spec: crawlv1alpha1.ProxySpec{
+				Mode: crawlv1alpha1.ModeManaged, Provider: "gcp-eu", Port: 3128,
+				Placement: &crawlv1alpha1.Placement{Region: "europe-west1"},
+			}},
+		},
+	}
+	require.NoError(t, c.Create(ctx, p))
+	require.Eventually(t, func() bool {
+		ms := listMembers(t, c, p)
+		return len(ms) == 4 && available(ms) == 4
+	}, 30*time.Second, 100*time.Millisecond, "4 members available in the zone with room")
+	assert.Equal(t, map[string]int{zones[0]: 4}, vmsPerZone(fake), "every VM in the zone with room")
+	var got crawlv1alpha1.ProxyPool
+	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(p), &got))
+	limited := meta.FindStatusCondition(got.Status.Conditions, crawlv1alpha1.ConditionPlacementLimited)
+	require.NotNil(t, limited)
+	assert.Equal(t, metav1.ConditionTrue, limited.Status)
+	assert.Contains(t, limited.Message, "zone "+zones[1])
+	require.Eventually(t, func() bool { return hasEvent(ctx, c, ns, "PlacementFull") }, 10*time.Second, 100*time.Millisecond, "a PlacementFull Event")
+	// Settled, and the full zone left alone: the two first members were
+	// refused there, and no insert tried it again.
+	tried := refusals - fake.PendingFaults()
+	assert.LessOrEqual(t, tried, 2, "the full zone was tried %d times: never in a loop", tried)
+}
+
+// hasEvent says whether an Event with reason was recorded in ns.
+func hasEvent(ctx context.Context, c client.Client, ns, reason string) bool {
+	var list eventsv1.EventList
+	if err := c.List(ctx, &list, client.InNamespace(ns)); err != nil {
+		return false
+	}
+	for _, e := range list.Items {
+		if e.Reason == reason {
+			return true
+		}
+	}
+	return false
 }
 
 func listMembers(t *testing.T, c client.Client, p *crawlv1alpha1.ProxyPool) []crawlv1alpha1.Proxy {

@@ -29,8 +29,12 @@ var (
 	}, []string{"namespace", "pool"})
 	replacementsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: operator.MetricsNamespace, Subsystem: "pool", Name: "replacements_total",
-		Help: "Members a ProxyPool retired, by cause (UnhealthyTooLong, Banned, TemplateChanged, MaxAge, ZoneRemoved, ZoneRebalance, ScaleDown).",
+		Help: "Members a ProxyPool retired, by cause (NoRoom, UnhealthyTooLong, Banned, TemplateChanged, MaxAge, ZoneRemoved, ZoneRebalance, ScaleDown).",
 	}, []string{"namespace", "pool", "cause"})
+	fullSlotsGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: operator.MetricsNamespace, Subsystem: "pool", Name: "full_slots",
+		Help: "Zones (or providers) of a ProxyPool that get no new member now: a create there was refused for capacity or quota.",
+	}, []string{"namespace", "pool"})
 )
 
 // Member states of proxy_operator_pool_members.
@@ -41,7 +45,7 @@ const (
 )
 
 func init() {
-	ctrlmetrics.Registry.MustRegister(membersGauge, desiredGauge, floorGauge, recyclingGauge, replacementsTotal)
+	ctrlmetrics.Registry.MustRegister(membersGauge, desiredGauge, floorGauge, recyclingGauge, replacementsTotal, fullSlotsGauge)
 }
 
 func recordMetrics(key types.NamespacedName, replicas int32, d Decision) {
@@ -57,7 +61,7 @@ func recordMetrics(key types.NamespacedName, replicas int32, d Decision) {
 // forgetMetrics drops a deleted pool's series.
 func forgetMetrics(key types.NamespacedName) {
 	l := prometheus.Labels{"namespace": key.Namespace, "pool": key.Name}
-	for _, v := range []*prometheus.GaugeVec{membersGauge, desiredGauge, floorGauge, recyclingGauge} {
+	for _, v := range []*prometheus.GaugeVec{membersGauge, desiredGauge, floorGauge, recyclingGauge, fullSlotsGauge} {
 		v.DeletePartialMatch(l)
 	}
 	replacementsTotal.DeletePartialMatch(l)

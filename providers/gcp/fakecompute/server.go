@@ -53,6 +53,9 @@ type Fault struct {
 	OperationError string
 	// Times is how many requests it affects; 0 means 1.
 	Times int
+	// Zone, when set, limits the fault to the requests for that zone (a
+	// zone out of capacity).
+	Zone string
 }
 
 // Server is a fake Compute Engine API.
@@ -239,7 +242,7 @@ func (s *Server) PutInstance(zone string, res *computepb.Instance, createdAt tim
 // --- handlers ---
 
 func (s *Server) insert(w http.ResponseWriter, r *http.Request) {
-	f, ok := s.begin(w, "insert")
+	f, ok := s.beginIn(w, "insert", r.PathValue("zone"))
 	if !ok {
 		return
 	}
@@ -413,12 +416,17 @@ func (s *Server) getOperation(w http.ResponseWriter, r *http.Request) {
 // fault answers here (ok false); a LoseReply or OperationError fault is
 // returned for the handler to apply.
 func (s *Server) begin(w http.ResponseWriter, method string) (*Fault, bool) {
+	return s.beginIn(w, method, "")
+}
+
+// beginIn is begin for a request about zone.
+func (s *Server) beginIn(w http.ResponseWriter, method, zone string) (*Fault, bool) {
 	s.mu.Lock()
 	s.requests[method]++
 	var hit *Fault
 	for i := range s.faults {
 		f := &s.faults[i]
-		if f.Times > 0 && (f.Method == "" || f.Method == method) {
+		if f.Times > 0 && (f.Method == "" || f.Method == method) && (f.Zone == "" || f.Zone == zone) {
 			f.Times--
 			copied := *f
 			hit = &copied

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"slices"
 
 	awssdk "github.com/aws/aws-sdk-go-v2/aws"
@@ -33,26 +32,10 @@ type SecurityGroupSettings struct {
 
 // validate names the first field at fault; it runs at startup.
 func (g *SecurityGroupSettings) validate() error {
-	if g == nil || len(g.SourceRanges) == 0 {
-		return errors.New("settings.securityGroup.sourceRanges is required: list the CIDRs your crawlers egress from (the operator opens the proxy port to them alone)")
+	if g == nil {
+		return providers.CheckIngress("settings.securityGroup", nil, nil)
 	}
-	var errs []error
-	for i, cidr := range g.SourceRanges {
-		_, ipnet, err := net.ParseCIDR(cidr)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("settings.securityGroup.sourceRanges[%d]: %q is not a CIDR", i, cidr))
-			continue
-		}
-		if ones, _ := ipnet.Mask.Size(); ones == 0 {
-			errs = append(errs, fmt.Errorf("settings.securityGroup.sourceRanges[%d]: %q is the whole internet; a proxy open to it is abused within minutes: list your crawlers' egress ranges", i, cidr))
-		}
-	}
-	for i, port := range g.Ports {
-		if port < 1 || port > 65535 {
-			errs = append(errs, fmt.Errorf("settings.securityGroup.ports[%d]: %d is not a port (1-65535)", i, port))
-		}
-	}
-	return errors.Join(errs...)
+	return providers.CheckIngress("settings.securityGroup", g.SourceRanges, g.Ports)
 }
 
 // ports are the configured ports, or the default.

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"regexp"
 	"slices"
 	"strconv"
@@ -36,26 +35,10 @@ type FirewallSettings struct {
 // validate names the first field at fault; it runs at startup, so a bad
 // config never reaches a VM.
 func (f *FirewallSettings) validate() error {
-	if f == nil || len(f.SourceRanges) == 0 {
-		return errors.New("settings.firewall.sourceRanges is required: list the CIDRs your crawlers egress from (the operator opens the proxy port to them alone)")
+	if f == nil {
+		return providers.CheckIngress("settings.firewall", nil, nil)
 	}
-	var errs []error
-	for i, cidr := range f.SourceRanges {
-		_, ipnet, err := net.ParseCIDR(cidr)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("settings.firewall.sourceRanges[%d]: %q is not a CIDR", i, cidr))
-			continue
-		}
-		if ones, _ := ipnet.Mask.Size(); ones == 0 {
-			errs = append(errs, fmt.Errorf("settings.firewall.sourceRanges[%d]: %q is the whole internet; a proxy open to it is abused within minutes: list your crawlers' egress ranges", i, cidr))
-		}
-	}
-	for i, port := range f.Ports {
-		if port < 1 || port > 65535 {
-			errs = append(errs, fmt.Errorf("settings.firewall.ports[%d]: %d is not a port (1-65535)", i, port))
-		}
-	}
-	return errors.Join(errs...)
+	return providers.CheckIngress("settings.firewall", f.SourceRanges, f.Ports)
 }
 
 // ports are the configured ports, or the default.

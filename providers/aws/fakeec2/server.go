@@ -373,8 +373,10 @@ func (s *Server) runInstances(form url.Values) (any, *APIError) {
 	return reservation("RunInstancesResponse", in), nil
 }
 
-// matches says whether in passes every Filter.N of form.
-func matches(form url.Values, in *Instance) bool {
+// filtered says whether a resource passes every Filter.N of form: field
+// reads the resource's value for a filter name (ok false: it has none, or
+// the filter is unknown), and tag-key filters ask hasTag.
+func filtered(form url.Values, field func(name string) (string, bool), tags map[string]string) bool {
 	for i := 1; ; i++ {
 		f := "Filter." + strconv.Itoa(i)
 		names, ok := form[f+".Name"]
@@ -382,39 +384,36 @@ func matches(form url.Values, in *Instance) bool {
 			return true
 		}
 		values := indexed(form, f+".Value", "")
-		var have string
-		switch name := names[0]; {
-		case name == "instance-state-name":
-			have = in.State
-		case name == "instance-id":
-			have = in.ID
-		case name == "availability-zone":
-			have = in.Zone
-		case strings.HasPrefix(name, "tag:"):
-			v, ok := in.Tags[strings.TrimPrefix(name, "tag:")]
-			if !ok {
-				return false
-			}
-			have = v
-		case name == "tag-key":
-			found := false
-			for _, v := range values {
-				_, found = in.Tags[v]
-				if found {
-					break
-				}
-			}
-			if !found {
+		name := names[0]
+		if name == "tag-key" {
+			if !slices.ContainsFunc(values, func(k string) bool { _, has := tags[k]; return has }) {
 				return false
 			}
 			continue
-		default:
-			return false
 		}
-		if !slices.Contains(values, have) {
+		have, ok := field(name)
+		if key, isTag := strings.CutPrefix(name, "tag:"); isTag {
+			have, ok = tags[key]
+		}
+		if !ok || !slices.Contains(values, have) {
 			return false
 		}
 	}
+}
+
+// matches says whether in passes every Filter.N of form.
+func matches(form url.Values, in *Instance) bool {
+	return filtered(form, func(name string) (string, bool) {
+		switch name {
+		case "instance-state-name":
+			return in.State, true
+		case "instance-id":
+			return in.ID, true
+		case "availability-zone":
+			return in.Zone, true
+		}
+		return "", false
+	}, in.Tags)
 }
 
 func (s *Server) describeInstances(form url.Values) (any, *APIError) {
@@ -542,32 +541,15 @@ func (s *Server) describeSecurityGroups(form url.Values) (any, *APIError) {
 }
 
 func groupMatches(form url.Values, g *SecurityGroup) bool {
-	for i := 1; ; i++ {
-		f := "Filter." + strconv.Itoa(i)
-		names, ok := form[f+".Name"]
-		if !ok {
-			return true
+	return filtered(form, func(name string) (string, bool) {
+		switch name {
+		case "group-name":
+			return g.Name, true
+		case "vpc-id":
+			return g.VPC, true
 		}
-		values := indexed(form, f+".Value", "")
-		var have string
-		switch name := names[0]; {
-		case name == "group-name":
-			have = g.Name
-		case name == "vpc-id":
-			have = g.VPC
-		case strings.HasPrefix(name, "tag:"):
-			v, ok := g.Tags[strings.TrimPrefix(name, "tag:")]
-			if !ok {
-				return false
-			}
-			have = v
-		default:
-			return false
-		}
-		if !slices.Contains(values, have) {
-			return false
-		}
-	}
+		return "", false
+	}, g.Tags)
 }
 
 // permissionsOf reads IpPermissions.N (protocol, ports, IpRanges.M.CidrIp).

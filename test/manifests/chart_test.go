@@ -36,6 +36,7 @@ import (
 	"github.com/example/egress-proxies-operator/gateway"
 	"github.com/example/egress-proxies-operator/health"
 	"github.com/example/egress-proxies-operator/operator"
+	"github.com/example/egress-proxies-operator/providers/aws"
 	"github.com/example/egress-proxies-operator/providers/gcp"
 	"github.com/example/egress-proxies-operator/providers/kubernetes"
 	"github.com/example/egress-proxies-operator/test/testenv"
@@ -463,7 +464,7 @@ func TestChartSchemaKnowsEveryProviderSetting(t *testing.T) {
 		}
 	}
 	require.NoError(t, json.Unmarshal(repoFile(t, chartDir+"/values.schema.json"), &schema))
-	for def, settings := range map[string]any{"kubernetesSettings": kubernetes.Settings{}, "gcpSettings": gcp.Settings{}} {
+	for def, settings := range map[string]any{"kubernetesSettings": kubernetes.Settings{}, "gcpSettings": gcp.Settings{}, "awsSettings": aws.Settings{}} {
 		var fields, required []string
 		typ := reflect.TypeOf(settings)
 		for i := range typ.NumField() {

@@ -93,6 +93,11 @@ type ProxyPoolSpec struct {
 	// +optional
 	BanRecycling *BanRecycling `json:"banRecycling,omitempty"`
 
+	// placementFallback says what the pool may change in a member's
+	// placement when its provider has no room for it.
+	// +optional
+	PlacementFallback *PlacementFallback `json:"placementFallback,omitempty"`
+
 	// autoscaling, when set, sizes the pool from the discovery API's demand:
 	// the leases its members hold and the lease requests refused for want
 	// of one of them.
@@ -124,6 +129,20 @@ type PoolProvider struct {
 	// +kubebuilder:validation:items:MinLength=1
 	// +kubebuilder:validation:items:MaxLength=63
 	Zones []string `json:"zones,omitempty"`
+}
+
+// PlacementFallback is what a pool may change in a member's placement
+// when its provider has no room for it. Whatever it says, a zone (or a
+// provider) with no room gets no new member for a while and the others
+// take its share.
+type PlacementFallback struct {
+	// standardForSpot: a Spot member refused for capacity is replaced in
+	// its zone by a standard one (its Spot parameter dropped: gcp
+	// provisioningModel SPOT, aws marketType spot) for as long as the
+	// zone is full, instead of going to another zone. Standard members
+	// stay so until they are replaced for another cause.
+	// +optional
+	StandardForSpot bool `json:"standardForSpot,omitempty"`
 }
 
 // ProxyTemplate is what a pool's members are made from.

@@ -94,3 +94,33 @@ const (
 // DefaultPort is the port a Proxy listens on when spec.port is not set:
 // Squid's conventional port.
 const DefaultPort int32 = 3128
+
+// SpotParameters are the placement parameters that ask each provider type
+// for a Spot instance, and their Spot value: a pool that may fall back to
+// standard instances drops them (PlacementFallback.StandardForSpot).
+var SpotParameters = map[string]string{"provisioningModel": "SPOT", "marketType": "spot"}
+
+// IsSpot says whether a placement asks for a Spot instance.
+func (p *Placement) IsSpot() bool {
+	if p == nil {
+		return false
+	}
+	for key, spot := range SpotParameters {
+		if p.Parameters[key] == spot {
+			return true
+		}
+	}
+	return false
+}
+
+// DropSpot removes the parameters that ask for a Spot instance.
+func (p *Placement) DropSpot() {
+	if p == nil {
+		return
+	}
+	for key, spot := range SpotParameters {
+		if p.Parameters[key] == spot {
+			delete(p.Parameters, key)
+		}
+	}
+}

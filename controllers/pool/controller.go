@@ -128,10 +128,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 
 	hash := TemplateHash(&pool.Spec.Template)
 	in := inputOf(&pool, replicas, members, hash, now)
-	reopens := r.placeAround(&pool, status, &in, now)
+	standard, reopens := r.placeAround(&pool, status, &in, now)
 	d := decide(in)
 	d.Recheck = sooner(d.Recheck, reopens)
-	if err := r.carryOut(ctx, &pool, hash, d, members); err != nil {
+	if err := r.carryOut(ctx, &pool, hash, d, members, standard); err != nil {
 		return reconcile.Result{}, err
 	}
 	writeStatus(status, &pool, d, hash)
@@ -218,9 +218,10 @@ func demandOf(d Demand, target int32) string {
 	return s
 }
 
-// carryOut creates and deletes what decide said, and expects to see it in
+// carryOut creates and deletes what decide said (a member created in a
+// slot of standard, standard instead of Spot), and expects to see it in
 // the cache before the next pass acts.
-func (r *Reconciler) carryOut(ctx context.Context, pool *crawlv1alpha1.ProxyPool, hash string, d Decision, members []crawlv1alpha1.Proxy) error {
+func (r *Reconciler) carryOut(ctx context.Context, pool *crawlv1alpha1.ProxyPool, hash string, d Decision, members []crawlv1alpha1.Proxy, standard map[string]bool) error {
 	log := logf.FromContext(ctx)
 	key := client.ObjectKeyFromObject(pool)
 	byName := map[string]*crawlv1alpha1.Proxy{}
@@ -229,6 +230,9 @@ func (r *Reconciler) carryOut(ctx context.Context, pool *crawlv1alpha1.ProxyPool
 	}
 	for _, zone := range d.Create {
 		m, err := newMember(pool, zone, hash, r.Client.Scheme())
+		if err == nil && standard[zone] {
+			m.Spec.Placement.DropSpot() // no Spot room there: a standard instance
+		}
 		if err != nil {
 			return err
 		}
@@ -253,27 +257,49 @@ func (r *Reconciler) carryOut(ctx context.Context, pool *crawlv1alpha1.ProxyPool
 	return nil
 }
 
-// placeAround marks the slots of members refused for want of room as full
-// (an Event for each newly full one), gives decide the slots full now,
-// writes the PlacementLimited condition, and returns how soon the first
-// full slot opens again.
-func (r *Reconciler) placeAround(pool *crawlv1alpha1.ProxyPool, status *crawlv1alpha1.ProxyPoolStatus, in *Input, now time.Time) time.Duration {
+// placeAround marks the slots of members refused for want of room (an
+// Event for each newly marked one), gives decide the slots full now,
+// writes the PlacementLimited condition, and returns the slots whose new
+// members are standard instead of Spot, and how soon the first marked
+// slot opens again.
+func (r *Reconciler) placeAround(pool *crawlv1alpha1.ProxyPool, status *crawlv1alpha1.ProxyPoolStatus, in *Input, now time.Time) (map[string]bool, time.Duration) {
 	key := client.ObjectKeyFromObject(pool)
-	for _, slot := range r.full.note(key, in.Members, now) {
+	standardForSpot := pool.Spec.PlacementFallback != nil && pool.Spec.PlacementFallback.StandardForSpot
+	newFull, newSpot := r.full.note(key, in.Members, standardForSpot, now)
+	for _, slot := range newFull {
 		r.Recorder.Eventf(pool, nil, corev1.EventTypeWarning, "PlacementFull", "Place",
 			"no room in %s (its provider refused a member for capacity or quota): new members go elsewhere for %s", slotText(slot), FullSlotBackoff)
 	}
-	full, first := r.full.current(key, now)
+	for _, slot := range newSpot {
+		r.Recorder.Eventf(pool, nil, corev1.EventTypeWarning, "SpotFallback", "Place",
+			"no Spot capacity in %s: new members there are standard instances for %s", slotText(slot), FullSlotBackoff)
+	}
+	full, spot, first := r.full.current(key, now)
 	in.Full = full
-	fullSlotsGauge.WithLabelValues(pool.Namespace, pool.Name).Set(float64(len(full)))
-	if len(full) == 0 {
+	fullSlotsGauge.WithLabelValues(pool.Namespace, pool.Name).Set(float64(len(full) + len(spot)))
+	if len(full) == 0 && len(spot) == 0 {
 		setCondition(status, pool.Generation, crawlv1alpha1.ConditionPlacementLimited, metav1.ConditionFalse, "RoomEverywhere",
 			"every zone and provider of the pool takes new members")
-		return 0
+		return nil, 0
 	}
-	setCondition(status, pool.Generation, crawlv1alpha1.ConditionPlacementLimited, metav1.ConditionTrue, "NoRoom",
-		fmt.Sprintf("no room in %s (capacity or quota): new members go to the pool's other zones and providers until %s", fullText(full), first.UTC().Format(time.RFC3339)))
-	return first.Sub(now)
+	var parts []string
+	reason := "NoRoom"
+	if len(full) > 0 {
+		parts = append(parts, fmt.Sprintf("no room in %s (capacity or quota): new members go to the pool's other zones and providers", fullText(full)))
+	}
+	if len(spot) > 0 {
+		parts = append(parts, fmt.Sprintf("no Spot capacity in %s: new members there are standard instances", fullText(spot)))
+		if len(full) == 0 {
+			reason = "SpotFallback"
+		}
+	}
+	setCondition(status, pool.Generation, crawlv1alpha1.ConditionPlacementLimited, metav1.ConditionTrue, reason,
+		fmt.Sprintf("%s, until %s", strings.Join(parts, "; "), first.UTC().Format(time.RFC3339)))
+	standard := make(map[string]bool, len(spot))
+	for _, slot := range spot {
+		standard[slot] = true
+	}
+	return standard, first.Sub(now)
 }
 
 // causeText says a cause in words, for the Event.
@@ -384,6 +410,7 @@ func memberOf(p *crawlv1alpha1.Proxy, hash string) Member {
 	m.Banned = prov != nil && prov.Reason == crawlv1alpha1.ReasonBanned && p.Status.Phase == crawlv1alpha1.PhaseReady
 	m.NoRoom = prov != nil && p.Status.Phase == crawlv1alpha1.PhaseFailed &&
 		(prov.Reason == crawlv1alpha1.ReasonNoCapacity || prov.Reason == crawlv1alpha1.ReasonQuotaExceeded)
+	m.SpotRefused = m.NoRoom && prov.Reason == crawlv1alpha1.ReasonNoCapacity && p.Spec.Placement.IsSpot()
 	return m
 }
 

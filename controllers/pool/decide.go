@@ -30,7 +30,8 @@ type Member struct {
 	Banned bool
 	// NoRoom: its provider refused to create it for capacity or quota
 	// where the pool placed it; its pool places a successor elsewhere.
-	NoRoom bool
+	// SpotRefused: that refusal was for capacity, of a Spot member.
+	NoRoom, SpotRefused bool
 	// Deleting: already on its way out; counted apart from the live ones.
 	Deleting bool
 	// Jitter in [0, 1), fixed per member: how much of the pool's age jitter

@@ -20,63 +20,85 @@ const FullSlotBackoff = 5 * time.Minute
 // It lives in the process: after a restart a full slot is tried once
 // more, and found full again.
 type fullSlots struct {
-	mu    sync.Mutex
-	pools map[types.NamespacedName]map[string]time.Time
+	mu sync.Mutex
+	// full: per pool, the slots with no room; spot: those with no Spot
+	// room, where new members are standard instead (StandardForSpot).
+	full, spot map[types.NamespacedName]map[string]time.Time
 }
 
-// note marks the slots of members refused for want of room as full until
-// now + FullSlotBackoff, and returns the slots newly marked.
-func (f *fullSlots) note(pool types.NamespacedName, members []Member, now time.Time) []string {
+// note marks the slots of members refused for want of room until now +
+// FullSlotBackoff: as without Spot room when the member asked for Spot,
+// was refused for capacity and the pool may fall back to standard; as
+// full otherwise. It returns the slots newly marked, each way.
+func (f *fullSlots) note(pool types.NamespacedName, members []Member, standardForSpot bool, now time.Time) (full, spot []string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.pools == nil {
-		f.pools = map[types.NamespacedName]map[string]time.Time{}
-	}
-	slots := f.pools[pool]
-	var fresh []string
 	for _, m := range members {
 		if !m.NoRoom || m.Deleting {
 			continue
 		}
-		if until, ok := slots[m.Zone]; ok && until.After(now) {
+		if standardForSpot && m.SpotRefused {
+			if mark(&f.spot, pool, m.Zone, now) {
+				spot = append(spot, m.Zone)
+			}
 			continue
 		}
-		if slots == nil {
-			slots = map[string]time.Time{}
-			f.pools[pool] = slots
-		}
-		slots[m.Zone] = now.Add(FullSlotBackoff)
-		fresh = append(fresh, m.Zone)
-	}
-	slices.Sort(fresh)
-	return slices.Compact(fresh)
-}
-
-// current are the pool's slots full at now, sorted, and when the first of
-// them opens again (zero: none full); slots whose time is up are dropped.
-func (f *fullSlots) current(pool types.NamespacedName, now time.Time) ([]string, time.Time) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	var full []string
-	var first time.Time
-	for slot, until := range f.pools[pool] {
-		if !until.After(now) {
-			delete(f.pools[pool], slot)
-			continue
-		}
-		full = append(full, slot)
-		if first.IsZero() || until.Before(first) {
-			first = until
+		if mark(&f.full, pool, m.Zone, now) {
+			full = append(full, m.Zone)
 		}
 	}
 	slices.Sort(full)
-	return full, first
+	slices.Sort(spot)
+	return slices.Compact(full), slices.Compact(spot)
+}
+
+// mark sets slot's time in m to now + FullSlotBackoff unless it runs
+// already, and says whether it did.
+func mark(m *map[types.NamespacedName]map[string]time.Time, pool types.NamespacedName, slot string, now time.Time) bool {
+	if *m == nil {
+		*m = map[types.NamespacedName]map[string]time.Time{}
+	}
+	slots := (*m)[pool]
+	if until, ok := slots[slot]; ok && until.After(now) {
+		return false
+	}
+	if slots == nil {
+		slots = map[string]time.Time{}
+		(*m)[pool] = slots
+	}
+	slots[slot] = now.Add(FullSlotBackoff)
+	return true
+}
+
+// current are the pool's full slots and those without Spot room at now,
+// sorted, and when the first of them opens again (zero: none); slots
+// whose time is up are dropped.
+func (f *fullSlots) current(pool types.NamespacedName, now time.Time) (full, spot []string, first time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	live := func(m map[types.NamespacedName]map[string]time.Time) []string {
+		var out []string
+		for slot, until := range m[pool] {
+			if !until.After(now) {
+				delete(m[pool], slot)
+				continue
+			}
+			out = append(out, slot)
+			if first.IsZero() || until.Before(first) {
+				first = until
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	return live(f.full), live(f.spot), first
 }
 
 func (f *fullSlots) forget(pool types.NamespacedName) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	delete(f.pools, pool)
+	delete(f.full, pool)
+	delete(f.spot, pool)
 }
 
 // slotText names a slot for people: "zone b", "provider aws-eu, zone 1a".

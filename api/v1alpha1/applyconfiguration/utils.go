@@ -40,6 +40,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.LocalSecretReferenceApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("Placement"):
 		return &apiv1alpha1.PlacementApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("PlacementFallback"):
+		return &apiv1alpha1.PlacementFallbackApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("PoolAutoscaling"):
 		return &apiv1alpha1.PoolAutoscalingApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("PoolAutoscalingStatus"):

@@ -76,7 +76,9 @@ type Server struct {
 	created       int
 	stuckStopping bool
 	requests      map[string]int
-	firewalls     map[firewallKey]*computepb.Firewall
+	// attempted: zone -> the VMs an insert asked for there.
+	attempted map[string]map[string]bool
+	firewalls map[firewallKey]*computepb.Firewall
 	// reuse: the NAT address of a VM that went goes to the next VM
 	// created, once (as GCE hands a new VM an ephemeral IP someone
 	// released): released are those waiting, reused those handed out
@@ -126,7 +128,7 @@ func New(clk clock.PassiveClock, timings Timings) *Server {
 	s := &Server{
 		clock: clk, timings: timings,
 		vms: map[string]*vm{}, ops: map[string]*computepb.Operation{}, requestIDs: map[string]string{},
-		requests: map[string]int{}, firewalls: map[firewallKey]*computepb.Firewall{},
+		requests: map[string]int{}, firewalls: map[firewallKey]*computepb.Firewall{}, attempted: map[string]map[string]bool{},
 	}
 	mux := http.NewServeMux()
 	const zone = "/compute/v1/projects/{project}/zones/{zone}"
@@ -185,6 +187,14 @@ func (s *Server) Remove(zone, name string) bool {
 	_, ok := s.vms[zone+"/"+name]
 	s.goneLocked(zone + "/" + name)
 	return ok
+}
+
+// Attempted counts the distinct VMs an insert asked for in zone, created
+// or refused (a retried insert of the same VM counts once).
+func (s *Server) Attempted(zone string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.attempted[zone])
 }
 
 // Created counts the VMs ever created (a de-duplicated insert creates none).
@@ -258,6 +268,10 @@ func (s *Server) insert(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.mu.Lock()
+	if s.attempted[zone] == nil {
+		s.attempted[zone] = map[string]bool{}
+	}
+	s.attempted[zone][res.GetName()] = true
 	op, status, reason, msg := s.insertLocked(project, zone, r.URL.Query().Get("requestId"), res, f)
 	s.mu.Unlock()
 	if status != 0 {

@@ -204,6 +204,12 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: zone
       type:
         scalar: string
+- name: com.github.example.egress-proxies-operator.api.v1alpha1.PlacementFallback
+  map:
+    fields:
+    - name: standardForSpot
+      type:
+        scalar: boolean
 - name: com.github.example.egress-proxies-operator.api.v1alpha1.PoolAutoscaling
   map:
     fields:
@@ -319,6 +325,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: minReadySeconds
       type:
         scalar: numeric
+    - name: placementFallback
+      type:
+        namedType: com.github.example.egress-proxies-operator.api.v1alpha1.PlacementFallback
     - name: providers
       type:
         list:

@@ -55,6 +55,9 @@ type ProxyPoolSpecApplyConfiguration struct {
 	// 10m; hosts 0 turns it off. A member's own spec.banRecycling (from the
 	// template) wins. Changing it here replaces no member.
 	BanRecycling *BanRecyclingApplyConfiguration `json:"banRecycling,omitempty"`
+	// placementFallback says what the pool may change in a member's
+	// placement when its provider has no room for it.
+	PlacementFallback *PlacementFallbackApplyConfiguration `json:"placementFallback,omitempty"`
 	// autoscaling, when set, sizes the pool from the discovery API's demand:
 	// the leases its members hold and the lease requests refused for want
 	// of one of them.
@@ -143,6 +146,14 @@ func (b *ProxyPoolSpecApplyConfiguration) WithStrategy(value *PoolStrategyApplyC
 // If called multiple times, the BanRecycling field is set to the value of the last call.
 func (b *ProxyPoolSpecApplyConfiguration) WithBanRecycling(value *BanRecyclingApplyConfiguration) *ProxyPoolSpecApplyConfiguration {
 	b.BanRecycling = value
+	return b
+}
+
+// WithPlacementFallback sets the PlacementFallback field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the PlacementFallback field is set to the value of the last call.
+func (b *ProxyPoolSpecApplyConfiguration) WithPlacementFallback(value *PlacementFallbackApplyConfiguration) *ProxyPoolSpecApplyConfiguration {
+	b.PlacementFallback = value
 	return b
 }
 

@@ -1,6 +1,7 @@
 package providers
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -245,4 +246,35 @@ type FirewallRule struct {
 	// Name of the rule, Provider the provider instance it was made for,
 	// Location where it lives (a project), for logs.
 	Name, Provider, Location string
+}
+
+// Placed is a Proxy's placement with a provider instance's defaults
+// applied: where and on what its instance runs.
+type Placed struct {
+	Zone, MachineType, Image string
+	// Parameters are the Proxy's spec.placement.parameters, for the
+	// provider to read.
+	Parameters map[string]string
+}
+
+// ResolvePlacement applies defaults (a provider instance's settings) to
+// proxy's spec.placement; a zone, machine type or image still missing is
+// a terminal error naming the field, for provider (its type and name).
+func ResolvePlacement(provider string, defaults Placed, proxy *crawlv1alpha1.Proxy) (Placed, error) {
+	pl := defaults
+	pl.Parameters = map[string]string{}
+	if sp := proxy.Spec.Placement; sp != nil {
+		pl.Zone = cmp.Or(sp.Zone, pl.Zone)
+		pl.MachineType = cmp.Or(sp.MachineType, pl.MachineType)
+		pl.Image = cmp.Or(sp.Image, pl.Image)
+		if sp.Parameters != nil {
+			pl.Parameters = sp.Parameters
+		}
+	}
+	for _, f := range []struct{ field, value string }{{"zone", pl.Zone}, {"machineType", pl.MachineType}, {"image", pl.Image}} {
+		if f.value == "" {
+			return pl, Terminal("placement.%s is required for %s: set spec.placement.%s or a default in the providers config", f.field, provider, f.field)
+		}
+	}
+	return pl, nil
 }

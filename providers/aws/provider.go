@@ -160,19 +160,13 @@ const (
 
 // resolvePlacement applies defaults and names the first missing field.
 func (p *Provider) resolvePlacement(proxy *crawlv1alpha1.Proxy) (placement, error) {
-	pl := placement{zone: p.settings.Zone, instanceType: p.settings.InstanceType, image: p.settings.ImageID}
-	params := map[string]string{}
-	if sp := proxy.Spec.Placement; sp != nil {
-		pl.zone = or(sp.Zone, pl.zone)
-		pl.instanceType = or(sp.MachineType, pl.instanceType)
-		pl.image = or(sp.Image, pl.image)
-		params = sp.Parameters
+	placed, err := providers.ResolvePlacement("aws provider "+p.name,
+		providers.Placed{Zone: p.settings.Zone, MachineType: p.settings.InstanceType, Image: p.settings.ImageID}, proxy)
+	pl := placement{zone: placed.Zone, instanceType: placed.MachineType, image: placed.Image}
+	if err != nil {
+		return pl, err
 	}
-	for _, f := range []struct{ field, value string }{{"zone", pl.zone}, {"machineType", pl.instanceType}, {"image", pl.image}} {
-		if f.value == "" {
-			return pl, providers.Terminal("placement.%s is required for aws provider %s: set spec.placement.%s or a default in the providers config", f.field, p.name, f.field)
-		}
-	}
+	params := placed.Parameters
 	for key, value := range params {
 		switch key {
 		case paramMarketType:
@@ -475,13 +469,6 @@ func classify(err error) error {
 func isNotFound(err error) bool {
 	var apiErr smithy.APIError
 	return errors.As(err, &apiErr) && slices.Contains(notFoundCodes, apiErr.ErrorCode())
-}
-
-func or(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 func sortedKeys(m map[string]string) []string {

@@ -164,19 +164,13 @@ const (
 
 // resolvePlacement applies defaults and names the first missing field.
 func (p *Provider) resolvePlacement(proxy *crawlv1alpha1.Proxy) (placement, error) {
-	pl := placement{zone: p.settings.Zone, machineType: p.settings.MachineType, image: p.settings.Image}
-	params := map[string]string{}
-	if sp := proxy.Spec.Placement; sp != nil {
-		pl.zone = or(sp.Zone, pl.zone)
-		pl.machineType = or(sp.MachineType, pl.machineType)
-		pl.image = or(sp.Image, pl.image)
-		params = sp.Parameters
+	placed, err := providers.ResolvePlacement("gcp provider "+p.name,
+		providers.Placed{Zone: p.settings.Zone, MachineType: p.settings.MachineType, Image: p.settings.Image}, proxy)
+	pl := placement{zone: placed.Zone, machineType: placed.MachineType, image: placed.Image}
+	if err != nil {
+		return pl, err
 	}
-	for _, f := range []struct{ field, value string }{{"zone", pl.zone}, {"machineType", pl.machineType}, {"image", pl.image}} {
-		if f.value == "" {
-			return pl, providers.Terminal("placement.%s is required for gcp provider %s: set spec.placement.%s or a default in the providers config", f.field, p.name, f.field)
-		}
-	}
+	params := placed.Parameters
 	for key, value := range params {
 		switch key {
 		case paramProvisioningModel:

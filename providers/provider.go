@@ -7,8 +7,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/google/uuid"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -277,4 +280,17 @@ func ResolvePlacement(provider string, defaults Placed, proxy *crawlv1alpha1.Pro
 		}
 	}
 	return pl, nil
+}
+
+// IdempotencyKey is a create's key for a Proxy's spec (a GCE requestId, an
+// EC2 ClientToken): a name-based UUID, in the cloud's own namespace, of the
+// Proxy's UID and spec hash, so a create retried after a lost reply is a
+// no-op. attempt numbers the spec's instances while the cloud still
+// remembers the keys of earlier ones; attempt 0 is the UID and hash alone.
+func IdempotencyKey(namespace uuid.UUID, uid, specHash string, attempt int) string {
+	key := uid + "/" + specHash
+	if attempt > 0 {
+		key += "/" + strconv.Itoa(attempt)
+	}
+	return uuid.NewSHA1(namespace, []byte(key)).String()
 }

@@ -275,11 +275,7 @@ const maxClientTokens = 32
 // UUID of its UID and spec hash, stable across retries; attempt numbers
 // the spec's instances (see Create).
 func ClientToken(uid, specHash string, attempt int) string {
-	key := uid + "/" + specHash
-	if attempt > 0 {
-		key += "/" + strconv.Itoa(attempt)
-	}
-	return uuid.NewSHA1(clientTokenNamespace, []byte(key)).String()
+	return providers.IdempotencyKey(clientTokenNamespace, uid, specHash, attempt)
 }
 
 var clientTokenNamespace = uuid.MustParse("8d0b9c6e-2f4a-4e1b-a7c3-91e5d2f0b6a4")

@@ -420,11 +420,7 @@ func (p *Provider) vm(req providers.CreateRequest, pl placement, userData, lease
 // spec's VMs while GCE still remembers earlier requestIds (see Create);
 // attempt 0 is the UUID of the UID and hash alone.
 func RequestID(uid, specHash string, attempt int) string {
-	key := uid + "/" + specHash
-	if attempt > 0 {
-		key += "/" + strconv.Itoa(attempt)
-	}
-	return uuid.NewSHA1(requestIDNamespace, []byte(key)).String()
+	return providers.IdempotencyKey(requestIDNamespace, uid, specHash, attempt)
 }
 
 var requestIDNamespace = uuid.MustParse("3b0f9a2e-6c1d-4d8e-9b7a-5f2c1e0d4a61")

@@ -63,6 +63,12 @@ func TestPoolProvidersValidation(t *testing.T) {
 			assert.Contains(t, err.Error(), tc.want)
 		})
 	}
+	t.Run("a template without a provider is told what to name", func(t *testing.T) {
+		err := env.Client.Create(ctx, objectFromSpec(t, "ProxyPool", "pool", "replicas: 6\ntemplate:\n  spec: {mode: Managed}\nproviders: [{name: gcp-eu}]"))
+		require.Error(t, err, "the API server accepted it")
+		assert.Contains(t, err.Error(), "spec.template.spec.provider must be one of spec.providers")
+		assert.NotContains(t, err.Error(), "no such key", "every rule evaluates; none fails on the missing field")
+	})
 	t.Run("accepted: two providers with weights and zones", func(t *testing.T) {
 		require.NoError(t, env.Client.Create(ctx, objectFromSpec(t, "ProxyPool", "pool",
 			pool("providers: [{name: gcp-eu, weight: 2, zones: [europe-west1-b, europe-west1-c]}, {name: aws-eu, zones: [eu-west-1a]}]"))))

@@ -12,7 +12,7 @@ import (
 //
 // +kubebuilder:validation:XValidation:rule="((!has(self.zones) || size(self.zones) == 0) && (!has(self.providers) || size(self.providers) == 0)) || !has(self.template.spec.placement) || !has(self.template.spec.placement.zone)",message="spec.template.spec.placement.zone is forbidden when spec.zones or spec.providers is set: the pool gives each member its zone"
 // +kubebuilder:validation:XValidation:rule="!has(self.providers) || size(self.providers) == 0 || !has(self.zones) || size(self.zones) == 0",message="spec.zones is forbidden when spec.providers is set: list each provider's zones in its entry"
-// +kubebuilder:validation:XValidation:rule="!has(self.providers) || size(self.providers) == 0 || self.providers.exists(p, p.name == self.template.spec.provider)",message="spec.template.spec.provider must be one of spec.providers"
+// +kubebuilder:validation:XValidation:rule="!has(self.providers) || size(self.providers) == 0 || (has(self.template.spec.provider) && self.providers.exists(p, p.name == self.template.spec.provider))",message="spec.template.spec.provider must be one of spec.providers"
 // +kubebuilder:validation:XValidation:rule="!has(self.providers) || size(self.providers) == 0 || self.providers.exists(p, !has(p.weight) || p.weight > 0)",message="spec.providers needs a provider of weight above 0"
 // +kubebuilder:validation:XValidation:rule="!has(self.autoscaling) || self.autoscaling.minReplicas <= self.autoscaling.maxReplicas",message="spec.autoscaling.minReplicas must not exceed spec.autoscaling.maxReplicas"
 type ProxyPoolSpec struct {

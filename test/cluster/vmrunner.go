@@ -16,28 +16,70 @@ import (
 
 	"cloud.google.com/go/compute/apiv1/computepb"
 
+	"sigs.k8s.io/yaml"
+
+	"github.com/example/egress-proxies-operator/providers/aws/fakeec2"
 	"github.com/example/egress-proxies-operator/providers/gcp/fakecompute"
+	"github.com/example/egress-proxies-operator/providers/squidconf"
 )
 
-// VMRunner plays the software on the fake Compute API's VMs: every RUNNING
-// VM gets an in-process CONNECT proxy on its NAT address and port, which
-// goes away with the VM, and checks per-lease credentials with the lease
-// key the provider put in the VM's metadata. Crash stops a VM's proxy while the
-// VM stays up, as a Squid dying inside a VM would.
+// VMRunner plays the software on a fake cloud's VMs: every running VM gets
+// an in-process CONNECT proxy on its public address and port, which goes
+// away with the VM, and checks per-lease credentials with the lease key the
+// provider gave the VM. Crash stops a VM's proxy while the VM stays up, as
+// a Squid dying inside a VM would.
 type VMRunner struct {
-	fake *fakecompute.Server
+	machines func() []machine
 
 	mu      sync.Mutex
 	proxies map[string]*ConnectProxy // by VM address
 	// owner is the VM (its id) each address's proxy plays: a new VM on a
 	// reused address gets a proxy of its own, with its own lease key.
-	owner   map[string]uint64
+	owner   map[string]string
 	crashed map[string]bool
 }
 
-// NewVMRunner plays the VMs of fake; Run starts it.
+// machine is one running VM as a runner plays it: its id, where its proxy
+// listens, and its lease key.
+type machine struct {
+	id, addr string
+	key      []byte
+}
+
+// NewVMRunner plays the VMs of the fake Compute API; Run starts it.
 func NewVMRunner(fake *fakecompute.Server) *VMRunner {
-	return &VMRunner{fake: fake, proxies: map[string]*ConnectProxy{}, owner: map[string]uint64{}, crashed: map[string]bool{}}
+	return newRunner(func() []machine {
+		var running []machine
+		for _, vm := range fake.Instances() {
+			addr := VMAddr(vm.GetNetworkInterfaces(), vm.GetLabels()["crawl-port"])
+			if vm.GetStatus() != "RUNNING" || addr == "" {
+				continue
+			}
+			running = append(running, machine{id: strconv.FormatUint(vm.GetId(), 10), addr: addr, key: metadataLeaseKey(vm)})
+		}
+		return running
+	})
+}
+
+// NewEC2Runner plays the instances of the fake EC2 API: the proxy listens
+// on the public IP and the port the provider tagged the instance with, and
+// takes its lease key from the user-data's cloud-config.
+func NewEC2Runner(fake *fakeec2.Server) *VMRunner {
+	return newRunner(func() []machine {
+		var running []machine
+		for _, in := range fake.Instances() {
+			port := in.Tags["crawl.example.com/port"]
+			if in.State != fakeec2.StateRunning || in.PublicIP == "" || port == "" {
+				continue
+			}
+			running = append(running, machine{id: in.ID, addr: net.JoinHostPort(in.PublicIP, port), key: userDataLeaseKey(in.UserData)})
+		}
+		return running
+	})
+}
+
+func newRunner(machines func() []machine) *VMRunner {
+	return &VMRunner{machines: machines, proxies: map[string]*ConnectProxy{}, owner: map[string]string{}, crashed: map[string]bool{}}
 }
 
 // Run follows the fake's VMs every 250ms until ctx ends.
@@ -53,32 +95,28 @@ func (r *VMRunner) Run(ctx context.Context) {
 
 func (r *VMRunner) sync() {
 	alive := map[string]bool{}
-	for _, vm := range r.fake.Instances() {
-		addr := VMAddr(vm.GetNetworkInterfaces(), vm.GetLabels()["crawl-port"])
-		if vm.GetStatus() != "RUNNING" || addr == "" {
-			continue
-		}
-		alive[addr] = true
+	for _, vm := range r.machines() {
+		alive[vm.addr] = true
 		r.mu.Lock()
-		if p, ok := r.proxies[addr]; ok && r.owner[addr] != vm.GetId() {
+		if p, ok := r.proxies[vm.addr]; ok && r.owner[vm.addr] != vm.id {
 			// Another VM on the address: the last one's proxy goes.
 			p.Close()
-			delete(r.proxies, addr)
-			delete(r.crashed, addr)
+			delete(r.proxies, vm.addr)
+			delete(r.crashed, vm.addr)
 		}
-		_, running := r.proxies[addr]
-		crashed := r.crashed[addr]
+		_, running := r.proxies[vm.addr]
+		crashed := r.crashed[vm.addr]
 		r.mu.Unlock()
 		if running || crashed {
 			continue
 		}
-		p, err := StartAuthenticatingProxy(addr, leaseKeyCheck(vm))
+		p, err := StartAuthenticatingProxy(vm.addr, leaseKeyCheck(vm.key))
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "vm runner: %v\n", err)
 			continue
 		}
 		r.mu.Lock()
-		r.proxies[addr], r.owner[addr] = p, vm.GetId()
+		r.proxies[vm.addr], r.owner[vm.addr] = p, vm.id
 		r.mu.Unlock()
 	}
 	r.mu.Lock()
@@ -132,18 +170,40 @@ func (r *VMRunner) CloseAll() {
 	}
 }
 
-// leaseKeyCheck checks credentials as a VM's lease-auth helper does
-// (squidconf.LeaseAuthHelper), with the lease key the provider put in the
-// VM's metadata: "<subject>~<notAfter>" signed with the key and not yet
-// expired, unless revoked; "revoke~<notAfter>~<id>.<id>..." signed the same
-// way revokes those ids and is refused.
-func leaseKeyCheck(vm *computepb.Instance) func(user, password string) bool {
-	var key []byte
+// metadataLeaseKey is the lease key the gcp provider put in a VM's
+// metadata.
+func metadataLeaseKey(vm *computepb.Instance) []byte {
 	for _, item := range vm.GetMetadata().GetItems() {
 		if item.GetKey() == "egress-proxy-lease-key" {
-			key, _ = hex.DecodeString(strings.TrimSpace(item.GetValue()))
+			key, _ := hex.DecodeString(strings.TrimSpace(item.GetValue()))
+			return key
 		}
 	}
+	return nil
+}
+
+// userDataLeaseKey is the lease key file an instance's cloud-config writes
+// (squidconf.VMCloudInit), as the instance would read it.
+func userDataLeaseKey(userData string) []byte {
+	var doc squidconf.CloudConfig
+	if err := yaml.Unmarshal([]byte(userData), &doc); err != nil {
+		return nil
+	}
+	for _, f := range doc.WriteFiles {
+		if f.Path == squidconf.VMStagingDir+"/lease.key" {
+			key, _ := hex.DecodeString(strings.TrimSpace(f.Content))
+			return key
+		}
+	}
+	return nil
+}
+
+// leaseKeyCheck checks credentials as a VM's lease-auth helper does
+// (squidconf.LeaseAuthHelper) with the VM's lease key: "<subject>~<notAfter>"
+// signed with the key and not yet expired, unless revoked;
+// "revoke~<notAfter>~<id>.<id>..." signed the same way revokes those ids
+// and is refused.
+func leaseKeyCheck(key []byte) func(user, password string) bool {
 	var mu sync.Mutex
 	revoked := map[string]int64{}
 	return func(user, password string) bool {
@@ -210,4 +270,24 @@ func GCPProvider(name, project, zone, endpoint string) string {
     firewall:
       sourceRanges: [127.0.0.0/8]
 `, name, project, zone, endpoint)
+}
+
+// AWSProvider is the providers-config entry (for Options.ExtraProviders) of
+// an aws provider instance called name on the fake EC2 API at endpoint: the
+// region and default zone as given, the security group open to loopback,
+// where the EC2 runner's proxies listen.
+func AWSProvider(name, region, zone, endpoint string) string {
+	return fmt.Sprintf(`- name: %s
+  type: aws
+  settings:
+    region: %s
+    zone: %s
+    instanceType: t3.micro
+    imageId: ami-0debian12
+    endpoint: %s
+    withoutAuthentication: true
+    requestTimeout: 5s
+    securityGroup:
+      sourceRanges: [127.0.0.0/8]
+`, name, region, zone, endpoint)
 }

@@ -52,6 +52,8 @@ type Instance struct {
 	StateReason string
 	// polls counts the describes it was in while pending.
 	polls int
+	// seq numbers the instance in the order it was run.
+	seq int
 }
 
 // Permission is one ingress rule of a security group.
@@ -80,7 +82,7 @@ type Server struct {
 	// (default 1).
 	BootPolls int
 	// NextIP hands out the public IP of each instance that boots (default
-	// 127.0.90.N: never a network target of a test).
+	// 127.90.x.y, one per instance: never a network target of a test).
 	NextIP func() string
 	// Calls counts the API calls by Action.
 	calls map[string]int
@@ -360,7 +362,7 @@ func (s *Server) runInstances(form url.Values) (any, *APIError) {
 		State: StatePending, UserData: string(userData), ClientToken: form.Get("ClientToken"),
 		HTTPTokens: form.Get("MetadataOptions.HttpTokens"), PublicIPAsked: form.Get("NetworkInterface.1.AssociatePublicIpAddress") == "true",
 		SecurityGroups: indexed(form, "NetworkInterface.1.SecurityGroupId", ""), SubnetID: form.Get("NetworkInterface.1.SubnetId"),
-		Tags: tagsOf(form, "instance"), Launched: time.Now().UTC().Truncate(time.Second),
+		Tags: tagsOf(form, "instance"), Launched: time.Now().UTC().Truncate(time.Second), seq: s.next,
 	}
 	if form.Get("InstanceMarketOptions.MarketType") == "spot" {
 		in.Lifecycle = "spot"
@@ -458,7 +460,7 @@ func (s *Server) boot(in *Instance) {
 		if s.NextIP != nil {
 			in.PublicIP = s.NextIP()
 		} else {
-			in.PublicIP = fmt.Sprintf("127.0.90.%d", s.next%250+1)
+			in.PublicIP = fmt.Sprintf("127.90.%d.%d", in.seq/250, 1+in.seq%250)
 		}
 	}
 }

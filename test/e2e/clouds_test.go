@@ -1,0 +1,338 @@
+package e2e
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	eventsv1 "k8s.io/api/events/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/providers/aws/fakeec2"
+	"github.com/example/egress-proxies-operator/providers/gcp/fakecompute"
+	"github.com/example/egress-proxies-operator/test/cluster"
+)
+
+const (
+	// apiOutage is how long the EC2 API answers nothing but 503s while
+	// the pool must keep serving.
+	apiOutage = 2 * time.Minute
+	// Where the two clouds' members live: one gcp zone, two aws zones of
+	// which the first has no capacity.
+	cloudsGCPZone   = "europe-west1-b"
+	cloudsFullZone  = "eu-west-1a"
+	cloudsRoomyZone = "eu-west-1b"
+)
+
+// TestPoolAcrossClouds runs the operator with a gcp provider instance on
+// the fake Compute API and an aws one on the fake EC2 API, each cloud's
+// VMs played by in-process proxies on their public addresses. A pool of 6
+// over both comes up 3 and 3; the aws zone out of capacity sends its
+// members to the other aws zone (condition, Event, metric); then the EC2
+// API answers 503 for minutes, and the pool keeps serving: every member
+// stays Ready, aws leases tunnel through their instances all along, a lost
+// gcp VM is replaced meanwhile, and no aws instance is made or lost for it.
+func TestPoolAcrossClouds(t *testing.T) {
+	dir := t.TempDir()
+	compute := fakecompute.New(clock.RealClock{}, fakecompute.Timings{Provisioning: 500 * time.Millisecond, Staging: 500 * time.Millisecond, Stopping: time.Second})
+	t.Cleanup(compute.Close)
+	ec2 := fakeec2.New()
+	ec2.SetZoneFull(cloudsFullZone, true)
+	ec2API := httptest.NewServer(ec2)
+	t.Cleanup(ec2API.Close)
+	c, err := cluster.Start(dir, cluster.Options{ExtraProviders: cluster.GCPProvider("gcp-eu", "crawl-clouds", cloudsGCPZone, compute.URL) +
+		cluster.AWSProvider("aws-eu", "eu-west-1", cloudsRoomyZone, ec2API.URL)})
+	require.NoError(t, err)
+	t.Cleanup(c.Stop)
+	for _, vms := range []*cluster.VMRunner{cluster.NewVMRunner(compute), cluster.NewEC2Runner(ec2)} {
+		go vms.Run(t.Context())
+		t.Cleanup(vms.CloseAll)
+	}
+	ctx := context.Background()
+	cl := c.Env.Client
+	const token = "clouds-token"
+	require.NoError(t, cl.Create(ctx, tokenSecret(token)))
+	metrics := cluster.FreeAddr()
+	opts := cluster.OperatorOptions{DiscoveryAddr: cluster.FreeAddr(), ProbeAddr: cluster.FreeAddr(),
+		ExtraArgs: []string{"--metrics-bind-address=" + metrics, "--metrics-secure=false"}}
+	op, err := c.StartOperator(world.bin, opts)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		op.Stop()
+		if t.Failed() {
+			out, _ := readTail(op.Log, 8000)
+			t.Logf("--- the operator's log (tail) ---\n%s", out)
+		}
+	})
+	discovery := discoveryClient{base: "http://" + opts.DiscoveryAddr, token: token}
+
+	ns := c.Env.Namespace(t)
+	pool := &crawlv1alpha1.ProxyPool{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "mixed"},
+		Spec: crawlv1alpha1.ProxyPoolSpec{
+			Replicas: ptr(int32(6)),
+			Providers: []crawlv1alpha1.PoolProvider{
+				{Name: "gcp-eu", Zones: []string{cloudsGCPZone}},
+				{Name: "aws-eu", Zones: []string{cloudsFullZone, cloudsRoomyZone}},
+			},
+			Template: crawlv1alpha1.ProxyTemplate{Spec: crawlv1alpha1.ProxySpec{
+				Mode: crawlv1alpha1.ModeManaged, Provider: "gcp-eu", Port: crawlv1alpha1.DefaultPort, Attributes: map[string]string{"suite": ns},
+			}},
+		},
+	}
+	require.NoError(t, cl.Create(ctx, pool))
+	membersOf := func() []crawlv1alpha1.Proxy {
+		var list crawlv1alpha1.ProxyList
+		require.NoError(t, cl.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{crawlv1alpha1.LabelPool: pool.Name}))
+		return list.Items
+	}
+	var last crawlv1alpha1.ProxyPool
+	require.Eventually(t, func() bool {
+		if cl.Get(ctx, client.ObjectKeyFromObject(pool), &last) != nil {
+			return false
+		}
+		ms := membersOf()
+		return settledAt(6)(&last, ms) && allHealthy(ms)
+	}, 2*waitFor, poll, "the pool across clouds never settled at 6 Ready and Healthy; last status %+v", &last.Status)
+
+	// 3 and 3, the aws ones in the zone with room, each on its cloud's
+	// address range.
+	slots := map[string]int{}
+	for _, m := range membersOf() {
+		slots[m.Spec.Provider+"/"+m.Spec.Placement.Zone]++
+		switch m.Spec.Provider {
+		case "gcp-eu":
+			assert.True(t, strings.HasPrefix(m.Status.IP, "127.2."), "%s: a gcp VM's address, got %s", m.Name, m.Status.IP)
+		case "aws-eu":
+			assert.True(t, strings.HasPrefix(m.Status.IP, "127.90."), "%s: an EC2 instance's public IP, got %s", m.Name, m.Status.IP)
+		}
+	}
+	assert.Equal(t, map[string]int{"gcp-eu/" + cloudsGCPZone: 3, "aws-eu/" + cloudsRoomyZone: 3}, slots,
+		"3 members per cloud; none left in the aws zone without capacity")
+	limited := meta.FindStatusCondition(last.Status.Conditions, crawlv1alpha1.ConditionPlacementLimited)
+	require.NotNil(t, limited, "the pool says where it has no room")
+	assert.Equal(t, metav1.ConditionTrue, limited.Status)
+	assert.Equal(t, "NoRoom", limited.Reason)
+	assert.Contains(t, limited.Message, cloudsFullZone)
+	assert.True(t, poolEvent(t, cl, ns, "PlacementFull", cloudsFullZone), "a PlacementFull Event names the zone")
+	assert.Equal(t, 1.0, metricValue(t, "http://"+metrics+"/metrics", "proxy_operator_pool_full_slots", "pool", pool.Name),
+		"the full slot is counted")
+	runsInFullZone := ec2.Calls("RunInstances")
+	assert.Less(t, runsInFullZone, 10, "the pool does not retry the full zone in a loop")
+	for cloud, want := range map[string]int{"gcp": 3, "aws": 3} {
+		assert.Len(t, discovery.list(t, "cloud="+cloud+"&suite="+ns), want, "discovery derives cloud=%s", cloud)
+	}
+	awsBefore := liveEC2(ec2)
+	require.Len(t, awsBefore, 3)
+
+	// The EC2 API fails for minutes. Meanwhile a gcp VM is lost and
+	// replaced; the pool never has fewer than 6 serving, and aws leases
+	// tunnel through their instances every few seconds.
+	floor := sampleMembersFloor(t, membersOf)
+	ec2.SetDown(true)
+	outageEnds := time.Now().Add(apiOutage)
+	lostGCP := ""
+	for _, m := range membersOf() {
+		if m.Spec.Provider == "gcp-eu" {
+			lostGCP = m.Name
+			require.True(t, compute.Remove(cloudsGCPZone, m.Status.InstanceName), "the gcp VM is lost")
+			break
+		}
+	}
+	tunnels, failures := 0, []string{}
+	for time.Now().Before(outageEnds) {
+		exit, err := discovery.fetchThroughLease(t, c.Target, "cloud=aws&suite="+ns)
+		tunnels++
+		if err != nil {
+			failures = append(failures, fmt.Sprintf("%s: %v", time.Now().Format(time.TimeOnly), err))
+		} else {
+			assert.True(t, strings.HasPrefix(exit, "127.90."), "the site sees an EC2 instance's IP, got %s", exit)
+		}
+		time.Sleep(2 * time.Second)
+	}
+	ec2.SetDown(false)
+	fewest, samples := floor.finish()
+	assert.Empty(t, failures, "every aws lease tunnelled during the outage (%d tried)", tunnels)
+	assert.GreaterOrEqual(t, samples, int(apiOutage/time.Second), "the sampler kept sampling")
+	assert.GreaterOrEqual(t, fewest, 5, "at most the lost gcp member was missing while the EC2 API was down")
+	assert.Equal(t, awsBefore, liveEC2(ec2), "no aws instance was made or terminated for the outage")
+
+	// After it: 6 Ready again, the lost gcp member replaced, the aws ones
+	// the same instances as before.
+	require.Eventually(t, func() bool {
+		if cl.Get(ctx, client.ObjectKeyFromObject(pool), &last) != nil {
+			return false
+		}
+		ms := membersOf()
+		return settledAt(6)(&last, ms) && allHealthy(ms)
+	}, 2*waitFor, poll, "the pool settled again; last status %+v", &last.Status)
+	for _, m := range membersOf() {
+		assert.Equal(t, metav1.ConditionTrue, healthyStatus(&m), "%s healthy", m.Name)
+		if m.Spec.Provider == "aws-eu" {
+			assert.Contains(t, awsBefore, m.Status.InstanceName, "%s kept its instance through the outage", m.Name)
+		}
+	}
+	assert.Len(t, liveEC2(ec2), 3, "no stray aws instance")
+	assert.True(t, lostGCP != "", "a gcp member was lost")
+}
+
+// allHealthy says every member is Ready and its probes pass.
+func allHealthy(ms []crawlv1alpha1.Proxy) bool {
+	for i := range ms {
+		if !readyAndHealthy(&ms[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// liveEC2 names the fake EC2's instances not terminated.
+func liveEC2(fake *fakeec2.Server) []string {
+	var ids []string
+	for _, in := range fake.Instances() {
+		if in.State != fakeec2.StateTerminated && in.State != fakeec2.StateShuttingDown {
+			ids = append(ids, in.ID)
+		}
+	}
+	return ids
+}
+
+// poolEvent says whether an Event of reason about the pool mentions what.
+func poolEvent(t *testing.T, cl client.Client, ns, reason, what string) bool {
+	t.Helper()
+	var events eventsv1.EventList
+	require.NoError(t, cl.List(context.Background(), &events, client.InNamespace(ns)))
+	for _, e := range events.Items {
+		if e.Reason == reason && strings.Contains(e.Note, what) {
+			return true
+		}
+	}
+	return false
+}
+
+// metricValue is the value of the series of family whose label has value.
+func metricValue(t *testing.T, metricsURL, family, label, value string) float64 {
+	t.Helper()
+	families, err := cluster.ScrapeMetrics(metricsURL)
+	require.NoError(t, err)
+	for _, m := range families[family].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == label && l.GetValue() == value {
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	t.Fatalf("%s has no series with %s=%q", family, label, value)
+	return 0
+}
+
+// sampleMembersFloor lists the members every 200ms (as sampleFloor does on
+// the shared cluster) and keeps the fewest serving.
+func sampleMembersFloor(t *testing.T, list func() []crawlv1alpha1.Proxy) *floorSampler {
+	s := &floorSampler{fewest: 1 << 30, stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		ticker := time.NewTicker(200 * time.Millisecond)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-s.stop:
+				return
+			case <-ticker.C:
+			}
+			n := serving(list())
+			s.mu.Lock()
+			s.fewest, s.samples = min(s.fewest, n), s.samples+1
+			s.mu.Unlock()
+		}
+	}()
+	return s
+}
+
+// discoveryClient is a crawler of the discovery API of an operator other
+// than the shared one.
+type discoveryClient struct{ base, token string }
+
+func (d discoveryClient) do(t *testing.T, method, path, body string) (int, map[string]any) {
+	t.Helper()
+	req, err := http.NewRequest(method, d.base+path, strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+d.token)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	res, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer res.Body.Close()
+	raw, _ := io.ReadAll(res.Body)
+	var out map[string]any
+	if len(raw) > 0 {
+		require.NoError(t, json.Unmarshal(raw, &out), "%s %s: %s", method, path, raw)
+	}
+	return res.StatusCode, out
+}
+
+// list is the healthy proxies whose attributes match query.
+func (d discoveryClient) list(t *testing.T, query string) []any {
+	t.Helper()
+	status, body := d.do(t, http.MethodGet, "/v1/proxies?healthy=true&"+query, "")
+	require.Equal(t, http.StatusOK, status, "%v", body)
+	items, _ := body["proxies"].([]any)
+	return items
+}
+
+// fetchThroughLease leases a proxy matching selector (key=value&...),
+// fetches the target's echo page through it with the lease's credentials,
+// releases the lease, and returns the address the site saw.
+func (d discoveryClient) fetchThroughLease(t *testing.T, target *cluster.Target, selector string) (string, error) {
+	t.Helper()
+	sel := map[string]string{}
+	for _, kv := range strings.Split(selector, "&") {
+		k, v, _ := strings.Cut(kv, "=")
+		sel[k] = v
+	}
+	body, _ := json.Marshal(map[string]any{"selector": sel, "ttlSeconds": 60})
+	status, lease := d.do(t, http.MethodPost, "/v1/leases", string(body))
+	if status != http.StatusCreated {
+		return "", fmt.Errorf("lease: %d %v", status, lease)
+	}
+	defer d.do(t, http.MethodDelete, "/v1/leases/"+lease["leaseID"].(string), "")
+	proxy, _ := lease["proxy"].(map[string]any)
+	proxyURL, err := url.Parse(fmt.Sprint(proxy["url"]))
+	if err != nil {
+		return "", err
+	}
+	ca, err := os.ReadFile(target.CAFile)
+	require.NoError(t, err)
+	roots := x509.NewCertPool()
+	require.True(t, roots.AppendCertsFromPEM(ca))
+	httpClient := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		Proxy: http.ProxyURL(proxyURL), TLSClientConfig: &tls.Config{RootCAs: roots},
+	}}
+	res, err := httpClient.Get(target.EchoURL)
+	if err != nil {
+		return "", fmt.Errorf("through %v: %w", proxy["id"], err)
+	}
+	defer res.Body.Close()
+	seen, _ := io.ReadAll(res.Body)
+	if res.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("through %v: %s", proxy["id"], res.Status)
+	}
+	return strings.TrimSpace(string(seen)), nil
+}

@@ -147,10 +147,15 @@ func TestPoolAcrossClouds(t *testing.T) {
 	floor := sampleMembersFloor(t, membersOf)
 	ec2.SetDown(true)
 	outageEnds := time.Now().Add(apiOutage)
-	lostGCP := ""
+	lostGCP := map[string]uint64{} // the lost VM's id by its name
 	for _, m := range membersOf() {
 		if m.Spec.Provider == "gcp-eu" {
-			lostGCP = m.Name
+			for _, vm := range compute.Instances() {
+				if vm.GetName() == m.Status.InstanceName {
+					lostGCP[vm.GetName()] = vm.GetId()
+				}
+			}
+			require.Len(t, lostGCP, 1)
 			require.True(t, compute.Remove(cloudsGCPZone, m.Status.InstanceName), "the gcp VM is lost")
 			break
 		}
@@ -166,6 +171,14 @@ func TestPoolAcrossClouds(t *testing.T) {
 		}
 		time.Sleep(2 * time.Second)
 	}
+	// The gcp side healed while the EC2 API was still down.
+	assert.Equal(t, 6, serving(membersOf()), "6 serving at the outage's end")
+	for _, vm := range compute.Instances() {
+		if id, lost := lostGCP[vm.GetName()]; lost {
+			assert.NotEqual(t, id, vm.GetId(), "the lost VM %s was made again", vm.GetName())
+		}
+	}
+	assert.Len(t, compute.Instances(), 3, "3 gcp VMs at the outage's end, the lost one made again")
 	ec2.SetDown(false)
 	fewest, samples := floor.finish()
 	assert.Empty(t, failures, "every aws lease tunnelled during the outage (%d tried)", tunnels)
@@ -189,7 +202,6 @@ func TestPoolAcrossClouds(t *testing.T) {
 		}
 	}
 	assert.Len(t, liveEC2(ec2), 3, "no stray aws instance")
-	assert.True(t, lostGCP != "", "a gcp member was lost")
 }
 
 // allHealthy says every member is Ready and its probes pass.
@@ -202,15 +214,16 @@ func allHealthy(ms []crawlv1alpha1.Proxy) bool {
 	return true
 }
 
-// liveEC2 names the fake EC2's instances not terminated.
+// liveEC2 names the fake EC2's instances not terminated (their Name tag,
+// a member's status.instanceName).
 func liveEC2(fake *fakeec2.Server) []string {
-	var ids []string
+	var names []string
 	for _, in := range fake.Instances() {
 		if in.State != fakeec2.StateTerminated && in.State != fakeec2.StateShuttingDown {
-			ids = append(ids, in.ID)
+			names = append(names, in.Tags["Name"])
 		}
 	}
-	return ids
+	return names
 }
 
 // poolEvent says whether an Event of reason about the pool mentions what.

@@ -191,6 +191,17 @@ func TestCreateRunsOneHardenedInstanceAndARetryIsANoOp(t *testing.T) {
 	assert.Len(t, fake.Instances(), 2)
 }
 
+// TestALostReplyRetriedByTheSDKRunsOneInstance: RunInstances acts and its
+// reply is lost (a 500); the SDK's own retry carries the same ClientToken,
+// so the create succeeds with the one instance.
+func TestALostReplyRetriedByTheSDKRunsOneInstance(t *testing.T) {
+	fake, p := newFake(t)
+	fake.LoseNextReply("RunInstances")
+	require.NoError(t, p.Create(context.Background(), createRequest(awsProxy(), "hash-1")))
+	assert.Equal(t, 2, fake.Calls("RunInstances"), "the SDK retried the call whose reply was lost")
+	assert.Len(t, fake.Instances(), 1, "one instance for both calls")
+}
+
 func TestGetListAndDelete(t *testing.T) {
 	fake, p := newFake(t)
 	fake.BootPolls = 2

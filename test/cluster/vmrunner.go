@@ -40,10 +40,11 @@ type VMRunner struct {
 }
 
 // machine is one running VM as a runner plays it: its id, where its proxy
-// listens, and its lease key.
+// listens, and how to read its lease key (only when its proxy starts: a
+// sync of thousands of VMs must not parse each one's user-data).
 type machine struct {
 	id, addr string
-	key      []byte
+	key      func() []byte
 }
 
 // NewVMRunner plays the VMs of the fake Compute API; Run starts it.
@@ -55,7 +56,7 @@ func NewVMRunner(fake *fakecompute.Server) *VMRunner {
 			if vm.GetStatus() != "RUNNING" || addr == "" {
 				continue
 			}
-			running = append(running, machine{id: strconv.FormatUint(vm.GetId(), 10), addr: addr, key: metadataLeaseKey(vm)})
+			running = append(running, machine{id: strconv.FormatUint(vm.GetId(), 10), addr: addr, key: func() []byte { return metadataLeaseKey(vm) }})
 		}
 		return running
 	})
@@ -72,7 +73,7 @@ func NewEC2Runner(fake *fakeec2.Server) *VMRunner {
 			if in.State != fakeec2.StateRunning || in.PublicIP == "" || port == "" {
 				continue
 			}
-			running = append(running, machine{id: in.ID, addr: net.JoinHostPort(in.PublicIP, port), key: userDataLeaseKey(in.UserData)})
+			running = append(running, machine{id: in.ID, addr: net.JoinHostPort(in.PublicIP, port), key: func() []byte { return userDataLeaseKey(in.UserData) }})
 		}
 		return running
 	})
@@ -110,7 +111,7 @@ func (r *VMRunner) sync() {
 		if running || crashed {
 			continue
 		}
-		p, err := StartAuthenticatingProxy(vm.addr, leaseKeyCheck(vm.key))
+		p, err := StartAuthenticatingProxy(vm.addr, leaseKeyCheck(vm.key()))
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "vm runner: %v\n", err)
 			continue

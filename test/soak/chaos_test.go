@@ -16,7 +16,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/providers/aws/fakeec2"
 	"github.com/example/egress-proxies-operator/providers/gcp/fakecompute"
+	"github.com/example/egress-proxies-operator/test/cluster"
 )
 
 const (
@@ -29,9 +31,10 @@ const (
 )
 
 // chaos breaks things on every tick: it kills Squids (in pods, behind
-// External Proxies, on VMs) and brings them back later, makes the fake
-// Compute API fail, terminates VMs, deletes and adds Proxies, changes pool
-// templates (which roll the pool), and kills the operator a few times.
+// External Proxies, on VMs of both clouds) and brings them back later,
+// makes the fake Compute and EC2 APIs fail, terminates VMs and interrupts
+// Spot instances, deletes and adds Proxies, changes pool templates (which
+// roll the pool), and kills the operator a few times.
 type chaos struct {
 	w   *world
 	rng *rand.Rand
@@ -50,9 +53,9 @@ type chaos struct {
 	// outage, and near the end.
 	sickAllowed bool
 	// deaths are VMs killed behind the operator's back, waiting for a
-	// Healthy successor; recoveries are how long each took.
+	// Healthy successor; recoveries are how long each took, by cloud.
 	deaths     []vmDeath
-	recoveries []time.Duration
+	recoveries map[string][]time.Duration
 	outage     outagePhase
 	// bans follows ban storms, burned IPs and the one-host outage.
 	bans *banWatch
@@ -70,7 +73,8 @@ func newChaos(w *world, seed uint64, sizes map[string]int) *chaos {
 	for pool, n := range sizes {
 		next[pool] = n
 	}
-	return &chaos{w: w, rng: rand.New(rand.NewPCG(seed, 0xc4a05)), next: next, counts: map[string]int{}, held: map[string]int{}}
+	return &chaos{w: w, rng: rand.New(rand.NewPCG(seed, 0xc4a05)), next: next, counts: map[string]int{}, held: map[string]int{},
+		recoveries: map[string][]time.Duration{}}
 }
 
 // run acts on every tick until ctx ends, and restarts the operator at
@@ -203,13 +207,22 @@ func (c *chaos) killExternalSquid() {
 }
 
 func (c *chaos) crashVM() {
-	addr := c.w.vms.Crash(c.rng.IntN)
+	vms := c.anyCloud()
+	addr := vms.Crash(c.rng.IntN)
 	if addr == "" {
 		return
 	}
 	c.count("VM proxy crashed")
 	c.hold(addr)
-	c.later("VM proxy", func() error { c.w.vms.Recover(addr); c.unhold(addr); return nil })
+	c.later("VM proxy", func() error { vms.Recover(addr); c.unhold(addr); return nil })
+}
+
+// anyCloud is the VMs of gcp or of aws, at random.
+func (c *chaos) anyCloud() *cluster.VMRunner {
+	if c.rng.IntN(2) == 0 {
+		return c.w.vms
+	}
+	return c.w.ec2VMs
 }
 
 // faults are what the fake Compute API injects: rate limiting, outages and
@@ -226,7 +239,37 @@ var faults = []fakecompute.Fault{
 	{Method: "delete", LoseReply: true},
 }
 
+// ec2Faults are what the fake EC2 API injects: throttling, outages and
+// replies lost after the call took effect (the SDK retries those itself,
+// with the same ClientToken).
+var ec2Faults = []struct {
+	action   string
+	err      fakeec2.APIError
+	loseOnly bool
+}{
+	{action: "RunInstances", err: fakeec2.APIError{Status: http.StatusServiceUnavailable, Code: "RequestLimitExceeded", Message: "Request limit exceeded."}},
+	{action: "DescribeInstances", err: fakeec2.APIError{Status: http.StatusServiceUnavailable, Code: "RequestLimitExceeded", Message: "Request limit exceeded."}},
+	{action: "TerminateInstances", err: fakeec2.APIError{Status: http.StatusServiceUnavailable, Code: "Unavailable", Message: "The service is unavailable."}},
+	{action: "DescribeInstances", err: fakeec2.APIError{Status: http.StatusServiceUnavailable, Code: "Unavailable", Message: "The service is unavailable."}},
+	{action: "RunInstances", loseOnly: true},
+	{action: "TerminateInstances", loseOnly: true},
+}
+
 func (c *chaos) injectFault() {
+	if c.rng.IntN(2) == 0 {
+		f := ec2Faults[c.rng.IntN(len(ec2Faults))]
+		if f.loseOnly {
+			c.w.ec2.LoseNextReply(f.action)
+			c.count("EC2 fault: lost reply on " + f.action)
+			return
+		}
+		// Four in a row outlast the SDK's own three attempts.
+		for range 4 {
+			c.w.ec2.FailNext(f.action, f.err)
+		}
+		c.count(fmt.Sprintf("EC2 fault: %s on %s", f.err.Code, f.action))
+		return
+	}
 	f := faults[c.rng.IntN(len(faults))]
 	c.w.fake.Inject(f)
 	kind := fmt.Sprintf("%d", f.Status)
@@ -236,9 +279,16 @@ func (c *chaos) injectFault() {
 	c.count(fmt.Sprintf("Compute fault: %s on %s", kind, f.Method))
 }
 
-// terminateVM stops a VM as GCE might (preemption, a host error): the
-// operator must replace it.
+// terminateVM stops a VM as GCE might (preemption, a host error), or an
+// EC2 instance as its host's failure would: the operator must replace it.
 func (c *chaos) terminateVM() {
+	if c.rng.IntN(2) == 0 {
+		if id, ok := c.pickInstance(); ok {
+			c.w.ec2.Stop(id)
+			c.count("EC2 instance stopped behind the operator's back")
+		}
+		return
+	}
 	running := c.runningVMs()
 	if len(running) == 0 {
 		return

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -18,6 +19,7 @@ import (
 	"k8s.io/utils/clock"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/providers/aws/fakeec2"
 	"github.com/example/egress-proxies-operator/providers/gcp/fakecompute"
 	"github.com/example/egress-proxies-operator/test/cluster"
 	"github.com/example/egress-proxies-operator/test/redisserver"
@@ -33,6 +35,10 @@ const (
 	gcpProvider  = "gcp-soak"
 	gcpProviderB = "gcp-soak-b"
 	gcpZone      = "europe-west1-b"
+	// awsProvider is an aws provider instance on the fake EC2 API beside
+	// them: another cloud, whose Spot instances are interrupted.
+	awsProvider        = "aws-soak"
+	awsZoneA, awsZoneB = "eu-west-1a", "eu-west-1b"
 	// kubernetesProviderB is a second kubernetes provider instance beside
 	// the harness's own, in the same cluster.
 	kubernetesProviderB = "kind-b"
@@ -63,17 +69,20 @@ const poolKey = "group"
 
 const (
 	poolKubernetes = "k8s"
-	poolGCP        = "gcp"
-	poolExternal   = "ext"
+	// poolVM is the cloud VMs' group: gcp and aws members alike.
+	poolVM       = "vm"
+	poolExternal = "ext"
 )
 
 // world is everything the soak runs: the local cluster (API server, Squid
-// pods), the fake Compute API with in-process proxies on its VMs' addresses,
-// the External Proxies' Squids and the operator process.
+// pods), the fake Compute and EC2 APIs with in-process proxies on their
+// VMs' addresses, the External Proxies' Squids and the operator process.
 type world struct {
 	cluster *cluster.Cluster
 	fake    *fakecompute.Server
 	vms     *cluster.VMRunner
+	ec2     *fakeec2.Server
+	ec2VMs  *cluster.VMRunner
 	squids  []*externalSquid
 	bin     string
 
@@ -115,8 +124,12 @@ func newWorld(t *testing.T) *world {
 	dir := t.TempDir()
 	fake := fakecompute.New(clock.RealClock{}, fakecompute.Timings{Provisioning: time.Second, Staging: time.Second, Stopping: 2 * time.Second})
 	t.Cleanup(fake.Close)
+	ec2 := fakeec2.New()
+	ec2API := httptest.NewServer(ec2)
+	t.Cleanup(ec2API.Close)
 	gcpSettings := func(name string) string { return cluster.GCPProvider(name, "soak", gcpZone, fake.URL) }
-	c, err := cluster.Start(dir, cluster.Options{ExtraProviders: gcpSettings(gcpProvider) + gcpSettings(gcpProviderB) + `- name: ` + kubernetesProviderB + `
+	c, err := cluster.Start(dir, cluster.Options{ExtraProviders: gcpSettings(gcpProvider) + gcpSettings(gcpProviderB) +
+		cluster.AWSProvider(awsProvider, "eu-west-1", awsZoneA, ec2API.URL) + `- name: ` + kubernetesProviderB + `
   type: kubernetes
   settings:
     allowedSourceRanges: [127.0.0.0/8]
@@ -132,13 +145,15 @@ func newWorld(t *testing.T) *world {
 			t.Errorf("the operator (built with -race) found data races:\n%s", races)
 		}
 	})
-	w := &world{cluster: c, fake: fake, vms: cluster.NewVMRunner(fake), replacements: map[string]float64{}}
+	w := &world{cluster: c, fake: fake, vms: cluster.NewVMRunner(fake), ec2: ec2, ec2VMs: cluster.NewEC2Runner(ec2), replacements: map[string]float64{}}
 	// New instances get released addresses back, as clouds hand a new VM
 	// an IP someone released: a banned member's burned IP comes back.
 	c.Runner.ReuseReleasedIPs(true)
 	fake.ReuseReleasedIPs(true)
-	go w.vms.Run(t.Context())
-	t.Cleanup(w.vms.CloseAll)
+	for _, vms := range []*cluster.VMRunner{w.vms, w.ec2VMs} {
+		go vms.Run(t.Context())
+		t.Cleanup(vms.CloseAll)
+	}
 
 	for i := range externalSquids {
 		s := &externalSquid{cfg: squid.Config{Address: fmt.Sprintf("127.5.0.%d", i+1), Port: int(crawlv1alpha1.DefaultPort)},

@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/providers/aws/fakeec2"
 	"github.com/example/egress-proxies-operator/test/cluster"
 )
 
@@ -143,10 +144,37 @@ func (c *chaos) runningVMs() []string {
 	return running
 }
 
+// pickInstance notes the death of a running EC2 instance picked at random
+// and returns its id.
+func (c *chaos) pickInstance() (string, bool) {
+	var running []fakeec2.Instance
+	for _, in := range c.w.ec2.Instances() {
+		if in.State == fakeec2.StateRunning {
+			running = append(running, in)
+		}
+	}
+	if len(running) == 0 {
+		return "", false
+	}
+	in := running[c.rng.IntN(len(running))]
+	c.mu.Lock()
+	c.deaths = append(c.deaths, vmDeath{cloud: "aws", proxy: in.Tags[crawlv1alpha1.LabelOwnerName], oldIP: in.PublicIP, at: time.Now()})
+	c.mu.Unlock()
+	return in.ID, true
+}
+
 // deleteVM deletes a running VM behind the operator's back, as a console
-// user or a preempted Spot VM would: no watch tells the operator, only its
-// instance watcher's List.
+// user or a preempted Spot VM would, or interrupts a Spot instance (EC2
+// terminates it): no watch tells the operator, only its instance
+// watcher's List.
 func (c *chaos) deleteVM() {
+	if c.rng.IntN(2) == 0 {
+		if id, ok := c.pickInstance(); ok {
+			c.w.ec2.Interrupt(id)
+			c.count("EC2 Spot instance interrupted")
+		}
+		return
+	}
 	running := c.runningVMs()
 	if len(running) == 0 {
 		return
@@ -192,7 +220,7 @@ func (c *chaos) sicken() {
 		}
 		return
 	}
-	if c.w.vms.Crash(c.rng.IntN) != "" {
+	if c.anyCloud().Crash(c.rng.IntN) != "" {
 		c.count("VM proxy killed for good (replaced when Unhealthy too long)")
 	}
 }
@@ -200,6 +228,7 @@ func (c *chaos) sicken() {
 // vmDeath is a VM the chaos killed, whose Proxy should come back Healthy
 // on a new address.
 type vmDeath struct {
+	cloud string
 	proxy string
 	oldIP string
 	at    time.Time
@@ -212,7 +241,7 @@ func (c *chaos) noteDeath(vmName string) {
 		}
 		ip, _, _ := net.SplitHostPort(cluster.VMAddr(vm.GetNetworkInterfaces(), vm.GetLabels()["crawl-port"]))
 		c.mu.Lock()
-		c.deaths = append(c.deaths, vmDeath{proxy: vm.GetLabels()["crawl-owner-name"], oldIP: ip, at: time.Now()})
+		c.deaths = append(c.deaths, vmDeath{cloud: "gcp", proxy: vm.GetLabels()["crawl-owner-name"], oldIP: ip, at: time.Now()})
 		c.mu.Unlock()
 		return
 	}
@@ -244,7 +273,7 @@ func (c *chaos) trackRecoveries(ctx context.Context) {
 				return true
 			case p.Status.IP != "" && p.Status.IP != d.oldIP &&
 				meta.IsStatusConditionTrue(p.Status.Conditions, crawlv1alpha1.ConditionReady):
-				c.recoveries = append(c.recoveries, now.Sub(d.at))
+				c.recoveries[d.cloud] = append(c.recoveries[d.cloud], now.Sub(d.at))
 				return true
 			}
 			return false
@@ -253,17 +282,23 @@ func (c *chaos) trackRecoveries(ctx context.Context) {
 	}
 }
 
-// recoveryTimes are the median and the longest time from a VM's death to
-// its successor being Healthy, and how many are still waiting.
-func (c *chaos) recoveryTimes() (median, longest time.Duration, n, waiting int) {
+// recoveryTimes are the median and the longest time from the death of a
+// VM of cloud to its successor being Healthy, and how many are still
+// waiting.
+func (c *chaos) recoveryTimes(cloud string) (median, longest time.Duration, n, waiting int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	r := slices.Clone(c.recoveries)
+	r := slices.Clone(c.recoveries[cloud])
 	slices.Sort(r)
 	if len(r) > 0 {
 		median, longest = r[len(r)/2], r[len(r)-1]
 	}
-	return median, longest, len(r), len(c.deaths)
+	for _, d := range c.deaths {
+		if d.cloud == cloud {
+			waiting++
+		}
+	}
+	return median, longest, len(r), waiting
 }
 
 // unrecovered lists the Managed Proxies that are not Ready and Healthy,

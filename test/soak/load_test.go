@@ -148,7 +148,7 @@ func (l *load) do(route, method, path, body string) (int, []byte) {
 // crawler leases a proxy, sometimes renews it and reports on it, and
 // releases it or, one time in five, walks away from it.
 func (l *load) crawler(ctx context.Context, rng *rand.Rand) {
-	pools := []string{"", poolKubernetes, poolGCP, poolExternal}
+	pools := []string{"", poolKubernetes, poolVM, poolExternal}
 	for ctx.Err() == nil {
 		selector := map[string]string{}
 		if pool := pools[rng.IntN(len(pools))]; pool != "" {

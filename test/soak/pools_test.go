@@ -17,8 +17,8 @@ import (
 	"github.com/example/egress-proxies-operator/test/cluster"
 )
 
-// The soak's Managed proxies are members of four ProxyPools, two per
-// provider type (one per provider instance), recycled by age throughout
+// The soak's Managed proxies are members of five ProxyPools, one per
+// provider instance (two kubernetes, two gcp, one aws), recycled by age throughout
 // the faults: every member is replaced a few times while everything else
 // goes wrong, and nothing may be lost for it.
 const (
@@ -36,13 +36,17 @@ const (
 type soakPool struct {
 	name, group, provider string
 	zones                 []string
+	placement             *crawlv1alpha1.Placement
 }
 
 var soakPools = []soakPool{
 	{name: "k8s-a", group: poolKubernetes, provider: cluster.ProviderName, zones: []string{poolZoneA, poolZoneB, poolZoneC}},
 	{name: "k8s-b", group: poolKubernetes, provider: kubernetesProviderB, zones: []string{poolZoneA, poolZoneB, poolZoneC}},
-	{name: "gcp-a", group: poolGCP, provider: gcpProvider},
-	{name: "gcp-b", group: poolGCP, provider: gcpProviderB},
+	{name: "gcp-a", group: poolVM, provider: gcpProvider, placement: &crawlv1alpha1.Placement{Zone: gcpZone, MachineType: "e2-small"}},
+	{name: "gcp-b", group: poolVM, provider: gcpProviderB, placement: &crawlv1alpha1.Placement{Zone: gcpZone, MachineType: "e2-small"}},
+	// Spot instances over two zones: the chaos interrupts them.
+	{name: "aws-a", group: poolVM, provider: awsProvider, zones: []string{awsZoneA, awsZoneB},
+		placement: &crawlv1alpha1.Placement{MachineType: "t3.micro", Parameters: map[string]string{"marketType": "spot"}}},
 }
 
 // newPools splits each Managed group's size over its pools.
@@ -61,10 +65,7 @@ func newPools(sizes map[string]int) []*crawlv1alpha1.ProxyPool {
 		}
 		seen[sp.group]++
 		spec := crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeManaged, Provider: sp.provider, Port: crawlv1alpha1.DefaultPort,
-			Attributes: map[string]string{poolKey: sp.group}}
-		if sp.group == poolGCP {
-			spec.Placement = &crawlv1alpha1.Placement{Zone: gcpZone, MachineType: "e2-small"}
-		}
+			Attributes: map[string]string{poolKey: sp.group}, Placement: sp.placement.DeepCopy()}
 		surge, unavailable := intstr.FromString("25%"), intstr.FromString("10%")
 		out = append(out, &crawlv1alpha1.ProxyPool{
 			ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: sp.name},
@@ -164,7 +165,7 @@ func (c *chaos) changeTemplate(ctx context.Context, poolName string) {
 	patch := client.MergeFrom(p.DeepCopy())
 	spec := &p.Spec.Template.Spec
 	if spec.Placement != nil {
-		spec.Placement.MachineType = map[string]string{"e2-small": "e2-medium", "e2-medium": "e2-small"}[spec.Placement.MachineType]
+		spec.Placement.MachineType = map[string]string{"e2-small": "e2-medium", "e2-medium": "e2-small", "t3.micro": "t3.small", "t3.small": "t3.micro"}[spec.Placement.MachineType]
 	} else {
 		spec.Port = map[int32]int32{crawlv1alpha1.DefaultPort: 3129, 3129: crawlv1alpha1.DefaultPort}[spec.Port]
 	}

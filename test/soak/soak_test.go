@@ -29,6 +29,7 @@ import (
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/credentials"
+	"github.com/example/egress-proxies-operator/providers/aws/fakeec2"
 	"github.com/example/egress-proxies-operator/test/cluster"
 )
 
@@ -39,9 +40,9 @@ var (
 )
 
 // sizes is how many Proxies of each group the soak keeps, 500 in all: the
-// Managed ones as members of two ProxyPools per group (pools_test.go), the
-// External ones as single Proxies.
-var sizes = map[string]int{poolKubernetes: 100, poolGCP: 200, poolExternal: 200}
+// Managed ones as members of ProxyPools, one per provider instance
+// (pools_test.go), the External ones as single Proxies.
+var sizes = map[string]int{poolKubernetes: 100, poolVM: 200, poolExternal: 200}
 
 const (
 	// recoverWithin is the time past the replacement period in which a
@@ -157,7 +158,13 @@ func TestSoak(t *testing.T) {
 	bw.outageTold = w.outageTold(ctx)
 	bw.mu.Unlock()
 	replacements := w.totalReplacements()
-	recoveryMedian, recoveryMax, recoveries, recoveriesWaiting := ch.recoveryTimes()
+	var recoveries strings.Builder
+	recoveredBy := map[string]int{}
+	for _, cloud := range []string{"gcp", "aws"} {
+		median, longest, n, waiting := ch.recoveryTimes(cloud)
+		recoveredBy[cloud] = n
+		fmt.Fprintf(&recoveries, "\n  %s: %d measured, median %s, max %s (still waiting: %d)", cloud, n, median.Round(time.Second), longest.Round(time.Second), waiting)
+	}
 	// Every abandoned lease is gone once its TTL is, and no proxy counts a
 	// lease any more.
 	time.Sleep(maxRequestedTTL + expirySlack)
@@ -186,6 +193,7 @@ Proxies: %v, %d in all; bring-up to Ready: %s
 faults and load: %s; operator restarts: %d; chaos still down at the end: %d (+ %s left down on purpose)
 what the chaos did:
 %sCompute API requests: insert %d, get %d, delete %d, aggregatedList %d; VMs ever created: %d
+EC2 API requests: RunInstances %d, DescribeInstances %d, TerminateInstances %d; instances ever run: %d
 convergence after the chaos: %s (problems left: %d)
 health verdicts against our own probes: %d mismatched after %s, %d proxies really down at the end
 discovery: %d answered, %.0f/s, p50 %s, p99 %s; unexpected statuses: %d; unanswered while the operator was up: %d (while it was down: %d)
@@ -195,7 +203,7 @@ operator over the last half (%d samples, one process: %t): RSS median %s -> %s M
 self-healing: Managed proxies not Ready and Healthy at the end: %d (held down by the chaos at that moment: %d), recovered within %s
 pools: %d, recycled by age every %s during the faults; not whole at the end: %d, settled within %s
 replacements by cause:%s
-VM killed behind the operator's back -> successor Healthy: %d measured, median %s, max %s (still waiting: %d)
+VM killed behind the operator's back -> successor Healthy, by cloud:%s
 probe target outage of %s: replacements for being Unhealthy during it %.0f, passes that held one back %.0f
 orphan GC: %d instances deleted, %d of them live
 status writes the API server refused with 409 Conflict, bring-up to the end: %.0f
@@ -203,6 +211,7 @@ bans: %s
 `, seed, sizes, total(sizes), bringUp.Round(time.Second),
 		*soakDuration, w.restarts, ch.stillDown(), leftDown, ch.summary(),
 		w.fake.Requests("insert"), w.fake.Requests("get"), w.fake.Requests("delete"), w.fake.Requests("aggregatedList"), w.fake.Created(),
+		w.ec2.Calls("RunInstances"), w.ec2.Calls("DescribeInstances"), w.ec2.Calls("TerminateInstances"), len(w.ec2.Instances()),
 		convergence.Round(time.Second), len(converged), len(mismatched), verdictsAgreed.Round(time.Second), wantUnhealthy,
 		l.requests(), float64(l.requests())/soakEnd.Sub(soakStart).Seconds(), l.latency(0.5).Round(time.Microsecond), l.latency(0.99).Round(time.Microsecond),
 		len(l.unexpected), len(l.failedWhileUp), l.failedWhileDown, l.statusTable(),
@@ -210,7 +219,7 @@ bans: %s
 		s.count(soakStart.Add(*soakDuration/2), soakEnd), sameProcess, mib(rss[0]), mib(rss[1]), strconv.Itoa(int(goroutines[0])), strconv.Itoa(int(goroutines[1])),
 		len(unrecovered), heldDown, recovered.Round(time.Second),
 		len(soakPools), poolMaxAge, len(poolProblems), poolsSettled.Round(time.Second), formatCauses(replacements),
-		recoveries, recoveryMedian.Round(time.Second), recoveryMax.Round(time.Second), recoveriesWaiting,
+		recoveries.String(),
 		outageLength, ch.outage.replacedDuring, ch.outage.heldDuring,
 		gcDeleted, len(gcLive), conflicts, bw.summary())
 	if conflicts != 0 {
@@ -270,8 +279,12 @@ bans: %s
 	if ch.counts["pool template changed (the pool rolls)"] > 0 && replacements[poolCause("TemplateChanged")] == 0 {
 		t.Error("a pool template changed, but no member was replaced for it")
 	}
-	if recoveries == 0 {
-		t.Error("no VM death was followed to a Healthy successor")
+	// Both clouds heal alike: each cloud's dead VMs came back Healthy on a
+	// new address, and every other check above covers both.
+	for cloud, n := range recoveredBy {
+		if n == 0 {
+			t.Errorf("no %s VM death was followed to a Healthy successor", cloud)
+		}
 	}
 	report(t, "discovery answered with an undocumented status", l.unexpected)
 	report(t, "discovery did not answer while the operator was up", l.failedWhileUp)
@@ -323,7 +336,7 @@ func (c *chaos) leaveSomeDown() string {
 		}
 	}
 	for vms < 5 {
-		addr := c.w.vms.Crash(c.rng.IntN)
+		addr := []*cluster.VMRunner{c.w.vms, c.w.ec2VMs}[vms%2].Crash(c.rng.IntN)
 		if addr == "" {
 			break
 		}
@@ -379,6 +392,11 @@ func (w *world) inventory(ctx context.Context) []string {
 		if vm.GetStatus() != "STOPPING" {
 			ip, _, _ := net.SplitHostPort(cluster.VMAddr(vm.GetNetworkInterfaces(), vm.GetLabels()["crawl-port"]))
 			own(vm.GetLabels()["crawl-owner-uid"], ip)
+		}
+	}
+	for _, in := range w.ec2.Instances() {
+		if in.State != fakeec2.StateTerminated && in.State != fakeec2.StateShuttingDown {
+			own(in.Tags[crawlv1alpha1.LabelOwnerUID], in.PublicIP)
 		}
 	}
 	byUID := map[types.UID]bool{}

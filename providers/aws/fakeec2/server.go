@@ -88,6 +88,9 @@ type Server struct {
 	calls map[string]int
 	// failures are the answers the next calls of an Action get instead.
 	failures map[string][]APIError
+	// lostReplies counts the next calls of an Action that act and then
+	// answer 500, as a reply lost on the way back would.
+	lostReplies map[string]int
 	// capacity is the zones out of capacity (InsufficientInstanceCapacity
 	// for every RunInstances there).
 	fullZones map[string]bool
@@ -106,7 +109,7 @@ type APIError struct {
 // New returns an empty fake EC2.
 func New() *Server {
 	s := &Server{instances: map[string]*Instance{}, tokens: map[string]string{}, groups: map[string]*SecurityGroup{},
-		calls: map[string]int{}, failures: map[string][]APIError{}, fullZones: map[string]bool{}, BootPolls: 1}
+		calls: map[string]int{}, failures: map[string][]APIError{}, lostReplies: map[string]int{}, fullZones: map[string]bool{}, BootPolls: 1}
 	return s
 }
 
@@ -122,6 +125,16 @@ func (s *Server) FailNext(action string, err APIError) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.failures[action] = append(s.failures[action], err)
+}
+
+// LoseNextReply makes the next call of action take effect and then answer
+// 500 InternalError, as a reply lost on its way back: the SDK retries it,
+// and only the ClientToken keeps a retried RunInstances from running a
+// second instance.
+func (s *Server) LoseNextReply(action string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lostReplies[action]++
 }
 
 // SetZoneFull makes every RunInstances in zone answer
@@ -252,6 +265,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, *err)
 		return
 	}
+	if s.lostReplies[action] > 0 {
+		s.lostReplies[action]--
+		writeError(w, APIError{http.StatusInternalServerError, "InternalError", "An internal error has occurred (the call took effect)."})
+		return
+	}
 	w.Header().Set("Content-Type", "text/xml;charset=UTF-8")
 	out, merr := xml.Marshal(body)
 	if merr != nil {
@@ -375,37 +393,50 @@ func (s *Server) runInstances(form url.Values) (any, *APIError) {
 	return reservation("RunInstancesResponse", in), nil
 }
 
-// filtered says whether a resource passes every Filter.N of form: field
-// reads the resource's value for a filter name (ok false: it has none, or
-// the filter is unknown), and tag-key filters ask hasTag.
-func filtered(form url.Values, field func(name string) (string, bool), tags map[string]string) bool {
+// filter is one Filter.N of a describe request.
+type filter struct {
+	name   string
+	values []string
+}
+
+// filtersOf reads a request's Filter.N, once per request.
+func filtersOf(form url.Values) []filter {
+	var out []filter
 	for i := 1; ; i++ {
 		f := "Filter." + strconv.Itoa(i)
 		names, ok := form[f+".Name"]
 		if !ok {
-			return true
+			return out
 		}
-		values := indexed(form, f+".Value", "")
-		name := names[0]
-		if name == "tag-key" {
-			if !slices.ContainsFunc(values, func(k string) bool { _, has := tags[k]; return has }) {
+		out = append(out, filter{name: names[0], values: indexed(form, f+".Value", "")})
+	}
+}
+
+// passes says whether a resource passes every filter: field reads the
+// resource's value for a filter name (ok false: it has none, or the filter
+// is unknown), and tag-key filters ask its tags.
+func passes(filters []filter, field func(name string) (string, bool), tags map[string]string) bool {
+	for _, f := range filters {
+		if f.name == "tag-key" {
+			if !slices.ContainsFunc(f.values, func(k string) bool { _, has := tags[k]; return has }) {
 				return false
 			}
 			continue
 		}
-		have, ok := field(name)
-		if key, isTag := strings.CutPrefix(name, "tag:"); isTag {
+		have, ok := field(f.name)
+		if key, isTag := strings.CutPrefix(f.name, "tag:"); isTag {
 			have, ok = tags[key]
 		}
-		if !ok || !slices.Contains(values, have) {
+		if !ok || !slices.Contains(f.values, have) {
 			return false
 		}
 	}
+	return true
 }
 
-// matches says whether in passes every Filter.N of form.
-func matches(form url.Values, in *Instance) bool {
-	return filtered(form, func(name string) (string, bool) {
+// matches says whether in passes every filter.
+func matches(filters []filter, in *Instance) bool {
+	return passes(filters, func(name string) (string, bool) {
 		switch name {
 		case "instance-state-name":
 			return in.State, true
@@ -426,9 +457,10 @@ func (s *Server) describeInstances(form url.Values) (any, *APIError) {
 		}
 	}
 	var items []xmlReservation
+	filters := filtersOf(form)
 	for _, id := range s.order {
 		in := s.instances[id]
-		if len(ids) > 0 && !slices.Contains(ids, id) || !matches(form, in) {
+		if len(ids) > 0 && !slices.Contains(ids, id) || !matches(filters, in) {
 			continue
 		}
 		s.boot(in)
@@ -528,8 +560,9 @@ func (s *Server) describeSecurityGroups(form url.Values) (any, *APIError) {
 			return nil, &APIError{http.StatusBadRequest, "InvalidGroup.NotFound", fmt.Sprintf("The security group '%s' does not exist", id)}
 		}
 	}
+	filters := filtersOf(form)
 	for _, g := range ordered {
-		if len(ids) > 0 && !slices.Contains(ids, g.ID) || !groupMatches(form, g) {
+		if len(ids) > 0 && !slices.Contains(ids, g.ID) || !groupMatches(filters, g) {
 			continue
 		}
 		out = append(out, groupXML(g))
@@ -542,8 +575,9 @@ func (s *Server) describeSecurityGroups(form url.Values) (any, *APIError) {
 	}{Xmlns: xmlns, RequestID: "fake-request", Groups: out}, nil
 }
 
-func groupMatches(form url.Values, g *SecurityGroup) bool {
-	return filtered(form, func(name string) (string, bool) {
+// groupMatches says whether g passes every filter.
+func groupMatches(filters []filter, g *SecurityGroup) bool {
+	return passes(filters, func(name string) (string, bool) {
 		switch name {
 		case "group-name":
 			return g.Name, true

@@ -144,7 +144,7 @@ func TestPoolAcrossClouds(t *testing.T) {
 	// The EC2 API fails for minutes. Meanwhile a gcp VM is lost and
 	// replaced; the pool never has fewer than 6 serving, and aws leases
 	// tunnel through their instances every few seconds.
-	floor := sampleMembersFloor(t, membersOf)
+	floor := sampleMembersFloor(membersOf)
 	ec2.SetDown(true)
 	outageEnds := time.Now().Add(apiOutage)
 	lostGCP := map[string]uint64{} // the lost VM's id by its name
@@ -257,7 +257,7 @@ func metricValue(t *testing.T, metricsURL, family, label, value string) float64 
 
 // sampleMembersFloor lists the members every 200ms (as sampleFloor does on
 // the shared cluster) and keeps the fewest serving.
-func sampleMembersFloor(t *testing.T, list func() []crawlv1alpha1.Proxy) *floorSampler {
+func sampleMembersFloor(list func() []crawlv1alpha1.Proxy) *floorSampler {
 	s := &floorSampler{fewest: 1 << 30, stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(s.done)

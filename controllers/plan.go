@@ -224,6 +224,14 @@ func targetSuspect(unhealthy, probed int, maxShare float64) bool {
 	return unhealthy >= minSuspectUnhealthy && float64(unhealthy) > maxShare*float64(probed)
 }
 
+// finalizerFirst says whether a Managed Proxy's next action is to add the
+// finalizer, before anything else is looked at: it is not being deleted,
+// has none, and its provider does not delete instances with their Proxy.
+func finalizerFirst(p *crawlv1alpha1.Proxy, ownerCollected bool) bool {
+	return p.Spec.Mode != crawlv1alpha1.ModeExternal && p.DeletionTimestamp.IsZero() &&
+		!controllerutil.ContainsFinalizer(p, crawlv1alpha1.Finalizer) && !ownerCollected
+}
+
 // plan maps an observation to exactly one action. It is pure: no I/O, no
 // clock, so every case is a table row in plan_test.go.
 func plan(o observation) Action {
@@ -247,7 +255,7 @@ func plan(o observation) Action {
 		return Action{Type: ActionNothing}
 	case deleting:
 		return planDeletion(o)
-	case !hasFinalizer && !o.ownerCollected:
+	case finalizerFirst(p, o.ownerCollected):
 		return Action{Type: ActionAddFinalizer, Phase: phaseOr(p.Status.Phase, crawlv1alpha1.PhasePending),
 			Reason: ReasonFinalizerAdded, Message: "waiting to provision"}
 	case o.specErr != nil:

@@ -196,6 +196,12 @@ func (r *ProxyReconciler) observeInstance(ctx context.Context, p *crawlv1alpha1.
 	}
 	o.instanceName = providers.InstanceName(r.Owner.ClusterID, p.Namespace, p.Name)
 	o.ownerCollected = r.ownerCollected(p.Spec.Provider) && (p.Status.Provider == "" || r.ownerCollected(p.Status.Provider))
+	if finalizerFirst(p, o.ownerCollected) {
+		// plan adds the finalizer whatever the provider holds: the pass
+		// asks the cloud nothing (a new proxy's first call to a rate-limited
+		// API saved), and the next pass observes everything.
+		return o, nil
+	}
 
 	// A Proxy being deleted needs only its instance found; anything else
 	// needs a provider that accepts the spec and a cloud-init to hash.

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"cloud.google.com/go/compute/apiv1/computepb"
-
 	"sigs.k8s.io/yaml"
 
 	"github.com/example/egress-proxies-operator/providers/aws/fakeec2"

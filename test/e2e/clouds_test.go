@@ -103,13 +103,17 @@ func TestPoolAcrossClouds(t *testing.T) {
 		return list.Items
 	}
 	var last crawlv1alpha1.ProxyPool
-	require.Eventually(t, func() bool {
-		if cl.Get(ctx, client.ObjectKeyFromObject(pool), &last) != nil {
-			return false
-		}
-		ms := membersOf()
-		return settledAt(6)(&last, ms) && allHealthy(ms)
-	}, 2*waitFor, poll, "the pool across clouds never settled at 6 Ready and Healthy; last status %+v", &last.Status)
+	waitSettled := func(what string) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			if cl.Get(ctx, client.ObjectKeyFromObject(pool), &last) != nil {
+				return false
+			}
+			ms, err := listMembers(cl, pool)()
+			return err == nil && settledAt(6)(&last, ms) && allHealthy(ms)
+		}, 2*waitFor, poll, "%s: the pool never settled at 6 Ready and Healthy; last status %+v", what, &last.Status)
+	}
+	waitSettled("bring-up")
 
 	// 3 and 3, the aws ones in the zone with room, each on its cloud's
 	// address range.
@@ -144,7 +148,7 @@ func TestPoolAcrossClouds(t *testing.T) {
 	// The EC2 API fails for minutes. Meanwhile a gcp VM is lost and
 	// replaced; the pool never has fewer than 6 serving, and aws leases
 	// tunnel through their instances every few seconds.
-	floor := sampleMembersFloor(membersOf)
+	floor := sampleMembersFloor(listMembers(cl, pool))
 	ec2.SetDown(true)
 	outageEnds := time.Now().Add(apiOutage)
 	lostGCP := map[string]uint64{} // the lost VM's id by its name
@@ -188,13 +192,7 @@ func TestPoolAcrossClouds(t *testing.T) {
 
 	// After it: 6 Ready again, the lost gcp member replaced, the aws ones
 	// the same instances as before.
-	require.Eventually(t, func() bool {
-		if cl.Get(ctx, client.ObjectKeyFromObject(pool), &last) != nil {
-			return false
-		}
-		ms := membersOf()
-		return settledAt(6)(&last, ms) && allHealthy(ms)
-	}, 2*waitFor, poll, "the pool settled again; last status %+v", &last.Status)
+	waitSettled("after the outage")
 	for _, m := range membersOf() {
 		assert.Equal(t, metav1.ConditionTrue, healthyStatus(&m), "%s healthy", m.Name)
 		if m.Spec.Provider == "aws-eu" {
@@ -253,29 +251,6 @@ func metricValue(t *testing.T, metricsURL, family, label, value string) float64 
 	}
 	t.Fatalf("%s has no series with %s=%q", family, label, value)
 	return 0
-}
-
-// sampleMembersFloor lists the members every 200ms (as sampleFloor does on
-// the shared cluster) and keeps the fewest serving.
-func sampleMembersFloor(list func() []crawlv1alpha1.Proxy) *floorSampler {
-	s := &floorSampler{fewest: 1 << 30, stop: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(s.done)
-		ticker := time.NewTicker(200 * time.Millisecond)
-		defer ticker.Stop()
-		for {
-			select {
-			case <-s.stop:
-				return
-			case <-ticker.C:
-			}
-			n := serving(list())
-			s.mu.Lock()
-			s.fewest, s.samples = min(s.fewest, n), s.samples+1
-			s.mu.Unlock()
-		}
-	}()
-	return s
 }
 
 // discoveryClient is a crawler of the discovery API of an operator other

@@ -115,6 +115,21 @@ type floorSampler struct {
 }
 
 func sampleFloor(pool *crawlv1alpha1.ProxyPool) *floorSampler {
+	return sampleMembersFloor(listMembers(world.cluster.Env.Client, pool))
+}
+
+// listMembers lists the pool's members through c, for a sampler.
+func listMembers(c client.Client, pool *crawlv1alpha1.ProxyPool) func() ([]crawlv1alpha1.Proxy, error) {
+	return func() ([]crawlv1alpha1.Proxy, error) {
+		var list crawlv1alpha1.ProxyList
+		err := c.List(context.Background(), &list, client.InNamespace(pool.Namespace), client.MatchingLabels{crawlv1alpha1.LabelPool: pool.Name})
+		return list.Items, err
+	}
+}
+
+// sampleMembersFloor lists the members every 200ms (a list that fails is
+// skipped) and keeps the fewest serving.
+func sampleMembersFloor(list func() ([]crawlv1alpha1.Proxy, error)) *floorSampler {
 	s := &floorSampler{fewest: 1 << 30, stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(s.done)
@@ -126,13 +141,12 @@ func sampleFloor(pool *crawlv1alpha1.ProxyPool) *floorSampler {
 				return
 			case <-ticker.C:
 			}
-			var list crawlv1alpha1.ProxyList
-			if err := world.cluster.Env.Client.List(context.Background(), &list, client.InNamespace(pool.Namespace),
-				client.MatchingLabels{crawlv1alpha1.LabelPool: pool.Name}); err != nil {
+			ms, err := list()
+			if err != nil {
 				continue
 			}
 			s.mu.Lock()
-			s.fewest, s.samples = min(s.fewest, serving(list.Items)), s.samples+1
+			s.fewest, s.samples = min(s.fewest, serving(ms)), s.samples+1
 			s.mu.Unlock()
 		}
 	}()

@@ -141,6 +141,14 @@ type CreateRequest struct {
 	Credentials credentials.Credentials
 }
 
+// Owner is the request's Proxy as namespace/name: what its instance's
+// squid.conf names, and what its lease key is derived for.
+func (r CreateRequest) Owner() string { return r.Proxy.Namespace + "/" + r.Proxy.Name }
+
+// LeaseKeyFile is the file of the lease key the request's instance checks
+// per-lease credentials with: this proxy's own, never the password.
+func (r CreateRequest) LeaseKeyFile() string { return r.Credentials.LeaseKeyFile(r.Owner()) }
+
 // ErrNoCredentials is a provider's answer to a CreateRequest without
 // credentials: it never builds an open proxy.
 var ErrNoCredentials = Terminal("no proxy credentials in the create request: the operator never builds a proxy without them")

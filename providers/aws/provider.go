@@ -235,16 +235,10 @@ func (p *Provider) Create(ctx context.Context, req providers.CreateRequest) erro
 	if req.Credentials.IsZero() {
 		return providers.ErrNoCredentials
 	}
-	userData := req.CloudInit
-	if userData == "" {
-		userData, err = squidconf.VMCloudInit(squidconf.VMParams{
-			Owner: req.Proxy.Namespace + "/" + req.Proxy.Name, Port: req.Proxy.Spec.Port,
-			AllowedSources: p.settings.SecurityGroup.SourceRanges,
-			LeaseKey:       req.Credentials.LeaseKeyFile(req.Proxy.Namespace + "/" + req.Proxy.Name),
-		})
-		if err != nil {
-			return providers.Terminal("%v", err)
-		}
+	userData, err := squidconf.VMUserData(req.CloudInit, squidconf.VMParams{Owner: req.Owner(), Port: req.Proxy.Spec.Port,
+		AllowedSources: p.settings.SecurityGroup.SourceRanges, LeaseKey: req.LeaseKeyFile()})
+	if err != nil {
+		return providers.Terminal("%v", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()

@@ -1,9 +1,6 @@
 package gcp
 
-import (
-	"github.com/example/egress-proxies-operator/providers"
-	"github.com/example/egress-proxies-operator/providers/squidconf"
-)
+import "github.com/example/egress-proxies-operator/providers/squidconf"
 
 // DeniedDestinations are never reachable through a VM's Squid
 // (squidconf.VMDeniedDestinations).
@@ -23,17 +20,3 @@ const (
 
 // cloudConfig is the cloud-config the operator writes.
 type cloudConfig = squidconf.CloudConfig
-
-// renderCloudInit is the user-data of a VM whose Proxy brings none
-// (squidconf.VMCloudInit), with the source ranges of the provider's
-// firewall.
-func (p *Provider) renderCloudInit(req providers.CreateRequest, leaseKey string) (string, error) {
-	doc, err := squidconf.VMCloudInit(squidconf.VMParams{
-		Owner: req.Proxy.Namespace + "/" + req.Proxy.Name, Port: req.Proxy.Spec.Port,
-		AllowedSources: p.settings.Firewall.SourceRanges, LeaseKey: leaseKey,
-	})
-	if err != nil {
-		return "", providers.Terminal("%v", err)
-	}
-	return doc, nil
-}

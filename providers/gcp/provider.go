@@ -248,12 +248,11 @@ func (p *Provider) Create(ctx context.Context, req providers.CreateRequest) erro
 	if req.Credentials.IsZero() {
 		return providers.ErrNoCredentials
 	}
-	leaseKey := req.Credentials.LeaseKeyFile(req.Proxy.Namespace + "/" + req.Proxy.Name)
-	userData := req.CloudInit
-	if userData == "" {
-		if userData, err = p.renderCloudInit(req, leaseKey); err != nil {
-			return err
-		}
+	leaseKey := req.LeaseKeyFile()
+	userData, err := squidconf.VMUserData(req.CloudInit, squidconf.VMParams{Owner: req.Owner(), Port: req.Proxy.Spec.Port,
+		AllowedSources: p.settings.Firewall.SourceRanges, LeaseKey: leaseKey})
+	if err != nil {
+		return providers.Terminal("%v", err)
 	}
 	vm := p.vm(req, pl, userData, leaseKey)
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)

@@ -194,12 +194,11 @@ func (p *Provider) Create(ctx context.Context, req providers.CreateRequest) erro
 	if req.Credentials.IsZero() {
 		return providers.ErrNoCredentials
 	}
-	owner := req.Proxy
-	squidConf, err := renderSquidConfig(owner.Namespace+"/"+owner.Name, owner.Spec.Port, p.settings)
+	squidConf, err := renderSquidConfig(req.Owner(), req.Proxy.Spec.Port, p.settings)
 	if err != nil {
 		return providers.Terminal("%v", err)
 	}
-	pod := p.pod(req, squidConf, req.Credentials.LeaseKeyFile(owner.Namespace+"/"+owner.Name))
+	pod := p.pod(req, squidConf, req.LeaseKeyFile())
 	if err := p.client.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
 		return classify(fmt.Errorf("creating pod %s/%s: %w", pod.Namespace, pod.Name, err))
 	}

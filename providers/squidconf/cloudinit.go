@@ -55,6 +55,15 @@ type VMParams struct {
 	LeaseKey string
 }
 
+// VMUserData is a VM's user-data: own, the Proxy's own cloud-init, when
+// it brings one, else the hardened VMCloudInit of p.
+func VMUserData(own string, p VMParams) (string, error) {
+	if own != "" {
+		return own, nil
+	}
+	return VMCloudInit(p)
+}
+
 // VMCloudInit is the user-data of a VM whose Proxy brings none, on any
 // cloud: Squid with the per-lease credentials check and the source ranges
 // of the provider's firewall, CONNECT to 443 only and VMDeniedDestinations

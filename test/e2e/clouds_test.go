@@ -258,31 +258,12 @@ func metricValue(t *testing.T, metricsURL, family, label, value string) float64 
 // than the shared one.
 type discoveryClient struct{ base, token string }
 
-func (d discoveryClient) do(t *testing.T, method, path, body string) (int, map[string]any) {
-	t.Helper()
-	req, err := http.NewRequest(method, d.base+path, strings.NewReader(body))
-	require.NoError(t, err)
-	req.Header.Set("Authorization", "Bearer "+d.token)
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	res, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer res.Body.Close()
-	raw, _ := io.ReadAll(res.Body)
-	var out map[string]any
-	if len(raw) > 0 {
-		require.NoError(t, json.Unmarshal(raw, &out), "%s %s: %s", method, path, raw)
-	}
-	return res.StatusCode, out
-}
-
 // list is the healthy proxies whose attributes match query.
 func (d discoveryClient) list(t *testing.T, query string) []any {
 	t.Helper()
-	status, body := d.do(t, http.MethodGet, "/v1/proxies?healthy=true&"+query, "")
-	require.Equal(t, http.StatusOK, status, "%v", body)
-	items, _ := body["proxies"].([]any)
+	r := callAt(t, d.base, http.MethodGet, "/v1/proxies?healthy=true&"+query, "", d.token)
+	require.Equal(t, http.StatusOK, r.status, "%v", r.body)
+	items, _ := r.body["proxies"].([]any)
 	return items
 }
 
@@ -297,12 +278,12 @@ func (d discoveryClient) fetchThroughLease(t *testing.T, target *cluster.Target,
 		sel[k] = v
 	}
 	body, _ := json.Marshal(map[string]any{"selector": sel, "ttlSeconds": 60})
-	status, lease := d.do(t, http.MethodPost, "/v1/leases", string(body))
-	if status != http.StatusCreated {
-		return "", fmt.Errorf("lease: %d %v", status, lease)
+	lease := callAt(t, d.base, http.MethodPost, "/v1/leases", string(body), d.token)
+	if lease.status != http.StatusCreated {
+		return "", fmt.Errorf("lease: %d %v", lease.status, lease.body)
 	}
-	defer d.do(t, http.MethodDelete, "/v1/leases/"+lease["leaseID"].(string), "")
-	proxy, _ := lease["proxy"].(map[string]any)
+	defer callAt(t, d.base, http.MethodDelete, "/v1/leases/"+lease.body["leaseID"].(string), "", d.token)
+	proxy, _ := lease.body["proxy"].(map[string]any)
 	proxyURL, err := url.Parse(fmt.Sprint(proxy["url"]))
 	if err != nil {
 		return "", err

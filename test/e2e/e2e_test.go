@@ -112,7 +112,14 @@ type apiResponse struct {
 
 func call(t *testing.T, method, path, body, token string) apiResponse {
 	t.Helper()
-	req, err := http.NewRequest(method, world.discovery+path, bytes.NewBufferString(body))
+	return callAt(t, world.discovery, method, path, body, token)
+}
+
+// callAt calls the discovery API at base (an operator other than the
+// shared one's, say) with token, if any.
+func callAt(t *testing.T, base, method, path, body, token string) apiResponse {
+	t.Helper()
+	req, err := http.NewRequest(method, base+path, bytes.NewBufferString(body))
 	require.NoError(t, err)
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")

@@ -211,8 +211,8 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 	if err := w.setupPools(demand); err != nil {
 		return err
 	}
-	ctrl.Log.WithName("setup").Info("starting manager", "clusterID", opts.identity.ClusterID, "operatorID", opts.identity.OperatorID,
-		"namespaces", opts.identity.Scope.String(), "providers", w.providers.Names())
+	ctrl.Log.WithName("setup").Info("starting manager", "clusterID", w.opts.identity.ClusterID, "operatorID", w.opts.identity.OperatorID,
+		"namespaces", w.opts.identity.Scope.String(), "providers", w.providers.Names())
 	if err := w.mgr.Start(ctx); err != nil {
 		return fmt.Errorf("running manager: %w", err)
 	}

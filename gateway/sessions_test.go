@@ -44,6 +44,10 @@ func TestParseUsername(t *testing.T) {
 		{username: "session-s1-geo", err: `key "geo" needs a value`},
 		{username: "session-s1--strict", err: "empty term"},
 		{username: "session-s1-session-s2", err: "names a session twice"},
+		{username: "session--sesstime-10", err: `session key "session" without an id`},
+		{username: "acme-session--strict", err: `session key "session" without an id`},
+		{username: "sessid-", err: `session key "sessid" without an id`},
+		{username: "zone-res-hardsession--exclusive.geo-eu", err: `session key "hardsession" without an id`},
 		{username: "session-s1-geo-eu.geo-us", err: `"geo" is given twice`},
 		{username: "session-" + strings.Repeat("x", 60), err: "1-64 letters"},
 	} {

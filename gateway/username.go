@@ -86,6 +86,9 @@ const (
 func ParseUsername(username string) (Identity, error) {
 	parts := strings.Split(username, ".")
 	id := Identity{Session: parts[0], Selector: discovery.Selector{}}
+	if key, ok := emptySessionID(strings.Split(parts[0], "-")); ok {
+		return Identity{}, fmt.Errorf("username %q has the session key %q without an id (%s-<id>): without one, its lifetime and flags would be dropped", parts[0], key, key)
+	}
 	if at := sessionAt(strings.Split(parts[0], "-")); at >= 0 {
 		if err := id.parseProvider(strings.Split(parts[0], "-"), at); err != nil {
 			return Identity{}, err
@@ -118,6 +121,18 @@ func sessionAt(tokens []string) int {
 		}
 	}
 	return -1
+}
+
+// emptySessionID finds a session key followed by an empty id
+// ("session--strict", a trailing "session-"): the client meant a session,
+// and reading the name as a plain one would drop what follows it.
+func emptySessionID(tokens []string) (string, bool) {
+	for i := 0; i+1 < len(tokens); i++ {
+		if _, ok := sessionKeys[tokens[i]]; ok && tokens[i+1] == "" {
+			return tokens[i], true
+		}
+	}
+	return "", false
 }
 
 // parseProvider reads the provider grammar from tokens, whose session key

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -39,6 +40,7 @@ import (
 // +kubebuilder:rbac:groups=crawl.example.com,resources=proxypools,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=crawl.example.com,resources=proxypools/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=crawl.example.com,resources=proxypools/finalizers,verbs=update
+// +kubebuilder:rbac:groups=crawl.example.com,resources=proxypools/scale,verbs=get;update
 // +kubebuilder:rbac:groups=crawl.example.com,resources=proxies,verbs=get;list;watch;create;delete
 
 // Finalizer keeps a ProxyPool until its members are gone: the pool deletes
@@ -198,10 +200,16 @@ func (r *Reconciler) autoscale(ctx context.Context, pool *crawlv1alpha1.ProxyPoo
 	if err := r.applyStatus(ctx, pool, *status); err != nil {
 		return false, err
 	}
-	patch := client.MergeFrom(pool.DeepCopy())
-	pool.Spec.Replicas = ptr.To(rec.Replicas)
-	if err := r.Client.Patch(ctx, pool, patch); err != nil {
-		return false, fmt.Errorf("scaling ProxyPool %s/%s to %d: %w", pool.Namespace, pool.Name, rec.Replicas, err)
+	// Through the scale subresource, as an HPA scales a Deployment: the
+	// write names replicas alone, and the pool's resourceVersion makes a
+	// change made since (a kubectl scale, a GitOps sync) a conflict and a
+	// new pass rather than a lost write.
+	scale := &autoscalingv1.Scale{
+		ObjectMeta: metav1.ObjectMeta{Namespace: pool.Namespace, Name: pool.Name, ResourceVersion: pool.ResourceVersion},
+		Spec:       autoscalingv1.ScaleSpec{Replicas: rec.Replicas},
+	}
+	if err := r.Client.SubResource("scale").Update(ctx, pool, client.WithSubResourceBody(scale)); err != nil {
+		return false, fmt.Errorf("scaling ProxyPool %s/%s to %d through its scale subresource: %w", pool.Namespace, pool.Name, rec.Replicas, err)
 	}
 	logf.FromContext(ctx).Info("autoscaled", "from", current, "to", rec.Replicas, "activeLeases", d.ActiveLeases, "heldExclusively", d.Held)
 	r.Recorder.Eventf(pool, nil, corev1.EventTypeNormal, "Autoscaled", "Scale",

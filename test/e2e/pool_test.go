@@ -305,6 +305,13 @@ func testPoolAutoscaling(t *testing.T) {
 	})
 	assert.Equal(t, int32(3), grown.Status.Autoscaling.ActiveLeases)
 	assert.True(t, hasEvent(t, ns, "elastic", "Autoscaled"))
+	// The autoscaler writes spec.replicas as an HPA does, through the
+	// scale subresource: its managed fields say so, for GitOps tools.
+	var scaled bool
+	for _, mf := range grown.ManagedFields {
+		scaled = scaled || mf.Subresource == "scale"
+	}
+	assert.True(t, scaled, "spec.replicas written through the scale subresource; managed fields %+v", grown.ManagedFields)
 
 	for _, id := range leases {
 		require.Equal(t, http.StatusNoContent, api(t, "DELETE", "/v1/leases/"+id, "").status)

@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/example/egress-proxies-operator/discovery"
+	"github.com/example/egress-proxies-operator/tenant"
 )
 
 // Subject is one serving proxy as the judge sees it.
@@ -70,7 +71,7 @@ func Decide(subjects []Subject, blocks []discovery.Block, now time.Time, maxShar
 	hostsOf := map[types.NamespacedName][]string{}
 	for _, b := range blocks {
 		s, ok := byID[b.Proxy]
-		if !ok || b.At.Before(s.Since) || now.Sub(b.At) > s.window() {
+		if !ok || b.At.Before(s.Since) || now.Sub(b.At) > s.window() || !Corroborated(b, laterOf(s.Since, now.Add(-s.window()))) {
 			continue
 		}
 		blockedBy[groupHost{s.Group, b.Host}]++
@@ -101,6 +102,43 @@ func Decide(subjects []Subject, blocks []discovery.Block, now time.Time, maxShar
 		verdicts[key] = Verdict{Hosts: kept, Banned: s.Hosts > 0 && len(kept) >= s.Hosts}
 	}
 	return verdicts, suspects
+}
+
+// MinTenantVoices is how many tenants must report a host's block of a
+// proxy, within its window, for the block to count when no trusted voice
+// saw it: one team alone, whose reports and whose own sites' answers are
+// its word only, never bans a proxy others share.
+const MinTenantVoices = 2
+
+// Corroborated says whether block b may count toward a ban (and toward a
+// host's suspicion): a voice since then is the operator's canary, the
+// platform's token or an API without tenants, or MinTenantVoices tenants
+// agree. A record from before voices were kept counts when a canary saw
+// it. Blocks that do not count still steer each lease away from the proxy
+// for that host.
+func Corroborated(b discovery.Block, since time.Time) bool {
+	if len(b.Voices) == 0 {
+		return b.By == discovery.OutcomeCanary
+	}
+	tenants := 0
+	for _, v := range b.Voices {
+		if v.At.Before(since) {
+			continue
+		}
+		switch v.Who {
+		case "", tenant.PlatformName, tenant.Anonymous.Name:
+			return true
+		}
+		tenants++
+	}
+	return tenants >= MinTenantVoices
+}
+
+func laterOf(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // window is how far back the subject's blocks count: its policy's, or the

@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/example/egress-proxies-operator/discovery"
+	"github.com/example/egress-proxies-operator/tenant"
 )
 
 var now = time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
@@ -18,13 +19,29 @@ func subject(name, group string) Subject {
 		Since: now.Add(-time.Hour)}
 }
 
+// blocked are blocks of name by hosts, ago, reported by the platform.
 func blocked(name string, ago time.Duration, hosts ...string) []discovery.Block {
+	return blockedBy(name, ago, []string{tenant.PlatformName}, hosts...)
+}
+
+// blockedBy are blocks of name by hosts, ago, each reported by every one
+// of who (a second apart, the first latest).
+func blockedBy(name string, ago time.Duration, who []string, hosts ...string) []discovery.Block {
 	var out []discovery.Block
 	for _, h := range hosts {
-		out = append(out, discovery.Block{Proxy: "crawl/" + name, Host: h, At: now.Add(-ago), By: discovery.OutcomeReport})
+		b := discovery.Block{Proxy: "crawl/" + name, Host: h, At: now.Add(-ago), By: discovery.OutcomeReport}
+		for i, w := range who {
+			b.Voices = append(b.Voices, discovery.Voice{Who: w, At: now.Add(-ago - time.Duration(i)*time.Second)})
+		}
+		out = append(out, b)
 	}
 	return out
 }
+
+const (
+	teamA = "system:serviceaccount:crawl-a:crawler"
+	teamB = "system:serviceaccount:crawl-b:crawler"
+)
 
 func concat(lists ...[]discovery.Block) []discovery.Block {
 	var out []discovery.Block
@@ -84,6 +101,28 @@ func TestDecide(t *testing.T) {
 			blocks: concat(blocked("a", time.Minute, "down.example", "y.example", "z.example")),
 			pardon: map[string]time.Time{SuspectKey("crawl/eu", "down.example"): now.Add(-2 * time.Minute)}, wantBanned: []string{"a"}},
 		{name: "blocks of unknown proxies are ignored", subjects: fleet(3), blocks: blocked("gone", time.Minute, "x.example", "y.example", "z.example")},
+		{name: "one tenant's word alone bans nothing, however many hosts it names", subjects: fleet(10),
+			blocks: blockedBy("a", time.Minute, []string{teamA}, "x1.example", "x2.example", "x3.example", "x4.example")},
+		{name: "nor makes a host suspect", subjects: fleet(4),
+			blocks: concat(blockedBy("a", time.Minute, []string{teamA}, "down.example"), blockedBy("b", time.Minute, []string{teamA}, "down.example"),
+				blockedBy("c", time.Minute, []string{teamA}, "down.example"), blockedBy("d", time.Minute, []string{teamA}, "down.example"))},
+		{name: "two tenants agreeing on each host ban", subjects: fleet(10),
+			blocks: blockedBy("a", time.Minute, []string{teamA, teamB}, "x.example", "y.example", "z.example"), wantBanned: []string{"a"}},
+		{name: "a tenant and a canary ban", subjects: fleet(10),
+			blocks: blockedBy("a", time.Minute, []string{teamA, ""}, "x.example", "y.example", "z.example"), wantBanned: []string{"a"}},
+		{name: "the second tenant's word from before the window does not count", subjects: fleet(10),
+			blocks: concat(blockedBy("a", time.Minute, []string{teamA, teamB}, "x.example", "y.example"),
+				[]discovery.Block{{Proxy: "crawl/a", Host: "z.example", At: now.Add(-time.Minute), By: discovery.OutcomeReport,
+					Voices: []discovery.Voice{{Who: teamA, At: now.Add(-time.Minute)}, {Who: teamB, At: now.Add(-11 * time.Minute)}}}})},
+		{name: "a record from before voices counts when a canary saw it", subjects: fleet(10),
+			blocks: []discovery.Block{
+				{Proxy: "crawl/a", Host: "x.example", At: now.Add(-time.Minute), By: discovery.OutcomeCanary},
+				{Proxy: "crawl/a", Host: "y.example", At: now.Add(-time.Minute), By: discovery.OutcomeCanary},
+				{Proxy: "crawl/a", Host: "z.example", At: now.Add(-time.Minute), By: discovery.OutcomeCanary},
+				{Proxy: "crawl/b", Host: "x.example", At: now.Add(-time.Minute), By: discovery.OutcomeReport},
+				{Proxy: "crawl/b", Host: "y.example", At: now.Add(-time.Minute), By: discovery.OutcomeReport},
+				{Proxy: "crawl/b", Host: "z.example", At: now.Add(-time.Minute), By: discovery.OutcomeGateway},
+			}, wantBanned: []string{"a"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -126,9 +126,9 @@ func (b boundedStore) SetRoute(ctx context.Context, session, host string, set Ro
 	return b.do(ctx, "set_route", func(ctx context.Context) error { return b.store.SetRoute(ctx, session, host, set) })
 }
 
-func (b boundedStore) ReportSession(ctx context.Context, session, result, target string, cooldown, window time.Duration) (proxy string, err error) {
+func (b boundedStore) ReportSession(ctx context.Context, session, reporter, result, target string, cooldown, window time.Duration) (proxy string, err error) {
 	err = b.do(ctx, "report_session", func(ctx context.Context) error {
-		proxy, err = b.store.ReportSession(ctx, session, result, target, cooldown, window)
+		proxy, err = b.store.ReportSession(ctx, session, reporter, result, target, cooldown, window)
 		return err
 	})
 	return proxy, err

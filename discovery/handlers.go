@@ -305,8 +305,9 @@ func (s *Server) reportSession(w http.ResponseWriter, r *http.Request, ps httpro
 		return writeError(w, status, code, err.Error())
 	}
 	target := normalizeTarget(req.Target)
-	key := SessionKey(tenantOf(r.Context()), session)
-	proxy, err := s.store.ReportSession(r.Context(), key, req.Result, target, cooldown, SessionReportWindow)
+	who := tenantOf(r.Context())
+	key := SessionKey(who, session)
+	proxy, err := s.store.ReportSession(r.Context(), key, who.Name, req.Result, target, cooldown, SessionReportWindow)
 	switch {
 	case errors.Is(err, ErrSessionNotFound):
 		return writeError(w, http.StatusNotFound, CodeSessionNotFound,

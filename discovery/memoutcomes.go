@@ -7,16 +7,16 @@ import (
 	"time"
 )
 
-// outcomeOf is the outcome a report's result records, if any: an error
+// outcomeOf is the outcome reporter's result records, if any: an error
 // says nothing of the host's view of the proxy.
-func outcomeOf(result string) (Outcome, bool) {
+func outcomeOf(result, reporter string) (Outcome, bool) {
 	switch result {
 	case ResultOK:
-		return Outcome{Source: OutcomeReport}, true
+		return Outcome{Source: OutcomeReport, Reporter: reporter}, true
 	case ResultRateLimited:
-		return Outcome{Blocked: true, Limited: true, Source: OutcomeReport}, true
+		return Outcome{Blocked: true, Limited: true, Source: OutcomeReport, Reporter: reporter}, true
 	case ResultBlocked:
-		return Outcome{Blocked: true, Source: OutcomeReport}, true
+		return Outcome{Blocked: true, Source: OutcomeReport, Reporter: reporter}, true
 	}
 	return Outcome{}, false
 }
@@ -147,7 +147,7 @@ func (m *MemoryStore) Blocks(_ context.Context, since time.Time) ([]Block, error
 	for proxy, hosts := range m.outcomes.records {
 		for host, r := range hosts {
 			if !r.LastBlocked.IsZero() && !r.LastBlocked.Before(since) {
-				out = append(out, Block{Proxy: proxy, Host: host, At: r.LastBlocked, By: r.LastBlockedBy})
+				out = append(out, Block{Proxy: proxy, Host: host, At: r.LastBlocked, By: r.LastBlockedBy, Voices: slices.Clone(r.Voices)})
 			}
 		}
 	}

@@ -539,7 +539,7 @@ func (m *MemoryStore) Report(_ context.Context, id, result, target string, coold
 	if cools(result) {
 		m.coolLocked(l.ProxyID, target, now.Add(cooldown))
 	}
-	if out, ok := outcomeOf(result); ok && target != "" {
+	if out, ok := outcomeOf(result, l.Holder); ok && target != "" {
 		m.recordLocked(l.ProxyID, target, out, now)
 	}
 	return nil
@@ -610,7 +610,7 @@ func (m *MemoryStore) SetRoute(_ context.Context, session, host string, set Rout
 }
 
 // ReportSession implements Store.
-func (m *MemoryStore) ReportSession(_ context.Context, session, result, target string, cooldown, window time.Duration) (string, error) {
+func (m *MemoryStore) ReportSession(_ context.Context, session, reporter, result, target string, cooldown, window time.Duration) (string, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.expireLocked()
@@ -626,7 +626,7 @@ func (m *MemoryStore) ReportSession(_ context.Context, session, result, target s
 		return "", ErrSessionNotFound
 	}
 	if !cools(result) {
-		if out, ok := outcomeOf(result); ok {
+		if out, ok := outcomeOf(result, reporter); ok {
 			m.recordLocked(proxy, target, out, now)
 		}
 		return proxy, nil
@@ -636,7 +636,7 @@ func (m *MemoryStore) ReportSession(_ context.Context, session, result, target s
 	}
 	sess.reported[target] = sessionReport{at: now, proxy: proxy}
 	m.coolLocked(proxy, target, now.Add(cooldown))
-	out, _ := outcomeOf(result)
+	out, _ := outcomeOf(result, reporter)
 	m.recordLocked(proxy, target, out, now)
 	return proxy, nil
 }

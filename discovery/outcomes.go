@@ -25,6 +25,36 @@ type Outcome struct {
 	// host that long (a longer cooldown running is kept), as a
 	// rate_limited report does; the record's LastBlockedBy says why.
 	Cooldown time.Duration
+	// Reporter is who the outcome rests on: the tenant whose report, or
+	// whose request through the gateway, it came from; "" for the
+	// operator's own canary. A block's reporter is kept as a Voice, so
+	// the ban judge can tell one tenant's word from a fleet's.
+	Reporter string
+}
+
+// Voice is one reporter's last block of a proxy by a host: the ban judge
+// weighs blocks by who saw them (a canary, the platform, or several
+// tenants), so that one tenant alone cannot ban a proxy others share.
+type Voice struct {
+	Who string    `json:"who"`
+	At  time.Time `json:"at"`
+}
+
+// MaxVoices bounds the reporters a record keeps: the latest block of each,
+// the oldest forgotten first. A few are enough to tell one from many.
+const MaxVoices = 4
+
+// withVoice is voices after who blocked at now: who's entry moves to the
+// front, and the oldest beyond MaxVoices go.
+func withVoice(voices []Voice, who string, now time.Time) []Voice {
+	out := make([]Voice, 0, min(len(voices)+1, MaxVoices))
+	out = append(out, Voice{Who: who, At: now})
+	for _, v := range voices {
+		if v.Who != who && len(out) < MaxVoices {
+			out = append(out, v)
+		}
+	}
+	return out
 }
 
 // Sources of an Outcome.
@@ -51,15 +81,19 @@ type HostRecord struct {
 	// remembered), and LastBlockedBy what saw it.
 	LastBlocked   time.Time `json:"lastBlocked,omitzero"`
 	LastBlockedBy string    `json:"lastBlockedBy,omitempty"`
+	// Voices are the reporters of its blocks, the latest first.
+	Voices []Voice `json:"voices,omitempty"`
 	// At is the last outcome of either kind.
 	At time.Time `json:"at"`
 }
 
-// Block is one proxy's last blocked outcome with one host.
+// Block is one proxy's last blocked outcome with one host, and who
+// reported its blocks.
 type Block struct {
 	Proxy, Host string
 	At          time.Time
 	By          string
+	Voices      []Voice
 }
 
 // The outcome memory's bounds: both stores keep them so.
@@ -94,6 +128,7 @@ func (r HostRecord) Recorded(o Outcome, now time.Time) HostRecord {
 	case o.Blocked:
 		r.Blocked++
 		r.LastBlocked, r.LastBlockedBy = now, o.Source
+		r.Voices = withVoice(r.Voices, o.Reporter, now)
 	default:
 		r.Served++
 	}

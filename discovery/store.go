@@ -342,9 +342,10 @@ type Store interface {
 	Renew(ctx context.Context, id string, ttl time.Duration) (Lease, error)
 	// Release ends a lease; releasing an unknown lease is not an error.
 	Release(ctx context.Context, id string) error
-	// Report records a live lease's outcome; rate_limited puts its proxy in
-	// cooldown for target until now+cooldown (a longer cooldown already
-	// running is kept). ErrLeaseNotFound when the lease is not live.
+	// Report records a live lease's outcome, its holder the reporter;
+	// rate_limited puts its proxy in cooldown for target until now+cooldown
+	// (a longer cooldown already running is kept). ErrLeaseNotFound when
+	// the lease is not live.
 	Report(ctx context.Context, id, result, target string, cooldown time.Duration) error
 	// ActiveLeases counts the live leases of each proxy of ids, in order.
 	ActiveLeases(ctx context.Context, ids []string) ([]int, error)
@@ -371,8 +372,9 @@ type Store interface {
 	// rate_limited report within window of the last one for the session and
 	// target is the same burst of refusals (requests already sent when the
 	// first report came): it cools nothing more, and returns the proxy the
-	// first one did. It returns that proxy, or ErrSessionNotFound.
-	ReportSession(ctx context.Context, session, result, target string, cooldown, window time.Duration) (string, error)
+	// first one did. reporter is the session's tenant (Outcome.Reporter).
+	// It returns that proxy, or ErrSessionNotFound.
+	ReportSession(ctx context.Context, session, reporter, result, target string, cooldown, window time.Duration) (string, error)
 	// PushBack records that host pushed back (a 429 or 503, with the
 	// Retry-After it said, zero for none): its learned pace slows
 	// (PushedBack). It returns the pace as it now is.

@@ -484,13 +484,17 @@ func (t *Tunnels) PushBack(ctx context.Context, host string, retryAfter time.Dur
 	t.s.pushBack(ctx, normalizeTarget(host), retryAfter)
 }
 
-// Refused records that host refused proxy through the gateway in the
-// outcome memory: a refused tunnel or a plain-HTTP 403 blocks it, a
-// plain-HTTP 429 (limited) pushes back. A store that does not answer
-// loses the outcome, and says so in the log.
-func (t *Tunnels) Refused(ctx context.Context, proxy, host string, limited bool) {
+// Refused records, in the outcome memory, that host refused proxy a
+// request of who's through the gateway: the site's own plain-HTTP 403
+// blocks it, its 429 (limited) pushes back. who is the block's reporter:
+// the site may be one who runs, so it weighs as who's report would.
+// A store that does not answer loses the outcome, and says so in the log.
+func (t *Tunnels) Refused(ctx context.Context, who *tenant.Tenant, proxy, host string, limited bool) {
 	host = normalizeTarget(host)
-	if err := t.s.store.RecordOutcome(ctx, proxy, host, Outcome{Blocked: true, Limited: limited, Source: OutcomeGateway}); err != nil {
+	if who == nil {
+		who = tenant.Anonymous
+	}
+	if err := t.s.store.RecordOutcome(ctx, proxy, host, Outcome{Blocked: true, Limited: limited, Source: OutcomeGateway, Reporter: who.Name}); err != nil {
 		logf.FromContext(ctx).Error(err, "recording a blocked outcome", "proxy", proxy, "host", host)
 	}
 }

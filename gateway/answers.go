@@ -18,37 +18,39 @@ const HeaderExitIP = "X-Egress-IP"
 
 // RFC 9209 error types the gateway answers with.
 const (
-	psHTTPRequestDenied      = "http_request_denied"
-	psHTTPRequestError       = "http_request_error"
-	psConnectionLimitReached = "connection_limit_reached"
-	psDestinationUnavailable = "destination_unavailable"
-	psConnectionRefused      = "connection_refused"
-	psConnectionTimeout      = "connection_timeout"
-	psHTTPProtocolError      = "http_protocol_error"
-	psProxyConfigError       = "proxy_configuration_error"
-	psProxyInternalError     = "proxy_internal_error"
+	psHTTPRequestDenied       = "http_request_denied"
+	psHTTPRequestError        = "http_request_error"
+	psConnectionLimitReached  = "connection_limit_reached"
+	psDestinationUnavailable  = "destination_unavailable"
+	psConnectionRefused       = "connection_refused"
+	psConnectionTimeout       = "connection_timeout"
+	psHTTPProtocolError       = "http_protocol_error"
+	psProxyConfigError        = "proxy_configuration_error"
+	psProxyInternalError      = "proxy_internal_error"
+	psDestinationIPProhibited = "destination_ip_prohibited"
 )
 
 // Causes of the gateway's own answers: the first word of a Proxy-Status
 // details, and the cause label of proxy_operator_gateway_errors_total.
 const (
-	CauseAuthRequired     = "auth_required"     // 407: no or unreadable credentials
-	CauseWrongPassword    = "wrong_password"    // 407: the password is no token the operator takes
-	CauseGatewayLocked    = "gateway_locked"    // 503: the operator has no token to check passwords with
-	CauseAuthUnavailable  = "auth_unavailable"  // 503: the password could not be checked now
-	CauseBadRequest       = "bad_request"       // 400: neither CONNECT nor an absolute http:// URL, or no host:port
-	CauseBadUsername      = "bad_username"      // 400: the username does not parse
-	CauseQuota            = "quota"             // 429: the tenant is at a TenantQuota limit
-	CauseBusy             = "busy"              // 503: the gateway carries its --gateway-max-tunnels
-	CauseNoProxy          = "no_proxy"          // 503: no healthy proxy matches the selector
-	CauseExclusive        = "exclusive"         // 503: every matching proxy is in use or held (an exclusive session)
-	CausePaced            = "paced"             // 429: the host's pace allows no proxy a request within --gateway-pace-wait
-	CauseConcurrency      = "concurrency"       // 429: every proxy holds as many connections to the host as allowed
-	CauseCooling          = "cooling"           // 429: every proxy is cooling down for the host
-	CauseStoreUnavailable = "store_unavailable" // 503: the lease store did not answer
-	CauseUpstreamFailed   = "upstream_failed"   // 502: every upstream tried failed or refused the tunnel
-	CauseSessionLost      = "session_lost"      // 502: a strict session's proxy or exit IP is gone
-	CauseSessionEnded     = "session_ended"     // 502: a strict session's lifetime is over
+	CauseAuthRequired     = "auth_required"      // 407: no or unreadable credentials
+	CauseWrongPassword    = "wrong_password"     // 407: the password is no token the operator takes
+	CauseGatewayLocked    = "gateway_locked"     // 503: the operator has no token to check passwords with
+	CauseAuthUnavailable  = "auth_unavailable"   // 503: the password could not be checked now
+	CauseBadRequest       = "bad_request"        // 400: neither CONNECT nor an absolute http:// URL, or no host:port
+	CauseBadUsername      = "bad_username"       // 400: the username does not parse
+	CauseDestination      = "destination_denied" // 403: a port or address the fleet's proxies refuse (--gateway-connect-ports, --gateway-http-ports, --gateway-denied-destinations)
+	CauseQuota            = "quota"              // 429: the tenant is at a TenantQuota limit
+	CauseBusy             = "busy"               // 503: the gateway carries its --gateway-max-tunnels
+	CauseNoProxy          = "no_proxy"           // 503: no healthy proxy matches the selector
+	CauseExclusive        = "exclusive"          // 503: every matching proxy is in use or held (an exclusive session)
+	CausePaced            = "paced"              // 429: the host's pace allows no proxy a request within --gateway-pace-wait
+	CauseConcurrency      = "concurrency"        // 429: every proxy holds as many connections to the host as allowed
+	CauseCooling          = "cooling"            // 429: every proxy is cooling down for the host
+	CauseStoreUnavailable = "store_unavailable"  // 503: the lease store did not answer
+	CauseUpstreamFailed   = "upstream_failed"    // 502: every upstream tried failed or refused the tunnel
+	CauseSessionLost      = "session_lost"       // 502: a strict session's proxy or exit IP is gone
+	CauseSessionEnded     = "session_ended"      // 502: a strict session's lifetime is over
 )
 
 // answer is a response the gateway itself gives instead of the site's.

@@ -15,6 +15,10 @@ import (
 	"github.com/example/egress-proxies-operator/discovery"
 )
 
+// squidErrorHeader is the header Squid puts on the answers it makes
+// itself (ERR_ACCESS_DENIED, ERR_CONNECT_FAIL, ...), never on a site's.
+const squidErrorHeader = "X-Squid-Error"
+
 // upstreamKey carries a forwarded request's upstream to the forwarder's
 // Proxy function.
 type upstreamKey struct{}
@@ -86,13 +90,17 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, id Identity) {
 			f = &failure{proxy: up.ProxyID, reason: failAuth, status: resp.StatusCode, err: errors.New("the upstream refused our credentials (407)")}
 		}
 		if f == nil {
-			if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
+			// Squid marks the answers it makes itself (a denied
+			// destination, a site it cannot reach): those say nothing of
+			// how the site sees the proxy.
+			fromSite := resp.Header.Get(squidErrorHeader) == ""
+			if fromSite && (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable) {
 				// The site pushed back: the host's pace learns from it.
 				retryAfter, _ := client.ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
 				g.opts.Upstreams.PushBack(context.WithoutCancel(ctx), r.URL.Hostname(), retryAfter)
 			}
-			if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusForbidden {
-				g.opts.Upstreams.Refused(context.WithoutCancel(ctx), up.ProxyID, r.URL.Hostname(), resp.StatusCode == http.StatusTooManyRequests)
+			if fromSite && (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusForbidden) {
+				g.opts.Upstreams.Refused(context.WithoutCancel(ctx), id.Tenant, up.ProxyID, r.URL.Hostname(), resp.StatusCode == http.StatusTooManyRequests)
 			}
 			n := g.relay(w, resp, up)
 			g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID, id.Session, n+max(r.ContentLength, 0))

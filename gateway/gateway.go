@@ -88,10 +88,12 @@ type Upstreams interface {
 	// PushBack reports a site's 429 or 503 on a plain-HTTP request, with
 	// its Retry-After, so the host's learned pace slows.
 	PushBack(ctx context.Context, host string, retryAfter time.Duration)
-	// Refused records that host refused proxy (the outcome memory): a
-	// tunnel the upstream refused, or a plain-HTTP 403, blocks it; a
-	// plain-HTTP 429 (limited) pushes back.
-	Refused(ctx context.Context, proxy, host string, limited bool)
+	// Refused records that host refused proxy a request of who's (the
+	// outcome memory): the site's own plain-HTTP 403 blocks it, its 429
+	// (limited) pushes back. A proxy's own refusal (a CONNECT answered
+	// other than 200, an answer Squid marks X-Squid-Error) never comes
+	// here: it says nothing of the site.
+	Refused(ctx context.Context, who *tenant.Tenant, proxy, host string, limited bool)
 	// Admit checks a tenant's tunnels-per-second and bytes-per-day quota
 	// before a tunnel or request (a *discovery.QuotaError when over).
 	Admit(ctx context.Context, who *tenant.Tenant) error
@@ -122,6 +124,9 @@ type Options struct {
 	PaceWait time.Duration
 	// PacedTunnelLifetime closes a tunnel to a paced host that old.
 	PacedTunnelLifetime time.Duration
+	// Destinations are the ports and addresses the fleet's proxies take;
+	// the gateway refuses the rest before it picks a proxy.
+	Destinations Destinations
 }
 
 func (o *Options) defaults() {
@@ -212,11 +217,46 @@ func (g *Gateway) Start(ctx context.Context) error {
 	return nil
 }
 
+// destinationRefused is the gateway's 403 to a CONNECT or plain-HTTP
+// request whose port or address the fleet's proxies refuse (nil when they
+// take it); a request that names no host:port is left to its handler.
+func (g *Gateway) destinationRefused(r *http.Request) *answer {
+	var host, port string
+	connect := r.Method == http.MethodConnect
+	switch {
+	case connect:
+		var err error
+		if host, port, err = net.SplitHostPort(r.Host); err != nil {
+			return nil
+		}
+	case r.URL.IsAbs():
+		host, port = r.URL.Hostname(), r.URL.Port()
+		if port == "" {
+			port = "80"
+		}
+	default:
+		return nil
+	}
+	errType, msg := g.opts.Destinations.refusal(host, port, connect)
+	if errType == "" {
+		return nil
+	}
+	status := http.StatusForbidden
+	if errType == psHTTPRequestError {
+		status = http.StatusBadRequest
+	}
+	return &answer{status: status, errType: errType, cause: CauseDestination, msg: msg}
+}
+
 // ServeHTTP authenticates the client, then tunnels a CONNECT or forwards a
 // plain-HTTP request.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	id, refused := g.authenticate(r)
 	if refused != nil {
+		refused.write(w, r)
+		return
+	}
+	if refused := g.destinationRefused(r); refused != nil {
 		refused.write(w, r)
 		return
 	}

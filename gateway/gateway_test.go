@@ -85,6 +85,13 @@ func newFixture(t testing.TB, opts gateway.Options) *fixture {
 // on clk.
 func newFixtureOn(t testing.TB, opts gateway.Options, clk clock.WithTicker) *fixture {
 	t.Helper()
+	return newFixtureWith(t, opts, clk, squid.DefaultRules)
+}
+
+// newFixtureWith is newFixtureOn with Squids that follow rules (acl and
+// http_access lines).
+func newFixtureWith(t testing.TB, opts gateway.Options, clk clock.WithTicker, rules string) *fixture {
+	t.Helper()
 	f := &fixture{view: discovery.NewView(nil, "operator-ns"), squids: map[string]*squid.Squid{}, byIP: map[string]string{}}
 	server := discovery.NewServer(discovery.Options{
 		Store: discovery.NewMemoryStore(clk), View: f.view, Tokens: discovery.StaticToken(token), Clock: clk,
@@ -95,7 +102,7 @@ func newFixtureOn(t testing.TB, opts gateway.Options, clk clock.WithTicker) *fix
 	t.Cleanup(f.api.Close)
 	for i, name := range []string{"a", "b", "c"} {
 		ip := fmt.Sprintf("127.0.0.%d", 71+i)
-		sq := squid.Start(t, squid.Config{Address: ip, Port: 3128, Rules: squid.DefaultRules + "tcp_outgoing_address " + ip + "\n"})
+		sq := squid.Start(t, squid.Config{Address: ip, Port: 3128, Rules: rules + "tcp_outgoing_address " + ip + "\n"})
 		id := "crawl/" + name
 		f.addProxy(t, name, ip)
 		f.squids[id], f.byIP[ip] = sq, id
@@ -108,6 +115,10 @@ func newFixtureOn(t testing.TB, opts gateway.Options, clk clock.WithTicker) *fix
 
 	opts.Upstreams = server.Tunnels()
 	opts.Addr = "127.0.0.1:0"
+	if opts.Destinations.ConnectPorts == nil {
+		// The fixture's sites listen on any port.
+		opts.Destinations.ConnectPorts, opts.Destinations.HTTPPorts = []int{0}, []int{0}
+	}
 	f.gw = gateway.New(opts)
 	server.OnSessionReport(f.gw.OnSessionReport)
 	server.OnSessionReport(func(r discovery.SessionReport) {

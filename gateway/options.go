@@ -23,6 +23,13 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	o.PaceWait = DefaultPaceWait
 	fs.Var((*paceWait)(&o.PaceWait), "gateway-pace-wait",
 		"How long the gateway holds a tunnel or request for its host's next paced slot; beyond it (or with 0, at once) the client gets 429 with Retry-After and Proxy-Status.")
+	fs.Var((*portList)(&o.Destinations.ConnectPorts), "gateway-connect-ports",
+		"Ports a CONNECT may name, comma-separated, or * for any: the gateway refuses others itself (403 destination_denied) before it picks a proxy. Default: 443, as the Managed proxies' Squid allows.")
+	fs.Var((*portList)(&o.Destinations.HTTPPorts), "gateway-http-ports",
+		"Ports a plain-HTTP request may name, comma-separated, or * for any. Default: 80,443, as the Managed proxies' Squid allows.")
+	_ = (*prefixList)(&o.Destinations.Denied).Set(DefaultDeniedDestinations)
+	fs.Var((*prefixList)(&o.Destinations.Denied), "gateway-denied-destinations",
+		"Address ranges (CIDRs, comma-separated) no proxy reaches: a CONNECT or request to an IP literal in one is refused by the gateway itself (403). Empty denies none.")
 	fs.DurationVar(&o.PacedTunnelLifetime, "gateway-paced-tunnel-lifetime", DefaultPacedTunnelLifetime,
 		"A tunnel to a paced host is closed at this age: the gateway paces tunnels, not the requests a keep-alive tunnel carries.")
 }

@@ -173,10 +173,11 @@ func (g *Gateway) connectAny(ctx context.Context, id Identity, host, hostport st
 		if f == nil {
 			return d, up, nil, nil
 		}
+		// A CONNECT answer always comes from the proxy, never from the
+		// site: a refusal says nothing of how the site sees the proxy, so
+		// it is no outcome (anyone could have the fleet's proxies refuse
+		// made-up destinations and get them banned).
 		upstreamFailures.WithLabelValues(f.reason).Inc()
-		if f.reason == failRefused {
-			g.opts.Upstreams.Refused(context.WithoutCancel(ctx), up.ProxyID, host, false)
-		}
 		logf.FromContext(ctx).Info("upstream failed a tunnel; trying another", "proxy", up.ProxyID, "reason", f.reason, "error", f.err.Error(),
 			"session", id.Session, "host", host)
 		g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID, id.Session, 0)

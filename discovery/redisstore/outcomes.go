@@ -20,7 +20,7 @@ func (s *Store) RecordOutcome(ctx context.Context, proxy, host string, o discove
 	if o.Limited {
 		limited = 1
 	}
-	if err := s.run(ctx, recordOutcomeScript, proxy, host, blocked, o.Source, o.Cooldown.Milliseconds(), limited).Err(); err != nil {
+	if err := s.run(ctx, recordOutcomeScript, proxy, host, blocked, o.Source, o.Cooldown.Milliseconds(), limited, o.Reporter).Err(); err != nil {
 		return fmt.Errorf("record-outcome script: %w", err)
 	}
 	return nil
@@ -32,15 +32,16 @@ func (s *Store) Outcomes(ctx context.Context, proxy string) ([]discovery.HostRec
 	if err != nil {
 		return nil, fmt.Errorf("outcomes script: %w", err)
 	}
-	out := make([]discovery.HostRecord, 0, len(res)/6)
-	for i := 0; i+5 < len(res); i += 6 {
+	out := make([]discovery.HostRecord, 0, len(res)/7)
+	for i := 0; i+6 < len(res); i += 7 {
 		host, _ := res[i].(string)
 		served, _ := strconv.ParseFloat(fmt.Sprint(res[i+1]), 64)
 		blocked, _ := strconv.ParseFloat(fmt.Sprint(res[i+2]), 64)
 		at, _ := res[i+3].(int64)
 		last, _ := res[i+4].(int64)
 		by, _ := res[i+5].(string)
-		r := discovery.HostRecord{Host: host, Served: served, Blocked: blocked, At: time.UnixMilli(at), LastBlockedBy: by}
+		raw, _ := res[i+6].(string)
+		r := discovery.HostRecord{Host: host, Served: served, Blocked: blocked, At: time.UnixMilli(at), LastBlockedBy: by, Voices: parseVoices(raw)}
 		if last > 0 {
 			r.LastBlocked = time.UnixMilli(last)
 		}
@@ -56,18 +57,38 @@ func (s *Store) Blocks(ctx context.Context, since time.Time) ([]discovery.Block,
 	if err != nil {
 		return nil, fmt.Errorf("blocks script: %w", err)
 	}
-	out := make([]discovery.Block, 0, len(res)/3)
-	for i := 0; i+2 < len(res); i += 3 {
+	out := make([]discovery.Block, 0, len(res)/4)
+	for i := 0; i+3 < len(res); i += 4 {
 		member, _ := res[i].(string)
 		at, _ := res[i+1].(int64)
 		by, _ := res[i+2].(string)
+		voices, _ := res[i+3].(string)
 		proxy, host, ok := strings.Cut(member, "|")
 		if !ok {
 			continue
 		}
-		out = append(out, discovery.Block{Proxy: proxy, Host: host, At: time.UnixMilli(at), By: by})
+		out = append(out, discovery.Block{Proxy: proxy, Host: host, At: time.UnixMilli(at), By: by, Voices: parseVoices(voices)})
 	}
 	return out, nil
+}
+
+// parseVoices reads a record's voices ("who@ms;who@ms", latest first).
+// Tenant names hold no ';' and no '@' (ServiceAccount user names, the
+// platform's); a name is split at its last '@' all the same.
+func parseVoices(raw string) []discovery.Voice {
+	var out []discovery.Voice
+	for v := range strings.SplitSeq(raw, ";") {
+		at := strings.LastIndexByte(v, '@')
+		if at < 0 {
+			continue
+		}
+		ms, err := strconv.ParseInt(v[at+1:], 10, 64)
+		if err != nil {
+			continue
+		}
+		out = append(out, discovery.Voice{Who: v[:at], At: time.UnixMilli(ms)})
+	}
+	return out
 }
 
 // ForgetProxy implements discovery.Store.

@@ -42,8 +42,10 @@ import (
 //	P refused:<ns>/<pool> when a lease request selecting the pool was last
 //	                      refused; expires after discovery.RefusedMemory
 //	P out:<proxy>         hash of the proxy's outcome records: host ->
-//	                      "served|blocked|at|lastBlocked|by" (weights as of
-//	                      at); expires OutcomeRetention after its last write
+//	                      "served|blocked|at|lastBlocked|by|voices" (weights
+//	                      as of at; voices "who@ms;..." the latest block of
+//	                      each reporter, latest first); expires
+//	                      OutcomeRetention after its last write
 //	P obh:<host>          hash of the proxies host blocked: proxy ->
 //	                      "blocked|at", for the selection's tie-break; the
 //	                      same expiry
@@ -118,7 +120,7 @@ end
 // outcomes is the preamble's addition for the scripts that record or read
 // outcomes (discovery.HostRecord.Recorded, discovery.Decayed, in ms).
 var outcomes = fmt.Sprintf(`
-local OH, OR, OMAX, OMIN = %d, %d, %d, %g
+local OH, OR, OMAX, OMIN, VMAX = %d, %d, %d, %g, %d
 local function decayed(w, at)
   local el = now - at
   if el <= 0 or w == 0 then return w end
@@ -136,14 +138,24 @@ local function splitRecord(raw)
     i = j + 1
   end
 end
-local function recordOutcome(proxy, host, blocked, by, limited)
+local function withVoice(voices, who)
+  local out, n = who .. '@' .. now, 1
+  for v in string.gmatch(voices or '', '[^;]+') do
+    local at = string.find(v, '@[^@]*$')
+    if n < VMAX and string.sub(v, 1, at - 1) ~= who then
+      out, n = out .. ';' .. v, n + 1
+    end
+  end
+  return out
+end
+local function recordOutcome(proxy, host, blocked, by, limited, who)
   local key = P .. 'out:' .. proxy
   local raw = redis.call('HGET', key, host)
-  local served, bl, lb, lby = 0, 0, 0, ''
+  local served, bl, lb, lby, voices = 0, 0, 0, '', ''
   if raw then
     local f = splitRecord(raw)
     served, bl = decayed(tonumber(f[1]), tonumber(f[3])), decayed(tonumber(f[2]), tonumber(f[3]))
-    lb, lby = tonumber(f[4]), f[5]
+    lb, lby, voices = tonumber(f[4]), f[5], f[6] or ''
   elseif redis.call('HLEN', key) >= OMAX then
     local all, oldest, oldestAt = redis.call('HGETALL', key), nil, nil
     for i = 1, #all, 2 do
@@ -155,7 +167,7 @@ local function recordOutcome(proxy, host, blocked, by, limited)
   if blocked and limited then
     bl = bl + 1
   elseif blocked then
-    bl, lb, lby = bl + 1, now, by
+    bl, lb, lby, voices = bl + 1, now, by, withVoice(voices, who)
     redis.call('ZREMRANGEBYSCORE', P .. 'blocks', '-inf', now - OR)
     redis.call('ZADD', P .. 'blocks', now, proxy .. '|' .. host)
     redis.call('PEXPIRE', P .. 'blocks', OR)
@@ -166,7 +178,7 @@ local function recordOutcome(proxy, host, blocked, by, limited)
     redis.call('HSET', P .. 'obh:' .. host, proxy, bl .. '|' .. now)
     redis.call('PEXPIRE', P .. 'obh:' .. host, OR)
   end
-  redis.call('HSET', key, host, served .. '|' .. bl .. '|' .. now .. '|' .. lb .. '|' .. lby)
+  redis.call('HSET', key, host, served .. '|' .. bl .. '|' .. now .. '|' .. lb .. '|' .. lby .. '|' .. voices)
   redis.call('PEXPIRE', key, OR)
 end
 local function blockedWeight(proxy, host)
@@ -179,7 +191,7 @@ local function blockedWeight(proxy, host)
   if w < OMIN then return 0 end
   return w
 end
-`, discovery.OutcomeHalfLife.Milliseconds(), discovery.OutcomeRetention.Milliseconds(), discovery.MaxHostRecords, minBlockedWeight)
+`, discovery.OutcomeHalfLife.Milliseconds(), discovery.OutcomeRetention.Milliseconds(), discovery.MaxHostRecords, minBlockedWeight, discovery.MaxVoices)
 
 // minBlockedWeight is discovery's: a decayed blocked weight under it no
 // longer counts against a proxy.
@@ -434,7 +446,7 @@ local l = live(ARGV[3])
 if not l then return 0 end
 local blocked = ARGV[4] == 'rate_limited' or ARGV[4] == 'blocked'
 if blocked then cool(l[1], ARGV[5], tonumber(ARGV[6])) end
-if ARGV[5] ~= '' and (blocked or ARGV[4] == 'ok') then recordOutcome(l[1], ARGV[5], blocked, 'report', ARGV[4] == 'rate_limited') end
+if ARGV[5] ~= '' and (blocked or ARGV[4] == 'ok') then recordOutcome(l[1], ARGV[5], blocked, 'report', ARGV[4] == 'rate_limited', l[5] or '') end
 return 1
 `)
 
@@ -478,7 +490,8 @@ return out
 `)
 
 // reportSessionScript: ARGV[3] the session, ARGV[4] result, ARGV[5]
-// target, ARGV[6] cooldown ms, ARGV[7] the same-burst window ms. Returns
+// target, ARGV[6] cooldown ms, ARGV[7] the same-burst window ms, ARGV[8]
+// the reporter (the session's tenant). Returns
 // the proxy the session's requests to target went through, or an empty
 // string for an unknown session.
 var reportSessionScript = redis.NewScript(preamble + cool + outcomes + `
@@ -488,7 +501,7 @@ if not r[1] or tonumber(r[1]) <= now then return '' end
 local proxy = r[3] or r[2]
 if not proxy then return '' end
 if ARGV[4] ~= 'rate_limited' and ARGV[4] ~= 'blocked' then
-  if ARGV[4] == 'ok' then recordOutcome(proxy, ARGV[5], false, 'report', false) end
+  if ARGV[4] == 'ok' then recordOutcome(proxy, ARGV[5], false, 'report', false, ARGV[8]) end
   return proxy
 end
 if r[4] then
@@ -499,7 +512,7 @@ if r[4] then
 end
 redis.call('HSET', key, 'r:' .. ARGV[5], now .. '|' .. proxy)
 cool(proxy, ARGV[5], tonumber(ARGV[6]))
-recordOutcome(proxy, ARGV[5], true, 'report', ARGV[4] == 'rate_limited')
+recordOutcome(proxy, ARGV[5], true, 'report', ARGV[4] == 'rate_limited', ARGV[8])
 return proxy
 `)
 
@@ -570,15 +583,15 @@ return ms
 
 // recordOutcomeScript: ARGV[3] proxy, ARGV[4] host, ARGV[5] 1 for blocked,
 // ARGV[6] its source, ARGV[7] the cooldown ms a blocked outcome sets (0:
-// none), ARGV[8] 1 for a push-back.
+// none), ARGV[8] 1 for a push-back, ARGV[9] its reporter.
 var recordOutcomeScript = redis.NewScript(preamble + cool + outcomes + `
-recordOutcome(ARGV[3], ARGV[4], ARGV[5] == '1', ARGV[6], ARGV[8] == '1')
+recordOutcome(ARGV[3], ARGV[4], ARGV[5] == '1', ARGV[6], ARGV[8] == '1', ARGV[9])
 if ARGV[5] == '1' and tonumber(ARGV[7]) > 0 then cool(ARGV[3], ARGV[4], tonumber(ARGV[7])) end
 return 1
 `)
 
 // outcomesScript: ARGV[3] proxy. Returns host, served, blocked (as
-// strings, decayed to now), at, last blocked, by, for each record.
+// strings, decayed to now), at, last blocked, by, voices, for each record.
 var outcomesScript = redis.NewScript(preamble + outcomes + `
 local all, out = redis.call('HGETALL', P .. 'out:' .. ARGV[3]), {}
 for i = 1, #all, 2 do
@@ -591,13 +604,14 @@ for i = 1, #all, 2 do
     out[#out + 1] = at
     out[#out + 1] = tonumber(f[4])
     out[#out + 1] = f[5]
+    out[#out + 1] = f[6] or ''
   end
 end
 return out
 `)
 
 // blocksScript: ARGV[3] since ms. Returns "<proxy>|<host>", its last block
-// ms and what saw it, for each block since.
+// ms, what saw it and its voices, for each block since.
 var blocksScript = redis.NewScript(preamble + outcomes + `
 local since = math.max(tonumber(ARGV[3]), now - OR)
 local z, out = redis.call('ZRANGEBYSCORE', P .. 'blocks', since, '+inf', 'WITHSCORES'), {}
@@ -605,11 +619,15 @@ for i = 1, #z, 2 do
   local m = z[i]
   local sep = string.find(m, '|', 1, true)
   local raw = redis.call('HGET', P .. 'out:' .. string.sub(m, 1, sep - 1), string.sub(m, sep + 1))
-  local by = ''
-  if raw then by = splitRecord(raw)[5] end
+  local by, voices = '', ''
+  if raw then
+    local f = splitRecord(raw)
+    by, voices = f[5], f[6] or ''
+  end
   out[#out + 1] = m
   out[#out + 1] = tonumber(z[i + 1])
   out[#out + 1] = by
+  out[#out + 1] = voices
 end
 return out
 `)

@@ -300,8 +300,8 @@ func (s *Store) SetRoute(ctx context.Context, session, host string, set discover
 }
 
 // ReportSession implements discovery.Store.
-func (s *Store) ReportSession(ctx context.Context, session, result, target string, cooldown, window time.Duration) (string, error) {
-	proxy, err := s.run(ctx, reportSessionScript, session, result, target, cooldown.Milliseconds(), window.Milliseconds()).Text()
+func (s *Store) ReportSession(ctx context.Context, session, reporter, result, target string, cooldown, window time.Duration) (string, error) {
+	proxy, err := s.run(ctx, reportSessionScript, session, result, target, cooldown.Milliseconds(), window.Milliseconds(), reporter).Text()
 	if err != nil {
 		return "", fmt.Errorf("report session script: %w", err)
 	}

@@ -161,16 +161,60 @@ func reportsRecordOutcomes(t *testing.T, h Harness) {
 	noneAvailable(t, err, discovery.CauseCooling)
 
 	require.NoError(t, h.Store.SetRoute(ctx, "s1", "news.example", discovery.RouteSet{Proxy: "b", Own: true, Idle: time.Minute}))
-	_, err = h.Store.ReportSession(ctx, "s1", discovery.ResultOK, "news.example", time.Minute, time.Second)
+	_, err = h.Store.ReportSession(ctx, "s1", "team-b", discovery.ResultOK, "news.example", time.Minute, time.Second)
 	require.NoError(t, err)
-	_, err = h.Store.ReportSession(ctx, "s1", discovery.ResultRateLimited, "news.example", time.Minute, time.Second)
+	_, err = h.Store.ReportSession(ctx, "s1", "team-b", discovery.ResultRateLimited, "news.example", time.Minute, time.Second)
 	require.NoError(t, err)
-	_, err = h.Store.ReportSession(ctx, "s1", discovery.ResultRateLimited, "news.example", time.Minute, time.Second)
+	_, err = h.Store.ReportSession(ctx, "s1", "team-b", discovery.ResultRateLimited, "news.example", time.Minute, time.Second)
 	require.NoError(t, err)
 	r, ok = recordOf(t, h, "b", "news.example")
 	require.True(t, ok)
 	assert.InDelta(t, 1, r.Served, 0.01)
 	assert.InDelta(t, 1, r.Blocked, 0.01, "a burst of refusals is one block")
+}
+
+// voices: a block keeps who reported it (a lease's holder, a session's
+// tenant, an outcome's Reporter, "" for a canary), the latest block of
+// each first, at most MaxVoices of them; Blocks carries them to the ban
+// judge. Push-backs and served outcomes add none.
+func voices(t *testing.T, h Harness) {
+	ctx := context.Background()
+	l, err := h.Store.Acquire(ctx, discovery.AcquireRequest{Candidates: Of("a"), TTL: time.Minute, Holder: "team-a"})
+	require.NoError(t, err)
+	require.NoError(t, h.Store.Report(ctx, l.ID, discovery.ResultBlocked, "shop.example", time.Second))
+	h.Advance(time.Second)
+	require.NoError(t, h.Store.RecordOutcome(ctx, "a", "shop.example", discovery.Outcome{Blocked: true, Source: discovery.OutcomeGateway, Reporter: "team-b"}))
+	h.Advance(time.Second)
+	require.NoError(t, h.Store.RecordOutcome(ctx, "a", "shop.example", discovery.Outcome{Blocked: true, Limited: true, Source: discovery.OutcomeReport, Reporter: "team-c"}))
+	require.NoError(t, h.Store.RecordOutcome(ctx, "a", "shop.example", discovery.Outcome{Source: discovery.OutcomeReport, Reporter: "team-d"}))
+	require.NoError(t, h.Store.Report(ctx, l.ID, discovery.ResultBlocked, "shop.example", time.Second))
+	r, ok := recordOf(t, h, "a", "shop.example")
+	require.True(t, ok)
+	whos := func(vs []discovery.Voice) []string {
+		var out []string
+		for _, v := range vs {
+			out = append(out, v.Who)
+		}
+		return out
+	}
+	assert.Equal(t, []string{"team-a", "team-b"}, whos(r.Voices), "team-a's second block moves it first; a push-back and a success are no voice")
+	assert.Equal(t, r.LastBlocked.UnixMilli(), r.Voices[0].At.UnixMilli())
+	assert.Equal(t, r.Voices[0].At.Add(-time.Second).UnixMilli(), r.Voices[1].At.UnixMilli())
+
+	for _, who := range []string{"", "team-e", "team-f", "team-g"} {
+		require.NoError(t, h.Store.RecordOutcome(ctx, "a", "shop.example", discovery.Outcome{Blocked: true, Source: discovery.OutcomeCanary, Reporter: who}))
+	}
+	blocks, err := h.Store.Blocks(ctx, time.Time{})
+	require.NoError(t, err)
+	require.Len(t, blocks, 1)
+	assert.Equal(t, []string{"team-g", "team-f", "team-e", ""}, whos(blocks[0].Voices), "at most MaxVoices, the oldest gone")
+	require.Len(t, blocks[0].Voices, discovery.MaxVoices)
+
+	require.NoError(t, h.Store.SetRoute(ctx, "team-h/s1", "news.example", discovery.RouteSet{Proxy: "b", Own: true, Idle: time.Minute}))
+	_, err = h.Store.ReportSession(ctx, "team-h/s1", "team-h", discovery.ResultBlocked, "news.example", time.Minute, time.Second)
+	require.NoError(t, err)
+	r, _ = recordOf(t, h, "b", "news.example")
+	assert.Equal(t, []string{"team-h"}, whos(r.Voices), "a session's report is its tenant's voice")
 }
 
 // betterRecord: among the least-loaded candidates, a lease for a host goes

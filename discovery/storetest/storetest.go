@@ -55,6 +55,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"OutcomeCooldown", outcomeCooldown},
 		{"ForgetProxy", forgetProxy},
 		{"ReportsRecordOutcomes", reportsRecordOutcomes},
+		{"Voices", voices},
 		{"BetterRecord", betterRecord},
 		{"BurnedIPs", burnedIPs},
 		{"Exclusive", exclusive},
@@ -401,7 +402,7 @@ func sessions(t *testing.T, h Harness) {
 		return r
 	}
 	assert.Equal(t, discovery.Route{}, hops(route("s1", "shop.example")), "unknown session")
-	_, err := h.Store.ReportSession(ctx, "s1", discovery.ResultRateLimited, "shop.example", time.Minute, time.Second)
+	_, err := h.Store.ReportSession(ctx, "s1", "platform", discovery.ResultRateLimited, "shop.example", time.Minute, time.Second)
 	require.ErrorIs(t, err, discovery.ErrSessionNotFound)
 
 	require.NoError(t, h.Store.SetRoute(ctx, "s1", "shop.example", discovery.RouteSet{Proxy: "p1", Own: true, Idle: 10 * time.Minute}))
@@ -410,7 +411,7 @@ func sessions(t *testing.T, h Harness) {
 	assert.Equal(t, discovery.Route{}, hops(route("s2", "shop.example")), "per session")
 
 	// shop.example rate-limits s1 through p1: p1 cools for that host only.
-	proxy, err := h.Store.ReportSession(ctx, "s1", discovery.ResultRateLimited, "shop.example", 5*time.Minute, time.Second)
+	proxy, err := h.Store.ReportSession(ctx, "s1", "platform", discovery.ResultRateLimited, "shop.example", 5*time.Minute, time.Second)
 	require.NoError(t, err)
 	assert.Equal(t, "p1", proxy)
 	_, err = acquire(h, Of("p1"), "shop.example", time.Minute)
@@ -422,7 +423,7 @@ func sessions(t *testing.T, h Harness) {
 	// The detour for shop.example is p2; a second report at once is the
 	// same burst: it cools nothing more.
 	require.NoError(t, h.Store.SetRoute(ctx, "s1", "shop.example", discovery.RouteSet{Proxy: "p2", Own: false, Idle: 10 * time.Minute}))
-	proxy, err = h.Store.ReportSession(ctx, "s1", discovery.ResultRateLimited, "shop.example", 5*time.Minute, time.Minute)
+	proxy, err = h.Store.ReportSession(ctx, "s1", "platform", discovery.ResultRateLimited, "shop.example", 5*time.Minute, time.Minute)
 	require.NoError(t, err)
 	assert.Equal(t, "p1", proxy, "the burst's proxy")
 	l, err = acquire(h, Of("p2"), "shop.example", time.Minute)
@@ -431,7 +432,7 @@ func sessions(t *testing.T, h Harness) {
 	h.Advance(2 * time.Minute)
 	assert.Equal(t, discovery.Route{Own: "p1", Detour: "p2"}, hops(route("s1", "shop.example")))
 	assert.Equal(t, discovery.Route{Own: "p1"}, hops(route("s1", "news.example")))
-	proxy, err = h.Store.ReportSession(ctx, "s1", discovery.ResultOK, "shop.example", 0, time.Second)
+	proxy, err = h.Store.ReportSession(ctx, "s1", "platform", discovery.ResultOK, "shop.example", 0, time.Second)
 	require.NoError(t, err)
 	assert.Equal(t, "p2", proxy, "ok is recorded against the detour, and cools nothing")
 	_, err = acquire(h, Of("p2"), "shop.example", time.Minute)
@@ -448,6 +449,6 @@ func sessions(t *testing.T, h Harness) {
 	assert.Equal(t, discovery.Route{Own: "p3"}, hops(route("s1", "shop.example")), "extended by the last route")
 	h.Advance(2 * time.Minute)
 	assert.Equal(t, discovery.Route{}, hops(route("s1", "shop.example")), "idle for 11 minutes")
-	_, err = h.Store.ReportSession(ctx, "s1", discovery.ResultRateLimited, "shop.example", time.Minute, time.Second)
+	_, err = h.Store.ReportSession(ctx, "s1", "platform", discovery.ResultRateLimited, "shop.example", time.Minute, time.Second)
 	require.ErrorIs(t, err, discovery.ErrSessionNotFound)
 }

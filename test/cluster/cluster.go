@@ -247,6 +247,9 @@ func (c *Cluster) StartOperator(bin string, opts OperatorOptions) (*Operator, er
 		"--egress-echo-url=" + c.Target.EchoURL,
 		"--health-interval=1s",
 		"--health-timeout=2s",
+		// The local cluster's sites live on loopback addresses, which its
+		// Squid pods reach (their provider denies no destination).
+		"--gateway-denied-destinations=",
 	}
 	args = append(args, opts.ExtraArgs...)
 	logPath := filepath.Join(c.Dir, "operator-"+strconv.FormatInt(time.Now().UnixNano(), 36)+".log")

@@ -115,7 +115,8 @@ func startViewProduct(t testing.TB, view *discovery.View, politeness discovery.P
 	})
 	p := &product{api: httptest.NewServer(server.Handler())}
 	t.Cleanup(p.api.Close)
-	gw := gateway.New(gateway.Options{Upstreams: server.Tunnels()})
+	// The simulated sites listen on loopback addresses and any port.
+	gw := gateway.New(gateway.Options{Upstreams: server.Tunnels(), Destinations: gateway.Destinations{ConnectPorts: []int{0}, HTTPPorts: []int{0}}})
 	server.OnSessionReport(gw.OnSessionReport)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

@@ -4,6 +4,10 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/example/egress-proxies-operator/tenant"
 )
 
 // PoolDemand is what the discovery API saw of one ProxyPool's use: the
@@ -45,4 +49,24 @@ func (s *Server) PoolDemand(ctx context.Context, namespace, pool string) (PoolDe
 		return PoolDemand{}, fmt.Errorf("reading when a lease of pool %s/%s was last refused: %w", namespace, pool, err)
 	}
 	return d, nil
+}
+
+// noteRefused tells the autoscalers of the pools sel names that a lease of
+// t's was refused: only pools t may lease, so a tenant never grows
+// another's pool (at another's cost) by asking for it.
+func (s *Server) noteRefused(ctx context.Context, t *tenant.Tenant, sel Selector) {
+	for _, pool := range s.opts.View.poolsSelected(sel) {
+		if !t.All() {
+			if s.opts.Tenants == nil {
+				return
+			}
+			if ok, err := s.opts.Tenants.MayLease(ctx, t, pool); err != nil || !ok {
+				continue
+			}
+		}
+		key := pool.Namespace + "/" + pool.Pool
+		if err := s.store.NoteRefused(ctx, key); err != nil {
+			warn(logf.FromContext(ctx), "could not record a refused lease for the pool's autoscaler", "pool", key, "error", err.Error())
+		}
+	}
 }

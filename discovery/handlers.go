@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/julienschmidt/httprouter"
-	logf "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
 func (s *Server) listProxies(w http.ResponseWriter, r *http.Request, _ httprouter.Params) int {
@@ -162,11 +161,7 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request, _ httproute
 			req.Target, len(candidates.IDs), map[string]string(req.Selector), req.MaxWaitSeconds, none.Error()))
 	}
 	if errors.As(err, &none) {
-		for _, pool := range s.opts.View.poolsSelected(req.Selector) {
-			if err := s.store.NoteRefused(r.Context(), pool); err != nil {
-				warn(logf.FromContext(r.Context()), "could not record a refused lease for the pool's autoscaler", "pool", pool, "error", err.Error())
-			}
-		}
+		s.noteRefused(r.Context(), t, req.Selector)
 		retry := retryAfterNoProxyBase
 		if none.RetryAfter > 0 && len(candidates.IDs) > 0 {
 			retry = none.RetryAfter

@@ -193,3 +193,30 @@ func TestQuotasHoldAtTheirLimits(t *testing.T) {
 
 	assert.Equal(t, 1.0, testutil.ToFloat64(quotaRefusals.WithLabelValues("system:serviceaccount:team-a:crawler", LimitLeases)))
 }
+
+// Attack: team A asks again and again for team B's autoscaled pool, hoping
+// each refusal grows it (members on B's account). Only a refusal of a
+// pool the asker may lease reaches the pool's autoscaler; B's own does.
+func TestARefusalGrowsOnlyPoolsTheAskerMayLease(t *testing.T) {
+	f := newFixture(t)
+	f.token.value = "platform-token"
+	f.srv.opts.Tenants = twoTeams()
+	f.member("us", "us-0", "127.0.0.12")
+	as := func(token string) []string { return []string{"Authorization", "Bearer " + token} }
+	held := f.do("POST", "/v1/leases", `{"selector":{"pool":"us"},"exclusive":true}`, as("token-b")...)
+	require.Equal(t, http.StatusCreated, held.status, "team B holds its only member")
+
+	for range 5 {
+		r := f.do("POST", "/v1/leases", `{"selector":{"pool":"us"}}`, as("token-a")...)
+		require.Equal(t, http.StatusServiceUnavailable, r.status)
+	}
+	d, err := f.srv.PoolDemand(context.Background(), "crawl", "us")
+	require.NoError(t, err)
+	assert.True(t, d.LastRefused.IsZero(), "team A's refusals never reach team B's autoscaler")
+
+	r := f.do("POST", "/v1/leases", `{"selector":{"pool":"us"}}`, as("token-b")...)
+	require.Equal(t, http.StatusServiceUnavailable, r.status, "B's member is held")
+	d, err = f.srv.PoolDemand(context.Background(), "crawl", "us")
+	require.NoError(t, err)
+	assert.False(t, d.LastRefused.IsZero(), "team B's own refusal does")
+}

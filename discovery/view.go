@@ -75,6 +75,9 @@ type View struct {
 	entries    map[string]*entry
 	ids        []string // sorted, for stable listings
 	generation uint64   // bumped by every change to entries
+	// pools indexes the entries by their pool's name (every namespace), so
+	// a pool's members are found without walking the fleet.
+	pools map[string]map[string]struct{}
 
 	// cache holds the candidates per selector: matching 10,000 proxies'
 	// attributes on every lease would dominate the cost of a lease.
@@ -97,7 +100,7 @@ func (v *View) SetClouds(clouds map[string]string) { v.clouds = clouds }
 // NewView returns an empty view; feed it with Handler. credentialsNamespace
 // is the operator's namespace, where Managed proxies' credentials are kept.
 func NewView(health HealthSource, credentialsNamespace string) *View {
-	return &View{health: health, credentialsNamespace: credentialsNamespace, entries: map[string]*entry{}, cache: map[string]cachedCandidates{}}
+	return &View{health: health, credentialsNamespace: credentialsNamespace, entries: map[string]*entry{}, pools: map[string]map[string]struct{}{}, cache: map[string]cachedCandidates{}}
 }
 
 // Handler is the informer event handler that keeps the view current.
@@ -135,6 +138,10 @@ func (v *View) upsert(obj any) {
 		e.lastIP = old.lastIP
 	}
 	moved := exists && old.lastIP != "" && e.ip != "" && e.ip != old.lastIP
+	if exists {
+		v.unindexLocked(old)
+	}
+	v.indexLocked(e)
 	v.entries[e.id] = e
 	v.generation++
 	onMove := v.onMove
@@ -147,14 +154,41 @@ func (v *View) upsert(obj any) {
 func (v *View) remove(id string) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if _, exists := v.entries[id]; !exists {
+	old, exists := v.entries[id]
+	if !exists {
 		return
 	}
+	v.unindexLocked(old)
 	delete(v.entries, id)
 	if i, found := slices.BinarySearch(v.ids, id); found {
 		v.ids = slices.Delete(v.ids, i, i+1)
 	}
 	v.generation++
+}
+
+// indexLocked adds e to its pool's index.
+func (v *View) indexLocked(e *entry) {
+	pool := e.attributes.m[attrPool]
+	if pool == "" {
+		return
+	}
+	members := v.pools[pool]
+	if members == nil {
+		members = map[string]struct{}{}
+		v.pools[pool] = members
+	}
+	members[e.id] = struct{}{}
+}
+
+// unindexLocked drops e from its pool's index.
+func (v *View) unindexLocked(e *entry) {
+	pool := e.attributes.m[attrPool]
+	if members := v.pools[pool]; members != nil {
+		delete(members, e.id)
+		if len(members) == 0 {
+			delete(v.pools, pool)
+		}
+	}
 }
 
 // Derived attribute keys, reserved in spec.attributes by the CRD (zone,
@@ -431,19 +465,22 @@ func (v *View) tenantProxy(id string) (tenant.Proxy, bool) {
 // poolsSelected are the pools (namespace/name) that have a member sel
 // matches, serving or not: the autoscalers a refused lease concerns. The
 // names come from the cluster, never from the request, so a client cannot
-// make the store remember pools that do not exist.
-func (v *View) poolsSelected(sel Selector) []string {
+// make the store remember pools that do not exist; only the members of
+// pools named sel's pool are looked at, not the fleet.
+func (v *View) poolsSelected(sel Selector) []tenant.Proxy {
 	if sel[attrPool] == "" {
 		return nil
 	}
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	var pools []string
-	for _, e := range v.entries {
-		if sel.Matches(e.attributes.m) {
-			if pool := e.key.Namespace + "/" + e.attributes.m[attrPool]; !slices.Contains(pools, pool) {
-				pools = append(pools, pool)
-			}
+	var pools []tenant.Proxy
+	for id := range v.pools[sel[attrPool]] {
+		e := v.entries[id]
+		if !sel.Matches(e.attributes.m) {
+			continue
+		}
+		if p := (tenant.Proxy{Namespace: e.key.Namespace, Pool: sel[attrPool]}); !slices.Contains(pools, p) {
+			pools = append(pools, p)
 		}
 	}
 	return pools
@@ -454,8 +491,8 @@ func (v *View) poolMembers(namespace, pool string) []string {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
 	var ids []string
-	for id, e := range v.entries {
-		if e.key.Namespace == namespace && e.attributes.m[attrPool] == pool {
+	for id := range v.pools[pool] {
+		if v.entries[id].key.Namespace == namespace {
 			ids = append(ids, id)
 		}
 	}

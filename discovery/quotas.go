@@ -199,17 +199,30 @@ func (t *Tunnels) Admit(ctx context.Context, who *tenant.Tenant) error {
 	return nil
 }
 
-// countBytes adds the bytes a tenant's tunnel or request carried to its
-// day's count, when it has a bytes-per-day limit; a count the store could
-// not take is logged (the tunnel is over by then).
-func (t *Tunnels) countBytes(ctx context.Context, tenantName string, n int64) {
-	q, ok := t.s.quotaNamed(tenantName)
-	if !ok || n <= 0 || q.GatewayBytesPerDay <= 0 {
-		return
+// CountBytes adds n bytes that a tunnel or request of who's carried to
+// who's day, when who has a gatewayBytesPerDay, and says whether the day's
+// bytes are now spent: the gateway then cuts who's tunnels. The count is
+// the tenant's, not a lease's, so bytes moved after a lease expired or
+// failed to renew count all the same. A count the store could not take is
+// logged and spends nothing.
+func (t *Tunnels) CountBytes(ctx context.Context, who *tenant.Tenant, n int64) (spent bool) {
+	q, ok := t.s.quotaOf(who)
+	if !ok || q.GatewayBytesPerDay <= 0 {
+		return false
 	}
-	if _, err := t.s.store.AddUsage(ctx, bytesKey(tenantName, t.s.opts.Clock.Now()), n, 48*time.Hour); err != nil {
-		warn(logf.FromContext(ctx), "a tunnel's bytes were not counted toward its tenant's quota", "tenant", tenantName, "error", err.Error())
+	used, err := t.s.store.AddUsage(ctx, bytesKey(who.Name, t.s.opts.Clock.Now()), max(n, 0), 48*time.Hour)
+	if err != nil {
+		warn(logf.FromContext(ctx), "bytes were not counted toward their tenant's quota", "tenant", who.Name, "error", err.Error())
+		return false
 	}
+	return used >= q.GatewayBytesPerDay
+}
+
+// MetersBytes says whether who has a gatewayBytesPerDay: the gateway counts
+// its tunnels' bytes as they move.
+func (t *Tunnels) MetersBytes(who *tenant.Tenant) bool {
+	q, ok := t.s.quotaOf(who)
+	return ok && q.GatewayBytesPerDay > 0
 }
 
 var quotaRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -178,12 +178,16 @@ func TestQuotasHoldAtTheirLimits(t *testing.T) {
 	require.NoError(t, tunnels.Admit(ctx, a), "the rate allows one more half a second later")
 
 	f.clock.Step(time.Second)
-	tunnels.Release(ctx, tunnel.LeaseID, "", 999) // what the tunnel carried
+	tunnels.Release(ctx, tunnel.LeaseID, "", 999)
+	assert.False(t, tunnels.CountBytes(ctx, a, 999), "what the tunnel carried, below the day's bytes")
 	require.NoError(t, tunnels.Admit(ctx, a), "below the day's bytes")
 	_, err = pick()
 	require.NoError(t, err, "its release freed its place under maxTunnels")
 	f.clock.Step(time.Second)
-	tunnels.countBytes(ctx, a.Name, 1)
+	assert.True(t, tunnels.CountBytes(ctx, a, 1), "the day's bytes are spent")
+	b, err := tunnels.Authorize(ctx, "token-b")
+	require.NoError(t, err)
+	assert.False(t, tunnels.CountBytes(ctx, b, 1<<20), "another tenant is not bound by it")
 	require.ErrorAs(t, tunnels.Admit(ctx, a), &quota, "the day's bytes are spent")
 	assert.Equal(t, LimitBytesPerDay, quota.Limit)
 	now := f.clock.Now()

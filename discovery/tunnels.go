@@ -549,8 +549,8 @@ func (t *Tunnels) Renew(ctx context.Context, leaseID, session string, ttl time.D
 }
 
 // Release ends a tunnel's lease, recording the bytes it carried in the
-// ledger and toward its tenant's daily quota; failures are logged (the
-// lease expires by itself).
+// ledger (the gateway counts them toward its tenant's quota itself,
+// CountBytes); failures are logged (the lease expires by itself).
 func (t *Tunnels) Release(ctx context.Context, leaseID, session string, bytes int64) {
 	lease, err := t.s.store.Get(ctx, leaseID)
 	if err == nil {
@@ -564,7 +564,6 @@ func (t *Tunnels) Release(ctx context.Context, leaseID, session string, bytes in
 		return
 	}
 	t.s.record(ctx, LedgerTunnel, LedgerEnd, lease, session, t.s.opts.Clock.Now(), bytes)
-	t.countBytes(ctx, lease.Holder, bytes)
 }
 
 // SessionReport is a client's report on a gateway session's requests to a

@@ -102,8 +102,11 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, id Identity) {
 			if fromSite && (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusForbidden) {
 				g.opts.Upstreams.Refused(context.WithoutCancel(ctx), id.Tenant, up.ProxyID, r.URL.Hostname(), resp.StatusCode == http.StatusTooManyRequests)
 			}
-			n := g.relay(w, resp, up)
-			g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID, id.Session, n+max(r.ContentLength, 0))
+			n := g.relay(w, resp, up) + max(r.ContentLength, 0)
+			g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID, id.Session, n)
+			if g.opts.Upstreams.CountBytes(context.WithoutCancel(ctx), id.Tenant, n) {
+				g.cutTenant(id.Tenant.Name)
+			}
 			return
 		}
 		upstreamFailures.WithLabelValues(f.reason).Inc()

@@ -97,6 +97,10 @@ type Upstreams interface {
 	// Admit checks a tenant's tunnels-per-second and bytes-per-day quota
 	// before a tunnel or request (a *discovery.QuotaError when over).
 	Admit(ctx context.Context, who *tenant.Tenant) error
+	// MetersBytes says whether who has a bytes-per-day quota; CountBytes
+	// adds bytes to who's day and says whether the day's are spent.
+	MetersBytes(who *tenant.Tenant) bool
+	CountBytes(ctx context.Context, who *tenant.Tenant, n int64) (spent bool)
 }
 
 // Options configure a Gateway; zero values take the defaults above.
@@ -393,7 +397,17 @@ func (g *Gateway) renewLeases(ctx context.Context, log logr.Logger) {
 		}
 		holds := map[string]bool{}
 		for _, t := range g.open() {
-			if err := g.opts.Upstreams.Renew(ctx, t.up.LeaseID, t.name, g.opts.LeaseTTL); err != nil && ctx.Err() == nil {
+			g.meter(ctx, t, 1)
+			err := g.opts.Upstreams.Renew(ctx, t.up.LeaseID, t.name, g.opts.LeaseTTL)
+			switch {
+			case errors.Is(err, discovery.ErrLeaseNotFound):
+				// Its lease ran out (renewals failed for its whole TTL):
+				// a tunnel no lease counts would escape its tenant's
+				// maxTunnels and its proxy's load, so it ends.
+				log.Info("a tunnel's lease is gone; closing the tunnel", "proxy", t.up.ProxyID, "lease", t.up.LeaseID, "session", t.name)
+				t.close(closedLeaseLost)
+				continue
+			case err != nil && ctx.Err() == nil:
 				log.V(1).Info("renewing a tunnel's lease failed", "proxy", t.up.ProxyID, "lease", t.up.LeaseID, "error", err.Error())
 			}
 			if t.up.Hold == "" || holds[t.up.Hold] {
@@ -439,6 +453,37 @@ func (g *Gateway) CloseTunnels(session, host, proxy string) int {
 func (g *Gateway) OnSessionReport(r discovery.SessionReport) {
 	if r.Result == discovery.ResultRateLimited {
 		g.CloseTunnels(r.Session, r.Target, r.Proxy)
+	}
+}
+
+// meter counts the bytes t carried since its last count toward its
+// tenant's bytes-per-day quota, once at least least of them are
+// uncounted; when the day's bytes are spent, every tunnel of the tenant
+// here is cut (other replicas cut theirs at their next count).
+func (g *Gateway) meter(ctx context.Context, t *tunnel, least int64) {
+	if !t.metered {
+		return
+	}
+	t.meterMu.Lock()
+	n := t.moved.Load() - t.counted
+	if n < max(least, 1) {
+		t.meterMu.Unlock()
+		return
+	}
+	t.counted += n
+	t.meterMu.Unlock()
+	if g.opts.Upstreams.CountBytes(ctx, t.who, n) {
+		g.cutTenant(t.who.Name)
+	}
+}
+
+// cutTenant closes the open tunnels of the tenant called name: its day's
+// bytes are spent.
+func (g *Gateway) cutTenant(name string) {
+	for _, t := range g.open() {
+		if t.metered && t.who.Name == name {
+			t.close(closedQuota)
+		}
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -85,18 +86,23 @@ func newFixture(t testing.TB, opts gateway.Options) *fixture {
 // on clk.
 func newFixtureOn(t testing.TB, opts gateway.Options, clk clock.WithTicker) *fixture {
 	t.Helper()
-	return newFixtureWith(t, opts, clk, squid.DefaultRules)
+	return newFixtureWith(t, opts, clk, squid.DefaultRules, nil)
 }
 
 // newFixtureWith is newFixtureOn with Squids that follow rules (acl and
-// http_access lines).
-func newFixtureWith(t testing.TB, opts gateway.Options, clk clock.WithTicker, rules string) *fixture {
+// http_access lines), and discovery's options changed by tweak (nil: as
+// they are).
+func newFixtureWith(t testing.TB, opts gateway.Options, clk clock.WithTicker, rules string, tweak func(*discovery.Options)) *fixture {
 	t.Helper()
 	f := &fixture{view: discovery.NewView(nil, "operator-ns"), squids: map[string]*squid.Squid{}, byIP: map[string]string{}}
-	server := discovery.NewServer(discovery.Options{
+	dopts := discovery.Options{
 		Store: discovery.NewMemoryStore(clk), View: f.view, Tokens: discovery.StaticToken(token), Clock: clk,
 		DefaultTTL: discovery.DefaultTTL, MaxTTL: discovery.DefaultMaxTTL, DefaultCooldown: time.Minute,
-	})
+	}
+	if tweak != nil {
+		tweak(&dopts)
+	}
+	server := discovery.NewServer(dopts)
 	f.server = server
 	f.api = httptest.NewServer(server.Handler())
 	t.Cleanup(f.api.Close)
@@ -190,6 +196,12 @@ func (f *fixture) startSite(t testing.TB, ip string, https bool) *site {
 			w.Header().Set("Retry-After", "600")
 			w.Header().Set("Connection", "close")
 			w.WriteHeader(http.StatusTooManyRequests)
+			return
+		}
+		if n, err := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/big/")); err == nil {
+			// n bytes, for tests that count what a tunnel carries.
+			w.Header().Set("Content-Length", strconv.Itoa(n))
+			_, _ = io.CopyN(w, zeros{}, int64(n))
 			return
 		}
 		_, _ = fmt.Fprintf(w, "page %s from %s", r.URL.Path, r.Host)
@@ -490,6 +502,14 @@ func rawConnect(t *testing.T, gw, target, auth string) answer {
 	require.NoError(t, err)
 	_ = resp.Body.Close()
 	return answer{StatusCode: resp.StatusCode, Header: resp.Header}
+}
+
+// zeros reads as an endless run of zero bytes.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
 }
 
 func basic(user, password string) string {

@@ -19,16 +19,19 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/example/egress-proxies-operator/discovery"
+	"github.com/example/egress-proxies-operator/tenant"
 )
 
 // Why a tunnel ended, for the metrics.
 const (
-	closedDone     = "done"     // both sides finished
-	closedIdle     = "idle"     // nothing either way for IdleTimeout
-	closedLifetime = "lifetime" // MaxTunnelLifetime reached
-	closedError    = "error"    // a side reset or failed
-	closedReported = "reported" // the session reported the host rate-limiting it
-	closedShutdown = "shutdown" // the gateway stopped
+	closedDone      = "done"       // both sides finished
+	closedIdle      = "idle"       // nothing either way for IdleTimeout
+	closedLifetime  = "lifetime"   // MaxTunnelLifetime reached
+	closedError     = "error"      // a side reset or failed
+	closedReported  = "reported"   // the session reported the host rate-limiting it
+	closedShutdown  = "shutdown"   // the gateway stopped
+	closedQuota     = "quota"      // its tenant's bytes for the day are spent
+	closedLeaseLost = "lease_lost" // its lease ran out (renewals failed)
 )
 
 // tunnel is one client's CONNECT, spliced to its upstream.
@@ -36,8 +39,17 @@ type tunnel struct {
 	// session is the session's key (discovery.SessionKey), name the one
 	// the client gave.
 	session, name, host string
-	// moved counts the bytes carried both ways, for the tenant's quota.
-	moved         atomic.Int64
+	// moved counts the bytes carried both ways, for the tenant's quota;
+	// counted is what of it was counted toward the quota (under meterMu),
+	// metered whether its tenant has a bytes-per-day limit at all.
+	moved   atomic.Int64
+	who     *tenant.Tenant
+	metered bool
+	meterMu sync.Mutex
+	counted int64
+	// account counts the bytes moved so far toward the quota once at least
+	// its argument of them are uncounted.
+	account       func(least int64)
 	up            discovery.Upstream
 	client, upstr net.Conn
 	started       time.Time
@@ -104,7 +116,8 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 		life = min(life, g.opts.PacedTunnelLifetime)
 	}
 	t := &tunnel{session: discovery.SessionKey(id.Tenant, id.Session), name: id.Session, host: discovery.NormalizeTarget(host), up: up, client: clientConn, upstr: upstream.conn,
-		started: time.Now(), idle: g.opts.IdleTimeout, life: life}
+		started: time.Now(), idle: g.opts.IdleTimeout, life: life, who: id.Tenant, metered: g.opts.Upstreams.MetersBytes(id.Tenant)}
+	t.account = func(least int64) { g.meter(bg, t, least) }
 	t.touch()
 	g.register(t)
 	// The handler returns: net/http's connection state, its buffers and
@@ -146,6 +159,7 @@ func (g *Gateway) carry(ctx context.Context, t *tunnel, early, pending []byte) {
 	defer g.unregister(t)
 	defer func() { g.opts.Upstreams.Release(ctx, t.up.LeaseID, t.name, t.moved.Load()) }()
 	t.run(early, pending)
+	t.account(1)
 	tunnelsClosed.WithLabelValues(t.reason).Inc()
 	tunnelDuration.Observe(time.Since(t.started).Seconds())
 }
@@ -276,9 +290,9 @@ func (t *tunnel) run(early, pendingDown []byte) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t.pipe(up, t.client, early, both{bytesTotal.WithLabelValues(directionUp), &t.moved})
+		t.pipe(up, t.client, early, both{bytesTotal.WithLabelValues(directionUp), &t.moved, t.account})
 	}()
-	t.pipe(t.client, up, pendingDown, both{bytesTotal.WithLabelValues(directionDown), &t.moved})
+	t.pipe(t.client, up, pendingDown, both{bytesTotal.WithLabelValues(directionDown), &t.moved, t.account})
 	<-done
 	t.close(closedDone)
 }
@@ -303,15 +317,20 @@ var buffers = sync.Pool{New: func() any { b := make([]byte, chunk); return &b }}
 // counter is what a direction counts its bytes with.
 type counter interface{ Add(float64) }
 
-// both counts a direction's bytes in the metric and the tunnel's total.
+// both counts a direction's bytes in the metric and the tunnel's total,
+// and has the total counted toward the tenant's quota every chunk.
 type both struct {
-	metric counter
-	total  *atomic.Int64
+	metric  counter
+	total   *atomic.Int64
+	account func(least int64)
 }
 
 func (b both) Add(n float64) {
 	b.metric.Add(n)
 	b.total.Add(int64(n))
+	if b.account != nil {
+		b.account(chunk)
+	}
 }
 
 // pipe copies src to dst until src ends (then half-closes dst), either
@@ -342,7 +361,10 @@ func (t *tunnel) pipe(dst, src net.Conn, pending []byte, bytes counter) {
 				t.close(werr.reason)
 				return
 			}
-			if bulk {
+			// A metered tunnel's bulk goes a few buffers at a time, each
+			// counted toward its tenant's quota; a splice would count it
+			// only once the transfer paused.
+			if bulk && !t.metered {
 				moved, err = t.stream(dst, src, end)
 				bytes.Add(float64(moved))
 			}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/julienschmidt/httprouter"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -31,6 +32,10 @@ const (
 	authLocked
 )
 
+// LockedRetryAfter is the Retry-After of the API's and the gateway's 503
+// while locked: a configuration change, not a moment's load.
+const LockedRetryAfter = 60 * time.Second
+
 // handle is an API handler that returns the status it answered with.
 type handle func(w http.ResponseWriter, r *http.Request, ps httprouter.Params) int
 
@@ -41,6 +46,15 @@ func (s *Server) authed(route string, h handle) httprouter.Handle {
 		token, required := s.opts.Tokens.Token()
 		state := authStateOf(token, required)
 		s.noteAuth(r.Context(), state)
+		if state == authLocked {
+			// Locked: nobody is let in, whatever token they hold, as the
+			// gateway refuses everyone (Tunnels.Authorize).
+			setRetryAfter(w, LockedRetryAfter)
+			s.count(route, writeError(w, http.StatusServiceUnavailable, CodeLocked,
+				"the discovery token Secret is missing or its key is empty: the API and the gateway refuse every client, ServiceAccount tokens included, until a token is there (the operator recreates a deleted Secret; an emptied key stays so until someone writes a token)"),
+				s.opts.Clock.Since(start))
+			return
+		}
 		if required {
 			got, _ := bearerToken(r.Header.Get("Authorization"))
 			t, err := s.identify(r.Context(), got, token)
@@ -53,9 +67,6 @@ func (s *Server) authed(route string, h handle) httprouter.Handle {
 			}
 			if t == nil {
 				msg := "a valid bearer token is required (Authorization: Bearer <token>): the discovery token, or a ServiceAccount token for the operator's audience"
-				if state == authLocked {
-					msg = "the discovery token Secret is missing or has no token: every request with it is refused until a token is there (the operator recreates a deleted one)"
-				}
 				w.Header().Set("WWW-Authenticate", `Bearer realm="egress-proxies-operator"`)
 				s.count(route, writeError(w, http.StatusUnauthorized, CodeUnauthorized, msg), s.opts.Clock.Since(start))
 				return

@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"context"
 	"net/http"
 	"testing"
 
@@ -96,7 +97,9 @@ func TestTargetsAreHosts(t *testing.T) {
 }
 
 // TestAuthFailsClosed: with a token required, losing it refuses every
-// request (401, with a message saying why and a metric), until it is back.
+// request, ServiceAccount tokens included (503 locked with Retry-After, a
+// message saying why and a metric), in the API and the gateway alike,
+// until it is back.
 // Bearer is matched case-insensitively and the token trimmed.
 func TestAuthFailsClosed(t *testing.T) {
 	f := newFixture(t)
@@ -111,18 +114,27 @@ func TestAuthFailsClosed(t *testing.T) {
 		assert.Equal(t, http.StatusUnauthorized, f.do("GET", "/v1/proxies", "", "Authorization", header).status, "%q", header)
 	}
 
-	tok.value = "" // the Secret is gone
+	tok.value = "" // the Secret is gone, or its key emptied: locked
+	f.srv.opts.Tenants = twoTeams()
 	r := f.do("GET", "/v1/proxies", "")
-	assert.Equal(t, http.StatusUnauthorized, r.status, "no token at all: refused, never open")
-	assert.Contains(t, errorMessage(r), "missing or has no token")
+	assert.Equal(t, http.StatusServiceUnavailable, r.status, "no token at all: refused, never open")
+	assert.Equal(t, CodeLocked, errorCode(r))
+	assert.Equal(t, "60", r.header.Get("Retry-After"))
+	assert.Contains(t, errorMessage(r), "missing or its key is empty")
 	r = f.do("GET", "/v1/proxies", "", "Authorization", "Bearer ")
-	assert.Equal(t, http.StatusUnauthorized, r.status, "an empty bearer token never matches the missing one")
-	assert.Equal(t, http.StatusUnauthorized, f.do("POST", "/v1/leases", `{}`, "Authorization", "Bearer s3cret").status, "the old token no longer works")
+	assert.Equal(t, http.StatusServiceUnavailable, r.status, "an empty bearer token never matches the missing one")
+	assert.Equal(t, http.StatusServiceUnavailable, f.do("POST", "/v1/leases", `{}`, "Authorization", "Bearer s3cret").status, "the old token no longer works")
+	r = f.do("POST", "/v1/leases", `{}`, "Authorization", "Bearer token-a")
+	assert.Equal(t, http.StatusServiceUnavailable, r.status, "nor does a ServiceAccount's: locked is locked for everyone")
+	assert.Equal(t, CodeLocked, errorCode(r))
+	_, err := f.srv.Tunnels().Authorize(context.Background(), "token-a")
+	assert.ErrorIs(t, err, ErrGatewayLocked, "the gateway agrees")
 	assert.Equal(t, 1.0, testutil.ToFloat64(authLockedGauge))
 	assert.Equal(t, 1.0, testutil.ToFloat64(authEnabled))
 	assert.Equal(t, http.StatusOK, f.do("GET", "/healthz", "").status, "probes still answer")
 
 	tok.value = "back"
 	assert.Equal(t, http.StatusOK, f.do("GET", "/v1/proxies", "", "Authorization", "Bearer back").status)
+	assert.Equal(t, http.StatusOK, f.do("GET", "/v1/proxies", "", "Authorization", "Bearer token-a").status, "unlocked, tenants too")
 	assert.Equal(t, 0.0, testutil.ToFloat64(authLockedGauge))
 }

@@ -59,6 +59,10 @@ const (
 	// CodeQuotaExceeded: the tenant is at one of its TenantQuota's limits;
 	// retry after Retry-After.
 	CodeQuotaExceeded = "quota_exceeded"
+	// CodeLocked: the discovery token Secret is missing or its key empty
+	// (the platform's lock): every client is refused, ServiceAccount
+	// tokens included, with Retry-After, until a token is there.
+	CodeLocked = "locked"
 	// CodeAuthUnavailable: the API server could not say who the client is
 	// or what it may lease; retry after Retry-After.
 	CodeAuthUnavailable = "auth_unavailable"

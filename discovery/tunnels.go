@@ -21,9 +21,10 @@ import (
 // Errors of the gateway's side of discovery.
 var (
 	// ErrGatewayLocked: the discovery API runs unauthenticated
-	// (--discovery-auth=none) or its token Secret is missing, so the
-	// gateway refuses everyone: without a token it would be an open proxy.
-	ErrGatewayLocked = errors.New("the gateway needs the discovery token: run the operator with --discovery-auth=required and the token Secret in place (see docs/security.md)")
+	// (--discovery-auth=none), or its token Secret is missing or its key
+	// emptied (the platform's lock), so the gateway refuses everyone,
+	// ServiceAccount tokens included, as the API does.
+	ErrGatewayLocked = errors.New("the gateway needs the discovery token: run the operator with --discovery-auth=required and the token Secret in place with a token (an emptied key locks the API and the gateway for everyone; see docs/security.md)")
 	// ErrWrongToken: the client's password is not the discovery token.
 	ErrWrongToken = errors.New("the proxy password must be the discovery API token or a ServiceAccount token for the operator's audience")
 	// ErrInvalidTunnel: the request cannot be served as asked (a bad
@@ -63,7 +64,7 @@ func (s *Server) Tunnels() *Tunnels { return &Tunnels{s: s} }
 // gateway that can check no token refuses everyone alike.
 func (t *Tunnels) Authorize(ctx context.Context, password string) (*tenant.Tenant, error) {
 	token, required := t.s.opts.Tokens.Token()
-	if !required || (token == "" && t.s.opts.Tenants == nil) {
+	if authStateOf(token, required) != authEnforced {
 		return nil, ErrGatewayLocked
 	}
 	who, err := t.s.identify(ctx, password, token)

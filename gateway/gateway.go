@@ -70,7 +70,7 @@ const HeaderUpstream = "X-Egress-Proxy"
 // reviewRetryAfter is that of a 503 when the API server could not review
 // a ServiceAccount token.
 const (
-	lockedRetryAfter = 60 * time.Second
+	lockedRetryAfter = discovery.LockedRetryAfter
 	reviewRetryAfter = 2 * time.Second
 )
 

@@ -417,14 +417,15 @@ func TestTheGatewayIsNeverOpen(t *testing.T) {
 	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
 	assert.NotEmpty(t, resp.Header.Get("Retry-After"))
 
-	// With no token (--discovery-auth=none, or the token Secret missing),
-	// the gateway refuses everyone alike: 503 with a Retry-After, whether
+	// With no token (--discovery-auth=none, or the token Secret missing or
+	// its key emptied), the gateway refuses everyone alike: 503 with a Retry-After, whether
 	// or not they send credentials, and never asks for any.
 	for name, tokens := range map[string]discovery.TokenSource{"auth none": discovery.StaticToken(""), "Secret missing": discovery.NewSecretToken()} {
 		locked := gateway.New(gateway.Options{Upstreams: discovery.NewServer(discovery.Options{
-			Store: discovery.NewMemoryStore(nil), View: f.view, Tokens: tokens,
+			Store: discovery.NewMemoryStore(nil), View: f.view, Tokens: tokens, Tenants: oneTeam{},
 		}).Tunnels()})
-		for _, auth := range []string{"", basic("s1", ""), basic("s1", token)} {
+		// A team's ServiceAccount token too: locked is locked for everyone.
+		for _, auth := range []string{"", basic("s1", ""), basic("s1", token), basic("s1", "team-token")} {
 			rec := httptest.NewRecorder()
 			req := httptest.NewRequest(http.MethodConnect, "http://"+target, nil)
 			req.Host = target

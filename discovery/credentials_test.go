@@ -3,6 +3,7 @@ package discovery
 import (
 	"context"
 	"encoding/base64"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -172,4 +173,62 @@ func mustUnix(t *testing.T, user string) int64 {
 	n, err := strconv.ParseInt(parts[1], 10, 64)
 	require.NoError(t, err)
 	return n
+}
+
+// TestRevocationsDoNotStallBehindDeadProxies: with 40 proxies in the queue
+// that take a connection and never answer (each holds its send for the
+// whole revokeTimeout), a live proxy's revocation still goes out in the
+// same flush, well within one timeout per batch of revokeParallel; a
+// revocation past its lease's expiry is dropped, not retried; a proxy that
+// left the fleet has its revocations dropped.
+func TestRevocationsDoNotStallBehindDeadProxies(t *testing.T) {
+	f, shared := leaseSchemeFixture(t)
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer silent.Close()
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // held open, never answered
+		}
+	}()
+	seen := make(chan string, 4)
+	live := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.Header.Get("Proxy-Authorization")
+		w.WriteHeader(http.StatusProxyAuthRequired)
+	}))
+	defer live.Close()
+
+	now := f.clock.Now()
+	for i := range 40 {
+		id := fmt.Sprintf("crawl/dead-%d", i)
+		f.proxy(fmt.Sprintf("dead-%d", i), fmt.Sprintf("127.0.1.%d", i), true, nil)
+		f.srv.revoker.add(id, silent.Addr().String(), shared, fmt.Sprintf("lease-dead-%d", i), now.Add(time.Hour))
+	}
+	f.srv.revoker.add("crawl/eu-1", live.Listener.Addr().String(), shared, "lease-live", now.Add(time.Hour))
+	f.srv.revoker.add("crawl/eu-1", live.Listener.Addr().String(), shared, "lease-expired", now.Add(-time.Second))
+	f.srv.revoker.add("crawl/gone", silent.Addr().String(), shared, "lease-gone", now.Add(time.Hour))
+
+	start := time.Now()
+	f.srv.revoker.flush(context.Background())
+	took := time.Since(start)
+	t.Logf("the flush took %s", took)
+	select {
+	case header := <-seen:
+		raw, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(header, "Basic "))
+		require.NoError(t, err)
+		assert.Contains(t, string(raw), "lease-live")
+		assert.NotContains(t, string(raw), "lease-expired", "an expired lease's credentials are refused anyway")
+	default:
+		t.Fatal("the live proxy was not told in the flush")
+	}
+	assert.Less(t, took, 3*revokeTimeout, "40 silent proxies cost about two timeouts in parallel, not 40 in a row")
+	assert.Equal(t, 40, f.srv.revoker.queued(), "the silent proxies' revocations wait for the next flush; the gone proxy's and the expired one are dropped")
+
+	f.clock.Step(2 * time.Hour)
+	f.srv.revoker.flush(context.Background())
+	assert.Equal(t, 0, f.srv.revoker.queued(), "once their leases expired, nothing is retried")
 }

@@ -28,32 +28,41 @@ import (
 
 // revoker batches released leases per proxy and sends each proxy its
 // revocations every flushEvery, at most credentials.MaxRevocationIDs per
-// CONNECT.
+// CONNECT, to revokeParallel proxies at once: a proxy that does not
+// answer holds up its own revocations only. A revocation is kept until it
+// is sent or its lease's credentials expire anyway; a proxy that left the
+// fleet (gone) has its revocations dropped.
 type revoker struct {
 	mu      sync.Mutex
 	pending map[string]*revocations // by proxy id
 	dial    func(ctx context.Context, network, addr string) (net.Conn, error)
+	now     func() time.Time
+	// gone says a proxy left the fleet: nothing will use its credentials.
+	gone func(proxyID string) bool
 }
 
-// revocations are one proxy's released leases not yet sent.
+// revocations are one proxy's released leases not yet sent: each lease id
+// with the time its credentials expire anyway.
 type revocations struct {
 	addr  string
 	creds credentials.Credentials
-	ids   []string
-	until time.Time
+	ids   map[string]time.Time
 }
 
 // maxPendingRevocations bounds what waits for one proxy: beyond it the
-// oldest are dropped (their credentials still expire with their leases).
+// ones whose credentials expire first are dropped (they expire with their
+// leases).
 const maxPendingRevocations = 1024
 
 const (
 	revokeFlushEvery = 500 * time.Millisecond
 	revokeTimeout    = 3 * time.Second
+	// revokeParallel bounds the proxies told at once.
+	revokeParallel = 32
 )
 
-func newRevoker() *revoker {
-	return &revoker{pending: map[string]*revocations{}, dial: (&net.Dialer{Timeout: revokeTimeout}).DialContext}
+func newRevoker(now func() time.Time, gone func(string) bool) *revoker {
+	return &revoker{pending: map[string]*revocations{}, dial: (&net.Dialer{Timeout: revokeTimeout}).DialContext, now: now, gone: gone}
 }
 
 // add queues the revocation of lease id on proxy at addr until its
@@ -63,18 +72,34 @@ func (r *revoker) add(proxyID, addr string, creds credentials.Credentials, id st
 	defer r.mu.Unlock()
 	p, ok := r.pending[proxyID]
 	if !ok {
-		p = &revocations{}
+		p = &revocations{ids: map[string]time.Time{}}
 		r.pending[proxyID] = p
 	}
 	p.addr, p.creds = addr, creds
-	if len(p.ids) >= maxPendingRevocations {
-		p.ids = p.ids[1:]
+	if _, queued := p.ids[id]; !queued && len(p.ids) >= maxPendingRevocations {
+		first := ""
+		for other, u := range p.ids {
+			if first == "" || u.Before(p.ids[first]) {
+				first = other
+			}
+		}
+		delete(p.ids, first)
 		revocationsTotal.WithLabelValues("dropped").Inc()
 	}
-	p.ids = append(p.ids, id)
-	if until.After(p.until) {
-		p.until = until
+	if until.After(p.ids[id]) {
+		p.ids[id] = until
 	}
+}
+
+// queued is how many revocations wait, for tests and the log.
+func (r *revoker) queued() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, p := range r.pending {
+		n += len(p.ids)
+	}
+	return n
 }
 
 // run flushes until ctx ends.
@@ -91,42 +116,79 @@ func (r *revoker) run(ctx context.Context) {
 	}
 }
 
-// flush sends every proxy its pending revocations; a proxy that cannot be
-// reached keeps them for the next flush.
+// flush sends every proxy its pending revocations, revokeParallel proxies
+// at once, and returns when all were tried. Revocations whose credentials
+// expired, and those of proxies that left the fleet, are dropped first;
+// a proxy that cannot be reached keeps the rest for the next flush.
 func (r *revoker) flush(ctx context.Context) {
 	r.mu.Lock()
 	batch := r.pending
 	r.pending = map[string]*revocations{}
 	r.mu.Unlock()
+	now := r.now()
+	sem := make(chan struct{}, revokeParallel)
+	var wg sync.WaitGroup
 	for proxyID, p := range batch {
-		for len(p.ids) > 0 {
-			n := min(len(p.ids), credentials.MaxRevocationIDs)
-			if err := r.send(ctx, proxyID, p, p.ids[:n]); err != nil {
-				logf.FromContext(ctx).V(1).Info("could not tell a proxy of released leases; retrying", "proxy", proxyID, "error", err.Error())
-				revocationsTotal.WithLabelValues("failed").Inc()
-				for _, id := range p.ids {
-					r.add(proxyID, p.addr, p.creds, id, p.until)
-				}
-				break
-			}
-			revocationsTotal.WithLabelValues("sent").Add(float64(n))
-			p.ids = p.ids[n:]
+		if r.gone != nil && r.gone(proxyID) {
+			revocationsTotal.WithLabelValues("gone").Add(float64(len(p.ids)))
+			continue
 		}
+		ids := make([]string, 0, len(p.ids))
+		for id, until := range p.ids {
+			if !until.After(now) {
+				revocationsTotal.WithLabelValues("expired").Inc()
+				continue
+			}
+			ids = append(ids, id)
+		}
+		if len(ids) == 0 {
+			continue
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			r.sendAll(ctx, proxyID, p, ids)
+		})
+	}
+	wg.Wait()
+}
+
+// sendAll sends proxyID its revocations ids, a CONNECT per
+// MaxRevocationIDs; on a failure the unsent ones are queued again.
+func (r *revoker) sendAll(ctx context.Context, proxyID string, p *revocations, ids []string) {
+	for len(ids) > 0 {
+		n := min(len(ids), credentials.MaxRevocationIDs)
+		var until time.Time
+		for _, id := range ids[:n] {
+			if u := p.ids[id]; u.After(until) {
+				until = u
+			}
+		}
+		if err := r.send(ctx, proxyID, p.addr, p.creds, ids[:n], until); err != nil {
+			logf.FromContext(ctx).V(1).Info("could not tell a proxy of released leases; retrying", "proxy", proxyID, "error", err.Error())
+			revocationsTotal.WithLabelValues("failed").Add(float64(len(ids)))
+			for _, id := range ids {
+				r.add(proxyID, p.addr, p.creds, id, p.ids[id])
+			}
+			return
+		}
+		revocationsTotal.WithLabelValues("sent").Add(float64(n))
+		ids = ids[n:]
 	}
 }
 
 // send makes one revoking CONNECT; the proxy's 407 is the answer it gives
 // one (it never opens a tunnel for it).
-func (r *revoker) send(ctx context.Context, proxyID string, p *revocations, ids []string) error {
-	creds, err := p.creds.Revocation(proxyID, ids, p.until)
+func (r *revoker) send(ctx context.Context, proxyID, addr string, c credentials.Credentials, ids []string, until time.Time) error {
+	creds, err := c.Revocation(proxyID, ids, until)
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, revokeTimeout)
 	defer cancel()
-	conn, err := r.dial(ctx, "tcp", p.addr)
+	conn, err := r.dial(ctx, "tcp", addr)
 	if err != nil {
-		return fmt.Errorf("dialing %s: %w", p.addr, err)
+		return fmt.Errorf("dialing %s: %w", addr, err)
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(revokeTimeout))
@@ -134,15 +196,15 @@ func (r *revoker) send(ctx context.Context, proxyID string, p *revocations, ids 
 	req := &http.Request{Method: http.MethodConnect, URL: &url.URL{Opaque: target}, Host: target, Header: http.Header{}}
 	req.Header.Set("Proxy-Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(creds.Username+":"+creds.Password)))
 	if err := req.Write(conn); err != nil {
-		return fmt.Errorf("writing to %s: %w", p.addr, err)
+		return fmt.Errorf("writing to %s: %w", addr, err)
 	}
 	resp, err := http.ReadResponse(bufio.NewReader(conn), req)
 	if err != nil {
-		return fmt.Errorf("reading %s's answer: %w", p.addr, err)
+		return fmt.Errorf("reading %s's answer: %w", addr, err)
 	}
 	_ = resp.Body.Close()
 	if resp.StatusCode != http.StatusProxyAuthRequired {
-		return fmt.Errorf("%s answered %d to a revocation, want 407", p.addr, resp.StatusCode)
+		return fmt.Errorf("%s answered %d to a revocation, want 407", addr, resp.StatusCode)
 	}
 	return nil
 }
@@ -163,5 +225,5 @@ func (s *Server) revoke(ctx context.Context, l Lease) {
 
 var revocationsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Namespace: operator.MetricsNamespace, Name: "lease_revocations_total",
-	Help: "Released leases whose credentials the operator told their proxy to refuse, by result: sent, failed (retried), dropped (too many waiting for one proxy).",
+	Help: "Released leases whose credentials the operator told their proxy to refuse, by result: sent, failed (retried while the lease's credentials live), expired (dropped: the credentials expired meanwhile), gone (dropped: the proxy left the fleet), dropped (too many waiting for one proxy).",
 }, []string{"result"})

@@ -189,7 +189,14 @@ func NewServer(opts Options) *Server {
 	if opts.StoreTimeout <= 0 {
 		opts.StoreTimeout = DefaultStoreTimeout
 	}
-	s := &Server{opts: opts, router: httprouter.New(), store: boundedStore{store: opts.Store, timeout: opts.StoreTimeout}, revoker: newRevoker()}
+	s := &Server{opts: opts, router: httprouter.New(), store: boundedStore{store: opts.Store, timeout: opts.StoreTimeout}}
+	s.revoker = newRevoker(opts.Clock.Now, func(id string) bool {
+		if opts.View == nil {
+			return false
+		}
+		exists, _, _ := opts.View.state(id)
+		return !exists
+	})
 	s.authState.Store(authUnknown)
 	if opts.View != nil {
 		opts.View.mu.Lock()

@@ -57,7 +57,7 @@ func (s *Server) authed(route string, h handle) httprouter.Handle {
 		}
 		if required {
 			got, _ := bearerToken(r.Header.Get("Authorization"))
-			t, err := s.identify(r.Context(), got, token)
+			t, err := s.identify(tenant.WithClient(r.Context(), r.RemoteAddr), got, token)
 			if err != nil {
 				logf.FromContext(r.Context()).Error(err, "could not review a bearer token")
 				setRetryAfter(w, retryAfterStoreUnavailable)

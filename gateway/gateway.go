@@ -284,7 +284,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // or the client's ServiceAccount token.
 func (g *Gateway) authenticate(r *http.Request) (Identity, *answer) {
 	user, password, ok := proxyBasicAuth(r.Header.Get("Proxy-Authorization"))
-	who, err := g.opts.Upstreams.Authorize(r.Context(), password)
+	who, err := g.opts.Upstreams.Authorize(tenant.WithClient(r.Context(), r.RemoteAddr), password)
 	switch {
 	case errors.Is(err, discovery.ErrGatewayLocked):
 		// Everyone alike, with or without credentials: nothing they send

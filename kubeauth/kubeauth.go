@@ -116,6 +116,13 @@ type guard struct {
 	tokenTTL, allowTTL, denyTTL time.Duration
 	users                       *cache.LRUExpireCache // sha256(token) → user (*authenticationv1.UserInfo, nil when refused)
 	decisions                   *cache.LRUExpireCache // sha256(user, attributes) → bool
+	// refused, when set, holds the tokens refused apart from users, so
+	// strangers' tokens never evict a known user's; limits, when set,
+	// bounds the reviews per client address; strangers' tokens that are
+	// no plausible ServiceAccount token are then never reviewed.
+	refused *cache.LRUExpireCache
+	limits  *reviewLimits
+	now     func() time.Time
 }
 
 func newGuard(tokens TokenReviewer, access AccessReviewer) *guard {
@@ -141,6 +148,7 @@ func NewReviewer(tokens TokenReviewer, access AccessReviewer, audience string, t
 	g := newGuard(tokens, access)
 	g.audiences = []string{audience}
 	g.tokenTTL, g.allowTTL, g.denyTTL = ttl, ttl, ttl
+	g.refused, g.limits, g.now = cache.NewLRUExpireCache(cacheSize), newReviewLimits(DefaultReviewsPerSecond, DefaultReviewBurst), time.Now
 	return &Reviewer{g: g}
 }
 
@@ -156,9 +164,28 @@ func NewReviewerFor(config *rest.Config, httpClient *http.Client, audience strin
 
 // Authenticate is the user token belongs to, nil when the API server does
 // not know it or it was not issued for the audience (expired, revoked, its
-// ServiceAccount deleted); err when the API server could not say.
-func (r *Reviewer) Authenticate(ctx context.Context, token string) (*authenticationv1.UserInfo, error) {
-	return r.g.authenticate(ctx, token)
+// ServiceAccount deleted); err when the API server could not say, or
+// (ErrTooManyReviews) when client, the address that presented it, had its
+// share of reviews lately. A token that is no plausible ServiceAccount
+// token for the audience is nil without a review.
+func (r *Reviewer) Authenticate(ctx context.Context, token, client string) (*authenticationv1.UserInfo, error) {
+	g := r.g
+	key := digest(token)
+	if cached, ok := g.users.Get(key); ok {
+		return cached.(*authenticationv1.UserInfo), nil
+	}
+	if _, ok := g.refused.Get(key); ok {
+		return nil, nil
+	}
+	if !plausible(token, g.audiences, g.now()) {
+		tokenReviewsSpared.WithLabelValues("implausible").Inc()
+		return nil, nil
+	}
+	if !g.limits.allow(client) {
+		tokenReviewsSpared.WithLabelValues("rate_limited").Inc()
+		return nil, ErrTooManyReviews
+	}
+	return g.authenticate(ctx, token)
 }
 
 // Allowed says whether user may do what attrs describe.
@@ -232,6 +259,10 @@ func (g *guard) authenticate(ctx context.Context, token string) (*authentication
 	var user *authenticationv1.UserInfo
 	if answer.Status.Authenticated && audiencesMatch(g.audiences, answer.Status.Audiences) {
 		user = &answer.Status.User
+	}
+	if user == nil && g.refused != nil {
+		g.refused.Add(key, true, g.tokenTTL)
+		return nil, nil
 	}
 	g.users.Add(key, user, g.tokenTTL)
 	return user, nil

@@ -23,6 +23,7 @@ package tenant
 import (
 	"context"
 	"fmt"
+	"net"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -83,9 +84,10 @@ type Proxy struct {
 	Namespace, Name, Pool string
 }
 
-// Reviewer is the API server's side (kubeauth.Reviewer).
+// Reviewer is the API server's side (kubeauth.Reviewer). client is the
+// address that presented the token: reviews are rate-limited per client.
 type Reviewer interface {
-	Authenticate(ctx context.Context, token string) (*authenticationv1.UserInfo, error)
+	Authenticate(ctx context.Context, token, client string) (*authenticationv1.UserInfo, error)
 	Allowed(ctx context.Context, user *authenticationv1.UserInfo, attrs authorizationv1.ResourceAttributes) (bool, error)
 }
 
@@ -99,11 +101,29 @@ func NewChecker(reviewer Reviewer) *Checker { return &Checker{reviewer: reviewer
 // nobody the API server knows for the operator's audience (a wrong
 // audience, expired, or its ServiceAccount deleted).
 func (c *Checker) Identify(ctx context.Context, token string) (*Tenant, error) {
-	user, err := c.reviewer.Authenticate(ctx, token)
+	user, err := c.reviewer.Authenticate(ctx, token, ClientOf(ctx))
 	if err != nil || user == nil {
 		return nil, err
 	}
 	return ForUser(user), nil
+}
+
+type clientKey struct{}
+
+// WithClient is ctx carrying the address of the client whose token is to
+// be identified (a request's RemoteAddr, port dropped): the API server's
+// reviews are bounded per client address.
+func WithClient(ctx context.Context, remoteAddr string) context.Context {
+	if host, _, err := net.SplitHostPort(remoteAddr); err == nil {
+		remoteAddr = host
+	}
+	return context.WithValue(ctx, clientKey{}, remoteAddr)
+}
+
+// ClientOf is the client address WithClient put in ctx ("" none).
+func ClientOf(ctx context.Context) string {
+	s, _ := ctx.Value(clientKey{}).(string)
+	return s
 }
 
 // MayLease says whether t may lease p. A pool's member is leasable through

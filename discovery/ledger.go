@@ -17,10 +17,12 @@ import (
 )
 
 // The ledger answers an abuse complaint ("who used 34.1.2.3 at 14:02 on
-// Tuesday?"): every lease and every gateway tunnel is recorded when it
-// starts, each time it is renewed and when it ends, each record whole (who,
-// which proxy, its exit IP, the target), so any one of them names the
-// holder. Records go to a JSON-lines log always (a file, or the operator's
+// Tuesday?"): every lease is recorded when it starts, each time its holder
+// renews it and when it ends; every gateway tunnel when it starts, at a
+// checkpoint every TunnelLedgerHorizon it lasts and when it ends (never
+// per renewal: the ledger grows with tunnels, not with traffic). Each
+// record is whole (who, which proxy, its exit IP, the target), so any one
+// of them names the holder. Records go to a JSON-lines log always (a file, or the operator's
 // log under the logger "ledger") and to the lease store, which keeps them
 // for the retention period (a Redis stream, shared by the replicas) and
 // answers GET /v1/attribution.
@@ -225,7 +227,9 @@ func (s *Server) getAttribution(w http.ResponseWriter, r *http.Request, _ httpro
 	if err != nil {
 		return writeError(w, http.StatusBadRequest, CodeInvalidRequest, fmt.Sprintf("at must be an RFC 3339 time such as 2026-12-01T14:02:00Z, got %q", q.Get("at")))
 	}
-	window := s.opts.MaxTTL + DefaultTTL
+	// Every lease or tunnel live at at has a record within this window
+	// before it: a lease's each renewal, a tunnel's start or checkpoint.
+	window := max(s.opts.MaxTTL+DefaultTTL, TunnelLedgerHorizon)
 	entries, err := s.store.ReadLedger(r.Context(), at.Add(-window), at)
 	if err != nil {
 		return storeUnavailable(r.Context(), w, err)

@@ -12,6 +12,8 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/example/egress-proxies-operator/tenant"
 )
 
 // TestHoldersAt: which leases held an IP at a moment, from their records.
@@ -110,4 +112,46 @@ func TestAttribution(t *testing.T) {
 		assert.Equal(t, http.StatusBadRequest, bad.status, q)
 		assert.Equal(t, CodeInvalidRequest, errorCode(bad), q)
 	}
+}
+
+// TestTheLedgerGrowsWithTunnelsNotRenewals: a tunnel renewed as the
+// gateway renews it (every 40s) for two hours leaves a start, a checkpoint
+// every TunnelLedgerHorizon or so, and an end, not a record per renewal;
+// and the ledger still names its holder at every moment it held the IP,
+// and nobody after it ended.
+func TestTheLedgerGrowsWithTunnelsNotRenewals(t *testing.T) {
+	f := newFixture(t)
+	f.token.value = "platform-token"
+	var log bytes.Buffer
+	f.srv.opts.Ledger = NewJSONLines(&log, logr.Discard())
+	f.proxy("eu-1", "127.0.0.11", true, nil)
+	tunnels := f.srv.Tunnels()
+	ctx := context.Background()
+	start := f.clock.Now()
+	up, err := tunnels.Pick(ctx, TunnelRequest{Tenant: tenant.Platform, Session: "long", Host: "shop.example", TTL: 2 * time.Minute, SessionIdle: time.Minute})
+	require.NoError(t, err)
+	recorded, renewals := up.LedgerUntil, 0
+	for f.clock.Since(start) < 2*time.Hour {
+		f.clock.Step(40 * time.Second)
+		recorded, err = tunnels.Renew(ctx, up.LeaseID, "long", 2*time.Minute, recorded)
+		require.NoError(t, err)
+		renewals++
+	}
+	end := f.clock.Now()
+	tunnels.Release(ctx, up.LeaseID, "long", 1)
+
+	records := strings.Count(log.String(), "\n")
+	want := 2 + int((2*time.Hour)/(TunnelLedgerHorizon-2*time.Minute)) + 1
+	assert.LessOrEqual(t, records, want, "a start, a checkpoint about every %s, an end", TunnelLedgerHorizon-2*time.Minute)
+	t.Logf("%d renewals over two hours, %d ledger records", renewals, records)
+
+	ask := func(at time.Time) []any {
+		r := f.do("GET", "/v1/attribution?ip=127.0.0.11&at="+at.UTC().Format(time.RFC3339), "", "Authorization", "Bearer platform-token")
+		require.Equal(t, http.StatusOK, r.status, r.raw)
+		return r.body["tenants"].([]any)
+	}
+	for at := start.Add(time.Second); at.Before(end); at = at.Add(7 * time.Minute) {
+		assert.Equal(t, []any{tenant.PlatformName}, ask(at), "held at %s", at.Sub(start))
+	}
+	assert.Empty(t, ask(end.Add(2*time.Second)), "and nobody once it ended")
 }

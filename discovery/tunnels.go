@@ -133,6 +133,9 @@ type Upstream struct {
 	// Paced says whether a pace or concurrency limit applies to the
 	// tunnel's host: the gateway then bounds the tunnel's lifetime.
 	Paced bool
+	// LedgerUntil is how far the tunnel's start record says it holds its
+	// IP (TunnelLedgerHorizon): the gateway hands it to Renew.
+	LedgerUntil time.Time
 }
 
 // Why a strict session failed (SessionLostError.Cause).
@@ -461,7 +464,8 @@ func (p *pick) upstream(ctx context.Context, lease Lease, hold string) (Upstream
 		_ = p.t.s.store.Release(ctx, lease.ID) // never used, so never recorded
 		return Upstream{}, err
 	}
-	p.t.s.record(ctx, LedgerTunnel, LedgerStart, lease, p.req.Session, lease.ExpiresAt, 0)
+	up.LedgerUntil = p.t.s.opts.Clock.Now().Add(TunnelLedgerHorizon)
+	p.t.s.record(ctx, LedgerTunnel, LedgerStart, lease, p.req.Session, up.LedgerUntil, 0)
 	return up, nil
 }
 
@@ -540,13 +544,30 @@ func without(c Candidates, drop []string) Candidates {
 	return Candidates{IDs: ids}
 }
 
-// Renew extends a tunnel's lease while the tunnel lasts.
-func (t *Tunnels) Renew(ctx context.Context, leaseID, session string, ttl time.Duration) error {
+// TunnelLedgerHorizon is how far past each of a tunnel's ledger records
+// the record says it may hold its IP: the gateway renews a tunnel's lease
+// every third of its TTL, but writes a checkpoint only when the horizon
+// would otherwise run out, and an end record when the tunnel ends. So the
+// ledger grows with tunnels, not with their renewals (a tunnel shorter
+// than the horizon has two records), and an answer is exact for every
+// tunnel that ended; one whose replica died without its end record is
+// attributed at most the horizon past its last record.
+const TunnelLedgerHorizon = 15 * time.Minute
+
+// Renew extends a tunnel's lease (or its session's exclusive hold) while
+// the tunnel lasts. recorded is how far its ledger records say it holds
+// its IP (Upstream.LedgerUntil, or what the last Renew returned): when the
+// lease could outlast it, a checkpoint record extends it by
+// TunnelLedgerHorizon. It returns the horizon as it now is; a hold (zero
+// recorded) has no records of its own, the tunnels within it do.
+func (t *Tunnels) Renew(ctx context.Context, leaseID, session string, ttl time.Duration, recorded time.Time) (time.Time, error) {
 	lease, err := t.s.store.Renew(ctx, leaseID, ttl)
-	if err == nil {
-		t.s.record(ctx, LedgerTunnel, LedgerRenew, lease, session, lease.ExpiresAt, 0)
+	if err != nil || recorded.IsZero() || lease.ExpiresAt.Before(recorded) {
+		return recorded, err
 	}
-	return err
+	until := t.s.opts.Clock.Now().Add(TunnelLedgerHorizon)
+	t.s.record(ctx, LedgerTunnel, LedgerRenew, lease, session, until, 0)
+	return until, nil
 }
 
 // Release ends a tunnel's lease, recording the bytes it carried in the

@@ -83,7 +83,7 @@ type Upstreams interface {
 	Pick(ctx context.Context, req discovery.TunnelRequest) (discovery.Upstream, error)
 	// Renew extends a tunnel's lease; Release ends it with the bytes it
 	// carried (both are recorded in the ledger, with the session).
-	Renew(ctx context.Context, leaseID, session string, ttl time.Duration) error
+	Renew(ctx context.Context, leaseID, session string, ttl time.Duration, recorded time.Time) (time.Time, error)
 	Release(ctx context.Context, leaseID, session string, bytes int64)
 	// PushBack reports a site's 429 or 503 on a plain-HTTP request, with
 	// its Retry-After, so the host's learned pace slows.
@@ -398,7 +398,8 @@ func (g *Gateway) renewLeases(ctx context.Context, log logr.Logger) {
 		holds := map[string]bool{}
 		for _, t := range g.open() {
 			g.meter(ctx, t, 1)
-			err := g.opts.Upstreams.Renew(ctx, t.up.LeaseID, t.name, g.opts.LeaseTTL)
+			recorded, err := g.opts.Upstreams.Renew(ctx, t.up.LeaseID, t.name, g.opts.LeaseTTL, t.ledgerUntil)
+			t.ledgerUntil = recorded
 			switch {
 			case errors.Is(err, discovery.ErrLeaseNotFound):
 				// Its lease ran out (renewals failed for its whole TTL):
@@ -415,7 +416,7 @@ func (g *Gateway) renewLeases(ctx context.Context, log logr.Logger) {
 			}
 			// The session's exclusive hold lasts while its tunnels do.
 			holds[t.up.Hold] = true
-			if err := g.opts.Upstreams.Renew(ctx, t.up.Hold, t.name, g.opts.SessionIdle); err != nil && ctx.Err() == nil {
+			if _, err := g.opts.Upstreams.Renew(ctx, t.up.Hold, t.name, g.opts.SessionIdle, time.Time{}); err != nil && ctx.Err() == nil {
 				log.V(1).Info("renewing a session's exclusive hold failed", "proxy", t.up.ProxyID, "lease", t.up.Hold, "error", err.Error())
 			}
 		}

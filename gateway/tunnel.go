@@ -47,6 +47,9 @@ type tunnel struct {
 	metered bool
 	meterMu sync.Mutex
 	counted int64
+	// ledgerUntil is how far its ledger records say it holds its IP (only
+	// the renew loop reads and writes it).
+	ledgerUntil time.Time
 	// account counts the bytes moved so far toward the quota once at least
 	// its argument of them are uncounted.
 	account       func(least int64)
@@ -118,6 +121,7 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 	t := &tunnel{session: discovery.SessionKey(id.Tenant, id.Session), name: id.Session, host: discovery.NormalizeTarget(host), up: up, client: clientConn, upstr: upstream.conn,
 		started: time.Now(), idle: g.opts.IdleTimeout, life: life, who: id.Tenant, metered: g.opts.Upstreams.MetersBytes(id.Tenant)}
 	t.account = func(least int64) { g.meter(bg, t, least) }
+	t.ledgerUntil = up.LedgerUntil
 	t.touch()
 	g.register(t)
 	// The handler returns: net/http's connection state, its buffers and

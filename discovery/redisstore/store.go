@@ -422,29 +422,39 @@ func (s *Store) AppendLedger(ctx context.Context, e discovery.LedgerEntry, reten
 	return nil
 }
 
+// ledgerPage is how many records one XRANGE of ReadLedger reads: a long
+// window is read a page at a time, never in one reply.
+const ledgerPage = 1000
+
 // ReadLedger implements discovery.Store: XRANGE over the stream's ids,
-// which are the records' times in ms.
+// which are the records' times in ms, ledgerPage records at a time.
 func (s *Store) ReadLedger(ctx context.Context, from, to time.Time) ([]discovery.LedgerEntry, error) {
-	msgs, err := s.client.XRange(ctx, s.prefix+"ledger", strconv.FormatInt(from.UnixMilli(), 10), strconv.FormatInt(to.UnixMilli(), 10)).Result()
-	if err != nil {
-		return nil, fmt.Errorf("reading the ledger stream: %w", err)
-	}
-	out := make([]discovery.LedgerEntry, 0, len(msgs))
-	for _, m := range msgs {
-		raw, _ := m.Values["e"].(string)
-		var e discovery.LedgerEntry
-		if err := json.Unmarshal([]byte(raw), &e); err != nil {
-			return nil, fmt.Errorf("ledger record %s: %w", m.ID, err)
-		}
-		ms, _, _ := strings.Cut(m.ID, "-")
-		at, err := strconv.ParseInt(ms, 10, 64)
+	var out []discovery.LedgerEntry
+	start := strconv.FormatInt(from.UnixMilli(), 10)
+	for {
+		msgs, err := s.client.XRangeN(ctx, s.prefix+"ledger", start, strconv.FormatInt(to.UnixMilli(), 10), ledgerPage).Result()
 		if err != nil {
-			return nil, fmt.Errorf("ledger record id %q: %w", m.ID, err)
+			return nil, fmt.Errorf("reading the ledger stream: %w", err)
 		}
-		e.At = time.UnixMilli(at).UTC()
-		out = append(out, e)
+		for _, m := range msgs {
+			raw, _ := m.Values["e"].(string)
+			var e discovery.LedgerEntry
+			if err := json.Unmarshal([]byte(raw), &e); err != nil {
+				return nil, fmt.Errorf("ledger record %s: %w", m.ID, err)
+			}
+			ms, _, _ := strings.Cut(m.ID, "-")
+			at, err := strconv.ParseInt(ms, 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("ledger record id %q: %w", m.ID, err)
+			}
+			e.At = time.UnixMilli(at).UTC()
+			out = append(out, e)
+		}
+		if len(msgs) < ledgerPage {
+			return out, nil
+		}
+		start = "(" + msgs[len(msgs)-1].ID // exclusive: the next page starts after it
 	}
-	return out, nil
 }
 
 // NoteRefused implements discovery.Store.

@@ -157,3 +157,26 @@ func TestIndexesStayBoundedWithoutScrapes(t *testing.T) {
 		offset.Add(int64(2 * time.Second)) // every lease and cooldown of this round ends
 	}
 }
+
+// TestTheLedgerIsReadAPageAtATime: a window holding more records than one
+// XRANGE page is read whole, in order, a page at a time (no unbounded
+// reply), records stamped in one millisecond included.
+func TestTheLedgerIsReadAPageAtATime(t *testing.T) {
+	srv := redisserver.Start(t, "")
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = client.Close() })
+	ctx := context.Background()
+	store := redisstore.New(redisstore.Options{Client: client, KeyPrefix: "pages:"})
+	const n = 2500
+	from := time.Now().Add(-time.Second)
+	for i := range n {
+		require.NoError(t, store.AppendLedger(ctx, discovery.LedgerEntry{Kind: discovery.LedgerTunnel, Event: discovery.LedgerStart,
+			LeaseID: fmt.Sprintf("l-%04d", i), Tenant: "platform"}, time.Hour))
+	}
+	got, err := store.ReadLedger(ctx, from, time.Now().Add(time.Second))
+	require.NoError(t, err)
+	require.Len(t, got, n)
+	for i, e := range got {
+		require.Equal(t, fmt.Sprintf("l-%04d", i), e.LeaseID, "in order, none twice")
+	}
+}

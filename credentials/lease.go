@@ -72,6 +72,13 @@ func (c Credentials) Revocation(proxyID string, ids []string, notAfter time.Time
 	return Credentials{Username: user, Password: sign(c.LeaseKey(proxyID), user), Scheme: SchemeLease}, nil
 }
 
+// MaxLifetime is the furthest ahead the operator signs a lease's
+// credentials (the longest --lease-max-ttl allowed): a proxy's helper
+// refuses a notAfter beyond it and a few minutes of clock skew
+// (squidconf.DefaultCredentialHorizon), so a key read off a proxy mints
+// nothing that outlives it.
+const MaxLifetime = 6 * time.Hour
+
 // MaxRevocationIDs bounds the lease ids one Revocation names, so its
 // username stays well inside what Squid reads (and Basic auth carries).
 const MaxRevocationIDs = 8

@@ -11,6 +11,7 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/example/egress-proxies-operator/credentials"
 	"github.com/example/egress-proxies-operator/kubeauth"
 	"github.com/example/egress-proxies-operator/tenant"
 )
@@ -71,8 +72,8 @@ func (c *Config) Enabled() bool { return c.Addr != "" && c.Addr != "0" }
 // caller's to check, with the others).
 func (c *Config) Validate() error {
 	var errs []error
-	if c.MaxTTL < time.Second || c.Cooldown < 0 {
-		errs = append(errs, errors.New("--lease-max-ttl must be at least 1s and --rate-limit-cooldown not negative"))
+	if c.MaxTTL < time.Second || c.MaxTTL > credentials.MaxLifetime || c.Cooldown < 0 {
+		errs = append(errs, fmt.Errorf("--lease-max-ttl must be from 1s to %s (the longest a proxy takes a lease's credentials), and --rate-limit-cooldown not negative", credentials.MaxLifetime))
 	}
 	if c.Auth != AuthRequired && c.Auth != AuthNone {
 		errs = append(errs, fmt.Errorf("--discovery-auth must be %s or %s, got %q", AuthRequired, AuthNone, c.Auth))

@@ -51,7 +51,7 @@ func TestDefaultCloudInitIsHardened(t *testing.T) {
 	conf := files[vmStagingDir+"/squid.conf"]
 	for _, line := range []string{
 		"http_port 3128",
-		"auth_param basic program /usr/bin/perl /usr/local/lib/egress-proxy/lease-auth.pl /etc/squid/lease.key /var/spool/squid/revoked-leases",
+		"auth_param basic program /usr/bin/perl /usr/local/lib/egress-proxy/lease-auth.pl /etc/squid/lease.key /var/spool/squid/revoked-leases 21900",
 		"auth_param basic credentialsttl 5 seconds",
 		"acl authenticated proxy_auth REQUIRED",
 		"acl clients src 198.51.100.0/24 203.0.113.0/24", // the firewall's ranges

@@ -3,11 +3,13 @@ package squidconf_test
 import (
 	"bufio"
 	"encoding/base64"
+	"fmt"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -31,6 +33,13 @@ var provider = credentials.Credentials{Username: "crawler", Password: "s3cret-pa
 // says what the helper decided.
 func startProxy(t *testing.T, proxyID, ip string) string {
 	t.Helper()
+	addr, _ := startProxyIn(t, proxyID, ip)
+	return addr
+}
+
+// startProxyIn is startProxy, also returning its revocation file.
+func startProxyIn(t *testing.T, proxyID, ip string) (addr, revoked string) {
+	t.Helper()
 	if _, err := os.Stat(squidconf.DefaultPerl); err != nil {
 		t.Fatalf("perl not found at %s: it comes with Debian's squid package (sudo apt-get install -y squid; .ci/run does this)", squidconf.DefaultPerl)
 	}
@@ -41,11 +50,12 @@ func startProxy(t *testing.T, proxyID, ip string) string {
 	helper, key := filepath.Join(dir, "lease-auth.pl"), filepath.Join(dir, "lease.key")
 	require.NoError(t, os.WriteFile(helper, []byte(squidconf.LeaseAuthHelper), 0o644))
 	require.NoError(t, os.WriteFile(key, []byte(provider.LeaseKeyFile(proxyID)), 0o644))
+	revoked = filepath.Join(spool, "revoked-leases")
 	conf, err := squidconf.Render(squidconf.Params{Owner: proxyID, Port: 3128, AllowedSources: []string{"127.0.0.0/8"},
-		DeniedDestinations: []string{"127.0.0.0/8"}, AuthHelper: helper, KeyFile: key, RevokedFile: filepath.Join(spool, "revoked-leases")})
+		DeniedDestinations: []string{"127.0.0.0/8"}, AuthHelper: helper, KeyFile: key, RevokedFile: revoked})
 	require.NoError(t, err)
 	conf = strings.Replace(conf, "http_port 3128", "http_port "+ip+":3128", 1)
-	return squid.Start(t, squid.Config{Address: ip, Port: 3128, ConfigText: conf}).Addr
+	return squid.Start(t, squid.Config{Address: ip, Port: 3128, ConfigText: conf}).Addr, revoked
 }
 
 // connect sends a CONNECT through the proxy at addr with c and returns the
@@ -105,4 +115,46 @@ func TestLeaseCredentialsWithRealSquid(t *testing.T) {
 	require.Eventually(t, func() bool { return connect(t, a, leaseA) == refused }, 15*time.Second, 250*time.Millisecond,
 		"a revoked lease's credentials are refused within Squid's 5 seconds of cached answers")
 	assert.Equal(t, authenticated, connect(t, a, other), "another lease's still work")
+}
+
+// Attack: someone who read a proxy's key mints credentials that never
+// expire (and never reach the ledger). The helper refuses any notAfter
+// beyond its horizon (the longest lease and a few minutes of skew), for
+// credentials and revocations alike; and its revocation file, which every
+// release adds to, is trimmed of what expired once it grows.
+func TestAReadKeyMintsNothingLongLived(t *testing.T) {
+	require.Equal(t, credentials.MaxLifetime+5*time.Minute, squidconf.DefaultCredentialHorizon, "the helper's horizon is the longest lease the operator signs, and skew")
+	a, revoked := startProxyIn(t, "crawl/a", "127.0.0.73")
+	sign := func(lease string, notAfter time.Time) credentials.Credentials {
+		c, err := provider.SignedFor("crawl/a", lease, notAfter)
+		require.NoError(t, err)
+		return c
+	}
+	assert.Equal(t, authenticated, connect(t, a, sign("longest-lease", time.Now().Add(credentials.MaxLifetime))), "the longest lease the operator signs")
+	assert.Equal(t, refused, connect(t, a, sign("minted-for-a-day", time.Now().Add(24*time.Hour))), "a day ahead: refused")
+	assert.Equal(t, refused, connect(t, a, sign("minted-forever", time.Unix(99999999999, 0))), "forever: refused")
+
+	far, err := provider.Revocation("crawl/a", []string{"longest-lease"}, time.Now().Add(24*time.Hour))
+	require.NoError(t, err)
+	assert.Equal(t, refused, connect(t, a, far))
+	_, statErr := os.Stat(revoked)
+	assert.True(t, os.IsNotExist(statErr), "a revocation beyond the horizon writes nothing")
+
+	// A revocation file grown past 64 KiB of expired entries is trimmed
+	// on the next revocation, which is kept.
+	var old strings.Builder
+	past := time.Now().Add(-time.Hour).Unix()
+	for i := range 4000 {
+		fmt.Fprintf(&old, "expired-lease-%05d %d\n", i, past)
+	}
+	require.NoError(t, os.WriteFile(revoked, []byte(old.String()), 0o666))
+	require.NoError(t, squid.ChownForSquid(revoked))
+	rev, err := provider.Revocation("crawl/a", []string{"longest-lease"}, time.Now().Add(time.Hour))
+	require.NoError(t, err)
+	assert.Equal(t, refused, connect(t, a, rev))
+	data, err := os.ReadFile(revoked)
+	require.NoError(t, err)
+	assert.Equal(t, "longest-lease "+strconv.FormatInt(time.Now().Add(time.Hour).Unix(), 10)+"\n", string(data), "only the live revocation is left")
+	require.Eventually(t, func() bool { return connect(t, a, sign("longest-lease", time.Now().Add(time.Hour))) == refused },
+		15*time.Second, 250*time.Millisecond, "and it holds")
 }

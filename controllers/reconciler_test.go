@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -57,15 +58,18 @@ func TestReconciler(t *testing.T) {
 		assert.True(t, *pod.OwnerReferences[0].Controller)
 		assertReadyCondition(t, ready)
 		assertPodIsRestricted(t, pod)
-		// The pod carries its files (squid.conf, the lease-auth helper, its
-		// lease key) in annotations a downward API volume projects: one
-		// write for a proxy, where a Secret and a ConfigMap beside it made
-		// three.
+		// The pod carries squid.conf and the lease-auth helper in
+		// annotations; its lease key is in a Secret of its own (a pod is
+		// readable with the built-in view role), projected beside them.
 		assert.Contains(t, pod.Annotations[kubernetes.AnnotationSquidConf], "http_port 3128\n")
-		assert.Regexp(t, "^[0-9a-f]{64}\n$", pod.Annotations[kubernetes.AnnotationLeaseKey])
 		assert.Contains(t, pod.Annotations[kubernetes.AnnotationLeaseAuth], "Digest::SHA")
+		var key corev1.Secret
+		require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(&pod), &key))
+		assert.Regexp(t, "^[0-9a-f]{64}\n$", string(key.Data["lease.key"]))
+		for k, v := range pod.Annotations {
+			assert.NotContains(t, v, strings.TrimSpace(string(key.Data["lease.key"])), "annotation %s holds the key", k)
+		}
 		assert.True(t, apierrors.IsNotFound(c.Get(ctx, client.ObjectKeyFromObject(&pod), &corev1.ConfigMap{})), "no ConfigMap")
-		assert.True(t, apierrors.IsNotFound(c.Get(ctx, client.ObjectKeyFromObject(&pod), &corev1.Secret{})), "no Secret")
 		// A routine bring-up is told by the status alone: no Event, which
 		// would cost a write per step and per proxy.
 		assert.False(t, hasEvent(c, ns, "eu-1", ReasonCreating))

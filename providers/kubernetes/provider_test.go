@@ -1,15 +1,22 @@
 package kubernetes
 
 import (
+	"context"
+	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/credentials"
 	"github.com/example/egress-proxies-operator/providers"
 )
 
@@ -120,9 +127,51 @@ func TestZonePinsThePod(t *testing.T) {
 	p := newTestProvider(t, nil)
 	proxy := &crawlv1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "eu-abcde", Namespace: "crawl"},
 		Spec: crawlv1alpha1.ProxySpec{Port: 3128, Placement: &crawlv1alpha1.Placement{Zone: "europe-west1-c"}}}
-	pod := p.pod(providers.CreateRequest{Proxy: proxy, Name: "px-crawl-eu-abcde"}, "", "")
+	pod := p.pod(providers.CreateRequest{Proxy: proxy, Name: "px-crawl-eu-abcde"}, "")
 	assert.Equal(t, map[string]string{corev1.LabelTopologyZone: "europe-west1-c"}, pod.Spec.NodeSelector)
 
 	proxy.Spec.Placement = nil
-	assert.Empty(t, p.pod(providers.CreateRequest{Proxy: proxy, Name: "px-crawl-eu-abcde"}, "", "").Spec.NodeSelector)
+	assert.Empty(t, p.pod(providers.CreateRequest{Proxy: proxy, Name: "px-crawl-eu-abcde"}, "").Spec.NodeSelector)
+}
+
+// TestTheLeaseKeyIsInASecretNeverInThePod: the key a pod checks its
+// leases' credentials with is in a Secret of its own, projected beside
+// squid.conf; the pod object (which the built-in view role reads, and
+// which every pod watch carries) holds no trace of it. A replaced
+// instance's Create gives the Secret the new key.
+func TestTheLeaseKeyIsInASecretNeverInThePod(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientBuilder().Build()
+	pv, err := New("kind-local", nil, providers.Dependencies{Client: c})
+	require.NoError(t, err)
+	p := pv.(*Provider)
+	proxy := &crawlv1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "eu-1", Namespace: "crawl", UID: "uid-1"}, Spec: crawlv1alpha1.ProxySpec{Port: 3128}}
+	creds := credentials.Credentials{Username: "crawler", Password: "s3cret-password-0123456789", Scheme: credentials.SchemeLease}
+	req := providers.CreateRequest{Proxy: proxy, Name: "px-crawl-eu-1", Credentials: creds}
+	require.NoError(t, p.Create(ctx, req))
+
+	var pod corev1.Pod
+	require.NoError(t, c.Get(ctx, client.ObjectKey{Namespace: "crawl", Name: "px-crawl-eu-1"}, &pod))
+	raw, err := json.Marshal(pod)
+	require.NoError(t, err)
+	key := strings.TrimSpace(req.LeaseKeyFile())
+	assert.NotContains(t, string(raw), key, "the pod object holds no key")
+	var secret corev1.Secret
+	require.NoError(t, c.Get(ctx, client.ObjectKey{Namespace: "crawl", Name: "px-crawl-eu-1"}, &secret))
+	assert.Equal(t, req.LeaseKeyFile(), string(secret.Data[leaseKeyKey]))
+	assert.Equal(t, types.UID("uid-1"), secret.OwnerReferences[0].UID, "owned by the Proxy: collected with it")
+	sources := pod.Spec.Volumes[0].Projected.Sources
+	require.Len(t, sources, 2)
+	assert.Equal(t, "px-crawl-eu-1", sources[1].Secret.Name, "the pod mounts it")
+
+	rotated := req
+	rotated.Credentials.Password = "another-password-0123456789"
+	require.NoError(t, c.Delete(ctx, &pod))
+	require.NoError(t, p.Create(ctx, rotated))
+	require.NoError(t, c.Get(ctx, client.ObjectKey{Namespace: "crawl", Name: "px-crawl-eu-1"}, &secret))
+	assert.Equal(t, rotated.LeaseKeyFile(), string(secret.Data[leaseKeyKey]), "a replacement's key")
+	assert.NotEqual(t, req.LeaseKeyFile(), rotated.LeaseKeyFile())
+
+	require.NoError(t, p.Delete(ctx, &providers.Instance{Name: "px-crawl-eu-1", Location: "crawl"}))
+	assert.True(t, apierrors.IsNotFound(c.Get(ctx, client.ObjectKey{Namespace: "crawl", Name: "px-crawl-eu-1"}, &secret)), "deleted with the pod")
 }

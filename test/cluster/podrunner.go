@@ -218,6 +218,48 @@ func annotationKey(item corev1.DownwardAPIVolumeFile) (string, bool) {
 	return strings.CutSuffix(key, "']")
 }
 
+// projected are the files a downward API or projected volume lays out,
+// by path (nil for another kind of volume).
+func (r *PodRunner) projected(ctx context.Context, pod *corev1.Pod, vol corev1.Volume) (map[string][]byte, error) {
+	var sources []corev1.VolumeProjection
+	switch {
+	case vol.DownwardAPI != nil:
+		sources = []corev1.VolumeProjection{{DownwardAPI: &corev1.DownwardAPIProjection{Items: vol.DownwardAPI.Items}}}
+	case vol.Projected != nil:
+		sources = vol.Projected.Sources
+	default:
+		return nil, nil
+	}
+	files := map[string][]byte{}
+	for _, src := range sources {
+		switch {
+		case src.DownwardAPI != nil:
+			for _, item := range src.DownwardAPI.Items {
+				key, ok := annotationKey(item)
+				if !ok {
+					return nil, fmt.Errorf("volume %s projects %+v, which the pod runner cannot", vol.Name, item)
+				}
+				files[item.Path] = []byte(pod.Annotations[key])
+			}
+		case src.Secret != nil:
+			var secret corev1.Secret
+			if err := r.client.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: src.Secret.Name}, &secret); err != nil {
+				return nil, fmt.Errorf("volume %s: Secret %s: %w", vol.Name, src.Secret.Name, err)
+			}
+			for _, item := range src.Secret.Items {
+				data, ok := secret.Data[item.Key]
+				if !ok {
+					return nil, fmt.Errorf("volume %s: Secret %s has no key %s", vol.Name, src.Secret.Name, item.Key)
+				}
+				files[item.Path] = data
+			}
+		default:
+			return nil, fmt.Errorf("volume %s projects a source the pod runner cannot", vol.Name)
+		}
+	}
+	return files, nil
+}
+
 var httpPortLine = regexp.MustCompile(`(?m)^http_port\s+(\d+)\s*$`)
 
 func (r *PodRunner) start(ctx context.Context, pod *corev1.Pod) error {
@@ -227,6 +269,20 @@ func (r *PodRunner) start(ctx context.Context, pod *corev1.Pod) error {
 	m := httpPortLine.FindStringSubmatch(conf)
 	if m == nil {
 		return fmt.Errorf("its squid.conf has no http_port line")
+	}
+	// The pod's projected volumes (squid.conf and the helper from its
+	// annotations, the lease key from its Secret), read first: a pod whose
+	// Secret is not there yet waits for the next sync, as a kubelet waits,
+	// and takes no address meanwhile.
+	volumes := map[string]map[string][]byte{}
+	for _, vol := range pod.Spec.Volumes {
+		files, err := r.projected(ctx, pod, vol)
+		if err != nil {
+			return err
+		}
+		if files != nil {
+			volumes[vol.Name] = files
+		}
 	}
 	ip := r.nextAddress()
 	// The pod's own address: what a pod IP is on a node. Requests leave
@@ -248,27 +304,19 @@ func (r *PodRunner) start(ctx context.Context, pod *corev1.Pod) error {
 		}
 		conf = strings.ReplaceAll(conf, mount.MountPath+"/", local+"/")
 	}
-	// The pod's downward API volumes (squid.conf and its password file,
-	// from the pod's annotations), written out as the kubelet projects them.
-	for _, vol := range pod.Spec.Volumes {
-		if vol.DownwardAPI == nil {
-			continue
-		}
-		local := filepath.Join(dir, vol.Name)
+	// Written out as the kubelet projects them.
+	for name, files := range volumes {
+		local := filepath.Join(dir, name)
 		if err := os.MkdirAll(local, 0o755); err != nil {
 			return err
 		}
-		for _, item := range vol.DownwardAPI.Items {
-			key, ok := annotationKey(item)
-			if !ok {
-				return fmt.Errorf("volume %s projects %+v, which the pod runner cannot", vol.Name, item)
-			}
-			if err := os.WriteFile(filepath.Join(local, item.Path), []byte(pod.Annotations[key]), 0o644); err != nil {
+		for path, data := range files {
+			if err := os.WriteFile(filepath.Join(local, path), data, 0o644); err != nil {
 				return err
 			}
 		}
 		for _, mount := range pod.Spec.Containers[0].VolumeMounts {
-			if mount.Name == vol.Name {
+			if mount.Name == name {
 				conf = strings.ReplaceAll(conf, mount.MountPath+"/", local+"/")
 			}
 		}

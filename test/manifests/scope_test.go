@@ -60,8 +60,8 @@ func TestChartNamespaceScoped(t *testing.T) {
 		namespaces = append(namespaces, role.Namespace)
 		for _, rule := range role.Rules {
 			if slices.Contains(rule.Resources, "secrets") && role.Namespace != tn.home {
-				assert.NotContains(t, rule.Verbs, "create", "a watched namespace's Secrets are read, never written")
-				assert.NotContains(t, rule.Verbs, "patch")
+				assert.Subset(t, rule.Verbs, []string{"create", "patch", "delete"}, "a watched namespace's proxy pods' lease key Secrets are written")
+				assert.NotContains(t, rule.Verbs, "update")
 			}
 			if slices.Contains(rule.Resources, "namespaces") {
 				assert.Equal(t, tn.home, role.Namespace, "only its own namespace is read")
@@ -149,7 +149,7 @@ func TestTwoScopedReleasesShareACluster(t *testing.T) {
 	createRBAC(second)
 	for _, tn := range []tenant{a, b} {
 		t.Run(tn.release, func(t *testing.T) {
-			assertConfined(t, env, tn.serviceAccount(), tn.home, tn.watched, true)
+			assertConfined(t, env, tn.serviceAccount(), tn.home, tn.watched)
 		})
 	}
 
@@ -166,16 +166,15 @@ func TestTwoScopedReleasesShareACluster(t *testing.T) {
 		}
 		createRBAC(objs)
 		assertConfined(t, env, "system:serviceaccount:egress-proxies-operator-system:egress-proxies-operator-controller-manager",
-			"egress-proxies-operator-system", []string{"crawlers"}, false)
+			"egress-proxies-operator-system", []string{"crawlers"})
 	})
 }
 
 // assertConfined asks the API server's authorizer what user may do: its
-// work in watched and home, and nothing in any other namespace or
-// cluster-wide. With secretsReadOnly (the chart's Roles), it may not write
-// Secrets in a watched namespace either; the kustomize component binds the
-// one manager role in both namespaces.
-func assertConfined(t *testing.T, env *testenv.Env, user, home string, watched []string, secretsReadOnly bool) {
+// work in watched and home (in a watched namespace, writing its proxy
+// pods' lease key Secrets too), and nothing in any other namespace or
+// cluster-wide.
+func assertConfined(t *testing.T, env *testenv.Env, user, home string, watched []string) {
 	t.Helper()
 	may := func(ns, verb, group, resource, name string) bool {
 		t.Helper()
@@ -229,6 +228,7 @@ func assertConfined(t *testing.T, env *testenv.Env, user, home string, watched [
 		assert.False(t, may("", "list", "", r, ""), "%s may list %s", user, r)
 	}
 	for _, ns := range watched {
-		assert.Equal(t, !secretsReadOnly, may(ns, "create", "", "secrets", ""), "%s creating Secrets in the watched namespace %s", user, ns)
+		assert.True(t, may(ns, "create", "", "secrets", ""), "%s creating its pods' lease key Secrets in the watched namespace %s", user, ns)
+		assert.False(t, may(ns, "update", "", "secrets", ""), "%s updating Secrets in %s", user, ns)
 	}
 }

@@ -222,6 +222,7 @@ func TestE2E(t *testing.T) {
 	t.Run("external", testExternal)
 	t.Run("gateway", testGateway)
 	t.Run("tenants", testTenants)
+	t.Run("hostile tenant", testHostileTenant)
 	t.Run("restart", testRestart)
 	t.Run("shared leases on redis", testSharedLeases)
 	t.Run("auth", testAuth)

@@ -131,7 +131,10 @@ func TestABytesQuotaCutsATunnelInFlight(t *testing.T) {
 	assert.Less(t, got, int64(quota+4*32<<10), "at most the quota and a few buffers")
 	t.Logf("the team read %d bytes of its %d-byte quota before the cut", got, quota)
 
-	_, err = team.Get(site + "/hello")
+	next, err := team.Get(site + "/hello")
+	if err == nil {
+		_ = next.Body.Close()
+	}
 	require.Error(t, err, "the next tunnel is refused")
 	assert.Contains(t, err.Error(), "Too Many Requests")
 
@@ -159,7 +162,10 @@ func TestATunnelWhoseLeaseRanOutIsClosed(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- gw.Start(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
 	require.Eventually(t, func() bool {
 		c, err := net.Dial("tcp", addr)
 		if err == nil {

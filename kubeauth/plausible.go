@@ -24,9 +24,9 @@ import (
 // reviews made for it at a bounded rate (reviewLimits); and refusals are
 // cached apart from the users found, so a flood of them evicts none.
 
-// ErrTooManyReviews: the client's address had its share of TokenReviews
-// lately; it may retry shortly (a known token never needs one: answers are
-// cached).
+// ErrTooManyReviews says the client's address had its share of
+// TokenReviews lately; it may retry shortly (a known token never needs
+// one: answers are cached).
 var ErrTooManyReviews = errors.New("too many token reviews for this client address lately; retry shortly")
 
 // Per client address: reviews per second, and the burst a new client gets

@@ -88,6 +88,29 @@ func timed(lat *[]time.Duration, c *http.Client, req *http.Request, want int) ([
 	return body, err
 }
 
+// leaseAndRelease is one pair of a lease benchmark against base with
+// token: a lease of a geo=eu proxy for example.com, then its release.
+func leaseAndRelease(base, token string) func(c *http.Client, lat *[]time.Duration) error {
+	body := []byte(`{"selector":{"geo":"eu"},"ttlSeconds":300,"target":"example.com"}`)
+	return func(c *http.Client, lat *[]time.Duration) error {
+		req, _ := http.NewRequest(http.MethodPost, base+"/v1/leases", bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+token)
+		out, err := timed(lat, c, req, http.StatusCreated)
+		if err != nil {
+			return err
+		}
+		var lease leaseResponse
+		if err := json.Unmarshal(out, &lease); err != nil {
+			return err
+		}
+		req, _ = http.NewRequest(http.MethodDelete, base+"/v1/leases/"+lease.LeaseID, nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		_, err = timed(lat, c, req, http.StatusNoContent)
+		return err
+	}
+}
+
 func percentile(lat []time.Duration, p float64) time.Duration {
 	slices.Sort(lat)
 	return lat[int(p*float64(len(lat)-1))]
@@ -122,34 +145,14 @@ func BenchmarkLeaseRelease10k(b *testing.B) {
 	router.DELETE("/v1/leases/:id", func(w http.ResponseWriter, _ *http.Request, _ httprouter.Params) { w.WriteHeader(http.StatusNoContent) })
 	bare := serve(b, router)
 
-	body := []byte(`{"selector":{"geo":"eu"},"ttlSeconds":300,"target":"example.com"}`)
-	pairOn := func(base string) func(c *http.Client, lat *[]time.Duration) error {
-		return func(c *http.Client, lat *[]time.Duration) error {
-			req, _ := http.NewRequest(http.MethodPost, base+"/v1/leases", bytes.NewReader(body))
-			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set("Authorization", "Bearer bench-token")
-			out, err := timed(lat, c, req, http.StatusCreated)
-			if err != nil {
-				return err
-			}
-			var lease leaseResponse
-			if err := json.Unmarshal(out, &lease); err != nil {
-				return err
-			}
-			req, _ = http.NewRequest(http.MethodDelete, base+"/v1/leases/"+lease.LeaseID, nil)
-			req.Header.Set("Authorization", "Bearer bench-token")
-			_, err = timed(lat, c, req, http.StatusNoContent)
-			return err
-		}
-	}
 
 	var apiTime, bareTime time.Duration
 	var apiLat, bareLat []time.Duration
 	for b.Loop() {
-		t, lat := drive(b, pairOn(api))
+		t, lat := drive(b, leaseAndRelease(api, "bench-token"))
 		apiTime += t
 		apiLat = append(apiLat, lat...)
-		t, lat = drive(b, pairOn(bare))
+		t, lat = drive(b, leaseAndRelease(bare, "bench-token"))
 		bareTime += t
 		bareLat = append(bareLat, lat...)
 	}
@@ -212,34 +215,14 @@ func BenchmarkTenantLease10k(b *testing.B) {
 	api := serve(b, NewServer(Options{Store: NewMemoryStore(nil), View: view, Tokens: StaticToken("bench-token"), Clock: clock.RealClock{},
 		DefaultTTL: DefaultTTL, MaxTTL: DefaultMaxTTL, DefaultCooldown: DefaultCooldown, Tenants: tenant.NewChecker(reviewer)}).Handler())
 
-	body := []byte(`{"selector":{"geo":"eu"},"ttlSeconds":300,"target":"example.com"}`)
-	pairAs := func(token string) func(c *http.Client, lat *[]time.Duration) error {
-		return func(c *http.Client, lat *[]time.Duration) error {
-			req, _ := http.NewRequest(http.MethodPost, api+"/v1/leases", bytes.NewReader(body))
-			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set("Authorization", "Bearer "+token)
-			out, err := timed(lat, c, req, http.StatusCreated)
-			if err != nil {
-				return err
-			}
-			var lease leaseResponse
-			if err := json.Unmarshal(out, &lease); err != nil {
-				return err
-			}
-			req, _ = http.NewRequest(http.MethodDelete, api+"/v1/leases/"+lease.LeaseID, nil)
-			req.Header.Set("Authorization", "Bearer "+token)
-			_, err = timed(lat, c, req, http.StatusNoContent)
-			return err
-		}
-	}
 
 	var tenantTime, platformTime time.Duration
 	var tenantLat, platformLat []time.Duration
 	for b.Loop() {
-		t, lat := drive(b, pairAs(teamToken))
+		t, lat := drive(b, leaseAndRelease(api, teamToken))
 		tenantTime += t
 		tenantLat = append(tenantLat, lat...)
-		t, lat = drive(b, pairAs("bench-token"))
+		t, lat = drive(b, leaseAndRelease(api, "bench-token"))
 		platformTime += t
 		platformLat = append(platformLat, lat...)
 	}

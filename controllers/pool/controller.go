@@ -200,16 +200,19 @@ func (r *Reconciler) autoscale(ctx context.Context, pool *crawlv1alpha1.ProxyPoo
 	if err := r.applyStatus(ctx, pool, *status); err != nil {
 		return false, err
 	}
-	// Through the scale subresource, as an HPA scales a Deployment: the
-	// write names replicas alone, and the pool's resourceVersion makes a
-	// change made since (a kubectl scale, a GitOps sync) a conflict and a
-	// new pass rather than a lost write.
-	scale := &autoscalingv1.Scale{
-		ObjectMeta: metav1.ObjectMeta{Namespace: pool.Namespace, Name: pool.Name, ResourceVersion: pool.ResourceVersion},
-		Spec:       autoscalingv1.ScaleSpec{Replicas: rec.Replicas},
+	// Through the scale subresource, as an HPA scales a Deployment: read
+	// the Scale, then write it back with replicas set; its resourceVersion
+	// makes a change made in between (a kubectl scale, a GitOps sync) a
+	// conflict and a new pass rather than a lost write.
+	scale := &autoscalingv1.Scale{}
+	if err := r.Client.SubResource("scale").Get(ctx, pool, scale); err != nil {
+		return false, fmt.Errorf("reading ProxyPool %s/%s's scale subresource: %w", pool.Namespace, pool.Name, err)
 	}
-	if err := r.Client.SubResource("scale").Update(ctx, pool, client.WithSubResourceBody(scale)); err != nil {
-		return false, fmt.Errorf("scaling ProxyPool %s/%s to %d through its scale subresource: %w", pool.Namespace, pool.Name, rec.Replicas, err)
+	if scale.Spec.Replicas != rec.Replicas {
+		scale.Spec.Replicas = rec.Replicas
+		if err := r.Client.SubResource("scale").Update(ctx, pool, client.WithSubResourceBody(scale)); err != nil {
+			return false, fmt.Errorf("scaling ProxyPool %s/%s to %d through its scale subresource: %w", pool.Namespace, pool.Name, rec.Replicas, err)
+		}
 	}
 	logf.FromContext(ctx).Info("autoscaled", "from", current, "to", rec.Replicas, "activeLeases", d.ActiveLeases, "heldExclusively", d.Held)
 	r.Recorder.Eventf(pool, nil, corev1.EventTypeNormal, "Autoscaled", "Scale",

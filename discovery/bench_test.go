@@ -145,7 +145,6 @@ func BenchmarkLeaseRelease10k(b *testing.B) {
 	router.DELETE("/v1/leases/:id", func(w http.ResponseWriter, _ *http.Request, _ httprouter.Params) { w.WriteHeader(http.StatusNoContent) })
 	bare := serve(b, router)
 
-
 	var apiTime, bareTime time.Duration
 	var apiLat, bareLat []time.Duration
 	for b.Loop() {
@@ -214,7 +213,6 @@ func BenchmarkTenantLease10k(b *testing.B) {
 	reviewer := kubeauth.NewReviewer(benchReviews{token: teamToken}, benchAccess{}, tenant.DefaultAudience, time.Minute)
 	api := serve(b, NewServer(Options{Store: NewMemoryStore(nil), View: view, Tokens: StaticToken("bench-token"), Clock: clock.RealClock{},
 		DefaultTTL: DefaultTTL, MaxTTL: DefaultMaxTTL, DefaultCooldown: DefaultCooldown, Tenants: tenant.NewChecker(reviewer)}).Handler())
-
 
 	var tenantTime, platformTime time.Duration
 	var tenantLat, platformLat []time.Duration

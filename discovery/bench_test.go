@@ -111,6 +111,28 @@ func leaseAndRelease(base, token string) func(c *http.Client, lat *[]time.Durati
 	}
 }
 
+// side drives project and baseline pairs in turn, each loop of the
+// benchmark, and reports each side's requests/s and latency percentiles in
+// units named by its side (<who>_req/s, <who>_p99_us).
+func side(b *testing.B, who, baseWho string, project, baseline func(c *http.Client, lat *[]time.Duration) error, percentiles ...float64) {
+	var times [2]time.Duration
+	var lats [2][]time.Duration
+	for b.Loop() {
+		for i, pair := range []func(c *http.Client, lat *[]time.Duration) error{project, baseline} {
+			t, lat := drive(b, pair)
+			times[i] += t
+			lats[i] = append(lats[i], lat...)
+		}
+	}
+	requests := float64(2 * benchPairs * b.N)
+	for i, name := range []string{who, baseWho} {
+		b.ReportMetric(requests/times[i].Seconds(), name+"_req/s")
+		for _, p := range percentiles {
+			b.ReportMetric(float64(percentile(lats[i], p).Microseconds()), fmt.Sprintf("%s_p%02.0f_us", name, p*100))
+		}
+	}
+}
+
 func percentile(lat []time.Duration, p float64) time.Duration {
 	slices.Sort(lat)
 	return lat[int(p*float64(len(lat)-1))]
@@ -145,24 +167,7 @@ func BenchmarkLeaseRelease10k(b *testing.B) {
 	router.DELETE("/v1/leases/:id", func(w http.ResponseWriter, _ *http.Request, _ httprouter.Params) { w.WriteHeader(http.StatusNoContent) })
 	bare := serve(b, router)
 
-	var apiTime, bareTime time.Duration
-	var apiLat, bareLat []time.Duration
-	for b.Loop() {
-		t, lat := drive(b, leaseAndRelease(api, "bench-token"))
-		apiTime += t
-		apiLat = append(apiLat, lat...)
-		t, lat = drive(b, leaseAndRelease(bare, "bench-token"))
-		bareTime += t
-		bareLat = append(bareLat, lat...)
-	}
-	requests := float64(2 * benchPairs * b.N)
-	apiRate, bareRate := requests/apiTime.Seconds(), requests/bareTime.Seconds()
-	b.ReportMetric(apiRate, "api_req/s")
-	b.ReportMetric(bareRate, "bare_req/s")
-	b.ReportMetric(float64(percentile(apiLat, 0.50).Microseconds()), "api_p50_us")
-	b.ReportMetric(float64(percentile(apiLat, 0.99).Microseconds()), "api_p99_us")
-	b.ReportMetric(float64(percentile(bareLat, 0.50).Microseconds()), "bare_p50_us")
-	b.ReportMetric(float64(percentile(bareLat, 0.99).Microseconds()), "bare_p99_us")
+	side(b, "api", "bare", leaseAndRelease(api, "bench-token"), leaseAndRelease(bare, "bench-token"), 0.50, 0.99)
 	b.ReportMetric(0, "ns/op")
 }
 
@@ -214,21 +219,7 @@ func BenchmarkTenantLease10k(b *testing.B) {
 	api := serve(b, NewServer(Options{Store: NewMemoryStore(nil), View: view, Tokens: StaticToken("bench-token"), Clock: clock.RealClock{},
 		DefaultTTL: DefaultTTL, MaxTTL: DefaultMaxTTL, DefaultCooldown: DefaultCooldown, Tenants: tenant.NewChecker(reviewer)}).Handler())
 
-	var tenantTime, platformTime time.Duration
-	var tenantLat, platformLat []time.Duration
-	for b.Loop() {
-		t, lat := drive(b, leaseAndRelease(api, teamToken))
-		tenantTime += t
-		tenantLat = append(tenantLat, lat...)
-		t, lat = drive(b, leaseAndRelease(api, "bench-token"))
-		platformTime += t
-		platformLat = append(platformLat, lat...)
-	}
-	requests := float64(2 * benchPairs * b.N)
-	b.ReportMetric(requests/tenantTime.Seconds(), "tenant_req/s")
-	b.ReportMetric(requests/platformTime.Seconds(), "bare_req/s")
-	b.ReportMetric(float64(percentile(tenantLat, 0.99).Microseconds()), "tenant_p99_us")
-	b.ReportMetric(float64(percentile(platformLat, 0.99).Microseconds()), "bare_p99_us")
+	side(b, "tenant", "bare", leaseAndRelease(api, teamToken), leaseAndRelease(api, "bench-token"), 0.99)
 	b.ReportMetric(0, "ns/op")
 }
 

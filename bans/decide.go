@@ -71,7 +71,7 @@ func Decide(subjects []Subject, blocks []discovery.Block, now time.Time, maxShar
 	hostsOf := map[types.NamespacedName][]string{}
 	for _, b := range blocks {
 		s, ok := byID[b.Proxy]
-		if !ok || b.At.Before(s.Since) || now.Sub(b.At) > s.window() || !Corroborated(b, laterOf(s.Since, now.Add(-s.window()))) {
+		if !ok || b.At.Before(s.Since) || now.Sub(b.At) > s.window() || !Corroborated(b, s.since(now)) {
 			continue
 		}
 		blockedBy[groupHost{s.Group, b.Host}]++
@@ -134,11 +134,13 @@ func Corroborated(b discovery.Block, since time.Time) bool {
 	return tenants >= MinTenantVoices
 }
 
-func laterOf(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
+// since is the earliest a block of the subject's counts from at now: the
+// start of its window, or of its current instance if later.
+func (s *Subject) since(now time.Time) time.Time {
+	if from := now.Add(-s.window()); from.After(s.Since) {
+		return from
 	}
-	return b
+	return s.Since
 }
 
 // window is how far back the subject's blocks count: its policy's, or the

@@ -133,6 +133,24 @@ func side(b *testing.B, who, baseWho string, project, baseline func(c *http.Clie
 	}
 }
 
+// benchView is a view of benchProxies healthy External proxies (geo=eu)
+// in namespace bench; poolOf names the pool the i-th belongs to ("" none).
+func benchView(poolOf func(i int) string) *View {
+	view := NewView(nil, "operator-ns")
+	for i := range benchProxies {
+		p := &crawlv1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: "bench", Name: fmt.Sprintf("px-%05d", i)},
+			Spec:   crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeExternal, Attributes: map[string]string{"geo": "eu"}},
+			Status: crawlv1alpha1.ProxyStatus{Phase: crawlv1alpha1.PhaseReady, IP: "127.0.0.1", Port: int32(10000 + i%50000)}}
+		if pool := poolOf(i); pool != "" {
+			p.OwnerReferences = []metav1.OwnerReference{{APIVersion: crawlv1alpha1.GroupVersion.String(), Kind: "ProxyPool", Name: pool,
+				UID: types.UID("u-" + pool), Controller: ptrTo(true)}}
+		}
+		testenv.SetHealth(p, metav1.ConditionTrue, "x")
+		view.upsert(p)
+	}
+	return view
+}
+
 func percentile(lat []time.Duration, p float64) time.Duration {
 	slices.Sort(lat)
 	return lat[int(p*float64(len(lat)-1))]
@@ -144,14 +162,7 @@ func percentile(lat []time.Duration, p float64) time.Duration {
 // fixed JSON body of the same shape: the ratio is what the API costs over
 // the HTTP stack itself.
 func BenchmarkLeaseRelease10k(b *testing.B) {
-	view := NewView(nil, "operator-ns")
-	for i := range benchProxies {
-		p := &crawlv1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: "bench", Name: fmt.Sprintf("px-%05d", i)},
-			Spec:   crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeExternal, Attributes: map[string]string{"geo": "eu"}},
-			Status: crawlv1alpha1.ProxyStatus{Phase: crawlv1alpha1.PhaseReady, IP: "127.0.0.1", Port: int32(10000 + i%50000)}}
-		testenv.SetHealth(p, metav1.ConditionTrue, "x")
-		view.upsert(p)
-	}
+	view := benchView(func(int) string { return "" })
 	api := serve(b, NewServer(Options{Store: NewMemoryStore(nil), View: view, Tokens: StaticToken("bench-token"), Clock: clock.RealClock{},
 		DefaultTTL: DefaultTTL, MaxTTL: DefaultMaxTTL, DefaultCooldown: DefaultCooldown}).Handler())
 
@@ -201,19 +212,12 @@ func (benchAccess) Create(_ context.Context, sar *authorizationv1.SubjectAccessR
 // platform's lease is the baseline (bare_*): the ratio is what a tenant's
 // narrowing costs.
 func BenchmarkTenantLease10k(b *testing.B) {
-	view := NewView(nil, "operator-ns")
-	for i := range benchProxies {
-		p := &crawlv1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: "bench", Name: fmt.Sprintf("px-%05d", i)},
-			Spec:   crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeExternal, Attributes: map[string]string{"geo": "eu"}},
-			Status: crawlv1alpha1.ProxyStatus{Phase: crawlv1alpha1.PhaseReady, IP: "127.0.0.1", Port: int32(10000 + i%50000)}}
-		if i >= 200 {
-			pool := fmt.Sprintf("pool-%02d", (i-200)%20)
-			p.OwnerReferences = []metav1.OwnerReference{{APIVersion: crawlv1alpha1.GroupVersion.String(), Kind: "ProxyPool", Name: pool,
-				UID: types.UID("u-" + pool), Controller: ptrTo(true)}}
+	view := benchView(func(i int) string {
+		if i < 200 {
+			return ""
 		}
-		testenv.SetHealth(p, metav1.ConditionTrue, "x")
-		view.upsert(p)
-	}
+		return fmt.Sprintf("pool-%02d", (i-200)%20)
+	})
 	teamToken := benchJWT(time.Now().Add(time.Hour))
 	reviewer := kubeauth.NewReviewer(benchReviews{token: teamToken}, benchAccess{}, tenant.DefaultAudience, time.Minute)
 	api := serve(b, NewServer(Options{Store: NewMemoryStore(nil), View: view, Tokens: StaticToken("bench-token"), Clock: clock.RealClock{},

@@ -91,7 +91,7 @@ func (r *revoker) add(proxyID, addr string, creds credentials.Credentials, id st
 	}
 }
 
-// queued is how many revocations wait, for tests and the log.
+// queued is how many revocations wait (the tests read it).
 func (r *revoker) queued() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -40,9 +40,7 @@ func TestConformance(t *testing.T) {
 // cooldown has ended, the store's keys are gone, the metrics' indexes
 // too, and the counts say so without writing anything.
 func TestKeysExpireByThemselves(t *testing.T) {
-	srv := redisserver.Start(t, "")
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { _ = client.Close() })
+	client := startClient(t)
 	ctx := context.Background()
 	store := redisstore.New(redisstore.Options{Client: client, KeyPrefix: "exp:"})
 	l, err := store.Acquire(ctx, discovery.AcquireRequest{Candidates: storetest.Of("ns/a"), Target: "x.com", TTL: 300 * time.Millisecond})
@@ -113,9 +111,7 @@ func TestUnavailable(t *testing.T) {
 // TestScriptsSurviveAFlush: a restarted or new Redis has no scripts; every
 // operation loads its own again, the pipelined counts included.
 func TestScriptsSurviveAFlush(t *testing.T) {
-	srv := redisserver.Start(t, "")
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { _ = client.Close() })
+	client := startClient(t)
 	ctx := context.Background()
 	store := redisstore.New(redisstore.Options{Client: client, KeyPrefix: "flush:"})
 	for range 2 {
@@ -136,9 +132,7 @@ func TestScriptsSurviveAFlush(t *testing.T) {
 // scrapes does not grow, and a first scrape after weeks has nothing to
 // trim.
 func TestIndexesStayBoundedWithoutScrapes(t *testing.T) {
-	srv := redisserver.Start(t, "")
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { _ = client.Close() })
+	client := startClient(t)
 	ctx := context.Background()
 	var offset atomic.Int64
 	store := redisstore.New(redisstore.Options{Client: client, KeyPrefix: "bounded:",
@@ -162,9 +156,7 @@ func TestIndexesStayBoundedWithoutScrapes(t *testing.T) {
 // XRANGE page is read whole, in order, a page at a time (no unbounded
 // reply), records stamped in one millisecond included.
 func TestTheLedgerIsReadAPageAtATime(t *testing.T) {
-	srv := redisserver.Start(t, "")
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { _ = client.Close() })
+	client := startClient(t)
 	ctx := context.Background()
 	store := redisstore.New(redisstore.Options{Client: client, KeyPrefix: "pages:"})
 	const n = 2500
@@ -179,4 +171,13 @@ func TestTheLedgerIsReadAPageAtATime(t *testing.T) {
 	for i, e := range got {
 		require.Equal(t, fmt.Sprintf("l-%04d", i), e.LeaseID, "in order, none twice")
 	}
+}
+
+// startClient starts a redis-server for the test and a client of it, both
+// gone with the test.
+func startClient(t *testing.T) *redis.Client {
+	t.Helper()
+	client := redis.NewClient(&redis.Options{Addr: redisserver.Start(t, "").Addr})
+	t.Cleanup(func() { _ = client.Close() })
+	return client
 }

@@ -39,6 +39,7 @@ func gcpProvider(t *testing.T, fake *fakecompute.Server, name, zone string) *gcp
 	p, err := gcp.NewWithClientOptions(name, gcp.Settings{
 		Project: "crawl-prod", Zone: zone, Image: "projects/debian-cloud/global/images/family/debian-12",
 		RequestTimeout: "2s", Firewall: &gcp.FirewallSettings{SourceRanges: []string{"127.0.0.0/8"}},
+		ServiceAccount: "egress-proxy-vm@crawl-prod.iam.gserviceaccount.com",
 	}, option.WithEndpoint(fake.URL), option.WithoutAuthentication())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = p.Close() })

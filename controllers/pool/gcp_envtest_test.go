@@ -56,6 +56,7 @@ func gcpPools(t *testing.T) (*fakecompute.Server, client.Client, string, context
 	prov, err := gcp.NewWithClientOptions("gcp-eu", gcp.Settings{
 		Project: "crawl-prod", Zone: zones[0], Image: "projects/debian-cloud/global/images/family/debian-12", MachineType: "e2-small",
 		RequestTimeout: "2s", Firewall: &gcp.FirewallSettings{SourceRanges: []string{"127.0.0.0/8"}},
+		ServiceAccount: "egress-proxy-vm@crawl-prod.iam.gserviceaccount.com",
 	}, option.WithEndpoint(fake.URL), option.WithoutAuthentication())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = prov.Close() })

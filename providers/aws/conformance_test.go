@@ -2,6 +2,7 @@ package aws
 
 import (
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
@@ -18,7 +19,7 @@ func TestConformance(t *testing.T) {
 		t.Cleanup(srv.Close)
 		build := func() providers.Provider {
 			p, err := NewFromSettings("aws-eu", Settings{Region: "eu-west-1", Zone: "eu-west-1a", InstanceType: "t3.micro", ImageID: "ami-0debian12",
-				Endpoint: srv.URL, WithoutAuthentication: true, RequestTimeout: "5s",
+				Endpoint: srv.URL, SSMEndpoint: srv.URL, InstanceProfile: fakeec2.InstanceRole, WithoutAuthentication: true, RequestTimeout: "5s",
 				SecurityGroup: &SecurityGroupSettings{SourceRanges: []string{"198.51.100.0/24"}}})
 			if err != nil {
 				t.Fatal(err)
@@ -45,7 +46,17 @@ func TestConformance(t *testing.T) {
 				}
 				return n
 			},
-			Rules: func() int { return len(fake.SecurityGroups()) },
+			Rules:    func() int { return len(fake.SecurityGroups()) },
+			LeaseKey: func(name string) (string, bool) { return fake.Parameter(ParameterName(name)) },
+			UserData: func(name string) string {
+				var all strings.Builder
+				for _, in := range fake.Instances() {
+					if in.Tags["Name"] == name {
+						all.WriteString(in.UserData)
+					}
+				}
+				return all.String()
+			},
 		}
 	})
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"github.com/aws/aws-sdk-go-v2/service/ssm"
 	"github.com/aws/smithy-go"
 	"github.com/google/uuid"
 
@@ -58,9 +59,11 @@ type Settings struct {
 	// default VPC).
 	SubnetID string `json:"subnetId,omitempty"`
 	VPCID    string `json:"vpcId,omitempty"`
-	// InstanceProfile is an IAM instance profile name for the instances
-	// (default: none).
-	InstanceProfile string `json:"instanceProfile,omitempty"`
+	// InstanceProfile is the IAM instance profile of the instances.
+	// Required: each instance fetches its lease key from SSM Parameter
+	// Store with its role, which needs ssm:GetParameter on the operator's
+	// parameters (/egress-proxy/*); the account's aws/ssm key decrypts.
+	InstanceProfile string `json:"instanceProfile"`
 	// SecurityGroup is the ingress the operator keeps for these
 	// instances. Required.
 	SecurityGroup *SecurityGroupSettings `json:"securityGroup"`
@@ -68,6 +71,10 @@ type Settings struct {
 	Tags map[string]string `json:"tags,omitempty"`
 	// Endpoint overrides the EC2 endpoint (private endpoints, tests).
 	Endpoint string `json:"endpoint,omitempty"`
+	// SSMEndpoint overrides the SSM endpoint, for the operator and the
+	// instances alike (private endpoints, tests). Default: the region's,
+	// https://ssm.<region>.amazonaws.com.
+	SSMEndpoint string `json:"ssmEndpoint,omitempty"`
 	// WithoutAuthentication signs with a fixed fake key: for emulators and
 	// tests only, and only together with Endpoint.
 	WithoutAuthentication bool `json:"withoutAuthentication,omitempty"`
@@ -81,6 +88,7 @@ type Provider struct {
 	settings Settings
 	timeout  time.Duration
 	ec2      *ec2.Client
+	ssm      *ssm.Client
 
 	mu sync.Mutex
 	// groupID is the security group's id once found or made.
@@ -108,8 +116,11 @@ func NewFromSettings(name string, s Settings) (*Provider, error) {
 	if s.Region == "" {
 		errs = append(errs, errors.New("settings.region is required"))
 	}
-	if s.WithoutAuthentication && s.Endpoint == "" {
-		errs = append(errs, errors.New("settings.withoutAuthentication needs settings.endpoint: it is for emulators only"))
+	if s.WithoutAuthentication && (s.Endpoint == "" || s.SSMEndpoint == "") {
+		errs = append(errs, errors.New("settings.withoutAuthentication needs settings.endpoint and settings.ssmEndpoint: it is for emulators only"))
+	}
+	if s.InstanceProfile == "" {
+		errs = append(errs, errors.New("settings.instanceProfile is required: each instance fetches its lease key from SSM Parameter Store with its role"))
 	}
 	for k := range s.Tags {
 		if strings.HasPrefix(k, "crawl.example.com/") || strings.HasPrefix(strings.ToLower(k), "aws:") || k == "Name" {
@@ -132,7 +143,7 @@ func NewFromSettings(name string, s Settings) (*Provider, error) {
 	}
 	opts := []func(*config.LoadOptions) error{config.WithRegion(s.Region)}
 	if s.WithoutAuthentication {
-		opts = append(opts, config.WithCredentialsProvider(credentials.NewStaticCredentialsProvider("AKIDFAKE", "fake-secret", "")))
+		opts = append(opts, config.WithCredentialsProvider(credentials.NewStaticCredentialsProvider(fakeAccessKey, fakeSecretKey, "")))
 	}
 	cfg, err := config.LoadDefaultConfig(context.Background(), opts...)
 	if err != nil {
@@ -143,7 +154,12 @@ func NewFromSettings(name string, s Settings) (*Provider, error) {
 			o.BaseEndpoint = awssdk.String(s.Endpoint)
 		}
 	})
-	return &Provider{name: name, settings: s, timeout: timeout, ec2: client}, nil
+	parameters := ssm.NewFromConfig(cfg, func(o *ssm.Options) {
+		if s.SSMEndpoint != "" {
+			o.BaseEndpoint = awssdk.String(s.SSMEndpoint)
+		}
+	})
+	return &Provider{name: name, settings: s, timeout: timeout, ec2: client, ssm: parameters}, nil
 }
 
 // placement is a Proxy's placement with the instance defaults applied.
@@ -197,10 +213,12 @@ func (p *Provider) Validate(proxy *crawlv1alpha1.Proxy) error {
 	return nil
 }
 
-// Tags the operator reads back from an instance, beside its labels.
+// Tags the operator reads back from an instance, beside its labels, and
+// the one naming its lease key's parameter (for a user's own cloud-init).
 const (
-	tagName = "Name"
-	tagPort = "crawl.example.com/port"
+	tagName     = "Name"
+	tagPort     = "crawl.example.com/port"
+	tagLeaseKey = "crawl.example.com/lease-key-parameter"
 )
 
 // liveStates are the instance states Get and List see: a terminated
@@ -236,12 +254,16 @@ func (p *Provider) Create(ctx context.Context, req providers.CreateRequest) erro
 		return providers.ErrNoCredentials
 	}
 	userData, err := squidconf.VMUserData(req.CloudInit, squidconf.VMParams{Owner: req.Owner(), Port: req.Proxy.Spec.Port,
-		AllowedSources: p.settings.SecurityGroup.SourceRanges, LeaseKey: req.LeaseKeyFile()})
+		AllowedSources: p.settings.SecurityGroup.SourceRanges,
+		LeaseKey:       squidconf.ParameterStoreKey(ParameterName(req.Name), p.settings.Region, p.ssmURL())})
 	if err != nil {
 		return providers.Terminal("%v", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
+	if err := p.putLeaseKey(ctx, req, req.LeaseKeyFile()); err != nil {
+		return err
+	}
 	group, err := p.securityGroupID(ctx)
 	if err != nil {
 		return err
@@ -279,7 +301,8 @@ var clientTokenNamespace = uuid.MustParse("8d0b9c6e-2f4a-4e1b-a7c3-91e5d2f0b6a4"
 // required, the user-data, and the operator's tags on the instance.
 func (p *Provider) runInput(req providers.CreateRequest, pl placement, userData, group, token string) *ec2.RunInstancesInput {
 	tags := []types.Tag{{Key: awssdk.String(tagName), Value: awssdk.String(req.Name)},
-		{Key: awssdk.String(tagPort), Value: awssdk.String(strconv.Itoa(int(req.Proxy.Spec.Port)))}}
+		{Key: awssdk.String(tagPort), Value: awssdk.String(strconv.Itoa(int(req.Proxy.Spec.Port)))},
+		{Key: awssdk.String(tagLeaseKey), Value: awssdk.String(ParameterName(req.Name))}}
 	for _, k := range sortedKeys(req.Labels) {
 		tags = append(tags, types.Tag{Key: awssdk.String(k), Value: awssdk.String(req.Labels[k])})
 	}
@@ -319,12 +342,16 @@ func (p *Provider) runInput(req providers.CreateRequest, pl placement, userData,
 	return in
 }
 
-// Delete terminates the instance, reading it first: an instance already
-// gone is fine, and only one this provider instance made is terminated.
+// Delete deletes the instance's lease key parameter and terminates the
+// instance, reading it first: a parameter or instance already gone is
+// fine, and only one this provider instance made is terminated.
 func (p *Provider) Delete(ctx context.Context, inst *providers.Instance) error {
 	id := instanceID(inst)
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
+	if err := p.deleteLeaseKey(ctx, inst.Name); err != nil {
+		return err
+	}
 	found, err := p.describe(ctx, []types.Filter{{Name: awssdk.String("instance-id"), Values: []string{id}},
 		{Name: awssdk.String("tag:" + crawlv1alpha1.LabelProvider), Values: []string{p.name}}})
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/example/egress-proxies-operator/credentials"
 	"github.com/example/egress-proxies-operator/providers"
 	"github.com/example/egress-proxies-operator/providers/aws/fakeec2"
+	"github.com/example/egress-proxies-operator/providers/providertest"
 	"github.com/example/egress-proxies-operator/providers/squidconf"
 )
 
@@ -31,7 +32,7 @@ func newFake(t *testing.T) (*fakeec2.Server, *Provider) {
 	srv := httptest.NewServer(fake)
 	t.Cleanup(srv.Close)
 	s := Settings{Region: "eu-west-1", Zone: "eu-west-1a", InstanceType: "t3.micro", ImageID: "ami-0debian12", RequestTimeout: "5s",
-		Endpoint: srv.URL, WithoutAuthentication: true, Tags: map[string]string{"team": "crawl"},
+		Endpoint: srv.URL, SSMEndpoint: srv.URL, InstanceProfile: fakeec2.InstanceRole, WithoutAuthentication: true, Tags: map[string]string{"team": "crawl"},
 		SecurityGroup: &SecurityGroupSettings{SourceRanges: []string{"198.51.100.0/24", "203.0.113.0/24"}}}
 	p, err := NewFromSettings("aws-eu", s)
 	require.NoError(t, err)
@@ -76,6 +77,8 @@ func TestSettingsAreChecked(t *testing.T) {
 			Tags: map[string]string{"crawl.example.com/owner-uid": "x"}}, "are the operator's"},
 		{"no authentication without an endpoint", Settings{Region: "eu-west-1", SecurityGroup: &SecurityGroupSettings{SourceRanges: []string{"198.51.100.0/24"}},
 			WithoutAuthentication: true}, "for emulators only"},
+		{"no instance profile", Settings{Region: "eu-west-1", SecurityGroup: &SecurityGroupSettings{SourceRanges: []string{"198.51.100.0/24"}}},
+			"settings.instanceProfile is required: each instance fetches its lease key from SSM Parameter Store"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := NewFromSettings("aws-eu", tc.s)
@@ -161,8 +164,9 @@ func TestCreateRunsOneHardenedInstanceAndARetryIsANoOp(t *testing.T) {
 	assert.Equal(t, req.Name, in.Tags["Name"])
 	assert.Equal(t, "crawl", in.Tags["team"])
 
-	// The default user-data: the hardened Squid, the proxy's own lease key,
-	// never the password.
+	// The default user-data: the hardened Squid, and where the instance
+	// fetches its own lease key with its role: never the key, never the
+	// password.
 	require.True(t, strings.HasPrefix(in.UserData, "#cloud-config\n"))
 	var doc squidconf.CloudConfig
 	require.NoError(t, yaml.Unmarshal([]byte(in.UserData), &doc))
@@ -174,8 +178,16 @@ func TestCreateRunsOneHardenedInstanceAndARetryIsANoOp(t *testing.T) {
 	assert.Contains(t, conf, "acl clients src 198.51.100.0/24 203.0.113.0/24")
 	assert.Contains(t, conf, "http_access deny !authenticated")
 	assert.Contains(t, conf, "acl denied_destinations dst "+strings.Join(squidconf.VMDeniedDestinations, " "), "the metadata server among them")
-	assert.Equal(t, testCredentials.LeaseKeyFile("crawl/eu-1"), files[squidconf.VMStagingDir+"/lease.key"])
+	key := testCredentials.LeaseKeyFile("crawl/eu-1")
+	assert.NotContains(t, in.UserData, strings.TrimSpace(key))
 	assert.NotContains(t, in.UserData, testCredentials.Password)
+	assert.Equal(t, ParameterName(req.Name), in.Tags["crawl.example.com/lease-key-parameter"], "a custom cloud-init finds its parameter")
+	stored, ok := fake.Parameter(ParameterName(req.Name))
+	require.True(t, ok, "the key is in Parameter Store before the instance runs")
+	assert.Equal(t, key, stored)
+	fetched, err := providertest.FetchLeaseKey(t, in.UserData, p.settings.Endpoint)
+	require.NoError(t, err, "the instance's boot fetches its key with its role's credentials, signed")
+	assert.Equal(t, key, string(fetched))
 
 	// A new spec (an immutable replacement) is a new token: a second
 	// instance beside the first, which the reconciler then deletes.
@@ -260,7 +272,7 @@ func newFakeOn(t *testing.T, fake *fakeec2.Server, name string) (*fakeec2.Server
 	srv := httptest.NewServer(fake)
 	t.Cleanup(srv.Close)
 	p, err := NewFromSettings(name, Settings{Region: "eu-west-1", Zone: "eu-west-1a", InstanceType: "t3.micro", ImageID: "ami-0debian12",
-		Endpoint: srv.URL, WithoutAuthentication: true, SecurityGroup: &SecurityGroupSettings{SourceRanges: []string{"198.51.100.0/24"}}})
+		Endpoint: srv.URL, SSMEndpoint: srv.URL, InstanceProfile: fakeec2.InstanceRole, WithoutAuthentication: true, SecurityGroup: &SecurityGroupSettings{SourceRanges: []string{"198.51.100.0/24"}}})
 	require.NoError(t, err)
 	require.NoError(t, p.EnsureFirewall(context.Background(), testOwner))
 	return fake, p

@@ -9,13 +9,15 @@ var DeniedDestinations = squidconf.VMDeniedDestinations
 // vmStagingDir is where the hardened cloud-init stages its files.
 const vmStagingDir = squidconf.VMStagingDir
 
-// Instance metadata keys holding the proxy's lease key (this proxy's own,
-// never the provider's password) and the lease-auth helper: a user's own
+// Instance metadata keys holding where the proxy's lease key is (its
+// Secret Manager version, never the key), the script that fetches it with
+// the VM's service account, and the lease-auth helper: a user's own
 // cloud-init reads them from the metadata server to check the same
 // per-lease credentials.
 const (
-	leaseKeyMetadataKey  = "egress-proxy-lease-key"
-	leaseAuthMetadataKey = "egress-proxy-lease-auth"
+	leaseKeySecretMetadataKey = "egress-proxy-lease-key-secret"
+	leaseKeyFetchMetadataKey  = "egress-proxy-lease-key-fetch"
+	leaseAuthMetadataKey      = "egress-proxy-lease-auth"
 )
 
 // cloudConfig is the cloud-config the operator writes.

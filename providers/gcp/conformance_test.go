@@ -1,6 +1,7 @@
 package gcp
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -23,6 +24,7 @@ func TestConformance(t *testing.T) {
 		const zone = "europe-west1-b"
 		build := func() providers.Provider {
 			p, err := NewWithClientOptions("gcp-eu", Settings{Project: "crawl-prod", Zone: zone, RequestTimeout: "5s",
+				ServiceAccount: testServiceAccount, SecretManagerEndpoint: fake.URL,
 				Firewall: &FirewallSettings{SourceRanges: []string{"198.51.100.0/24"}}},
 				option.WithEndpoint(fake.URL), option.WithoutAuthentication())
 			if err != nil {
@@ -38,6 +40,20 @@ func TestConformance(t *testing.T) {
 			Lose:      func(name string) { fake.Remove(zone, name) },
 			Live:      func() int { return len(fake.Instances()) },
 			Rules:     func() int { return len(fake.Firewalls("crawl-prod")) },
+			LeaseKey: func(name string) (string, bool) {
+				return fake.Secret("projects/crawl-prod/secrets/" + SecretPrefix + name)
+			},
+			UserData: func(name string) string {
+				var all strings.Builder
+				for _, vm := range fake.Instances() {
+					if vm.GetName() == name {
+						for _, item := range vm.GetMetadata().GetItems() {
+							all.WriteString(item.GetValue())
+						}
+					}
+				}
+				return all.String()
+			},
 		}
 	})
 }

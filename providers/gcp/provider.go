@@ -18,6 +18,7 @@ import (
 
 	compute "cloud.google.com/go/compute/apiv1"
 	"cloud.google.com/go/compute/apiv1/computepb"
+	secretmanager "cloud.google.com/go/secretmanager/apiv1"
 	"github.com/google/uuid"
 	"google.golang.org/api/googleapi"
 	"google.golang.org/api/iterator"
@@ -50,9 +51,12 @@ type Settings struct {
 	// project's default network.
 	Network    string `json:"network,omitempty"`
 	Subnetwork string `json:"subnetwork,omitempty"`
-	// ServiceAccount attached to the VMs, with Scopes (default: none
-	// attached). Attaching one needs roles/iam.serviceAccountUser.
-	ServiceAccount string   `json:"serviceAccount,omitempty"`
+	// ServiceAccount attached to the VMs, with Scopes (default:
+	// cloud-platform, which IAM then narrows). Required: each VM fetches
+	// its lease key from Secret Manager as this account, which needs
+	// roles/secretmanager.secretAccessor on the operator's secrets
+	// (egress-proxy-*); attaching it needs roles/iam.serviceAccountUser.
+	ServiceAccount string   `json:"serviceAccount"`
 	Scopes         []string `json:"scopes,omitempty"`
 	// NetworkTags are extra network tags on every VM. The operator adds
 	// its own (TargetTag), which its firewall rule targets.
@@ -64,6 +68,10 @@ type Settings struct {
 	Labels map[string]string `json:"labels,omitempty"`
 	// Endpoint overrides the Compute API endpoint (private endpoints, tests).
 	Endpoint string `json:"endpoint,omitempty"`
+	// SecretManagerEndpoint overrides the Secret Manager endpoint, for the
+	// operator and the VMs alike (private endpoints, tests). Default:
+	// https://secretmanager.googleapis.com.
+	SecretManagerEndpoint string `json:"secretManagerEndpoint,omitempty"`
 	// WithoutAuthentication sends no credentials: for emulators and tests
 	// only, and only together with Endpoint.
 	WithoutAuthentication bool `json:"withoutAuthentication,omitempty"`
@@ -78,6 +86,7 @@ type Provider struct {
 	timeout   time.Duration
 	instances *compute.InstancesClient
 	firewalls *compute.FirewallsClient
+	secrets   *secretmanager.Client
 }
 
 var (
@@ -96,9 +105,6 @@ func New(name string, raw map[string]any, _ providers.Dependencies) (providers.P
 		return nil, err
 	}
 	var opts []option.ClientOption
-	if s.Endpoint != "" {
-		opts = append(opts, option.WithEndpoint(s.Endpoint))
-	}
 	if s.WithoutAuthentication {
 		opts = append(opts, option.WithoutAuthentication())
 	}
@@ -106,14 +112,22 @@ func New(name string, raw map[string]any, _ providers.Dependencies) (providers.P
 }
 
 // NewWithClientOptions builds a provider with explicit client options, for
-// tests that point the real client at a fake Compute API.
+// tests that point the real clients at a fake Compute API: opts apply to
+// both clients, after the settings' Compute endpoint and before their
+// Secret Manager endpoint.
 func NewWithClientOptions(name string, s Settings, opts ...option.ClientOption) (*Provider, error) {
 	var errs []error
 	if s.Project == "" {
 		errs = append(errs, errors.New("settings.project is required"))
 	}
-	if s.WithoutAuthentication && s.Endpoint == "" {
-		errs = append(errs, errors.New("settings.withoutAuthentication needs settings.endpoint: it is for emulators only"))
+	if s.ServiceAccount == "" {
+		errs = append(errs, errors.New("settings.serviceAccount is required: each VM fetches its lease key from Secret Manager as that account"))
+	}
+	if len(s.Scopes) > 0 && !slices.Contains(s.Scopes, cloudPlatformScope) {
+		errs = append(errs, fmt.Errorf("settings.scopes must include %s: Secret Manager takes no narrower scope (leave scopes out for the default)", cloudPlatformScope))
+	}
+	if s.WithoutAuthentication && (s.Endpoint == "" || s.SecretManagerEndpoint == "") {
+		errs = append(errs, errors.New("settings.withoutAuthentication needs settings.endpoint and settings.secretManagerEndpoint: it is for emulators only"))
 	}
 	for k, v := range s.Labels {
 		if !gceLabelPattern.MatchString(k) || !gceLabelValuePattern.MatchString(v) || strings.HasPrefix(k, "crawl-") {
@@ -134,20 +148,37 @@ func NewWithClientOptions(name string, s Settings, opts ...option.ClientOption) 
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	instances, err := compute.NewInstancesRESTClient(context.Background(), opts...)
+	var computeOpts, secretsOpts []option.ClientOption
+	if s.Endpoint != "" {
+		computeOpts = append(computeOpts, option.WithEndpoint(s.Endpoint))
+	}
+	computeOpts = append(computeOpts, opts...)
+	secretsOpts = append(secretsOpts, opts...)
+	if s.SecretManagerEndpoint != "" {
+		secretsOpts = append(secretsOpts, option.WithEndpoint(s.SecretManagerEndpoint))
+	}
+	instances, err := compute.NewInstancesRESTClient(context.Background(), computeOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("creating the Compute Engine client (credentials are Application Default Credentials): %w", err)
 	}
-	firewalls, err := compute.NewFirewallsRESTClient(context.Background(), opts...)
+	firewalls, err := compute.NewFirewallsRESTClient(context.Background(), computeOpts...)
 	if err != nil {
 		_ = instances.Close()
 		return nil, fmt.Errorf("creating the Compute Engine firewalls client: %w", err)
 	}
-	return &Provider{name: name, settings: s, timeout: timeout, instances: instances, firewalls: firewalls}, nil
+	secrets, err := secretmanager.NewRESTClient(context.Background(), secretsOpts...)
+	if err != nil {
+		_ = instances.Close()
+		_ = firewalls.Close()
+		return nil, fmt.Errorf("creating the Secret Manager client: %w", err)
+	}
+	return &Provider{name: name, settings: s, timeout: timeout, instances: instances, firewalls: firewalls, secrets: secrets}, nil
 }
 
 // Close releases the clients' connections.
-func (p *Provider) Close() error { return errors.Join(p.instances.Close(), p.firewalls.Close()) }
+func (p *Provider) Close() error {
+	return errors.Join(p.instances.Close(), p.firewalls.Close(), p.secrets.Close())
+}
 
 // placement is a Proxy's placement with the instance defaults applied.
 type placement struct {
@@ -248,15 +279,18 @@ func (p *Provider) Create(ctx context.Context, req providers.CreateRequest) erro
 	if req.Credentials.IsZero() {
 		return providers.ErrNoCredentials
 	}
-	leaseKey := req.LeaseKeyFile()
+	keySource := squidconf.SecretManagerKey(p.secretName(req.Name)+"/versions/latest", p.secretManagerURL())
 	userData, err := squidconf.VMUserData(req.CloudInit, squidconf.VMParams{Owner: req.Owner(), Port: req.Proxy.Spec.Port,
-		AllowedSources: p.settings.Firewall.SourceRanges, LeaseKey: leaseKey})
+		AllowedSources: p.settings.Firewall.SourceRanges, LeaseKey: keySource})
 	if err != nil {
 		return providers.Terminal("%v", err)
 	}
-	vm := p.vm(req, pl, userData, leaseKey)
+	vm := p.vm(req, pl, userData, keySource)
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
+	if err := p.putLeaseKey(ctx, req.Name, vm.GetLabels(), req.LeaseKeyFile()); err != nil {
+		return err
+	}
 	for attempt := range maxRequestIDs {
 		op, err := p.instances.Insert(ctx, &computepb.InsertInstanceRequest{
 			Project:          p.settings.Project,
@@ -308,10 +342,14 @@ func (p *Provider) replayedGone(ctx context.Context, op *computepb.Operation, zo
 	}
 }
 
-// Delete starts deleting the VM; a VM already gone is fine.
+// Delete deletes the VM's lease key secret and starts deleting the VM; a
+// secret or VM already gone is fine.
 func (p *Provider) Delete(ctx context.Context, inst *providers.Instance) error {
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
+	if err := p.deleteLeaseKey(ctx, inst.Name); err != nil {
+		return err
+	}
 	_, err := p.instances.Delete(ctx, &computepb.DeleteInstanceRequest{Project: p.settings.Project, Zone: inst.Location, Instance: inst.Name})
 	if err != nil && !isNotFound(err) {
 		return classify(fmt.Errorf("deleting VM %s in %s: %w", inst.Name, inst.Location, err))
@@ -356,10 +394,11 @@ func (p *Provider) aggregatedList(ctx context.Context, filter string) ([]provide
 
 // vm is the instance resource for req: one interface with an ephemeral
 // external IP (ONE_TO_ONE_NAT, no fixed address), the cloud-init as
-// user-data and the lease key and helper beside it, the operator's labels, its
+// user-data and where the lease key is, its fetcher and the helper beside
+// it (never the key itself), the operator's labels, its
 // network tag (which its firewall rule targets) with the configured ones,
 // and the configured service account.
-func (p *Provider) vm(req providers.CreateRequest, pl placement, userData, leaseKey string) *computepb.Instance {
+func (p *Provider) vm(req providers.CreateRequest, pl placement, userData string, key squidconf.LeaseKeySource) *computepb.Instance {
 	s := p.settings
 	labels := toGCELabels(req.Labels)
 	labels[gceLabelKeys[crawlv1alpha1.LabelProvider]] = p.name
@@ -397,14 +436,17 @@ func (p *Provider) vm(req providers.CreateRequest, pl placement, userData, lease
 		NetworkInterfaces: []*computepb.NetworkInterface{iface},
 		Metadata: &computepb.Metadata{Items: []*computepb.Items{
 			{Key: proto.String("user-data"), Value: proto.String(userData)},
-			{Key: proto.String(leaseKeyMetadataKey), Value: proto.String(leaseKey)},
+			{Key: proto.String(leaseKeySecretMetadataKey), Value: proto.String(key.Args[0])},
+			{Key: proto.String(leaseKeyFetchMetadataKey), Value: proto.String(squidconf.LeaseKeyFetcher)},
 			{Key: proto.String(leaseAuthMetadataKey), Value: proto.String(squidconf.LeaseAuthHelper)},
 		}},
 		Tags: &computepb.Tags{Items: append([]string{TargetTag(p.name)}, s.NetworkTags...)},
 	}
-	if s.ServiceAccount != "" {
-		vm.ServiceAccounts = []*computepb.ServiceAccount{{Email: proto.String(s.ServiceAccount), Scopes: s.Scopes}}
+	scopes := s.Scopes
+	if len(scopes) == 0 {
+		scopes = []string{cloudPlatformScope}
 	}
+	vm.ServiceAccounts = []*computepb.ServiceAccount{{Email: proto.String(s.ServiceAccount), Scopes: scopes}}
 	if pl.spot {
 		vm.Scheduling = &computepb.Scheduling{
 			ProvisioningModel:         proto.String(computepb.Scheduling_SPOT.String()),

@@ -34,6 +34,7 @@ func newFake(t *testing.T, mutate ...func(*Settings)) (*fakecompute.Server, *clo
 	t.Cleanup(fake.Close)
 	s := Settings{Project: "crawl-prod", Zone: "europe-west1-b", NetworkTags: []string{"egress-proxy"},
 		Labels: map[string]string{"team": "crawl"}, RequestTimeout: "2s",
+		ServiceAccount: testServiceAccount, SecretManagerEndpoint: fake.URL,
 		Firewall: &FirewallSettings{SourceRanges: []string{"198.51.100.0/24", "203.0.113.0/24"}}}
 	for _, m := range mutate {
 		m(&s)
@@ -43,6 +44,9 @@ func newFake(t *testing.T, mutate ...func(*Settings)) (*fakecompute.Server, *clo
 	t.Cleanup(func() { _ = p.Close() })
 	return fake, clk, p
 }
+
+// testServiceAccount is the VMs' service account in the tests.
+const testServiceAccount = "egress-proxy-vm@crawl-prod.iam.gserviceaccount.com"
 
 func gcpProxy(mutate ...func(*crawlv1alpha1.Proxy)) *crawlv1alpha1.Proxy {
 	p := &crawlv1alpha1.Proxy{
@@ -99,6 +103,10 @@ func TestSettings(t *testing.T) {
 		{"bad label", map[string]any{"project": "p", "labels": map[string]any{"Team": "crawl"}}, `settings.labels["Team"]`},
 		{"label in the operator's namespace", map[string]any{"project": "p", "labels": map[string]any{"crawl-owner-uid": "x"}}, `settings.labels["crawl-owner-uid"]`},
 		{"bad timeout", map[string]any{"project": "p", "requestTimeout": "soon"}, `settings.requestTimeout: "soon"`},
+		{"no service account", map[string]any{"project": "p", "firewall": fw("10.0.0.0/8")}, "settings.serviceAccount is required: each VM fetches its lease key from Secret Manager"},
+		{"scopes without cloud-platform", map[string]any{"project": "p", "serviceAccount": testServiceAccount, "scopes": []any{"https://www.googleapis.com/auth/logging.write"}, "firewall": fw("10.0.0.0/8")},
+			"settings.scopes must include https://www.googleapis.com/auth/cloud-platform"},
+		{"no auth without a Secret Manager endpoint", map[string]any{"project": "p", "endpoint": "http://127.0.0.1:1", "withoutAuthentication": true}, "settings.withoutAuthentication needs settings.endpoint and settings.secretManagerEndpoint"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/example/egress-proxies-operator/providers"
 	"github.com/example/egress-proxies-operator/providers/gcp/fakecompute"
+	"github.com/example/egress-proxies-operator/providers/providertest"
 	"github.com/example/egress-proxies-operator/providers/squidconf"
 )
 
@@ -67,15 +68,39 @@ func TestDefaultCloudInitIsHardened(t *testing.T) {
 		assert.Contains(t, strings.Split(conf, "\n"), line, "squid.conf lacks %q", line)
 	}
 	// The VM checks per-lease credentials with its own key, derived from
-	// the password and never the password itself; a custom cloud-init
-	// reads the key and the helper from the metadata server.
-	key := files[vmStagingDir+"/lease.key"]
-	assert.Equal(t, testCredentials.LeaseKeyFile(req.Proxy.Namespace+"/"+req.Proxy.Name), key)
+	// the password and never the password itself, which it fetches from
+	// Secret Manager at boot as its service account: neither the key nor
+	// the password is in anything a project viewer reads. A custom
+	// cloud-init finds the secret, the fetcher and the helper in the
+	// metadata.
+	key := testCredentials.LeaseKeyFile(req.Proxy.Namespace + "/" + req.Proxy.Name)
 	assert.NotEqual(t, testCredentials.LeaseKeyFile("other/proxy"), key, "each proxy has its own key")
+	for k, v := range meta {
+		assert.NotContains(t, v, strings.TrimSpace(key), "metadata %s holds no key", k)
+		assert.NotContains(t, v, testCredentials.Password, "metadata %s holds no password", k)
+	}
+	assert.NotContains(t, files, vmStagingDir+"/lease.key", "the key is fetched, not written")
 	assert.Equal(t, squidconf.LeaseAuthHelper, files[vmStagingDir+"/lease-auth.pl"])
-	assert.NotContains(t, userData, testCredentials.Password)
-	assert.Equal(t, key, meta[leaseKeyMetadataKey], "a custom cloud-init reads the same key from the metadata server")
 	assert.Equal(t, squidconf.LeaseAuthHelper, meta[leaseAuthMetadataKey])
+	assert.Equal(t, squidconf.LeaseKeyFetcher, meta[leaseKeyFetchMetadataKey])
+	secret := "projects/crawl-prod/secrets/" + SecretPrefix + req.Name
+	assert.Equal(t, secret+"/versions/latest", meta[leaseKeySecretMetadataKey])
+	require.Len(t, vm.GetServiceAccounts(), 1)
+	assert.Equal(t, testServiceAccount, vm.GetServiceAccounts()[0].GetEmail(), "the VM reads its key as this account")
+	assert.Equal(t, []string{cloudPlatformScope}, vm.GetServiceAccounts()[0].GetScopes())
+
+	fetched, err := providertest.FetchLeaseKey(t, userData, fake.URL)
+	require.NoError(t, err, "the VM's boot fetches its key with its own token")
+	assert.Equal(t, key, string(fetched))
+	require.NoError(t, p.Create(context.Background(), req), "a retried create")
+	assert.Equal(t, 1, fake.SecretVersions(secret), "a retried create adds no version")
+
+	// Without the secret (deleted with its VM), the fetch fails and writes
+	// nothing: Squid then stays down.
+	require.NoError(t, p.deleteLeaseKey(context.Background(), req.Name))
+	_, err = providertest.FetchLeaseKey(t, userData, fake.URL)
+	assert.ErrorContains(t, err, "fetching the lease key failed")
+	assert.Contains(t, userData, "systemctl disable --now squid", "no key, no Squid")
 	assert.Contains(t, vm.GetTags().GetItems(), TargetTag("gcp-eu"), "the VM carries the tag its firewall rule targets")
 
 	// The rendered config is one real Squid accepts.
@@ -190,6 +215,7 @@ func TestFakeDefaultsAnEmptyRuleToTheInternet(t *testing.T) {
 func newFakeOn(t *testing.T, fake *fakecompute.Server, mutate ...func(*Settings)) *Provider {
 	t.Helper()
 	s := Settings{Project: "crawl-prod", Zone: "europe-west1-b", RequestTimeout: "2s",
+		ServiceAccount: testServiceAccount, SecretManagerEndpoint: fake.URL,
 		Firewall: &FirewallSettings{SourceRanges: []string{"198.51.100.0/24", "203.0.113.0/24"}}}
 	for _, m := range mutate {
 		m(&s)

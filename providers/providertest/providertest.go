@@ -2,7 +2,8 @@
 // the gcp provider against its fake Compute API and the aws provider
 // against its fake EC2 API run the same scenarios unchanged (create, a
 // retried create, find by owner, delete, an instance lost after Ready, a
-// crash between create and record, the firewall's lifecycle), which keeps
+// crash between create and record, the firewall's lifecycle, the lease
+// key's), which keeps
 // every cloud honest to what the reconciler assumes of providers.Provider.
 // It is test support: only _test files import it.
 package providertest
@@ -10,6 +11,7 @@ package providertest
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -43,6 +45,12 @@ type Harness struct {
 	Live func() int
 	// Rules counts the firewall rules (security groups) the cloud holds.
 	Rules func() int
+	// LeaseKey is the lease key the cloud's secret store holds for the
+	// instance called name, as the VM fetches it, and whether it holds one.
+	LeaseKey func(name string) (string, bool)
+	// UserData is what whoever may describe the instance called name reads
+	// of it: its user-data and metadata, all in one string.
+	UserData func(name string) string
 }
 
 // Owner is the operator the suite's instances belong to; Other is another.
@@ -66,6 +74,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"Delete", deleteScenario},
 		{"LostAfterReady", lostAfterReady},
 		{"FirewallLifecycle", firewallLifecycle},
+		{"LeaseKeyFollowsTheInstance", leaseKeyFollowsTheInstance},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
@@ -240,4 +249,33 @@ func firewallLifecycle(t *testing.T, h Harness) {
 	require.NoError(t, fw.DeleteFirewall(ctx, stray[0]))
 	assert.Equal(t, 1, h.Rules())
 	require.NoError(t, fw.DeleteFirewall(ctx, stray[0]), "gone already")
+}
+
+// leaseKeyFollowsTheInstance: the instance's lease key is in the cloud's
+// secret store from its create on, never in what describing the instance
+// shows, and gone with the instance; a replacement (same name) gets it
+// again.
+func leaseKeyFollowsTheInstance(t *testing.T, h Harness) {
+	ctx := context.Background()
+	req := h.Request(h.Proxy("eu-1"), Owner, "hash-1")
+	inst := running(t, h, req)
+	key, ok := h.LeaseKey(req.Name)
+	require.True(t, ok, "the lease key is stored before the instance boots")
+	assert.Equal(t, req.LeaseKeyFile(), key)
+	assert.NotContains(t, h.UserData(req.Name), strings.TrimSpace(key), "the key is nowhere a viewer of the instance reads")
+	require.NoError(t, h.Provider.Create(ctx, req), "a retried create")
+	key, _ = h.LeaseKey(req.Name)
+	assert.Equal(t, req.LeaseKeyFile(), key)
+
+	require.NoError(t, h.Provider.Delete(ctx, inst))
+	_, ok = h.LeaseKey(req.Name)
+	assert.False(t, ok, "the key goes with the instance")
+	for i := 0; h.Live() > 0; i++ {
+		require.Less(t, i, 10, "the deleted instance never went")
+		h.Settle()
+	}
+	running(t, h, h.Request(h.Proxy("eu-1"), Owner, "hash-2"))
+	key, ok = h.LeaseKey(req.Name)
+	require.True(t, ok, "the replacement's key is stored again")
+	assert.Equal(t, req.LeaseKeyFile(), key)
 }

@@ -51,8 +51,10 @@ type VMParams struct {
 	Port  int32
 	// AllowedSources are the provider's firewall source ranges.
 	AllowedSources []string
-	// LeaseKey is the proxy's own lease key file (never the password).
-	LeaseKey string
+	// LeaseKey is where the VM fetches its own lease key at boot (never
+	// the password, and never the key itself: user-data is readable by
+	// whoever may describe the VM).
+	LeaseKey LeaseKeySource
 }
 
 // VMUserData is a VM's user-data: own, the Proxy's own cloud-init, when
@@ -67,7 +69,9 @@ func VMUserData(own string, p VMParams) (string, error) {
 // VMCloudInit is the user-data of a VM whose Proxy brings none, on any
 // cloud: Squid with the per-lease credentials check and the source ranges
 // of the provider's firewall, CONNECT to 443 only and VMDeniedDestinations
-// refused. Errors are the parameters' (a bad range), for the Proxy's status.
+// refused; the lease key is fetched at boot with the VM's own identity
+// (LeaseKeyFetcher), and Squid is only enabled once it is there. Errors are
+// the parameters' (a bad range), for the Proxy's status.
 func VMCloudInit(p VMParams) (string, error) {
 	conf, err := Render(Params{
 		Owner:              p.Owner,
@@ -86,17 +90,19 @@ func VMCloudInit(p VMParams) (string, error) {
 		Packages:      []string{"squid"},
 		WriteFiles: []WriteFile{
 			{Path: VMStagingDir + "/squid.conf", Permissions: "0600", Content: conf},
-			{Path: VMStagingDir + "/lease.key", Permissions: "0600", Content: p.LeaseKey},
+			{Path: VMStagingDir + "/fetch-lease-key.py", Permissions: "0600", Content: LeaseKeyFetcher},
 			{Path: VMStagingDir + "/lease-auth.pl", Permissions: "0600", Content: LeaseAuthHelper},
 		},
 		Runcmd: [][]string{
+			p.LeaseKey.Command(VMStagingDir+"/fetch-lease-key.py", VMStagingDir+"/lease.key"),
 			{"install", "-o", "root", "-g", "root", "-m", "0644", VMStagingDir + "/squid.conf", VMSquidConf},
 			// proxy is Debian's squid user (uid 13), present in every image.
 			{"install", "-o", "root", "-g", "proxy", "-m", "0640", VMStagingDir + "/lease.key", VMLeaseKey},
 			{"install", "-D", "-o", "root", "-g", "root", "-m", "0755", VMStagingDir + "/lease-auth.pl", VMLeaseAuth},
 			{"rm", "-rf", VMStagingDir},
-			{"systemctl", "enable", "squid"},
-			{"systemctl", "restart", "squid"},
+			// Squid serves only with its key: without one it stays down,
+			// the health probe fails and the proxy is replaced.
+			{"sh", "-c", "if test -s " + VMLeaseKey + "; then systemctl enable squid && systemctl restart squid; else systemctl disable --now squid; fi"},
 		},
 	})
 	if err != nil {

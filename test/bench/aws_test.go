@@ -13,6 +13,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"github.com/aws/aws-sdk-go-v2/service/ssm"
+	ssmtypes "github.com/aws/aws-sdk-go-v2/service/ssm/types"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -33,8 +35,9 @@ const (
 // instance to Ready (their instances run on the fake EC2 API, each played by
 // an in-process proxy on its public IP, then probed Healthy), and compares
 // the time with a bare loop on the same fake: for each proxy, the Proxy's
-// create, RunInstances through the SDK, DescribeInstances until it runs
-// with its public IP, and the Proxy's status.
+// create, its lease key's PutParameter and RunInstances through the SDK,
+// DescribeInstances until it runs with its public IP, and the Proxy's
+// status.
 func BenchmarkReconcileAWS1000(b *testing.B) { benchAWS(b, 1000) }
 
 func benchAWS(b *testing.B, n int) {
@@ -45,8 +48,9 @@ func benchAWS(b *testing.B, n int) {
 	runner := cluster.NewEC2Runner(fake)
 	go runner.Run(b.Context())
 	b.Cleanup(runner.CloseAll)
-	sdk := ec2.New(ec2.Options{Region: awsBenchRegion, BaseEndpoint: awssdk.String(api.URL),
-		Credentials: credentials.NewStaticCredentialsProvider("AKIDFAKE", "fake-secret", "")})
+	creds := credentials.NewStaticCredentialsProvider(fakeec2.SDKAccessKey, fakeec2.SDKSecretKey, "")
+	sdk := bareSDK{ec2: ec2.New(ec2.Options{Region: awsBenchRegion, BaseEndpoint: awssdk.String(api.URL), Credentials: creds}),
+		ssm: ssm.New(ssm.Options{Region: awsBenchRegion, BaseEndpoint: awssdk.String(api.URL), Credentials: creds})}
 	c := w.cluster.Env.Client
 	ctx := context.Background()
 	newProxy := func(ns string, i int) *crawlv1alpha1.Proxy {
@@ -99,33 +103,47 @@ func benchAWS(b *testing.B, n int) {
 	b.ReportMetric(0, "ns/op")
 }
 
-// ec2Calls is how many calls the fake has answered, of every action.
+// ec2Calls is how many calls the fake has answered, of every action (EC2's
+// and the lease keys' SSM calls).
 func ec2Calls(fake *fakeec2.Server) float64 {
 	n := 0
 	for _, action := range []string{"RunInstances", "DescribeInstances", "TerminateInstances", "CreateSecurityGroup",
-		"DescribeSecurityGroups", "AuthorizeSecurityGroupIngress", "RevokeSecurityGroupIngress", "DeleteSecurityGroup"} {
+		"DescribeSecurityGroups", "AuthorizeSecurityGroupIngress", "RevokeSecurityGroupIngress", "DeleteSecurityGroup",
+		"PutParameter", "DeleteParameter"} {
 		n += fake.Calls(action)
 	}
 	return float64(n)
 }
 
+// bareSDK are the SDK clients the bare loop calls.
+type bareSDK struct {
+	ec2 *ec2.Client
+	ssm *ssm.Client
+}
+
 // bareEC2BringUp does only what bringing one proxy up on EC2 takes: the
-// Proxy, one RunInstances with the same user-data, tags and token as the
-// provider's, DescribeInstances until the instance runs with its public IP,
-// and the Proxy's status.
-func bareEC2BringUp(ctx context.Context, c client.Client, sdk *ec2.Client, p *crawlv1alpha1.Proxy) error {
+// Proxy, its lease key in Parameter Store, one RunInstances with the same
+// user-data, tags and token as the provider's, DescribeInstances until the
+// instance runs with its public IP, and the Proxy's status.
+func bareEC2BringUp(ctx context.Context, c client.Client, sdk bareSDK, p *crawlv1alpha1.Proxy) error {
 	if err := c.Create(ctx, p); err != nil {
 		return err
 	}
+	parameter := "/egress-proxy/" + p.Namespace + "-" + p.Name
+	if _, err := sdk.ssm.PutParameter(ctx, &ssm.PutParameterInput{Name: awssdk.String(parameter), Type: ssmtypes.ParameterTypeSecureString,
+		Value: awssdk.String("00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n")}); err != nil {
+		return err
+	}
 	userData, err := squidconf.VMCloudInit(squidconf.VMParams{Owner: p.Namespace + "/" + p.Name, Port: p.Spec.Port,
-		AllowedSources: []string{"127.0.0.0/8"}, LeaseKey: "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n"})
+		AllowedSources: []string{"127.0.0.0/8"}, LeaseKey: squidconf.ParameterStoreKey(parameter, awsBenchRegion, "https://ssm.eu-west-1.amazonaws.com")})
 	if err != nil {
 		return err
 	}
 	tags := []types.Tag{{Key: awssdk.String("Name"), Value: awssdk.String(p.Namespace + "-" + p.Name)},
 		{Key: awssdk.String("crawl.example.com/port"), Value: awssdk.String(strconv.Itoa(int(p.Spec.Port)))},
+		{Key: awssdk.String("crawl.example.com/lease-key-parameter"), Value: awssdk.String(parameter)},
 		{Key: awssdk.String(crawlv1alpha1.LabelOwnerUID), Value: awssdk.String(string(p.UID))}}
-	run, err := sdk.RunInstances(ctx, &ec2.RunInstancesInput{
+	run, err := sdk.ec2.RunInstances(ctx, &ec2.RunInstancesInput{
 		MinCount: awssdk.Int32(1), MaxCount: awssdk.Int32(1), ImageId: awssdk.String("ami-0debian12"),
 		InstanceType: types.InstanceType("t3.micro"), ClientToken: awssdk.String(string(p.UID)),
 		Placement:         &types.Placement{AvailabilityZone: awssdk.String(awsBenchZone)},
@@ -140,7 +158,7 @@ func bareEC2BringUp(ctx context.Context, c client.Client, sdk *ec2.Client, p *cr
 	id := awssdk.ToString(run.Instances[0].InstanceId)
 	var ip string
 	for ip == "" {
-		out, err := sdk.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: []string{id}})
+		out, err := sdk.ec2.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: []string{id}})
 		if err != nil {
 			return fmt.Errorf("describing %s: %w", id, err)
 		}

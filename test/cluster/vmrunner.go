@@ -15,11 +15,9 @@ import (
 	"time"
 
 	"cloud.google.com/go/compute/apiv1/computepb"
-	"sigs.k8s.io/yaml"
 
 	"github.com/example/egress-proxies-operator/providers/aws/fakeec2"
 	"github.com/example/egress-proxies-operator/providers/gcp/fakecompute"
-	"github.com/example/egress-proxies-operator/providers/squidconf"
 )
 
 // VMRunner plays the software on a fake cloud's VMs: every running VM gets
@@ -55,7 +53,7 @@ func NewVMRunner(fake *fakecompute.Server) *VMRunner {
 			if vm.GetStatus() != "RUNNING" || addr == "" {
 				continue
 			}
-			running = append(running, machine{id: strconv.FormatUint(vm.GetId(), 10), addr: addr, key: func() []byte { return metadataLeaseKey(vm) }})
+			running = append(running, machine{id: strconv.FormatUint(vm.GetId(), 10), addr: addr, key: func() []byte { return secretLeaseKey(fake, vm) }})
 		}
 		return running
 	})
@@ -63,7 +61,8 @@ func NewVMRunner(fake *fakecompute.Server) *VMRunner {
 
 // NewEC2Runner plays the instances of the fake EC2 API: the proxy listens
 // on the public IP and the port the provider tagged the instance with, and
-// takes its lease key from the user-data's cloud-config.
+// takes its lease key from the Parameter Store parameter the instance is
+// tagged with, as the instance's fetcher does.
 func NewEC2Runner(fake *fakeec2.Server) *VMRunner {
 	return newRunner(func() []machine {
 		var running []machine
@@ -72,7 +71,11 @@ func NewEC2Runner(fake *fakeec2.Server) *VMRunner {
 			if in.State != fakeec2.StateRunning || in.PublicIP == "" || port == "" {
 				continue
 			}
-			running = append(running, machine{id: in.ID, addr: net.JoinHostPort(in.PublicIP, port), key: func() []byte { return userDataLeaseKey(in.UserData) }})
+			parameter := in.Tags["crawl.example.com/lease-key-parameter"]
+			running = append(running, machine{id: in.ID, addr: net.JoinHostPort(in.PublicIP, port), key: func() []byte {
+				key, _ := fake.Parameter(parameter)
+				return decodeKey(key)
+			}})
 		}
 		return running
 	})
@@ -170,32 +173,22 @@ func (r *VMRunner) CloseAll() {
 	}
 }
 
-// metadataLeaseKey is the lease key the gcp provider put in a VM's
-// metadata.
-func metadataLeaseKey(vm *computepb.Instance) []byte {
+// secretLeaseKey is the lease key in the Secret Manager version a VM's
+// metadata names, as the VM's fetcher reads it.
+func secretLeaseKey(fake *fakecompute.Server, vm *computepb.Instance) []byte {
 	for _, item := range vm.GetMetadata().GetItems() {
-		if item.GetKey() == "egress-proxy-lease-key" {
-			key, _ := hex.DecodeString(strings.TrimSpace(item.GetValue()))
-			return key
+		if item.GetKey() == "egress-proxy-lease-key-secret" {
+			key, _ := fake.Secret(strings.TrimSuffix(item.GetValue(), "/versions/latest"))
+			return decodeKey(key)
 		}
 	}
 	return nil
 }
 
-// userDataLeaseKey is the lease key file an instance's cloud-config writes
-// (squidconf.VMCloudInit), as the instance would read it.
-func userDataLeaseKey(userData string) []byte {
-	var doc squidconf.CloudConfig
-	if err := yaml.Unmarshal([]byte(userData), &doc); err != nil {
-		return nil
-	}
-	for _, f := range doc.WriteFiles {
-		if f.Path == squidconf.VMStagingDir+"/lease.key" {
-			key, _ := hex.DecodeString(strings.TrimSpace(f.Content))
-			return key
-		}
-	}
-	return nil
+// decodeKey is a lease key file's key, as the helper reads it (hex).
+func decodeKey(file string) []byte {
+	key, _ := hex.DecodeString(strings.TrimSpace(file))
+	return key
 }
 
 // leaseKeyCheck checks credentials as a VM's lease-auth helper does
@@ -253,9 +246,9 @@ func VMAddr(ifaces []*computepb.NetworkInterface, port string) string {
 }
 
 // GCPProvider is the providers-config entry (for Options.ExtraProviders) of
-// a gcp provider instance called name on the fake Compute API at endpoint:
-// project and zone as given, the firewall open to loopback, where the VM
-// runner's proxies listen.
+// a gcp provider instance called name on the fake Compute API (and its
+// Secret Manager) at endpoint: project and zone as given, the firewall open
+// to loopback, where the VM runner's proxies listen.
 func GCPProvider(name, project, zone, endpoint string) string {
 	return fmt.Sprintf(`- name: %s
   type: gcp
@@ -264,7 +257,9 @@ func GCPProvider(name, project, zone, endpoint string) string {
     zone: %s
     machineType: e2-small
     image: projects/debian-cloud/global/images/family/debian-12
-    endpoint: %s
+    endpoint: %[4]s
+    secretManagerEndpoint: %[4]s
+    serviceAccount: egress-proxy-vm@%[2]s.iam.gserviceaccount.com
     withoutAuthentication: true
     requestTimeout: 5s
     firewall:
@@ -273,9 +268,9 @@ func GCPProvider(name, project, zone, endpoint string) string {
 }
 
 // AWSProvider is the providers-config entry (for Options.ExtraProviders) of
-// an aws provider instance called name on the fake EC2 API at endpoint: the
-// region and default zone as given, the security group open to loopback,
-// where the EC2 runner's proxies listen.
+// an aws provider instance called name on the fake EC2 API (and its SSM)
+// at endpoint: the region and default zone as given, the security group
+// open to loopback, where the EC2 runner's proxies listen.
 func AWSProvider(name, region, zone, endpoint string) string {
 	return fmt.Sprintf(`- name: %s
   type: aws
@@ -284,7 +279,9 @@ func AWSProvider(name, region, zone, endpoint string) string {
     zone: %s
     instanceType: t3.micro
     imageId: ami-0debian12
-    endpoint: %s
+    endpoint: %[4]s
+    ssmEndpoint: %[4]s
+    instanceProfile: egress-proxy-vm
     withoutAuthentication: true
     requestTimeout: 5s
     securityGroup:

@@ -4,7 +4,9 @@
 // idempotency), DescribeInstances (filters by tag and state),
 // TerminateInstances, and the security group calls. Instances boot, and a
 // test can stop, terminate or interrupt one behind the operator's back, or
-// make the next creates fail for capacity or quota. It is test support; it
+// make the next creates fail for capacity or quota. It also serves the SSM
+// Parameter Store calls the provider keeps lease keys with and the IMDSv2
+// a VM reads its credentials from (ssm.go). It is test support; it
 // never opens a network connection of its own.
 package fakeec2
 
@@ -98,6 +100,11 @@ type Server struct {
 	maxInstances int
 	// down answers every call 503 while true.
 	down bool
+	// parameters are SSM's, by name; issued the credentials IMDS handed
+	// out, by access key id; imdsTokens IMDSv2's session tokens.
+	parameters map[string]*parameter
+	issued     map[string]issued
+	imdsTokens map[string]bool
 }
 
 // APIError is an error answer: its HTTP status, code and message.
@@ -109,7 +116,8 @@ type APIError struct {
 // New returns an empty fake EC2.
 func New() *Server {
 	s := &Server{instances: map[string]*Instance{}, tokens: map[string]string{}, groups: map[string]*SecurityGroup{},
-		calls: map[string]int{}, failures: map[string][]APIError{}, lostReplies: map[string]int{}, fullZones: map[string]bool{}, BootPolls: 1}
+		calls: map[string]int{}, failures: map[string][]APIError{}, lostReplies: map[string]int{}, fullZones: map[string]bool{}, BootPolls: 1,
+		parameters: map[string]*parameter{}, issued: map[string]issued{}, imdsTokens: map[string]bool{}}
 	return s
 }
 
@@ -217,8 +225,16 @@ func (s *Server) setState(id, state, reason string) {
 	}
 }
 
-// ServeHTTP answers one EC2 Query request.
+// ServeHTTP answers one EC2 Query request, SSM call or IMDS read.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if target := r.Header.Get("X-Amz-Target"); strings.HasPrefix(target, "AmazonSSM.") {
+		s.serveSSM(w, r, target)
+		return
+	}
+	if strings.HasPrefix(r.URL.Path, "/latest/") {
+		s.serveIMDS(w, r)
+		return
+	}
 	if err := r.ParseForm(); err != nil {
 		writeError(w, APIError{http.StatusBadRequest, "MalformedQueryString", err.Error()})
 		return

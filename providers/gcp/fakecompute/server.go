@@ -1,7 +1,9 @@
 // Package fakecompute is an in-process fake of the Compute Engine REST API
 // subset the gcp provider uses (instances insert/get/delete/list/
 // aggregatedList, zone operations get/wait, firewalls insert/get/patch/
-// delete/list). The real client library talks to
+// delete/list), with the Secret Manager calls it makes for VMs' lease keys
+// and the metadata server's token a VM reads them with. The real client
+// libraries talk to
 // it over HTTP, so tests exercise the real wire protocol: JSON bodies,
 // requestId de-duplication, error payloads, lost replies. VMs move
 // PROVISIONING -> STAGING -> RUNNING on a clock the test controls. It is
@@ -86,6 +88,10 @@ type Server struct {
 	reuse    bool
 	released []string
 	reused   map[string]bool
+	// secrets are Secret Manager's, by name; vmTokens the tokens the
+	// metadata server issued.
+	secrets  map[string]*secret
+	vmTokens map[string]bool
 }
 
 // ReuseReleasedIPs makes the fake hand the address of a VM that is gone to
@@ -129,6 +135,7 @@ func New(clk clock.PassiveClock, timings Timings) *Server {
 		clock: clk, timings: timings,
 		vms: map[string]*vm{}, ops: map[string]*computepb.Operation{}, requestIDs: map[string]string{},
 		requests: map[string]int{}, firewalls: map[firewallKey]*computepb.Firewall{}, attempted: map[string]map[string]bool{},
+		secrets: map[string]*secret{}, vmTokens: map[string]bool{},
 	}
 	mux := http.NewServeMux()
 	const zone = "/compute/v1/projects/{project}/zones/{zone}"
@@ -140,6 +147,7 @@ func New(clk clock.PassiveClock, timings Timings) *Server {
 	mux.HandleFunc("GET "+zone+"/operations/{op}", s.getOperation)
 	mux.HandleFunc("POST "+zone+"/operations/{op}/wait", s.getOperation)
 	s.registerFirewalls(mux)
+	s.registerSecrets(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("fakecompute does not serve %s %s", r.Method, r.URL.Path))
 	})

@@ -13,6 +13,8 @@ import (
 	"os"
 	"runtime/debug"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -21,9 +23,9 @@ import (
 	"github.com/example/egress-proxies-operator/controllers"
 	"github.com/example/egress-proxies-operator/controllers/pool"
 	"github.com/example/egress-proxies-operator/discovery"
-	"github.com/example/egress-proxies-operator/discovery/leasestore"
 	"github.com/example/egress-proxies-operator/gateway"
 	"github.com/example/egress-proxies-operator/health"
+	"github.com/example/egress-proxies-operator/lease/leasestore"
 	"github.com/example/egress-proxies-operator/operator"
 	"github.com/example/egress-proxies-operator/providers"
 	"github.com/example/egress-proxies-operator/providers/aws"
@@ -188,7 +190,7 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 		return err
 	}
 	var demand pool.DemandSource
-	var outcomes discovery.OutcomeMemory
+	var outcomes lease.OutcomeMemory
 	if opts.discovery.Enabled() {
 		server, err := w.setupDiscovery(ctx, engine)
 		if err != nil {

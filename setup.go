@@ -8,6 +8,8 @@ import (
 	"maps"
 	"time"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -125,7 +127,7 @@ func (w *wiring) setupHealth(roots *x509.CertPool, triggers chan<- event.Generic
 
 // setupBans adds the ban judge on the leader: it reads the outcome memory
 // and tells the Proxy reconciler of each ban through triggers.
-func (w *wiring) setupBans(outcomes discovery.OutcomeMemory, triggers chan<- event.GenericEvent) error {
+func (w *wiring) setupBans(outcomes lease.OutcomeMemory, triggers chan<- event.GenericEvent) error {
 	c := w.opts.bans
 	judge := bans.New(bans.Options{
 		Client: w.mgr.GetClient(), Memory: outcomes, Interval: c.Interval, MaxBlockedShare: c.MaxBlockedShare,
@@ -324,13 +326,13 @@ func (d poolDemand) PoolDemand(ctx context.Context, namespace, name string) (poo
 // store's outcome memory (a blocked canary cools the proxy for its host
 // and counts toward its ban); memory is set once discovery is, before the
 // manager starts. Without the discovery API nothing records them.
-type canaryOutcomes struct{ memory discovery.OutcomeMemory }
+type canaryOutcomes struct{ memory lease.OutcomeMemory }
 
 func (c *canaryOutcomes) CanaryOutcome(ctx context.Context, proxy types.NamespacedName, host string, blocked bool, cooldown time.Duration) {
 	if c.memory == nil {
 		return
 	}
-	o := discovery.Outcome{Blocked: blocked, Source: discovery.OutcomeCanary}
+	o := lease.Outcome{Blocked: blocked, Source: lease.OutcomeCanary}
 	if blocked {
 		o.Cooldown = cooldown
 	}

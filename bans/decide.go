@@ -5,9 +5,10 @@ import (
 	"slices"
 	"time"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/example/egress-proxies-operator/discovery"
 	"github.com/example/egress-proxies-operator/tenant"
 )
 
@@ -59,7 +60,7 @@ const MinSuspectBlocked = 3
 // every block of it has aged out, so a block from the suspicion (at or
 // before its last moment) is pardoned, and only a later one counts. Pure:
 // every case is a table row.
-func Decide(subjects []Subject, blocks []discovery.Block, now time.Time, maxShare float64, lastSuspect map[string]time.Time) (map[types.NamespacedName]Verdict, []Suspect) {
+func Decide(subjects []Subject, blocks []lease.Block, now time.Time, maxShare float64, lastSuspect map[string]time.Time) (map[types.NamespacedName]Verdict, []Suspect) {
 	byID := make(map[string]*Subject, len(subjects))
 	serving := map[string]int{}
 	for i := range subjects {
@@ -116,9 +117,9 @@ const MinTenantVoices = 2
 // agree. A record from before voices were kept counts when a canary saw
 // it. Blocks that do not count still steer each lease away from the proxy
 // for that host.
-func Corroborated(b discovery.Block, since time.Time) bool {
+func Corroborated(b lease.Block, since time.Time) bool {
 	if len(b.Voices) == 0 {
-		return b.By == discovery.OutcomeCanary
+		return b.By == lease.OutcomeCanary
 	}
 	tenants := 0
 	for _, v := range b.Voices {
@@ -150,7 +151,7 @@ func (s *Subject) window() time.Duration {
 	if s.Window > 0 {
 		return s.Window
 	}
-	return discovery.OutcomeRetention
+	return lease.OutcomeRetention
 }
 
 func isSuspect(suspects []Suspect, group, host string) bool {

@@ -4,10 +4,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	"github.com/stretchr/testify/assert"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/example/egress-proxies-operator/discovery"
 	"github.com/example/egress-proxies-operator/tenant"
 )
 
@@ -20,18 +21,18 @@ func subject(name, group string) Subject {
 }
 
 // blocked are blocks of name by hosts, ago, reported by the platform.
-func blocked(name string, ago time.Duration, hosts ...string) []discovery.Block {
+func blocked(name string, ago time.Duration, hosts ...string) []lease.Block {
 	return blockedBy(name, ago, []string{tenant.PlatformName}, hosts...)
 }
 
 // blockedBy are blocks of name by hosts, ago, each reported by every one
 // of who (a second apart, the first latest).
-func blockedBy(name string, ago time.Duration, who []string, hosts ...string) []discovery.Block {
-	var out []discovery.Block
+func blockedBy(name string, ago time.Duration, who []string, hosts ...string) []lease.Block {
+	var out []lease.Block
 	for _, h := range hosts {
-		b := discovery.Block{Proxy: "crawl/" + name, Host: h, At: now.Add(-ago), By: discovery.OutcomeReport}
+		b := lease.Block{Proxy: "crawl/" + name, Host: h, At: now.Add(-ago), By: lease.OutcomeReport}
 		for i, w := range who {
-			b.Voices = append(b.Voices, discovery.Voice{Who: w, At: now.Add(-ago - time.Duration(i)*time.Second)})
+			b.Voices = append(b.Voices, lease.Voice{Who: w, At: now.Add(-ago - time.Duration(i)*time.Second)})
 		}
 		out = append(out, b)
 	}
@@ -43,8 +44,8 @@ const (
 	teamB = "system:serviceaccount:crawl-b:crawler"
 )
 
-func concat(lists ...[]discovery.Block) []discovery.Block {
-	var out []discovery.Block
+func concat(lists ...[]lease.Block) []lease.Block {
+	var out []lease.Block
 	for _, l := range lists {
 		out = append(out, l...)
 	}
@@ -62,7 +63,7 @@ func TestDecide(t *testing.T) {
 	cases := []struct {
 		name        string
 		subjects    []Subject
-		blocks      []discovery.Block
+		blocks      []lease.Block
 		wantBanned  []string
 		wantSuspect []string
 		pardon      map[string]time.Time
@@ -112,16 +113,16 @@ func TestDecide(t *testing.T) {
 			blocks: blockedBy("a", time.Minute, []string{teamA, ""}, "x.example", "y.example", "z.example"), wantBanned: []string{"a"}},
 		{name: "the second tenant's word from before the window does not count", subjects: fleet(10),
 			blocks: concat(blockedBy("a", time.Minute, []string{teamA, teamB}, "x.example", "y.example"),
-				[]discovery.Block{{Proxy: "crawl/a", Host: "z.example", At: now.Add(-time.Minute), By: discovery.OutcomeReport,
-					Voices: []discovery.Voice{{Who: teamA, At: now.Add(-time.Minute)}, {Who: teamB, At: now.Add(-11 * time.Minute)}}}})},
+				[]lease.Block{{Proxy: "crawl/a", Host: "z.example", At: now.Add(-time.Minute), By: lease.OutcomeReport,
+					Voices: []lease.Voice{{Who: teamA, At: now.Add(-time.Minute)}, {Who: teamB, At: now.Add(-11 * time.Minute)}}}})},
 		{name: "a record from before voices counts when a canary saw it", subjects: fleet(10),
-			blocks: []discovery.Block{
-				{Proxy: "crawl/a", Host: "x.example", At: now.Add(-time.Minute), By: discovery.OutcomeCanary},
-				{Proxy: "crawl/a", Host: "y.example", At: now.Add(-time.Minute), By: discovery.OutcomeCanary},
-				{Proxy: "crawl/a", Host: "z.example", At: now.Add(-time.Minute), By: discovery.OutcomeCanary},
-				{Proxy: "crawl/b", Host: "x.example", At: now.Add(-time.Minute), By: discovery.OutcomeReport},
-				{Proxy: "crawl/b", Host: "y.example", At: now.Add(-time.Minute), By: discovery.OutcomeReport},
-				{Proxy: "crawl/b", Host: "z.example", At: now.Add(-time.Minute), By: discovery.OutcomeGateway},
+			blocks: []lease.Block{
+				{Proxy: "crawl/a", Host: "x.example", At: now.Add(-time.Minute), By: lease.OutcomeCanary},
+				{Proxy: "crawl/a", Host: "y.example", At: now.Add(-time.Minute), By: lease.OutcomeCanary},
+				{Proxy: "crawl/a", Host: "z.example", At: now.Add(-time.Minute), By: lease.OutcomeCanary},
+				{Proxy: "crawl/b", Host: "x.example", At: now.Add(-time.Minute), By: lease.OutcomeReport},
+				{Proxy: "crawl/b", Host: "y.example", At: now.Add(-time.Minute), By: lease.OutcomeReport},
+				{Proxy: "crawl/b", Host: "z.example", At: now.Add(-time.Minute), By: lease.OutcomeGateway},
 			}, wantBanned: []string{"a"}},
 	}
 	for _, c := range cases {

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -24,14 +26,13 @@ import (
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	acv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1/applyconfiguration/api/v1alpha1"
-	"github.com/example/egress-proxies-operator/discovery"
 	"github.com/example/egress-proxies-operator/operator"
 )
 
 // Memory is what the judge reads and writes of the outcome memory (the
 // lease store's).
 type Memory interface {
-	Blocks(ctx context.Context, since time.Time) ([]discovery.Block, error)
+	Blocks(ctx context.Context, since time.Time) ([]lease.Block, error)
 	BurnIP(ctx context.Context, scope, ip string, retention time.Duration) error
 }
 
@@ -124,7 +125,7 @@ func (j *Judge) Pass(ctx context.Context) error {
 	for i := range pools.Items {
 		poolOf[client.ObjectKeyFromObject(&pools.Items[i])] = &pools.Items[i]
 	}
-	blocks, err := j.opts.Memory.Blocks(ctx, now.Add(-discovery.OutcomeRetention))
+	blocks, err := j.opts.Memory.Blocks(ctx, now.Add(-lease.OutcomeRetention))
 	if err != nil {
 		return fmt.Errorf("reading the outcome memory: %w", err)
 	}
@@ -142,7 +143,7 @@ func (j *Judge) Pass(ctx context.Context) error {
 		j.lastSuspect[SuspectKey(s.Group, s.Host)] = now
 	}
 	for k, at := range j.lastSuspect {
-		if now.Sub(at) > discovery.OutcomeRetention {
+		if now.Sub(at) > lease.OutcomeRetention {
 			delete(j.lastSuspect, k) // no block that old is left to pardon
 		}
 	}

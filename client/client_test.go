@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -48,7 +50,7 @@ func newFixtureWith(t *testing.T, politeness discovery.Politeness) *fixture {
 	t.Helper()
 	f := &fixture{view: discovery.NewView(nil, "operator-ns"), proxies: map[string]*crawlv1alpha1.Proxy{}, squids: map[string]*squid.Squid{}}
 	api := httptest.NewServer(discovery.NewServer(discovery.Options{
-		Store: discovery.NewMemoryStore(nil), View: f.view, Tokens: discovery.StaticToken(token),
+		Store: lease.NewMemoryStore(nil), View: f.view, Tokens: discovery.StaticToken(token),
 		DefaultTTL: discovery.DefaultTTL, MaxTTL: discovery.DefaultMaxTTL, DefaultCooldown: time.Minute,
 		Politeness: politeness,
 	}).Handler())
@@ -346,7 +348,7 @@ func TestTransportRacingRequestsKeepOneLease(t *testing.T) {
 // onePolicy declares one pace for host, in every namespace.
 type onePolicy struct {
 	host string
-	pace discovery.Pace
+	pace lease.Pace
 }
 
 func (o onePolicy) ForHost(host string) []discovery.Policy {
@@ -362,7 +364,7 @@ func (o onePolicy) ForHost(host string) []discovery.Policy {
 // answer's body.
 func TestTransportPacesAPolicedHost(t *testing.T) {
 	host := "127.0.0.1"
-	f := newFixtureWith(t, discovery.Politeness{Policies: onePolicy{host: host, pace: discovery.Pace{Interval: 400 * time.Millisecond, Burst: 1}}})
+	f := newFixtureWith(t, discovery.Politeness{Policies: onePolicy{host: host, pace: lease.Pace{Interval: 400 * time.Millisecond, Burst: 1}}})
 	var mu sync.Mutex
 	var arrivals []time.Time
 	inner := f.site.Config.Handler

@@ -7,6 +7,8 @@ import (
 	"net/http/httptest"
 	"time"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
@@ -28,7 +30,7 @@ func exampleAPI() (url string, stop func()) {
 	testenv.SetHealth(p, metav1.ConditionTrue, "ProbeSucceeded")
 	view.Handler().OnAdd(p, false)
 	srv := httptest.NewServer(discovery.NewServer(discovery.Options{
-		Store: discovery.NewMemoryStore(nil), View: view, Tokens: discovery.StaticToken("s3cret"),
+		Store: lease.NewMemoryStore(nil), View: view, Tokens: discovery.StaticToken("s3cret"),
 		DefaultTTL: discovery.DefaultTTL, MaxTTL: discovery.DefaultMaxTTL, DefaultCooldown: 15 * time.Minute,
 	}).Handler())
 	return srv.URL, srv.Close

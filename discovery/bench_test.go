@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	"github.com/julienschmidt/httprouter"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -163,7 +165,7 @@ func percentile(lat []time.Duration, p float64) time.Duration {
 // the HTTP stack itself.
 func BenchmarkLeaseRelease10k(b *testing.B) {
 	view := benchView(func(int) string { return "" })
-	api := serve(b, NewServer(Options{Store: NewMemoryStore(nil), View: view, Tokens: StaticToken("bench-token"), Clock: clock.RealClock{},
+	api := serve(b, NewServer(Options{Store: lease.NewMemoryStore(nil), View: view, Tokens: StaticToken("bench-token"), Clock: clock.RealClock{},
 		DefaultTTL: DefaultTTL, MaxTTL: DefaultMaxTTL, DefaultCooldown: DefaultCooldown}).Handler())
 
 	fixed, _ := json.Marshal(leaseResponse{LeaseID: "00000000-0000-0000-0000-000000000000",
@@ -220,7 +222,7 @@ func BenchmarkTenantLease10k(b *testing.B) {
 	})
 	teamToken := benchJWT(time.Now().Add(time.Hour))
 	reviewer := kubeauth.NewReviewer(benchReviews{token: teamToken}, benchAccess{}, tenant.DefaultAudience, time.Minute)
-	api := serve(b, NewServer(Options{Store: NewMemoryStore(nil), View: view, Tokens: StaticToken("bench-token"), Clock: clock.RealClock{},
+	api := serve(b, NewServer(Options{Store: lease.NewMemoryStore(nil), View: view, Tokens: StaticToken("bench-token"), Clock: clock.RealClock{},
 		DefaultTTL: DefaultTTL, MaxTTL: DefaultMaxTTL, DefaultCooldown: DefaultCooldown, Tenants: tenant.NewChecker(reviewer)}).Handler())
 
 	side(b, "tenant", "bare", leaseAndRelease(api, teamToken), leaseAndRelease(api, "bench-token"), 0.99)

@@ -6,15 +6,12 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/example/egress-proxies-operator/operator"
 )
-
-// DefaultStoreTimeout bounds each store call when Options.StoreTimeout is
-// not set: far above a healthy Redis round trip, far below a client's
-// patience.
-const DefaultStoreTimeout = time.Second
 
 // boundedStore is how the server reaches its Store: every call is bounded
 // by a timeout and measured, and any failure that is not an answer
@@ -22,7 +19,7 @@ const DefaultStoreTimeout = time.Second
 // the handlers tell "the store said no" from "the store did not answer" in
 // one place, whatever the backend.
 type boundedStore struct {
-	store   Store
+	store   lease.Store
 	timeout time.Duration
 }
 
@@ -47,14 +44,14 @@ func (b boundedStore) doWithin(ctx context.Context, op string, timeout time.Dura
 	start := time.Now()
 	err := call(ctx)
 	storeDuration.WithLabelValues(op).Observe(time.Since(start).Seconds())
-	if err == nil || errors.Is(err, ErrLeaseNotFound) || errors.Is(err, ErrNoProxyAvailable) || errors.Is(err, ErrSessionNotFound) || errors.Is(err, ErrQuotaExceeded) {
+	if err == nil || errors.Is(err, lease.ErrLeaseNotFound) || errors.Is(err, lease.ErrNoProxyAvailable) || errors.Is(err, lease.ErrSessionNotFound) || errors.Is(err, lease.ErrQuotaExceeded) {
 		return err
 	}
 	storeErrors.WithLabelValues(op).Inc()
-	if errors.Is(err, ErrStoreUnavailable) {
+	if errors.Is(err, lease.ErrStoreUnavailable) {
 		return err
 	}
-	return fmt.Errorf("%w: %s: %w", ErrStoreUnavailable, op, err)
+	return fmt.Errorf("%w: %s: %w", lease.ErrStoreUnavailable, op, err)
 }
 
 func (b boundedStore) Admit(ctx context.Context, key string, interval time.Duration, burst int) error {
@@ -66,26 +63,26 @@ func (b boundedStore) AddUsage(ctx context.Context, key string, n int64, ttl tim
 	return total, err
 }
 
-func (b boundedStore) AppendLedger(ctx context.Context, e LedgerEntry, retention time.Duration) error {
+func (b boundedStore) AppendLedger(ctx context.Context, e lease.LedgerEntry, retention time.Duration) error {
 	return b.do(ctx, "append_ledger", func(ctx context.Context) error { return b.store.AppendLedger(ctx, e, retention) })
 }
 
-func (b boundedStore) ReadLedger(ctx context.Context, from, to time.Time) (out []LedgerEntry, err error) {
+func (b boundedStore) ReadLedger(ctx context.Context, from, to time.Time) (out []lease.LedgerEntry, err error) {
 	err = b.doWithin(ctx, "read_ledger", b.scanTimeout(), func(ctx context.Context) error { out, err = b.store.ReadLedger(ctx, from, to); return err })
 	return out, err
 }
 
-func (b boundedStore) Acquire(ctx context.Context, req AcquireRequest) (l Lease, err error) {
+func (b boundedStore) Acquire(ctx context.Context, req lease.AcquireRequest) (l lease.Lease, err error) {
 	err = b.do(ctx, "acquire", func(ctx context.Context) error { l, err = b.store.Acquire(ctx, req); return err })
 	return l, err
 }
 
-func (b boundedStore) Get(ctx context.Context, id string) (l Lease, err error) {
+func (b boundedStore) Get(ctx context.Context, id string) (l lease.Lease, err error) {
 	err = b.do(ctx, "get", func(ctx context.Context) error { l, err = b.store.Get(ctx, id); return err })
 	return l, err
 }
 
-func (b boundedStore) Renew(ctx context.Context, id string, ttl time.Duration) (l Lease, err error) {
+func (b boundedStore) Renew(ctx context.Context, id string, ttl time.Duration) (l lease.Lease, err error) {
 	err = b.do(ctx, "renew", func(ctx context.Context) error { l, err = b.store.Renew(ctx, id, ttl); return err })
 	return l, err
 }
@@ -117,12 +114,12 @@ func (b boundedStore) LastRefused(ctx context.Context, pool string) (t time.Time
 	return t, err
 }
 
-func (b boundedStore) Route(ctx context.Context, session, host string) (r Route, err error) {
+func (b boundedStore) Route(ctx context.Context, session, host string) (r lease.Route, err error) {
 	err = b.do(ctx, "route", func(ctx context.Context) error { r, err = b.store.Route(ctx, session, host); return err })
 	return r, err
 }
 
-func (b boundedStore) SetRoute(ctx context.Context, session, host string, set RouteSet) error {
+func (b boundedStore) SetRoute(ctx context.Context, session, host string, set lease.RouteSet) error {
 	return b.do(ctx, "set_route", func(ctx context.Context) error { return b.store.SetRoute(ctx, session, host, set) })
 }
 
@@ -150,26 +147,26 @@ var (
 	}, []string{"op"})
 )
 
-func (b boundedStore) PushBack(ctx context.Context, host string, retryAfter time.Duration) (l Learned, err error) {
+func (b boundedStore) PushBack(ctx context.Context, host string, retryAfter time.Duration) (l lease.Learned, err error) {
 	err = b.do(ctx, "push_back", func(ctx context.Context) error { l, err = b.store.PushBack(ctx, host, retryAfter); return err })
 	return l, err
 }
 
-func (b boundedStore) LearnedPace(ctx context.Context, host string) (l Learned, err error) {
+func (b boundedStore) LearnedPace(ctx context.Context, host string) (l lease.Learned, err error) {
 	err = b.do(ctx, "learned_pace", func(ctx context.Context) error { l, err = b.store.LearnedPace(ctx, host); return err })
 	return l, err
 }
 
-func (b boundedStore) RecordOutcome(ctx context.Context, proxy, host string, o Outcome) error {
+func (b boundedStore) RecordOutcome(ctx context.Context, proxy, host string, o lease.Outcome) error {
 	return b.do(ctx, "record_outcome", func(ctx context.Context) error { return b.store.RecordOutcome(ctx, proxy, host, o) })
 }
 
-func (b boundedStore) Outcomes(ctx context.Context, proxy string) (r []HostRecord, err error) {
+func (b boundedStore) Outcomes(ctx context.Context, proxy string) (r []lease.HostRecord, err error) {
 	err = b.do(ctx, "outcomes", func(ctx context.Context) error { r, err = b.store.Outcomes(ctx, proxy); return err })
 	return r, err
 }
 
-func (b boundedStore) Blocks(ctx context.Context, since time.Time) (bl []Block, err error) {
+func (b boundedStore) Blocks(ctx context.Context, since time.Time) (bl []lease.Block, err error) {
 	err = b.doWithin(ctx, "blocks", b.scanTimeout(), func(ctx context.Context) error { bl, err = b.store.Blocks(ctx, since); return err })
 	return bl, err
 }

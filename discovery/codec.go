@@ -16,6 +16,8 @@ import (
 	"time"
 
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/example/egress-proxies-operator/lease"
 )
 
 // decode reads a size-limited JSON body strictly: unknown fields and
@@ -102,7 +104,7 @@ func normalizeTarget(target string) string {
 func validateTarget(target string, required bool) error {
 	switch {
 	case target == "" && required:
-		return fmt.Errorf("target is required when result is %s or %s", ResultRateLimited, ResultBlocked)
+		return fmt.Errorf("target is required when result is %s or %s", lease.ResultRateLimited, lease.ResultBlocked)
 	case len(target) > 253:
 		return errors.New("target is longer than 253 characters")
 	case strings.ContainsAny(target, " /\t\n\r"):
@@ -127,7 +129,7 @@ func writeError(w http.ResponseWriter, status int, code, message string) int {
 // leaseError answers a store error about one lease: 404 when the store
 // says it is not live, 503 when the store did not answer.
 func leaseError(ctx context.Context, w http.ResponseWriter, id string, err error) int {
-	if errors.Is(err, ErrLeaseNotFound) {
+	if errors.Is(err, lease.ErrLeaseNotFound) {
 		return writeError(w, http.StatusNotFound, CodeLeaseNotFound, fmt.Sprintf("lease %q does not exist: it was released or expired (or, with the in-memory lease store, lost when the operator restarted)", id))
 	}
 	return storeUnavailable(ctx, w, err)

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"net/url"
 	"testing"
+
+	"github.com/example/egress-proxies-operator/lease"
 )
 
 // FuzzDecodeLeaseRequest: any body either decodes into a request that
@@ -17,7 +19,7 @@ func FuzzDecodeLeaseRequest(f *testing.F) {
 	} {
 		f.Add([]byte(seed))
 	}
-	srv := NewServer(Options{Store: NewMemoryStore(nil), View: NewView(nil, "operator-ns"), Tokens: StaticToken(""),
+	srv := NewServer(Options{Store: lease.NewMemoryStore(nil), View: NewView(nil, "operator-ns"), Tokens: StaticToken(""),
 		DefaultTTL: DefaultTTL, MaxTTL: DefaultMaxTTL, DefaultCooldown: DefaultCooldown})
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var req leaseRequest

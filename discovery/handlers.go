@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/julienschmidt/httprouter"
+
+	"github.com/example/egress-proxies-operator/lease"
 )
 
 func (s *Server) listProxies(w http.ResponseWriter, r *http.Request, _ httprouter.Params) int {
@@ -41,7 +43,7 @@ type proxyResponse struct {
 	ProxyInfo
 	// Outcomes are its records by host (discovery.HostRecord): served and
 	// blocked outcomes, weights halving every OutcomeHalfLife.
-	Outcomes []HostRecord `json:"outcomes"`
+	Outcomes []lease.HostRecord `json:"outcomes"`
 }
 
 func (s *Server) getProxy(w http.ResponseWriter, r *http.Request, ps httprouter.Params) int {
@@ -146,14 +148,14 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request, _ httproute
 	}
 	acquire := s.acquireRequest(candidates, req.Target, ttl, time.Duration(req.MaxWaitSeconds*float64(time.Second)))
 	acquire.Holder, acquire.Limit, acquire.Exclusive = t.Name, s.limitFor(t, LimitLeases), req.Exclusive
-	lease, err := s.store.Acquire(r.Context(), acquire)
+	granted, err := s.store.Acquire(r.Context(), acquire)
 	var quota *QuotaError
 	if errors.As(s.quotaError(t, LimitLeases, err), &quota) {
 		setRetryAfter(w, max(quota.RetryAfter, time.Second))
 		return writeError(w, http.StatusTooManyRequests, CodeQuotaExceeded, quota.Error())
 	}
-	notePaced(err, lease.Wait)
-	var none *NoProxyAvailableError
+	notePaced(err, granted.Wait)
+	var none *lease.NoProxyAvailableError
 	if errors.As(err, &none) && none.Paced() {
 		setRetryAfter(w, none.RetryAfter)
 		return writeError(w, http.StatusTooManyRequests, CodeTargetPaced, fmt.Sprintf(
@@ -169,10 +171,10 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request, _ httproute
 		setRetryAfter(w, retry)
 		msg := fmt.Sprintf("no healthy proxy matches selector %v", map[string]string(req.Selector))
 		switch {
-		case len(candidates.IDs) > 0 && none.Cause == CauseExclusive && req.Exclusive:
+		case len(candidates.IDs) > 0 && none.Cause == lease.CauseExclusive && req.Exclusive:
 			msg = fmt.Sprintf("each of the %d healthy proxies matching selector %v is in use or held by an exclusive lease; an exclusive lease needs one nobody holds",
 				len(candidates.IDs), map[string]string(req.Selector))
-		case len(candidates.IDs) > 0 && none.Cause == CauseExclusive:
+		case len(candidates.IDs) > 0 && none.Cause == lease.CauseExclusive:
 			msg = fmt.Sprintf("each of the %d healthy proxies matching selector %v is held by an exclusive lease", len(candidates.IDs), map[string]string(req.Selector))
 		case len(candidates.IDs) > 0:
 			msg = fmt.Sprintf("all %d healthy proxies matching selector %v are cooling down for target %q", len(candidates.IDs), map[string]string(req.Selector), req.Target)
@@ -184,40 +186,40 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request, _ httproute
 	}
 	// Only the answer that creates a lease says how it was paced: both
 	// stores know it then, and a paced lease covers that one request.
-	s.record(r.Context(), LedgerLease, LedgerStart, lease, "", lease.ExpiresAt, 0)
-	view := s.leaseView(r.Context(), lease)
-	view.Paced = lease.Paced
-	if lease.Wait > 0 {
-		next := lease.CreatedAt.Add(lease.Wait).UTC()
+	s.record(r.Context(), lease.LedgerLease, lease.LedgerStart, granted, "", granted.ExpiresAt, 0)
+	view := s.leaseView(r.Context(), granted)
+	view.Paced = granted.Paced
+	if granted.Wait > 0 {
+		next := granted.CreatedAt.Add(granted.Wait).UTC()
 		view.NextRequestAt = &next
 	}
 	return writeJSON(w, http.StatusCreated, view)
 }
 
 func (s *Server) getLease(w http.ResponseWriter, r *http.Request, ps httprouter.Params) int {
-	lease, err := s.heldLease(r.Context(), ps.ByName("id"))
+	granted, err := s.heldLease(r.Context(), ps.ByName("id"))
 	if err != nil {
 		return leaseError(r.Context(), w, ps.ByName("id"), err)
 	}
-	return writeJSON(w, http.StatusOK, s.leaseView(r.Context(), lease))
+	return writeJSON(w, http.StatusOK, s.leaseView(r.Context(), granted))
 }
 
 func (s *Server) releaseLease(w http.ResponseWriter, r *http.Request, ps httprouter.Params) int {
 	// Only its holder ends a lease; one gone already (or another tenant's,
 	// which this one cannot tell apart) is released all the same.
-	lease, err := s.heldLease(r.Context(), ps.ByName("id"))
+	granted, err := s.heldLease(r.Context(), ps.ByName("id"))
 	switch {
-	case errors.Is(err, ErrLeaseNotFound):
+	case errors.Is(err, lease.ErrLeaseNotFound):
 		w.WriteHeader(http.StatusNoContent)
 		return http.StatusNoContent
 	case err != nil:
 		return storeUnavailable(r.Context(), w, err)
 	}
-	if err := s.store.Release(r.Context(), lease.ID); err != nil {
+	if err := s.store.Release(r.Context(), granted.ID); err != nil {
 		return storeUnavailable(r.Context(), w, err)
 	}
-	s.revoke(r.Context(), lease)
-	s.record(r.Context(), LedgerLease, LedgerEnd, lease, "", s.opts.Clock.Now(), 0)
+	s.revoke(r.Context(), granted)
+	s.record(r.Context(), lease.LedgerLease, lease.LedgerEnd, granted, "", s.opts.Clock.Now(), 0)
 	w.WriteHeader(http.StatusNoContent)
 	return http.StatusNoContent
 }
@@ -238,22 +240,22 @@ func (s *Server) renewLease(w http.ResponseWriter, r *http.Request, ps httproute
 	if err != nil {
 		return writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
 	}
-	lease, err := s.heldLease(r.Context(), ps.ByName("id"))
+	granted, err := s.heldLease(r.Context(), ps.ByName("id"))
 	if err != nil {
 		return leaseError(r.Context(), w, ps.ByName("id"), err)
 	}
 	// A lease on a proxy that went away is not extended: the client should
 	// lease another. The lease itself lives on until its TTL, so a report
 	// on it (a cooldown worth keeping) is still accepted.
-	if why := s.opts.View.unavailable(lease.ProxyID); why != "" {
+	if why := s.opts.View.unavailable(granted.ProxyID); why != "" {
 		return writeError(w, http.StatusConflict, CodeProxyUnavailable,
-			fmt.Sprintf("lease %q is not renewed: %s; release it and lease another", lease.ID, why))
+			fmt.Sprintf("lease %q is not renewed: %s; release it and lease another", granted.ID, why))
 	}
-	if lease, err = s.store.Renew(r.Context(), lease.ID, ttl); err != nil {
+	if granted, err = s.store.Renew(r.Context(), granted.ID, ttl); err != nil {
 		return leaseError(r.Context(), w, ps.ByName("id"), err)
 	}
-	s.record(r.Context(), LedgerLease, LedgerRenew, lease, "", lease.ExpiresAt, 0)
-	return writeJSON(w, http.StatusOK, s.leaseView(r.Context(), lease))
+	s.record(r.Context(), lease.LedgerLease, lease.LedgerRenew, granted, "", granted.ExpiresAt, 0)
+	return writeJSON(w, http.StatusOK, s.leaseView(r.Context(), granted))
 }
 
 // reportRequest is the body of POST /v1/leases/{id}/report.
@@ -278,7 +280,7 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request, ps httprouter.Pa
 		return leaseError(r.Context(), w, ps.ByName("id"), err)
 	}
 	reportsTotal.WithLabelValues(req.Result).Inc()
-	if req.Result == ResultRateLimited {
+	if req.Result == lease.ResultRateLimited {
 		s.pushBack(r.Context(), target, time.Duration(req.RetryAfterSeconds)*time.Second)
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -304,14 +306,14 @@ func (s *Server) reportSession(w http.ResponseWriter, r *http.Request, ps httpro
 	key := SessionKey(who, session)
 	proxy, err := s.store.ReportSession(r.Context(), key, who.Name, req.Result, target, cooldown, SessionReportWindow)
 	switch {
-	case errors.Is(err, ErrSessionNotFound):
+	case errors.Is(err, lease.ErrSessionNotFound):
 		return writeError(w, http.StatusNotFound, CodeSessionNotFound,
 			fmt.Sprintf("no gateway session %q has tunnelled lately (it never did, or was idle past its time)", session))
 	case err != nil:
 		return storeUnavailable(r.Context(), w, err)
 	}
 	reportsTotal.WithLabelValues(req.Result).Inc()
-	if req.Result == ResultRateLimited {
+	if req.Result == lease.ResultRateLimited {
 		s.pushBack(r.Context(), target, time.Duration(req.RetryAfterSeconds)*time.Second)
 	}
 	s.listeners.notify(SessionReport{Session: key, Target: target, Result: req.Result, Proxy: proxy})
@@ -326,12 +328,12 @@ func (s *Server) decodeReport(w http.ResponseWriter, r *http.Request) (req repor
 		return req, 0, status, code, err
 	}
 	switch req.Result {
-	case ResultOK, ResultError:
+	case lease.ResultOK, lease.ResultError:
 		err = validateTarget(req.Target, false)
-	case ResultRateLimited, ResultBlocked:
+	case lease.ResultRateLimited, lease.ResultBlocked:
 		err = validateTarget(req.Target, true)
 	default:
-		err = fmt.Errorf("result must be one of %s, %s, %s, %s; got %q", ResultOK, ResultError, ResultRateLimited, ResultBlocked, req.Result)
+		err = fmt.Errorf("result must be one of %s, %s, %s, %s; got %q", lease.ResultOK, lease.ResultError, lease.ResultRateLimited, lease.ResultBlocked, req.Result)
 	}
 	if err == nil && (req.RetryAfterSeconds < 0 || time.Duration(req.RetryAfterSeconds)*time.Second > MaxReportRetryAfter) {
 		err = fmt.Errorf("retryAfterSeconds must be between 0 and %d, got %d", int64(MaxReportRetryAfter/time.Second), req.RetryAfterSeconds)
@@ -344,7 +346,7 @@ func (s *Server) decodeReport(w http.ResponseWriter, r *http.Request) (req repor
 
 // leaseView shows a lease with its proxy as it is now; a proxy deleted since
 // shows its id only, and healthy false.
-func (s *Server) leaseView(ctx context.Context, l Lease) leaseResponse {
+func (s *Server) leaseView(ctx context.Context, l lease.Lease) leaseResponse {
 	info, ok := s.opts.View.lookup(l.ProxyID, l.ProxyLeases)
 	if !ok {
 		info = ProxyInfo{ID: l.ProxyID, Attributes: map[string]string{}}

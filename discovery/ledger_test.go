@@ -9,53 +9,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/example/egress-proxies-operator/tenant"
 )
-
-// TestHoldersAt: which leases held an IP at a moment, from their records.
-func TestHoldersAt(t *testing.T) {
-	at := func(m int) time.Time { return time.Date(2026, 12, 1, 14, m, 0, 0, time.UTC) }
-	rec := func(id, event, tenant, ip string, start, until int) LedgerEntry {
-		return LedgerEntry{Kind: LedgerLease, Event: event, LeaseID: id, Tenant: tenant, Proxy: "ns/" + id, IP: ip, Start: at(start), Until: at(until)}
-	}
-	entries := []LedgerEntry{
-		rec("a", LedgerStart, "team-a", "203.0.113.7", 0, 5),
-		rec("a", LedgerRenew, "team-a", "203.0.113.7", 0, 10), // renewed: held to 14:10
-		rec("b", LedgerStart, "team-b", "203.0.113.7", 1, 30),
-		rec("b", LedgerEnd, "team-b", "203.0.113.7", 1, 3), // released at 14:03
-		rec("c", LedgerStart, "team-c", "198.51.100.1", 0, 30),
-		rec("d", LedgerRenew, "team-d", "203.0.113.7", 0, 20), // its start is outside the window read
-		rec("e", LedgerStart, "team-e", "203.0.113.7", 6, 20), // starts after the moment asked
-	}
-	for _, tc := range []struct {
-		name string
-		ip   string
-		at   time.Time
-		want []string // lease ids
-	}{
-		{"renewed and released", "203.0.113.7", at(2), []string{"a", "d", "b"}},
-		{"after the release", "203.0.113.7", at(4), []string{"a", "d"}},
-		{"after the first expiry, before the renewed one", "203.0.113.7", at(7), []string{"a", "d", "e"}},
-		{"after every end", "203.0.113.7", at(25), nil},
-		{"the end is inclusive", "203.0.113.7", at(3), []string{"a", "d", "b"}},
-		{"another IP", "198.51.100.1", at(2), []string{"c"}},
-		{"an IP nobody held", "192.0.2.1", at(2), nil},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var got []string
-			for _, h := range holdersAt(entries, tc.ip, tc.at) {
-				got = append(got, h.LeaseID)
-			}
-			assert.Equal(t, tc.want, got)
-		})
-	}
-	b := holdersAt(entries, "203.0.113.7", at(2))[2]
-	assert.Equal(t, Holding{Tenant: "team-b", Kind: LedgerLease, LeaseID: "b", Proxy: "ns/b", Start: at(1), End: at(3)}, b, "a holding says when it ended")
-}
 
 // TestAttribution: leases and gateway tunnels are recorded in the JSON-lines
 // log and the store; GET /v1/attribution names the tenants that held an IP
@@ -67,18 +28,18 @@ func TestAttribution(t *testing.T) {
 	teams.readers = map[string]bool{"system:serviceaccount:team-b:crawler": true}
 	f.srv.opts.Tenants = teams
 	var log bytes.Buffer
-	f.srv.opts.Ledger = NewJSONLines(&log, logr.Discard())
+	f.srv.opts.Ledger = lease.NewJSONLines(&log, logr.Discard())
 	f.member("eu", "eu-0", "127.0.0.11")
 	f.member("us", "us-0", "127.0.0.12")
 	as := func(token string) []string { return []string{"Authorization", "Bearer " + token} }
 
 	start := f.clock.Now()
-	lease := f.do("POST", "/v1/leases", `{"ttlSeconds":60,"target":"shop.example"}`, as("token-a")...)
-	require.Equal(t, http.StatusCreated, lease.status)
+	granted := f.do("POST", "/v1/leases", `{"ttlSeconds":60,"target":"shop.example"}`, as("token-a")...)
+	require.Equal(t, http.StatusCreated, granted.status)
 	f.clock.Step(30 * time.Second)
-	require.Equal(t, http.StatusOK, f.do("POST", "/v1/leases/"+lease.body["leaseID"].(string)+"/renew", `{"ttlSeconds":60}`, as("token-a")...).status)
+	require.Equal(t, http.StatusOK, f.do("POST", "/v1/leases/"+granted.body["leaseID"].(string)+"/renew", `{"ttlSeconds":60}`, as("token-a")...).status)
 	f.clock.Step(30 * time.Second)
-	require.Equal(t, http.StatusNoContent, f.do("DELETE", "/v1/leases/"+lease.body["leaseID"].(string), "", as("token-a")...).status)
+	require.Equal(t, http.StatusNoContent, f.do("DELETE", "/v1/leases/"+granted.body["leaseID"].(string), "", as("token-a")...).status)
 	b, err := f.srv.Tunnels().Authorize(context.Background(), "token-b")
 	require.NoError(t, err)
 	up, err := f.srv.Tunnels().Pick(context.Background(), TunnelRequest{Tenant: b, Session: "s1", Host: "shop.example", TTL: time.Minute, SessionIdle: time.Minute})
@@ -88,9 +49,9 @@ func TestAttribution(t *testing.T) {
 
 	lines := strings.Split(strings.TrimSpace(log.String()), "\n")
 	require.Len(t, lines, 5, "start, renew and end of the lease; start and end of the tunnel")
-	var last LedgerEntry
+	var last lease.LedgerEntry
 	require.NoError(t, json.Unmarshal([]byte(lines[4]), &last), "each line is one JSON record")
-	assert.Equal(t, LedgerEntry{At: f.clock.Now().UTC(), Kind: LedgerTunnel, Event: LedgerEnd, LeaseID: up.LeaseID, Tenant: b.Name, Session: "s1",
+	assert.Equal(t, lease.LedgerEntry{At: f.clock.Now().UTC(), Kind: lease.LedgerTunnel, Event: lease.LedgerEnd, LeaseID: up.LeaseID, Tenant: b.Name, Session: "s1",
 		Proxy: "crawl/us-0", IP: "127.0.0.12", Target: "shop.example", Start: start.Add(time.Minute).UTC(), Until: f.clock.Now().UTC(), Bytes: 4096}, last)
 
 	ask := func(token, ip string, at time.Time) response {
@@ -123,7 +84,7 @@ func TestTheLedgerGrowsWithTunnelsNotRenewals(t *testing.T) {
 	f := newFixture(t)
 	f.token.value = "platform-token"
 	var log bytes.Buffer
-	f.srv.opts.Ledger = NewJSONLines(&log, logr.Discard())
+	f.srv.opts.Ledger = lease.NewJSONLines(&log, logr.Discard())
 	f.proxy("eu-1", "127.0.0.11", true, nil)
 	tunnels := f.srv.Tunnels()
 	ctx := context.Background()

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -61,7 +63,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 		"How long the API server's answers on a ServiceAccount token and on what it may lease are reused: a revoked RoleBinding or a deleted ServiceAccount stops leases within it.")
 	fs.StringVar(&c.LedgerFile, "ledger-file", "",
 		"File the ledger (every lease and gateway tunnel: tenant, session, proxy, exit IP, target, start, end, bytes) is appended to as JSON lines. Empty: the operator's log, under the logger \"ledger\".")
-	fs.DurationVar(&c.LedgerRetention, "ledger-retention", DefaultLedgerRetention,
+	fs.DurationVar(&c.LedgerRetention, "ledger-retention", lease.DefaultLedgerRetention,
 		"How long the lease store keeps ledger records for GET /v1/attribution (the memory store keeps at most the last 50000).")
 }
 
@@ -106,13 +108,13 @@ func (c *Config) Tenants() bool { return c.Auth == AuthRequired && c.TenantAudie
 
 // OpenLedger is where ledger records are written: --ledger-file, opened
 // for appending (and created), or log.
-func (c *Config) OpenLedger(log logr.Logger) (LedgerSink, error) {
+func (c *Config) OpenLedger(log logr.Logger) (lease.LedgerSink, error) {
 	if c.LedgerFile == "" {
-		return LogSink{Log: log}, nil
+		return lease.LogSink{Log: log}, nil
 	}
 	f, err := os.OpenFile(c.LedgerFile, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("opening --ledger-file: %w", err)
 	}
-	return NewJSONLines(f, log), nil
+	return lease.NewJSONLines(f, log), nil
 }

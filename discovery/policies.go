@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	"github.com/prometheus/client_golang/prometheus"
 	toolscache "k8s.io/client-go/tools/cache"
 
@@ -126,7 +128,7 @@ func (x *PolicyIndex) exactHosts() []string {
 // PolicyOf is a CrawlTarget as the pace the store keeps.
 func PolicyOf(c *crawlv1alpha1.CrawlTarget) Policy {
 	name := c.Namespace + "/" + c.Name
-	p := Policy{Name: name, Host: c.Spec.Host, Pace: Pace{Interval: c.PerIPInterval(), Burst: c.BurstPerIP()}}
+	p := Policy{Name: name, Host: c.Spec.Host, Pace: lease.Pace{Interval: c.PerIPInterval(), Burst: c.BurstPerIP()}}
 	if c.Spec.MaxConcurrentPerIP != nil {
 		p.Pace.MaxConcurrent = int(*c.Spec.MaxConcurrentPerIP)
 	}

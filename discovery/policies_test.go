@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	"github.com/stretchr/testify/assert"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -57,8 +59,8 @@ func TestPolicyOfKeepsAReserveOfTheBurst(t *testing.T) {
 	conc := int32(2)
 	ct.Spec.FleetRequestsPerInterval, ct.Spec.MaxConcurrentPerIP = &fleet, &conc
 	p := PolicyOf(ct)
-	assert.Equal(t, Pace{Interval: 250 * time.Millisecond, Burst: 4, MaxConcurrent: 2, FleetKey: "crawl/shop", FleetInterval: 10 * time.Millisecond, FleetBurst: 100}, p.Pace)
+	assert.Equal(t, lease.Pace{Interval: 250 * time.Millisecond, Burst: 4, MaxConcurrent: 2, FleetKey: "crawl/shop", FleetInterval: 10 * time.Millisecond, FleetBurst: 100}, p.Pace)
 	assert.Equal(t, 3, withJitterReserve(p.Pace).Burst)
 	assert.Equal(t, 99, withJitterReserve(p.Pace).FleetBurst)
-	assert.Equal(t, 1, withJitterReserve(Pace{Interval: time.Second, Burst: 1}).Burst, "a burst of one has nothing to spare")
+	assert.Equal(t, 1, withJitterReserve(lease.Pace{Interval: time.Second, Burst: 1}).Burst, "a burst of one has nothing to spare")
 }

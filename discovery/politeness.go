@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	"github.com/julienschmidt/httprouter"
 	"github.com/prometheus/client_golang/prometheus"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -19,8 +21,8 @@ type Policy struct {
 	// Name is the policy's namespace/name.
 	Name string `json:"name"`
 	// Host is the host or wildcard domain ("*.example.com") it declares.
-	Host string `json:"host"`
-	Pace Pace   `json:"-"`
+	Host string     `json:"host"`
+	Pace lease.Pace `json:"-"`
 }
 
 // Policies are the declared politeness policies, by the namespace of the
@@ -43,7 +45,7 @@ type Politeness struct {
 // namespace (candidates and policies are namespace/name). Nil when no
 // policy covers the host anywhere, so an unpaced lease keeps the store's
 // fast path.
-func (s *Server) paceOf(host string) func(string) Pace {
+func (s *Server) paceOf(host string) func(string) lease.Pace {
 	if s.opts.Politeness.Policies == nil || host == "" {
 		return nil
 	}
@@ -51,12 +53,12 @@ func (s *Server) paceOf(host string) func(string) Pace {
 	if len(policies) == 0 {
 		return nil
 	}
-	byNamespace := make(map[string]Pace, len(policies))
+	byNamespace := make(map[string]lease.Pace, len(policies))
 	for _, p := range policies {
 		ns, _, _ := strings.Cut(p.Name, "/")
 		byNamespace[ns] = withJitterReserve(p.Pace)
 	}
-	return func(id string) Pace {
+	return func(id string) lease.Pace {
 		ns, _, _ := strings.Cut(id, "/")
 		return byNamespace[ns]
 	}
@@ -68,7 +70,7 @@ func (s *Server) paceOf(host string) func(string) Pace {
 // clock arrive within a site's bucket of B whatever the way's jitter (up
 // to one interval), so a policy set to a site's published rules never
 // trips them.
-func withJitterReserve(p Pace) Pace {
+func withJitterReserve(p lease.Pace) lease.Pace {
 	if p.Burst > 1 {
 		p.Burst--
 	}
@@ -80,8 +82,8 @@ func withJitterReserve(p Pace) Pace {
 
 // acquireRequest is an AcquireRequest for target with the politeness in
 // force.
-func (s *Server) acquireRequest(c Candidates, target string, ttl, maxWait time.Duration) AcquireRequest {
-	return AcquireRequest{Candidates: c, Target: target, TTL: ttl, PaceOf: s.paceOf(target),
+func (s *Server) acquireRequest(c lease.Candidates, target string, ttl, maxWait time.Duration) lease.AcquireRequest {
+	return lease.AcquireRequest{Candidates: c, Target: target, TTL: ttl, PaceOf: s.paceOf(target),
 		Adaptive: s.opts.Politeness.Adaptive && target != "", MaxWait: maxWait}
 }
 
@@ -178,7 +180,7 @@ var (
 // notePaced counts a paced decision: a refusal by its cause, a grant by
 // its wait.
 func notePaced(err error, wait time.Duration) {
-	if none, ok := err.(*NoProxyAvailableError); ok && none.Paced() { //nolint:errorlint // the store's own type, never wrapped
+	if none, ok := err.(*lease.NoProxyAvailableError); ok && none.Paced() { //nolint:errorlint // the store's own type, never wrapped
 		pacedTotal.WithLabelValues(none.Cause).Inc()
 		return
 	}

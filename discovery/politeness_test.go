@@ -10,6 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/example/egress-proxies-operator/lease"
 )
 
 // TestPolitenessAPI: a paced lease reserves its slot and says when it may
@@ -104,8 +106,8 @@ func TestASessionWaitsForItsOwnPacedProxy(t *testing.T) {
 	assert.Equal(t, "crawl/eu-1", waited.ProxyID)
 	assert.Equal(t, time.Second, waited.Wait)
 	_, err = pick(0)
-	var none *NoProxyAvailableError
+	var none *lease.NoProxyAvailableError
 	require.ErrorAs(t, err, &none)
-	assert.Equal(t, CausePaced, none.Cause, "the host is paced: the gateway answers 429 with when to come back")
+	assert.Equal(t, lease.CausePaced, none.Cause, "the host is paced: the gateway answers 429 with when to come back")
 	assert.Equal(t, 2*time.Second, none.RetryAfter)
 }

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	"github.com/prometheus/client_golang/prometheus"
 	toolscache "k8s.io/client-go/tools/cache"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -119,7 +121,7 @@ func (e *QuotaError) Error() string {
 }
 
 // Unwrap makes errors.Is(err, ErrQuotaExceeded) hold.
-func (e *QuotaError) Unwrap() error { return ErrQuotaExceeded }
+func (e *QuotaError) Unwrap() error { return lease.ErrQuotaExceeded }
 
 // quotaOf is t's quota, if it has one.
 func (s *Server) quotaOf(t *tenant.Tenant) (Quota, bool) {
@@ -139,25 +141,25 @@ func (s *Server) quotaNamed(name string) (Quota, bool) {
 
 // limitFor is the Limit a tenant's lease (kind LimitLeases) or tunnel
 // (LimitTunnels) counts under; the zero Limit when it has none.
-func (s *Server) limitFor(t *tenant.Tenant, kind string) Limit {
+func (s *Server) limitFor(t *tenant.Tenant, kind string) lease.Limit {
 	q, ok := s.quotaOf(t)
 	if !ok {
-		return Limit{}
+		return lease.Limit{}
 	}
 	limit := q.MaxLeases
 	if kind == LimitTunnels {
 		limit = q.MaxTunnels
 	}
 	if limit == nil {
-		return Limit{}
+		return lease.Limit{}
 	}
-	return Limit{Key: kind + "|" + t.Name, Max: *limit}
+	return lease.Limit{Key: kind + "|" + t.Name, Max: *limit}
 }
 
 // quotaError turns the store's refusal of a tenant's lease or tunnel into
 // a QuotaError naming the limit, and counts it; other errors pass.
 func (s *Server) quotaError(t *tenant.Tenant, limit string, err error) error {
-	var over *QuotaExceededError
+	var over *lease.QuotaExceededError
 	if !errors.As(err, &over) {
 		return err
 	}
@@ -189,7 +191,7 @@ func (t *Tunnels) Admit(ctx context.Context, who *tenant.Tenant) error {
 		}
 		if used >= q.GatewayBytesPerDay {
 			midnight := time.Date(now.Year(), now.Month(), now.Day()+1, 0, 0, 0, 0, time.UTC)
-			return t.s.quotaError(who, LimitBytesPerDay, &QuotaExceededError{RetryAfter: midnight.Sub(now)})
+			return t.s.quotaError(who, LimitBytesPerDay, &lease.QuotaExceededError{RetryAfter: midnight.Sub(now)})
 		}
 	}
 	if q.TunnelsPerSecond > 0 {

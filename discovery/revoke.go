@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	"github.com/prometheus/client_golang/prometheus"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -211,7 +213,7 @@ func (r *revoker) send(ctx context.Context, proxyID, addr string, c credentials.
 
 // revoke queues the revocation of a released lease's credentials, when
 // its proxy takes per-lease ones.
-func (s *Server) revoke(ctx context.Context, l Lease) {
+func (s *Server) revoke(ctx context.Context, l lease.Lease) {
 	info, ok := s.opts.View.lookup(l.ProxyID, 0)
 	if !ok || !info.hasCreds || s.opts.Credentials == nil || info.IP == "" {
 		return

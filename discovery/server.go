@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	"github.com/julienschmidt/httprouter"
 	"k8s.io/utils/clock"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -84,8 +86,8 @@ type Options struct {
 	// rate_limited cooldown when the client asks for less.
 	DefaultTTL, MaxTTL, DefaultCooldown time.Duration
 	// Store keeps leases; View lists proxies; Tokens authenticates.
-	Store Store
-	// StoreTimeout bounds each store call (DefaultStoreTimeout when 0).
+	Store lease.Store
+	// StoreTimeout bounds each store call (lease.DefaultStoreTimeout when 0).
 	StoreTimeout time.Duration
 	View         *View
 	Tokens       TokenSource
@@ -111,7 +113,7 @@ type Options struct {
 	Quotas Quotas
 	// Ledger receives every ledger record (the JSON-lines log); the store
 	// keeps them for LedgerRetention (DefaultLedgerRetention when 0).
-	Ledger          LedgerSink
+	Ledger          lease.LedgerSink
 	LedgerRetention time.Duration
 }
 
@@ -132,7 +134,7 @@ const (
 // listing), or says why it does not: only an authenticated API hands them
 // out, and a proxy that checks per-lease credentials gets the lease's own,
 // signed for it and expiring with it.
-func (s *Server) withCredentials(ctx context.Context, info *ProxyInfo, lease *Lease) {
+func (s *Server) withCredentials(ctx context.Context, info *ProxyInfo, lease *lease.Lease) {
 	if !info.hasCreds {
 		return
 	}
@@ -169,7 +171,7 @@ type Server struct {
 	opts   Options
 	router *httprouter.Router
 	// store is opts.Store, bounded and measured.
-	store Store
+	store lease.Store
 	// authState remembers the last auth state, to log its changes.
 	authState atomic.Int32
 	// listeners hear of session reports (the gateway).
@@ -187,7 +189,7 @@ func NewServer(opts Options) *Server {
 		opts.Ready = func() bool { return true }
 	}
 	if opts.StoreTimeout <= 0 {
-		opts.StoreTimeout = DefaultStoreTimeout
+		opts.StoreTimeout = lease.DefaultStoreTimeout
 	}
 	s := &Server{opts: opts, router: httprouter.New(), store: boundedStore{store: opts.Store, timeout: opts.StoreTimeout}}
 	s.revoker = newRevoker(opts.Clock.Now, func(id string) bool {
@@ -248,7 +250,7 @@ func (s *Server) forgetMoved(id string) {
 
 // Outcomes is the lease store's outcome memory, each call bounded and
 // measured as the API's are: for the ban judge and the Proxy reconciler.
-func (s *Server) Outcomes() OutcomeMemory { return s.store }
+func (s *Server) Outcomes() lease.OutcomeMemory { return s.store }
 
 // Handler is the API's http.Handler.
 func (s *Server) Handler() http.Handler { return s.router }

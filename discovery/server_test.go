@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -29,7 +31,7 @@ type fixture struct {
 	t     *testing.T
 	srv   *Server
 	view  *View
-	store *MemoryStore
+	store *lease.MemoryStore
 	clock *clocktesting.FakeClock
 	token *tokenVar
 }
@@ -40,7 +42,7 @@ func (v *tokenVar) Token() (string, bool) { return v.value, v.value != "" }
 
 func newFixture(t *testing.T) *fixture {
 	f := &fixture{t: t, view: NewView(nil, "operator-ns"), clock: clocktesting.NewFakeClock(time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)), token: &tokenVar{}}
-	f.store = NewMemoryStore(f.clock)
+	f.store = lease.NewMemoryStore(f.clock)
 	f.srv = NewServer(Options{
 		DefaultTTL: DefaultTTL, MaxTTL: DefaultMaxTTL, DefaultCooldown: DefaultCooldown,
 		Store: f.store, View: f.view, Tokens: f.token, Clock: f.clock,
@@ -228,10 +230,10 @@ func TestRateLimitCooldown(t *testing.T) {
 	f.proxy("eu-1", "127.0.0.11", true, nil)
 	f.proxy("eu-2", "127.0.0.12", true, nil)
 
-	lease := f.do("POST", "/v1/leases", `{"target":"example.com"}`)
-	require.Equal(t, http.StatusCreated, lease.status)
-	limited := proxyID(lease)
-	id := lease.body["leaseID"].(string)
+	granted := f.do("POST", "/v1/leases", `{"target":"example.com"}`)
+	require.Equal(t, http.StatusCreated, granted.status)
+	limited := proxyID(granted)
+	id := granted.body["leaseID"].(string)
 	r := f.do("POST", "/v1/leases/"+id+"/report", `{"result":"rate_limited","target":"example.com"}`)
 	require.Equal(t, http.StatusNoContent, r.status, r.raw)
 	f.do("DELETE", "/v1/leases/"+id, "")
@@ -268,18 +270,18 @@ func TestRateLimitCooldown(t *testing.T) {
 	assert.Equal(t, "2400", r.header.Get("Retry-After"))
 
 	// ok and error reports are counted, and change nothing.
-	before := testutil.ToFloat64(reportsTotal.WithLabelValues(ResultOK))
+	before := testutil.ToFloat64(reportsTotal.WithLabelValues(lease.ResultOK))
 	id = f.do("POST", "/v1/leases", `{}`).body["leaseID"].(string)
 	assert.Equal(t, http.StatusNoContent, f.do("POST", "/v1/leases/"+id+"/report", `{"result":"ok","target":"example.net"}`).status)
-	assert.Equal(t, before+1, testutil.ToFloat64(reportsTotal.WithLabelValues(ResultOK)))
+	assert.Equal(t, before+1, testutil.ToFloat64(reportsTotal.WithLabelValues(lease.ResultOK)))
 }
 
 func TestUnhealthyAndDeletedProxies(t *testing.T) {
 	f := newFixture(t)
 	p := f.proxy("eu-1", "127.0.0.11", true, nil)
-	lease := f.do("POST", "/v1/leases", `{}`)
-	require.Equal(t, http.StatusCreated, lease.status)
-	id := lease.body["leaseID"].(string)
+	granted := f.do("POST", "/v1/leases", `{}`)
+	require.Equal(t, http.StatusCreated, granted.status)
+	id := granted.body["leaseID"].(string)
 
 	f.proxy("eu-1", "127.0.0.11", false, nil)
 	assert.Equal(t, http.StatusServiceUnavailable, f.do("POST", "/v1/leases", `{}`).status, "an unhealthy proxy is never leased")
@@ -362,7 +364,7 @@ func TestAuth(t *testing.T) {
 
 func TestReadyz(t *testing.T) {
 	synced := false
-	store := &downStore{Store: NewMemoryStore(nil)}
+	store := &downStore{Store: lease.NewMemoryStore(nil)}
 	srv := NewServer(Options{Store: store, View: NewView(nil, "operator-ns"), Tokens: StaticToken(""), Ready: func() bool { return synced },
 		DefaultTTL: DefaultTTL, MaxTTL: DefaultMaxTTL, DefaultCooldown: DefaultCooldown})
 	readyz := func() (int, string) {
@@ -390,7 +392,7 @@ func TestReadyz(t *testing.T) {
 // downStore is a Store that stops answering when down is set, as a Redis
 // that went away does.
 type downStore struct {
-	Store
+	lease.Store
 	down atomic.Bool
 }
 
@@ -403,16 +405,16 @@ func (d *downStore) check() error {
 	return nil
 }
 
-func (d *downStore) Acquire(ctx context.Context, req AcquireRequest) (Lease, error) {
+func (d *downStore) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Lease, error) {
 	if err := d.check(); err != nil {
-		return Lease{}, err
+		return lease.Lease{}, err
 	}
 	return d.Store.Acquire(ctx, req)
 }
 
-func (d *downStore) Get(ctx context.Context, id string) (Lease, error) {
+func (d *downStore) Get(ctx context.Context, id string) (lease.Lease, error) {
 	if err := d.check(); err != nil {
-		return Lease{}, err
+		return lease.Lease{}, err
 	}
 	return d.Store.Get(ctx, id)
 }
@@ -489,11 +491,11 @@ func TestStoreTimeout(t *testing.T) {
 
 // hangingStore's Acquire waits until its context ends, as a call to a
 // Redis that stopped answering does.
-type hangingStore struct{ Store }
+type hangingStore struct{ lease.Store }
 
-func (h hangingStore) Acquire(ctx context.Context, _ AcquireRequest) (Lease, error) {
+func (h hangingStore) Acquire(ctx context.Context, _ lease.AcquireRequest) (lease.Lease, error) {
 	<-ctx.Done()
-	return Lease{}, ctx.Err()
+	return lease.Lease{}, ctx.Err()
 }
 
 func TestMetricsLint(t *testing.T) {
@@ -557,10 +559,7 @@ func TestRefusalsAreRecordedForRealPools(t *testing.T) {
 	other, err := f.srv.PoolDemand(context.Background(), "elsewhere", "eu")
 	require.NoError(t, err)
 	assert.True(t, other.LastRefused.IsZero(), "a pool of the same name in another namespace saw none")
-	f.store.mu.Lock()
-	remembered := len(f.store.refused)
-	f.store.mu.Unlock()
-	assert.Equal(t, 1, remembered, "made-up pool names are not remembered")
+	assert.Equal(t, 1, f.store.RefusedPools(), "made-up pool names are not remembered")
 }
 
 func ptrTo[T any](v T) *T { return &v }
@@ -576,7 +575,7 @@ func TestOutcomesThroughTheAPI(t *testing.T) {
 	l := f.do("POST", "/v1/leases", `{"target":"shop.example"}`)
 	require.Equal(t, http.StatusCreated, l.status, l.raw)
 	blockedOn := proxyID(l)
-	assert.Equal(t, WhyLeastLoaded, l.body["why"])
+	assert.Equal(t, lease.WhyLeastLoaded, l.body["why"])
 	r := f.do("POST", "/v1/leases/"+l.body["leaseID"].(string)+"/report", `{"result":"blocked","target":"shop.example"}`)
 	require.Equal(t, http.StatusNoContent, r.status, r.raw)
 	r = f.do("POST", "/v1/leases/"+l.body["leaseID"].(string)+"/report", `{"result":"blocked"}`)
@@ -591,7 +590,7 @@ func TestOutcomesThroughTheAPI(t *testing.T) {
 	rec := outcomes[0].(map[string]any)
 	assert.Equal(t, "shop.example", rec["host"])
 	assert.EqualValues(t, 1, rec["blocked"])
-	assert.Equal(t, OutcomeReport, rec["lastBlockedBy"])
+	assert.Equal(t, lease.OutcomeReport, rec["lastBlockedBy"])
 	assert.Equal(t, http.StatusNotFound, f.do("GET", "/v1/proxies/crawl/nope", "").status)
 
 	// The blocked proxy's cooldown ends; it is still the worse choice for
@@ -601,14 +600,14 @@ func TestOutcomesThroughTheAPI(t *testing.T) {
 	require.Equal(t, http.StatusNoContent, f.do("DELETE", "/v1/leases/"+l.body["leaseID"].(string), "").status)
 	other := f.do("POST", "/v1/leases", `{"target":"news.example"}`)
 	require.Equal(t, http.StatusCreated, other.status, other.raw)
-	assert.Equal(t, WhyLeastLoaded, other.body["why"], "another host: least-loaded alone")
+	assert.Equal(t, lease.WhyLeastLoaded, other.body["why"], "another host: least-loaded alone")
 	require.NotEqual(t, blockedOn, proxyID(other), "the least recently leased")
 	f.clock.Step(time.Second)
 	f.do("DELETE", "/v1/leases/"+other.body["leaseID"].(string), "")
 	next := f.do("POST", "/v1/leases", `{"target":"shop.example"}`)
 	require.Equal(t, http.StatusCreated, next.status, next.raw)
 	assert.NotEqual(t, blockedOn, proxyID(next), "the better record wins over the least recently leased")
-	assert.Equal(t, WhyBetterRecord, next.body["why"])
+	assert.Equal(t, lease.WhyBetterRecord, next.body["why"])
 }
 
 // TestExitIP: a proxy's exitIP is its IP, or the egress IP the health

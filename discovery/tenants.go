@@ -3,6 +3,8 @@ package discovery
 import (
 	"context"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	"github.com/example/egress-proxies-operator/tenant"
 )
 
@@ -46,7 +48,7 @@ func tenantOf(ctx context.Context) *tenant.Tenant {
 
 // holds says whether t may see and act on lease l: its holder's, or any
 // for a tenant that may lease every proxy.
-func holds(t *tenant.Tenant, l Lease) bool { return t.All() || l.Holder == t.Name }
+func holds(t *tenant.Tenant, l lease.Lease) bool { return t.All() || l.Holder == t.Name }
 
 // leasable are the ids among ids that t may lease, in order. Each pool and
 // each Proxy of no pool is asked about once per call (and the answers are
@@ -86,15 +88,15 @@ func (s *Server) leasable(ctx context.Context, t *tenant.Tenant, ids []string) (
 
 // leasableCandidates is c narrowed to what t may lease; a narrowed set has
 // no Key, so the store keeps no index of it.
-func (s *Server) leasableCandidates(ctx context.Context, t *tenant.Tenant, c Candidates) (Candidates, error) {
+func (s *Server) leasableCandidates(ctx context.Context, t *tenant.Tenant, c lease.Candidates) (lease.Candidates, error) {
 	if t.All() {
 		return c, nil
 	}
 	ids, err := s.leasable(ctx, t, c.IDs)
 	if err != nil {
-		return Candidates{}, err
+		return lease.Candidates{}, err
 	}
-	return Candidates{IDs: ids}, nil
+	return lease.Candidates{IDs: ids}, nil
 }
 
 // SessionKey is how a gateway session is named in the store and in
@@ -109,13 +111,13 @@ func SessionKey(t *tenant.Tenant, session string) string {
 
 // heldLease is the lease id when the request's tenant holds it; another
 // tenant's lease is ErrLeaseNotFound, as if it did not exist.
-func (s *Server) heldLease(ctx context.Context, id string) (Lease, error) {
+func (s *Server) heldLease(ctx context.Context, id string) (lease.Lease, error) {
 	l, err := s.store.Get(ctx, id)
 	if err != nil {
-		return Lease{}, err
+		return lease.Lease{}, err
 	}
 	if !holds(tenantOf(ctx), l) {
-		return Lease{}, ErrLeaseNotFound
+		return lease.Lease{}, lease.ErrLeaseNotFound
 	}
 	return l, nil
 }

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/example/egress-proxies-operator/tenant"
@@ -222,18 +224,18 @@ type pick struct {
 	who        *tenant.Tenant
 	host       string
 	session    string
-	candidates Candidates
+	candidates lease.Candidates
 	avoid      []string
-	limit      Limit
-	route      Route
+	limit      lease.Limit
+	route      lease.Route
 }
 
-func (p *pick) acquire(ctx context.Context, c Candidates, maxWait time.Duration, exclusive bool, within string) (Lease, error) {
+func (p *pick) acquire(ctx context.Context, c lease.Candidates, maxWait time.Duration, exclusive bool, within string) (lease.Lease, error) {
 	r := p.t.s.acquireRequest(c, p.host, p.req.TTL, maxWait)
 	r.Holder, r.Limit, r.Exclusive, r.Within = p.who.Name, p.limit, exclusive, within
 	if exclusive {
 		// The hold outlives a tunnel: it lasts while the session does.
-		r.TTL, r.Target, r.PaceOf, r.Adaptive, r.Limit = p.req.SessionIdle, "", nil, false, Limit{}
+		r.TTL, r.Target, r.PaceOf, r.Adaptive, r.Limit = p.req.SessionIdle, "", nil, false, lease.Limit{}
 	}
 	l, err := p.t.s.store.Acquire(ctx, r)
 	return l, p.t.s.quotaError(p.who, LimitTunnels, err)
@@ -277,29 +279,29 @@ func (p *pick) strict(ctx context.Context) (Upstream, error) {
 	}
 	hold, err := p.keepHold(ctx, own)
 	if err != nil {
-		var none *NoProxyAvailableError
+		var none *lease.NoProxyAvailableError
 		if errors.As(err, &none) {
 			return lost(SessionTaken)
 		}
 		return Upstream{}, err
 	}
-	lease, err := p.acquire(ctx, Candidates{IDs: []string{own}}, p.req.MaxWait, false, hold)
-	var none *NoProxyAvailableError
+	granted, err := p.acquire(ctx, lease.Candidates{IDs: []string{own}}, p.req.MaxWait, false, hold)
+	var none *lease.NoProxyAvailableError
 	switch {
-	case errors.As(err, &none) && none.Cause == CauseCooling:
+	case errors.As(err, &none) && none.Cause == lease.CauseCooling:
 		return lost(SessionCooling)
-	case errors.As(err, &none) && none.Cause == CauseExclusive:
+	case errors.As(err, &none) && none.Cause == lease.CauseExclusive:
 		return lost(SessionTaken)
 	}
-	notePaced(err, lease.Wait)
+	notePaced(err, granted.Wait)
 	if err != nil {
 		return Upstream{}, err
 	}
-	up, err := p.upstream(ctx, lease, hold)
+	up, err := p.upstream(ctx, granted, hold)
 	if err != nil {
 		return lost(SessionProxyGone)
 	}
-	p.note(ctx, RouteSet{Proxy: own, Own: true, IP: p.route.IP, Hold: hold})
+	p.note(ctx, lease.RouteSet{Proxy: own, Own: true, IP: p.route.IP, Hold: hold})
 	return up, nil
 }
 
@@ -313,11 +315,11 @@ func (p *pick) keepHold(ctx context.Context, proxy string) (string, error) {
 	if p.route.Hold != "" {
 		if _, err := p.t.s.store.Renew(ctx, p.route.Hold, p.req.SessionIdle); err == nil {
 			return p.route.Hold, nil
-		} else if !errors.Is(err, ErrLeaseNotFound) {
+		} else if !errors.Is(err, lease.ErrLeaseNotFound) {
 			return "", err
 		}
 	}
-	l, err := p.acquire(ctx, Candidates{IDs: []string{proxy}}, 0, true, "")
+	l, err := p.acquire(ctx, lease.Candidates{IDs: []string{proxy}}, 0, true, "")
 	if err != nil {
 		return "", err
 	}
@@ -345,73 +347,73 @@ func (p *pick) soft(ctx context.Context) (Upstream, error) {
 	// fails.
 	for range 5 {
 		var (
-			lease Lease
-			err   error
-			own   bool
-			hold  string
+			granted lease.Lease
+			err     error
+			own     bool
+			hold    string
 		)
 		switch {
 		case ownUsable && !slices.Contains(p.avoid, route.Own):
 			// A session keeps its own proxy only while its pace allows a
 			// request now: politeness beats stickiness.
 			if hold, err = p.keepHold(ctx, route.Own); err == nil {
-				lease, err = p.acquire(ctx, Candidates{IDs: []string{route.Own}}, 0, false, hold)
+				granted, err = p.acquire(ctx, lease.Candidates{IDs: []string{route.Own}}, 0, false, hold)
 			}
 			own = true
-			if errors.Is(err, ErrNoProxyAvailable) {
+			if errors.Is(err, lease.ErrNoProxyAvailable) {
 				p.avoid, skipped = append(p.avoid, route.Own), append(skipped, route.Own) // for this host only
 				continue
 			}
 		case p.usable(route.Detour):
-			lease, err = p.acquire(ctx, Candidates{IDs: []string{route.Detour}}, 0, false, "")
-			if errors.Is(err, ErrNoProxyAvailable) {
+			granted, err = p.acquire(ctx, lease.Candidates{IDs: []string{route.Detour}}, 0, false, "")
+			if errors.Is(err, lease.ErrNoProxyAvailable) {
 				p.avoid, skipped = append(p.avoid, route.Detour), append(skipped, route.Detour)
 				continue
 			}
 		default:
 			own = !ownUsable
-			lease, hold, err = p.fresh(ctx, without(p.candidates, p.avoid), own)
-			if errors.Is(err, ErrNoProxyAvailable) && len(skipped) > 0 {
+			granted, hold, err = p.fresh(ctx, without(p.candidates, p.avoid), own)
+			if errors.Is(err, lease.ErrNoProxyAvailable) && len(skipped) > 0 {
 				slices.Sort(skipped)
 				within := ""
 				if slices.Contains(skipped, route.Own) {
 					within = route.Hold
 				}
-				lease, err = p.acquire(ctx, Candidates{IDs: skipped}, p.req.MaxWait, false, within)
-				own = err == nil && lease.ProxyID == route.Own
+				granted, err = p.acquire(ctx, lease.Candidates{IDs: skipped}, p.req.MaxWait, false, within)
+				own = err == nil && granted.ProxyID == route.Own
 				if own {
 					hold = route.Hold
 				}
 				skipped = nil
 			}
-			notePaced(err, lease.Wait)
+			notePaced(err, granted.Wait)
 		}
 		if err != nil {
 			return Upstream{}, err
 		}
-		up, err := p.upstream(ctx, lease, hold)
+		up, err := p.upstream(ctx, granted, hold)
 		if err != nil {
-			warn(logf.FromContext(ctx), "gateway: skipping an upstream", "proxy", lease.ProxyID, "error", err.Error())
-			p.avoid = append(p.avoid, lease.ProxyID)
+			warn(logf.FromContext(ctx), "gateway: skipping an upstream", "proxy", granted.ProxyID, "error", err.Error())
+			p.avoid = append(p.avoid, granted.ProxyID)
 			continue
 		}
 		if p.req.Session != "" {
-			set := RouteSet{Proxy: lease.ProxyID, Own: own, Fresh: own && fresh, IP: up.ExitIP, Hold: hold}
-			if own && lease.ProxyID == route.Own && !fresh {
+			set := lease.RouteSet{Proxy: granted.ProxyID, Own: own, Fresh: own && fresh, IP: up.ExitIP, Hold: hold}
+			if own && granted.ProxyID == route.Own && !fresh {
 				set.IP = route.IP
 			}
-			up.Fresh = own && (fresh || lease.ProxyID != route.Own)
+			up.Fresh = own && (fresh || granted.ProxyID != route.Own)
 			p.note(ctx, set)
 		}
 		return up, nil
 	}
-	return Upstream{}, &NoProxyAvailableError{}
+	return Upstream{}, &lease.NoProxyAvailableError{}
 }
 
 // fresh leases a proxy from c for a tunnel that goes elsewhere than the
 // session's own: for an exclusive session taking a new own proxy, a proxy
 // nobody holds a lease on, held for the session first.
-func (p *pick) fresh(ctx context.Context, c Candidates, own bool) (Lease, string, error) {
+func (p *pick) fresh(ctx context.Context, c lease.Candidates, own bool) (lease.Lease, string, error) {
 	if !own || !p.req.Exclusive {
 		l, err := p.acquire(ctx, c, p.req.MaxWait, false, "")
 		return l, "", err
@@ -420,24 +422,24 @@ func (p *pick) fresh(ctx context.Context, c Candidates, own bool) (Lease, string
 	// count as a connection to it): a held proxy that may not take this
 	// host now is let go, and the next one tried.
 	var tried []string
-	err := error(&NoProxyAvailableError{})
+	err := error(&lease.NoProxyAvailableError{})
 	for range freshHoldTries {
-		var hold, l Lease
+		var hold, l lease.Lease
 		if hold, err = p.acquire(ctx, without(c, tried), 0, true, ""); err != nil {
-			return Lease{}, "", err
+			return lease.Lease{}, "", err
 		}
-		l, err = p.acquire(ctx, Candidates{IDs: []string{hold.ProxyID}}, p.req.MaxWait, false, hold.ID)
+		l, err = p.acquire(ctx, lease.Candidates{IDs: []string{hold.ProxyID}}, p.req.MaxWait, false, hold.ID)
 		if err == nil {
 			p.releaseHold(ctx)
 			return l, hold.ID, nil
 		}
 		_ = p.t.s.store.Release(ctx, hold.ID)
-		if !errors.Is(err, ErrNoProxyAvailable) {
-			return Lease{}, "", err
+		if !errors.Is(err, lease.ErrNoProxyAvailable) {
+			return lease.Lease{}, "", err
 		}
 		tried = append(tried, hold.ProxyID)
 	}
-	return Lease{}, "", err
+	return lease.Lease{}, "", err
 }
 
 // freshHoldTries bounds the proxies an exclusive session holds and lets go
@@ -457,21 +459,21 @@ func (p *pick) releaseHold(ctx context.Context) {
 
 // upstream is where lease's proxy is, recorded in the ledger; a lease
 // whose proxy cannot be reached so is released unused.
-func (p *pick) upstream(ctx context.Context, lease Lease, hold string) (Upstream, error) {
-	up, err := p.t.upstream(ctx, lease)
-	up.Wait, up.Paced, up.Hold = lease.Wait, lease.Paced, hold
+func (p *pick) upstream(ctx context.Context, granted lease.Lease, hold string) (Upstream, error) {
+	up, err := p.t.upstream(ctx, granted)
+	up.Wait, up.Paced, up.Hold = granted.Wait, granted.Paced, hold
 	if err != nil {
-		_ = p.t.s.store.Release(ctx, lease.ID) // never used, so never recorded
+		_ = p.t.s.store.Release(ctx, granted.ID) // never used, so never recorded
 		return Upstream{}, err
 	}
 	up.LedgerUntil = p.t.s.opts.Clock.Now().Add(TunnelLedgerHorizon)
-	p.t.s.record(ctx, LedgerTunnel, LedgerStart, lease, p.req.Session, up.LedgerUntil, 0)
+	p.t.s.record(ctx, lease.LedgerTunnel, lease.LedgerStart, granted, p.req.Session, up.LedgerUntil, 0)
 	return up, nil
 }
 
 // note records the session's route after a tunnel; a store that does not
 // answer only costs the next tunnel its stickiness, so it is logged.
-func (p *pick) note(ctx context.Context, set RouteSet) {
+func (p *pick) note(ctx context.Context, set lease.RouteSet) {
 	if p.req.Session == "" {
 		return
 	}
@@ -499,18 +501,18 @@ func (t *Tunnels) Refused(ctx context.Context, who *tenant.Tenant, proxy, host s
 	if who == nil {
 		who = tenant.Anonymous
 	}
-	if err := t.s.store.RecordOutcome(ctx, proxy, host, Outcome{Blocked: true, Limited: limited, Source: OutcomeGateway, Reporter: who.Name}); err != nil {
+	if err := t.s.store.RecordOutcome(ctx, proxy, host, lease.Outcome{Blocked: true, Limited: limited, Source: lease.OutcomeGateway, Reporter: who.Name}); err != nil {
 		logf.FromContext(ctx).Error(err, "recording a blocked outcome", "proxy", proxy, "host", host)
 	}
 }
 
 // upstream is where a leased proxy is, with its credentials.
-func (t *Tunnels) upstream(ctx context.Context, lease Lease) (Upstream, error) {
-	info, ok := t.s.opts.View.lookup(lease.ProxyID, 0)
+func (t *Tunnels) upstream(ctx context.Context, granted lease.Lease) (Upstream, error) {
+	info, ok := t.s.opts.View.lookup(granted.ProxyID, 0)
 	if !ok || info.IP == "" || info.Port == 0 {
-		return Upstream{}, fmt.Errorf("proxy %s has no address", lease.ProxyID)
+		return Upstream{}, fmt.Errorf("proxy %s has no address", granted.ProxyID)
 	}
-	up := Upstream{ProxyID: lease.ProxyID, LeaseID: lease.ID, Address: net.JoinHostPort(info.IP, strconv.Itoa(int(info.Port))), ExitIP: info.ExitIP}
+	up := Upstream{ProxyID: granted.ProxyID, LeaseID: granted.ID, Address: net.JoinHostPort(info.IP, strconv.Itoa(int(info.Port))), ExitIP: info.ExitIP}
 	if info.hasCreds {
 		if t.s.opts.Credentials == nil {
 			return Upstream{}, errors.New("its credentials cannot be read")
@@ -519,7 +521,7 @@ func (t *Tunnels) upstream(ctx context.Context, lease Lease) (Upstream, error) {
 		if err == nil {
 			// The gateway's own credentials for its own lease: they never
 			// leave the operator.
-			c, err = c.SignedFor(lease.ProxyID, lease.ID, lease.ExpiresAt)
+			c, err = c.SignedFor(granted.ProxyID, granted.ID, granted.ExpiresAt)
 		}
 		if err != nil {
 			return Upstream{}, fmt.Errorf("reading its credentials: %w", err)
@@ -531,7 +533,7 @@ func (t *Tunnels) upstream(ctx context.Context, lease Lease) (Upstream, error) {
 
 // without returns candidates less the ids in drop, with no index when any
 // was dropped (a store indexes the view's own sets only).
-func without(c Candidates, drop []string) Candidates {
+func without(c lease.Candidates, drop []string) lease.Candidates {
 	if !slices.ContainsFunc(drop, func(id string) bool { _, found := slices.BinarySearch(c.IDs, id); return found }) {
 		return c
 	}
@@ -541,7 +543,7 @@ func without(c Candidates, drop []string) Candidates {
 			ids = append(ids, id)
 		}
 	}
-	return Candidates{IDs: ids}
+	return lease.Candidates{IDs: ids}
 }
 
 // TunnelLedgerHorizon is how far past each of a tunnel's ledger records
@@ -561,12 +563,12 @@ const TunnelLedgerHorizon = 15 * time.Minute
 // TunnelLedgerHorizon. It returns the horizon as it now is; a hold (zero
 // recorded) has no records of its own, the tunnels within it do.
 func (t *Tunnels) Renew(ctx context.Context, leaseID, session string, ttl time.Duration, recorded time.Time) (time.Time, error) {
-	lease, err := t.s.store.Renew(ctx, leaseID, ttl)
-	if err != nil || recorded.IsZero() || lease.ExpiresAt.Before(recorded) {
+	granted, err := t.s.store.Renew(ctx, leaseID, ttl)
+	if err != nil || recorded.IsZero() || granted.ExpiresAt.Before(recorded) {
 		return recorded, err
 	}
 	until := t.s.opts.Clock.Now().Add(TunnelLedgerHorizon)
-	t.s.record(ctx, LedgerTunnel, LedgerRenew, lease, session, until, 0)
+	t.s.record(ctx, lease.LedgerTunnel, lease.LedgerRenew, granted, session, until, 0)
 	return until, nil
 }
 
@@ -574,18 +576,18 @@ func (t *Tunnels) Renew(ctx context.Context, leaseID, session string, ttl time.D
 // ledger (the gateway counts them toward its tenant's quota itself,
 // CountBytes); failures are logged (the lease expires by itself).
 func (t *Tunnels) Release(ctx context.Context, leaseID, session string, bytes int64) {
-	lease, err := t.s.store.Get(ctx, leaseID)
+	granted, err := t.s.store.Get(ctx, leaseID)
 	if err == nil {
 		err = t.s.store.Release(ctx, leaseID)
 	}
 	switch {
-	case errors.Is(err, ErrLeaseNotFound):
+	case errors.Is(err, lease.ErrLeaseNotFound):
 		return
 	case err != nil:
 		warn(logf.FromContext(ctx), "gateway: releasing a tunnel's lease failed; it expires by itself", "lease", leaseID, "error", err.Error())
 		return
 	}
-	t.s.record(ctx, LedgerTunnel, LedgerEnd, lease, session, t.s.opts.Clock.Now(), bytes)
+	t.s.record(ctx, lease.LedgerTunnel, lease.LedgerEnd, granted, session, t.s.opts.Clock.Now(), bytes)
 }
 
 // SessionReport is a client's report on a gateway session's requests to a

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"unique"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
 
@@ -89,7 +91,7 @@ type View struct {
 
 type cachedCandidates struct {
 	viewGen, healthGen uint64
-	candidates         Candidates
+	candidates         lease.Candidates
 }
 
 // SetClouds names the cloud each provider instance runs in (its type, for
@@ -319,7 +321,7 @@ func (v *View) list(sel Selector, healthyOnly *bool) []ProxyInfo {
 // per selector until the view or any health verdict changes, and its
 // Version moves only when the ids themselves do, so a store's index of it
 // survives verdicts that change nothing here. Callers must not modify it.
-func (v *View) candidates(sel Selector) Candidates {
+func (v *View) candidates(sel Selector) lease.Candidates {
 	var healthGen uint64
 	if v.health != nil {
 		healthGen = v.health.Generation()
@@ -340,7 +342,7 @@ func (v *View) candidates(sel Selector) Candidates {
 			ids = append(ids, id)
 		}
 	}
-	fresh := Candidates{Key: key, IDs: ids}
+	fresh := lease.Candidates{Key: key, IDs: ids}
 	if ok && slices.Equal(c.candidates.IDs, ids) {
 		fresh.Version = c.candidates.Version
 	} else {

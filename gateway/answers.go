@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	"github.com/example/egress-proxies-operator/discovery"
 )
 
@@ -152,7 +154,7 @@ func outcomeOf(cause string) string {
 // upstream: why, from the pick's error and the last upstream failure.
 func pickAnswer(err error, last *failure) answer {
 	var (
-		none  *discovery.NoProxyAvailableError
+		none  *lease.NoProxyAvailableError
 		quota *discovery.QuotaError
 		lost  *discovery.SessionLostError
 	)
@@ -177,7 +179,7 @@ func pickAnswer(err error, last *failure) answer {
 		return answer{status: http.StatusBadRequest, errType: psHTTPRequestError, cause: CauseBadRequest, msg: err.Error()}
 	case errors.As(err, &none) && last != nil:
 		return last.answer()
-	case errors.As(err, &none) && none.Cause == discovery.CauseExclusive:
+	case errors.As(err, &none) && none.Cause == lease.CauseExclusive:
 		return answer{status: http.StatusServiceUnavailable, errType: psDestinationUnavailable, cause: CauseExclusive,
 			msg: "every proxy matching the selector is in use or held by an exclusive session", retryAfter: max(none.RetryAfter, 5*time.Second)}
 	case errors.As(err, &none) && none.Cause != "":

@@ -32,6 +32,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	"github.com/go-logr/logr"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -354,8 +356,8 @@ func (g *Gateway) pick(ctx context.Context, req discovery.TunnelRequest) (discov
 	for {
 		req.MaxWait = max(time.Until(deadline), 0)
 		up, err := g.opts.Upstreams.Pick(ctx, req)
-		var none *discovery.NoProxyAvailableError
-		if !errors.As(err, &none) || none.Cause != discovery.CauseConcurrency || time.Until(deadline) <= 0 {
+		var none *lease.NoProxyAvailableError
+		if !errors.As(err, &none) || none.Cause != lease.CauseConcurrency || time.Until(deadline) <= 0 {
 			return up, err
 		}
 		if !sleep(ctx, min(connectionPoll, time.Until(deadline))) {
@@ -401,7 +403,7 @@ func (g *Gateway) renewLeases(ctx context.Context, log logr.Logger) {
 			recorded, err := g.opts.Upstreams.Renew(ctx, t.up.LeaseID, t.name, g.opts.LeaseTTL, t.ledgerUntil)
 			t.ledgerUntil = recorded
 			switch {
-			case errors.Is(err, discovery.ErrLeaseNotFound):
+			case errors.Is(err, lease.ErrLeaseNotFound):
 				// Its lease ran out (renewals failed for its whole TTL):
 				// a tunnel no lease counts would escape its tenant's
 				// maxTunnels and its proxy's load, so it ends.
@@ -452,7 +454,7 @@ func (g *Gateway) CloseTunnels(session, host, proxy string) int {
 // OnSessionReport is a discovery.Server session-report listener: a
 // rate_limited report closes the session's tunnels to that host.
 func (g *Gateway) OnSessionReport(r discovery.SessionReport) {
-	if r.Result == discovery.ResultRateLimited {
+	if r.Result == lease.ResultRateLimited {
 		g.CloseTunnels(r.Session, r.Target, r.Proxy)
 	}
 }

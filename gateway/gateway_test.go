@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -96,7 +98,7 @@ func newFixtureWith(t testing.TB, opts gateway.Options, clk clock.WithTicker, ru
 	t.Helper()
 	f := &fixture{view: discovery.NewView(nil, "operator-ns"), squids: map[string]*squid.Squid{}, byIP: map[string]string{}}
 	dopts := discovery.Options{
-		Store: discovery.NewMemoryStore(clk), View: f.view, Tokens: discovery.StaticToken(token), Clock: clk,
+		Store: lease.NewMemoryStore(clk), View: f.view, Tokens: discovery.StaticToken(token), Clock: clk,
 		DefaultTTL: discovery.DefaultTTL, MaxTTL: discovery.DefaultMaxTTL, DefaultCooldown: time.Minute,
 	}
 	if tweak != nil {
@@ -369,7 +371,7 @@ func TestARateLimitedHostIsAvoidedForThatHostOnly(t *testing.T) {
 	f.sites[0].mu.Unlock()
 	status, _ = get(t, c, f.sites[0].srv.URL+"/2")
 	require.Equal(t, http.StatusTooManyRequests, status)
-	f.reportSession(t, "limited", discovery.ResultRateLimited, f.sites[0].host(), 600)
+	f.reportSession(t, "limited", lease.ResultRateLimited, f.sites[0].host(), 600)
 	_ = held.conn.SetReadDeadline(time.Now().Add(5 * time.Second))
 	_, err := held.conn.Read(make([]byte, 1))
 	assert.ErrorIs(t, err, io.EOF, "the session's open tunnel to the reported host was closed")
@@ -422,7 +424,7 @@ func TestTheGatewayIsNeverOpen(t *testing.T) {
 	// or not they send credentials, and never asks for any.
 	for name, tokens := range map[string]discovery.TokenSource{"auth none": discovery.StaticToken(""), "Secret missing": discovery.NewSecretToken()} {
 		locked := gateway.New(gateway.Options{Upstreams: discovery.NewServer(discovery.Options{
-			Store: discovery.NewMemoryStore(nil), View: f.view, Tokens: tokens, Tenants: oneTeam{},
+			Store: lease.NewMemoryStore(nil), View: f.view, Tokens: tokens, Tenants: oneTeam{},
 		}).Tunnels()})
 		// A team's ServiceAccount token too: locked is locked for everyone.
 		for _, auth := range []string{"", basic("s1", ""), basic("s1", token), basic("s1", "team-token")} {

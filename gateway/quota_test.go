@@ -6,6 +6,8 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -42,7 +44,7 @@ func TestTheGatewayHoldsATenantToItsQuota(t *testing.T) {
 	one := int32(1)
 	quotas.Handler().OnAdd(&crawlv1alpha1.TenantQuota{ObjectMeta: metav1.ObjectMeta{Namespace: "crawl-a", Name: "crawler"},
 		Spec: crawlv1alpha1.TenantQuotaSpec{TunnelsPerSecond: &one}}, false)
-	server := discovery.NewServer(discovery.Options{Store: discovery.NewMemoryStore(nil), View: discovery.NewView(nil, "operator-ns"),
+	server := discovery.NewServer(discovery.Options{Store: lease.NewMemoryStore(nil), View: discovery.NewView(nil, "operator-ns"),
 		Tokens: discovery.StaticToken(token), Tenants: oneTeam{}, Quotas: quotas})
 	gw := gateway.New(gateway.Options{Upstreams: server.Tunnels()})
 	connect := func(password string) *httptest.ResponseRecorder {

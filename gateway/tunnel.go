@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/example/egress-proxies-operator/discovery"
@@ -205,7 +207,7 @@ func (g *Gateway) connectAny(ctx context.Context, id Identity, host, hostport st
 		// it: even a strict one may start on another.
 		restart = up.Fresh
 	}
-	return dialed{}, discovery.Upstream{}, last, &discovery.NoProxyAvailableError{}
+	return dialed{}, discovery.Upstream{}, last, &lease.NoProxyAvailableError{}
 }
 
 // Upstream failure reasons, for the metrics.

@@ -25,6 +25,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -84,12 +86,12 @@ type product struct {
 
 func startProduct(t testing.TB, w *web, politeness discovery.Politeness) *product {
 	t.Helper()
-	return startReplica(t, w, politeness, discovery.NewMemoryStore(nil))
+	return startReplica(t, w, politeness, lease.NewMemoryStore(nil))
 }
 
 // startReplica is startProduct on store: replicas that share a store
 // (Redis) share their leases, sessions and paces.
-func startReplica(t testing.TB, w *web, politeness discovery.Politeness, store discovery.Store) *product {
+func startReplica(t testing.TB, w *web, politeness discovery.Politeness, store lease.Store) *product {
 	t.Helper()
 	view := discovery.NewView(nil, "operator-ns")
 	for i, ip := range w.proxies {
@@ -106,7 +108,7 @@ func startReplica(t testing.TB, w *web, politeness discovery.Politeness, store d
 }
 
 // startViewProduct is discovery and the gateway over view's proxies.
-func startViewProduct(t testing.TB, view *discovery.View, politeness discovery.Politeness, store discovery.Store) *product {
+func startViewProduct(t testing.TB, view *discovery.View, politeness discovery.Politeness, store lease.Store) *product {
 	t.Helper()
 	server := discovery.NewServer(discovery.Options{
 		Store: store, View: view, Tokens: discovery.StaticToken(token),
@@ -363,7 +365,7 @@ func throughLeases(w *web, p *product, workers int) (fetcher, func()) {
 
 // policyOf is a declared pace equal to a site's published rules.
 func policyOf(name, host string, r simweb.Rules) discovery.Policy {
-	p := discovery.Policy{Name: name, Host: host, Pace: discovery.Pace{MaxConcurrent: r.MaxConcurrent}}
+	p := discovery.Policy{Name: name, Host: host, Pace: lease.Pace{MaxConcurrent: r.MaxConcurrent}}
 	if r.RatePerSecond > 0 {
 		p.Pace.Interval = time.Duration(float64(time.Second) / r.RatePerSecond)
 		p.Pace.Burst = max(r.Burst, 1)

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -95,7 +97,7 @@ func (c *cloud) release(ip string) {
 type recyclingFleet struct {
 	cloud  *cloud
 	view   *discovery.View
-	store  discovery.Store
+	store  lease.Store
 	memory bool // the burned-IP memory: a new instance on a burned address is rerolled
 
 	mu      sync.Mutex
@@ -111,7 +113,7 @@ type fleetSlot struct {
 	since time.Time
 }
 
-func startFleet(t testing.TB, c *cloud, store discovery.Store, view *discovery.View, n int, memory bool) *recyclingFleet {
+func startFleet(t testing.TB, c *cloud, store lease.Store, view *discovery.View, n int, memory bool) *recyclingFleet {
 	t.Helper()
 	f := &recyclingFleet{cloud: c, view: view, store: store, memory: memory}
 	for i := range n {
@@ -154,7 +156,7 @@ func (f *recyclingFleet) start(s *fleetSlot, ip string) error {
 // burned.
 func (f *recyclingFleet) recycle(ctx context.Context) error {
 	now := time.Now()
-	blocks, err := f.store.Blocks(ctx, now.Add(-discovery.OutcomeRetention))
+	blocks, err := f.store.Blocks(ctx, now.Add(-lease.OutcomeRetention))
 	if err != nil {
 		return err
 	}
@@ -236,7 +238,7 @@ func BenchmarkCrawlYieldRecycling(b *testing.B) {
 	// A warm-up crawl first: the first crawl of a process is the slowest
 	// by far (connections, TLS, the runtime), and no way should pay for it.
 	{
-		store, view := discovery.NewMemoryStore(nil), discovery.NewView(nil, "operator-ns")
+		store, view := lease.NewMemoryStore(nil), discovery.NewView(nil, "operator-ns")
 		p := startViewProduct(b, view, discovery.Politeness{Policies: publishedPolicies(b, w), Adaptive: true}, store)
 		startFleet(b, newCloud(block+2), store, view, proxies, false)
 		crawl(w, urls, workers, 3*time.Second, throughGateway(w, p, workers, false))
@@ -249,7 +251,7 @@ func BenchmarkCrawlYieldRecycling(b *testing.B) {
 			var r result
 			var f *recyclingFleet
 			for b.Loop() {
-				store := discovery.NewMemoryStore(nil)
+				store := lease.NewMemoryStore(nil)
 				view := discovery.NewView(nil, "operator-ns")
 				p := startViewProduct(b, view, discovery.Politeness{Policies: publishedPolicies(b, w), Adaptive: true}, store)
 				f = startFleet(b, newCloud(block), store, view, proxies, way.memory)

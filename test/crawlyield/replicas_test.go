@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/example/egress-proxies-operator/discovery"
-	"github.com/example/egress-proxies-operator/discovery/redisstore"
+	"github.com/example/egress-proxies-operator/lease/redisstore"
 	"github.com/example/egress-proxies-operator/test/redisserver"
 	"github.com/example/egress-proxies-operator/test/simweb"
 )

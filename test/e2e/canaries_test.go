@@ -7,12 +7,13 @@ import (
 	"net/url"
 	"testing"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
-	"github.com/example/egress-proxies-operator/discovery"
 )
 
 // testCanaries: a canary on a site that blocks the proxy records Blocked,
@@ -54,6 +55,6 @@ func testCanaries(t *testing.T) {
 	require.NotEmpty(t, outcomes)
 	rec := outcomes[0].(map[string]any)
 	assert.Equal(t, host, rec["host"])
-	assert.Equal(t, discovery.OutcomeCanary, rec["lastBlockedBy"])
+	assert.Equal(t, lease.OutcomeCanary, rec["lastBlockedBy"])
 	assert.False(t, hasEvent(t, ns, "canaried", "Unhealthy"), "a failing canary never makes a proxy Unhealthy")
 }

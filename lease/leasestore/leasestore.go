@@ -1,7 +1,7 @@
-// Package leasestore is the choice of discovery's lease store and its
-// flags: memory (one replica) or Redis (shared by every replica). It is a
-// package of its own because it is the one place that knows both stores;
-// discovery must not import its Redis backend, which imports discovery.
+// Package leasestore is the choice of the lease store and its flags:
+// memory (one replica) or Redis (shared by every replica). It is a package
+// of its own because it is the one place that knows both backends; lease
+// must not import its Redis backend, which imports lease.
 //
 // It must never import the controllers, the providers or health.
 package leasestore
@@ -13,11 +13,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/utils/clock"
 
-	"github.com/example/egress-proxies-operator/discovery"
-	"github.com/example/egress-proxies-operator/discovery/redisstore"
+	"github.com/example/egress-proxies-operator/lease/redisstore"
 )
 
 // Backends.
@@ -43,7 +44,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	o.fs = fs
 	fs.StringVar(&o.Backend, "lease-store", Memory,
 		"Where discovery keeps leases, cooldowns and refused requests: memory (this process only; lost on restart; one replica) or redis (shared by every replica, survives restarts).")
-	fs.DurationVar(&o.Timeout, "lease-store-timeout", discovery.DefaultStoreTimeout,
+	fs.DurationVar(&o.Timeout, "lease-store-timeout", lease.DefaultStoreTimeout,
 		"Bound on each lease store call: with the store away, discovery answers 503 store_unavailable within it. Reads of a span of records (an attribution query's ledger, the ban judge's blocks) get ten times as long, 5s at least.")
 	fs.StringVar(&o.Redis.Address, "redis-address", "",
 		"host:port of the Redis server (standalone or primary; not Redis Cluster), with --lease-store=redis.")
@@ -97,9 +98,9 @@ func (o *Options) Validate() error {
 }
 
 // Open builds the store the flags name, with the metrics that read it.
-func (o *Options) Open() (discovery.Store, []prometheus.Collector, error) {
+func (o *Options) Open() (lease.Store, []prometheus.Collector, error) {
 	if o.Backend != Redis {
-		store := discovery.NewMemoryStore(clock.RealClock{})
+		store := lease.NewMemoryStore(clock.RealClock{})
 		return store, store.Collectors(), nil
 	}
 	client, err := redisstore.NewClient(o.Redis)

@@ -8,11 +8,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/example/egress-proxies-operator/discovery"
+	"github.com/example/egress-proxies-operator/lease"
 )
 
 // RecordOutcome implements discovery.Store.
-func (s *Store) RecordOutcome(ctx context.Context, proxy, host string, o discovery.Outcome) error {
+func (s *Store) RecordOutcome(ctx context.Context, proxy, host string, o lease.Outcome) error {
 	blocked, limited := 0, 0
 	if o.Blocked {
 		blocked = 1
@@ -27,12 +27,12 @@ func (s *Store) RecordOutcome(ctx context.Context, proxy, host string, o discove
 }
 
 // Outcomes implements discovery.Store.
-func (s *Store) Outcomes(ctx context.Context, proxy string) ([]discovery.HostRecord, error) {
+func (s *Store) Outcomes(ctx context.Context, proxy string) ([]lease.HostRecord, error) {
 	res, err := s.run(ctx, outcomesScript, proxy).Slice()
 	if err != nil {
 		return nil, fmt.Errorf("outcomes script: %w", err)
 	}
-	out := make([]discovery.HostRecord, 0, len(res)/7)
+	out := make([]lease.HostRecord, 0, len(res)/7)
 	for i := 0; i+6 < len(res); i += 7 {
 		host, _ := res[i].(string)
 		served, _ := strconv.ParseFloat(fmt.Sprint(res[i+1]), 64)
@@ -41,23 +41,23 @@ func (s *Store) Outcomes(ctx context.Context, proxy string) ([]discovery.HostRec
 		last, _ := res[i+4].(int64)
 		by, _ := res[i+5].(string)
 		raw, _ := res[i+6].(string)
-		r := discovery.HostRecord{Host: host, Served: served, Blocked: blocked, At: time.UnixMilli(at), LastBlockedBy: by, Voices: parseVoices(raw)}
+		r := lease.HostRecord{Host: host, Served: served, Blocked: blocked, At: time.UnixMilli(at), LastBlockedBy: by, Voices: parseVoices(raw)}
 		if last > 0 {
 			r.LastBlocked = time.UnixMilli(last)
 		}
 		out = append(out, r)
 	}
-	slices.SortFunc(out, func(a, b discovery.HostRecord) int { return strings.Compare(a.Host, b.Host) })
+	slices.SortFunc(out, func(a, b lease.HostRecord) int { return strings.Compare(a.Host, b.Host) })
 	return out, nil
 }
 
 // Blocks implements discovery.Store.
-func (s *Store) Blocks(ctx context.Context, since time.Time) ([]discovery.Block, error) {
+func (s *Store) Blocks(ctx context.Context, since time.Time) ([]lease.Block, error) {
 	res, err := s.run(ctx, blocksScript, since.UnixMilli()).Slice()
 	if err != nil {
 		return nil, fmt.Errorf("blocks script: %w", err)
 	}
-	out := make([]discovery.Block, 0, len(res)/4)
+	out := make([]lease.Block, 0, len(res)/4)
 	for i := 0; i+3 < len(res); i += 4 {
 		member, _ := res[i].(string)
 		at, _ := res[i+1].(int64)
@@ -67,7 +67,7 @@ func (s *Store) Blocks(ctx context.Context, since time.Time) ([]discovery.Block,
 		if !ok {
 			continue
 		}
-		out = append(out, discovery.Block{Proxy: proxy, Host: host, At: time.UnixMilli(at), By: by, Voices: parseVoices(voices)})
+		out = append(out, lease.Block{Proxy: proxy, Host: host, At: time.UnixMilli(at), By: by, Voices: parseVoices(voices)})
 	}
 	return out, nil
 }
@@ -75,8 +75,8 @@ func (s *Store) Blocks(ctx context.Context, since time.Time) ([]discovery.Block,
 // parseVoices reads a record's voices ("who@ms;who@ms", latest first).
 // Tenant names hold no ';' and no '@' (ServiceAccount user names, the
 // platform's); a name is split at its last '@' all the same.
-func parseVoices(raw string) []discovery.Voice {
-	var out []discovery.Voice
+func parseVoices(raw string) []lease.Voice {
+	var out []lease.Voice
 	for v := range strings.SplitSeq(raw, ";") {
 		at := strings.LastIndexByte(v, '@')
 		if at < 0 {
@@ -86,7 +86,7 @@ func parseVoices(raw string) []discovery.Voice {
 		if err != nil {
 			continue
 		}
-		out = append(out, discovery.Voice{Who: v[:at], At: time.UnixMilli(ms)})
+		out = append(out, lease.Voice{Who: v[:at], At: time.UnixMilli(ms)})
 	}
 	return out
 }

@@ -1,4 +1,4 @@
-package discovery
+package lease
 
 import (
 	"context"

@@ -9,22 +9,22 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/example/egress-proxies-operator/discovery"
+	"github.com/example/egress-proxies-operator/lease"
 )
 
 var (
-	served  = discovery.Outcome{Source: discovery.OutcomeCanary}
-	blocked = discovery.Outcome{Blocked: true, Source: discovery.OutcomeCanary}
+	served  = lease.Outcome{Source: lease.OutcomeCanary}
+	blocked = lease.Outcome{Blocked: true, Source: lease.OutcomeCanary}
 )
 
-func record(t *testing.T, h Harness, proxy, host string, o discovery.Outcome, n int) {
+func record(t *testing.T, h Harness, proxy, host string, o lease.Outcome, n int) {
 	t.Helper()
 	for range n {
 		require.NoError(t, h.Store.RecordOutcome(context.Background(), proxy, host, o))
 	}
 }
 
-func recordOf(t *testing.T, h Harness, proxy, host string) (discovery.HostRecord, bool) {
+func recordOf(t *testing.T, h Harness, proxy, host string) (lease.HostRecord, bool) {
 	t.Helper()
 	records, err := h.Store.Outcomes(context.Background(), proxy)
 	require.NoError(t, err)
@@ -33,7 +33,7 @@ func recordOf(t *testing.T, h Harness, proxy, host string) (discovery.HostRecord
 			return r, true
 		}
 	}
-	return discovery.HostRecord{}, false
+	return lease.HostRecord{}, false
 }
 
 // outcomeMemory: each (proxy, host) keeps its served and blocked outcomes,
@@ -45,15 +45,15 @@ func outcomeMemory(t *testing.T, h Harness) {
 	ctx := context.Background()
 	record(t, h, "a", "shop.example", served, 3)
 	record(t, h, "a", "shop.example", blocked, 1)
-	record(t, h, "b", "news.example", discovery.Outcome{Blocked: true, Source: discovery.OutcomeGateway}, 2)
+	record(t, h, "b", "news.example", lease.Outcome{Blocked: true, Source: lease.OutcomeGateway}, 2)
 	r, ok := recordOf(t, h, "a", "shop.example")
 	require.True(t, ok)
 	assert.InDelta(t, 3, r.Served, 0.01)
 	assert.InDelta(t, 1, r.Blocked, 0.01)
-	assert.Equal(t, discovery.OutcomeCanary, r.LastBlockedBy)
+	assert.Equal(t, lease.OutcomeCanary, r.LastBlockedBy)
 	assert.False(t, r.LastBlocked.IsZero())
 
-	h.Advance(discovery.OutcomeHalfLife)
+	h.Advance(lease.OutcomeHalfLife)
 	r, _ = recordOf(t, h, "a", "shop.example")
 	assert.InDelta(t, 1.5, r.Served, 0.01, "a half-life halves the weights")
 	assert.InDelta(t, 0.5, r.Blocked, 0.01)
@@ -63,19 +63,19 @@ func outcomeMemory(t *testing.T, h Harness) {
 
 	blocks, err := h.Store.Blocks(ctx, time.Time{})
 	require.NoError(t, err)
-	byPair := map[string]discovery.Block{}
+	byPair := map[string]lease.Block{}
 	for _, b := range blocks {
 		byPair[b.Proxy+" "+b.Host] = b
 	}
 	require.Len(t, byPair, 2, "%v", blocks)
-	assert.Equal(t, discovery.OutcomeGateway, byPair["b news.example"].By)
+	assert.Equal(t, lease.OutcomeGateway, byPair["b news.example"].By)
 	blocks, err = h.Store.Blocks(ctx, r.At)
 	require.NoError(t, err)
 	assert.Empty(t, blocks, "no block since the last outcome")
 
 	// A push-back (a 429) weighs like a block in the record, but is no
 	// block: Blocks leaves it out.
-	record(t, h, "d", "shop.example", discovery.Outcome{Blocked: true, Limited: true, Source: discovery.OutcomeReport}, 1)
+	record(t, h, "d", "shop.example", lease.Outcome{Blocked: true, Limited: true, Source: lease.OutcomeReport}, 1)
 	r, _ = recordOf(t, h, "d", "shop.example")
 	assert.InDelta(t, 1, r.Blocked, 0.01)
 	assert.True(t, r.LastBlocked.IsZero(), "a push-back is no block")
@@ -85,20 +85,20 @@ func outcomeMemory(t *testing.T, h Harness) {
 		assert.NotEqual(t, "d", b.Proxy, "a push-back is no block")
 	}
 
-	h.Advance(discovery.OutcomeRetention)
+	h.Advance(lease.OutcomeRetention)
 	_, ok = recordOf(t, h, "a", "shop.example")
 	assert.False(t, ok, "forgotten after OutcomeRetention")
 	blocks, err = h.Store.Blocks(ctx, time.Time{})
 	require.NoError(t, err)
 	assert.Empty(t, blocks)
 
-	for i := range discovery.MaxHostRecords + 1 {
+	for i := range lease.MaxHostRecords + 1 {
 		record(t, h, "c", fmt.Sprintf("h%02d.example", i), served, 1)
 		h.Advance(time.Millisecond)
 	}
 	records, err := h.Store.Outcomes(ctx, "c")
 	require.NoError(t, err)
-	assert.Len(t, records, discovery.MaxHostRecords)
+	assert.Len(t, records, lease.MaxHostRecords)
 	_, ok = recordOf(t, h, "c", "h00.example")
 	assert.False(t, ok, "the oldest host went first")
 }
@@ -107,14 +107,14 @@ func outcomeMemory(t *testing.T, h Harness) {
 // from that host only, and the record says what saw it.
 func outcomeCooldown(t *testing.T, h Harness) {
 	ctx := context.Background()
-	require.NoError(t, h.Store.RecordOutcome(ctx, "a", "shop.example", discovery.Outcome{Blocked: true, Source: discovery.OutcomeCanary, Cooldown: time.Minute}))
+	require.NoError(t, h.Store.RecordOutcome(ctx, "a", "shop.example", lease.Outcome{Blocked: true, Source: lease.OutcomeCanary, Cooldown: time.Minute}))
 	_, err := acquire(h, Of("a"), "shop.example", time.Minute)
-	noneAvailable(t, err, discovery.CauseCooling)
+	noneAvailable(t, err, lease.CauseCooling)
 	l, err := acquire(h, Of("a"), "news.example", time.Minute)
 	require.NoError(t, err, "another host may use it")
 	assert.Equal(t, "a", l.ProxyID)
 	r, _ := recordOf(t, h, "a", "shop.example")
-	assert.Equal(t, discovery.OutcomeCanary, r.LastBlockedBy)
+	assert.Equal(t, lease.OutcomeCanary, r.LastBlockedBy)
 	h.Advance(time.Minute + time.Second)
 	_, err = acquire(h, Of("a"), "shop.example", time.Minute)
 	require.NoError(t, err, "the cooldown ended")
@@ -125,14 +125,14 @@ func outcomeCooldown(t *testing.T, h Harness) {
 func forgetProxy(t *testing.T, h Harness) {
 	ctx := context.Background()
 	require.NoError(t, h.Store.RecordOutcome(ctx, "a", "shop.example", blocked))
-	require.NoError(t, h.Store.RecordOutcome(ctx, "b", "shop.example", discovery.Outcome{Blocked: true, Source: discovery.OutcomeCanary, Cooldown: time.Hour}))
+	require.NoError(t, h.Store.RecordOutcome(ctx, "b", "shop.example", lease.Outcome{Blocked: true, Source: lease.OutcomeCanary, Cooldown: time.Hour}))
 	_, err := acquire(h, Of("b"), "shop.example", time.Minute)
-	noneAvailable(t, err, discovery.CauseCooling)
+	noneAvailable(t, err, lease.CauseCooling)
 	require.NoError(t, h.Store.ForgetProxy(ctx, "b"))
 	l, err := acquire(h, Of("a", "b"), "shop.example", time.Minute)
 	require.NoError(t, err, "b's cooldown is gone")
 	assert.Equal(t, "b", l.ProxyID)
-	assert.Equal(t, discovery.WhyBetterRecord, l.Why, "b has no record any more, a has")
+	assert.Equal(t, lease.WhyBetterRecord, l.Why, "b has no record any more, a has")
 	_, ok := recordOf(t, h, "b", "shop.example")
 	assert.False(t, ok)
 	blocks, err := h.Store.Blocks(ctx, time.Time{})
@@ -149,23 +149,23 @@ func reportsRecordOutcomes(t *testing.T, h Harness) {
 	ctx := context.Background()
 	l, err := acquire(h, Of("a"), "", time.Minute)
 	require.NoError(t, err)
-	require.NoError(t, h.Store.Report(ctx, l.ID, discovery.ResultOK, "shop.example", time.Minute))
-	require.NoError(t, h.Store.Report(ctx, l.ID, discovery.ResultError, "shop.example", time.Minute))
-	require.NoError(t, h.Store.Report(ctx, l.ID, discovery.ResultBlocked, "shop.example", time.Minute))
+	require.NoError(t, h.Store.Report(ctx, l.ID, lease.ResultOK, "shop.example", time.Minute))
+	require.NoError(t, h.Store.Report(ctx, l.ID, lease.ResultError, "shop.example", time.Minute))
+	require.NoError(t, h.Store.Report(ctx, l.ID, lease.ResultBlocked, "shop.example", time.Minute))
 	r, ok := recordOf(t, h, "a", "shop.example")
 	require.True(t, ok)
 	assert.InDelta(t, 1, r.Served, 0.01)
 	assert.InDelta(t, 1, r.Blocked, 0.01)
-	assert.Equal(t, discovery.OutcomeReport, r.LastBlockedBy)
+	assert.Equal(t, lease.OutcomeReport, r.LastBlockedBy)
 	_, err = acquire(h, Of("a"), "shop.example", time.Minute)
-	noneAvailable(t, err, discovery.CauseCooling)
+	noneAvailable(t, err, lease.CauseCooling)
 
-	require.NoError(t, h.Store.SetRoute(ctx, "s1", "news.example", discovery.RouteSet{Proxy: "b", Own: true, Idle: time.Minute}))
-	_, err = h.Store.ReportSession(ctx, "s1", "team-b", discovery.ResultOK, "news.example", time.Minute, time.Second)
+	require.NoError(t, h.Store.SetRoute(ctx, "s1", "news.example", lease.RouteSet{Proxy: "b", Own: true, Idle: time.Minute}))
+	_, err = h.Store.ReportSession(ctx, "s1", "team-b", lease.ResultOK, "news.example", time.Minute, time.Second)
 	require.NoError(t, err)
-	_, err = h.Store.ReportSession(ctx, "s1", "team-b", discovery.ResultRateLimited, "news.example", time.Minute, time.Second)
+	_, err = h.Store.ReportSession(ctx, "s1", "team-b", lease.ResultRateLimited, "news.example", time.Minute, time.Second)
 	require.NoError(t, err)
-	_, err = h.Store.ReportSession(ctx, "s1", "team-b", discovery.ResultRateLimited, "news.example", time.Minute, time.Second)
+	_, err = h.Store.ReportSession(ctx, "s1", "team-b", lease.ResultRateLimited, "news.example", time.Minute, time.Second)
 	require.NoError(t, err)
 	r, ok = recordOf(t, h, "b", "news.example")
 	require.True(t, ok)
@@ -179,18 +179,18 @@ func reportsRecordOutcomes(t *testing.T, h Harness) {
 // judge. Push-backs and served outcomes add none.
 func voices(t *testing.T, h Harness) {
 	ctx := context.Background()
-	l, err := h.Store.Acquire(ctx, discovery.AcquireRequest{Candidates: Of("a"), TTL: time.Minute, Holder: "team-a"})
+	l, err := h.Store.Acquire(ctx, lease.AcquireRequest{Candidates: Of("a"), TTL: time.Minute, Holder: "team-a"})
 	require.NoError(t, err)
-	require.NoError(t, h.Store.Report(ctx, l.ID, discovery.ResultBlocked, "shop.example", time.Second))
+	require.NoError(t, h.Store.Report(ctx, l.ID, lease.ResultBlocked, "shop.example", time.Second))
 	h.Advance(time.Second)
-	require.NoError(t, h.Store.RecordOutcome(ctx, "a", "shop.example", discovery.Outcome{Blocked: true, Source: discovery.OutcomeGateway, Reporter: "team-b"}))
+	require.NoError(t, h.Store.RecordOutcome(ctx, "a", "shop.example", lease.Outcome{Blocked: true, Source: lease.OutcomeGateway, Reporter: "team-b"}))
 	h.Advance(time.Second)
-	require.NoError(t, h.Store.RecordOutcome(ctx, "a", "shop.example", discovery.Outcome{Blocked: true, Limited: true, Source: discovery.OutcomeReport, Reporter: "team-c"}))
-	require.NoError(t, h.Store.RecordOutcome(ctx, "a", "shop.example", discovery.Outcome{Source: discovery.OutcomeReport, Reporter: "team-d"}))
-	require.NoError(t, h.Store.Report(ctx, l.ID, discovery.ResultBlocked, "shop.example", time.Second))
+	require.NoError(t, h.Store.RecordOutcome(ctx, "a", "shop.example", lease.Outcome{Blocked: true, Limited: true, Source: lease.OutcomeReport, Reporter: "team-c"}))
+	require.NoError(t, h.Store.RecordOutcome(ctx, "a", "shop.example", lease.Outcome{Source: lease.OutcomeReport, Reporter: "team-d"}))
+	require.NoError(t, h.Store.Report(ctx, l.ID, lease.ResultBlocked, "shop.example", time.Second))
 	r, ok := recordOf(t, h, "a", "shop.example")
 	require.True(t, ok)
-	whos := func(vs []discovery.Voice) []string {
+	whos := func(vs []lease.Voice) []string {
 		var out []string
 		for _, v := range vs {
 			out = append(out, v.Who)
@@ -202,16 +202,16 @@ func voices(t *testing.T, h Harness) {
 	assert.WithinDuration(t, r.Voices[0].At.Add(-time.Second), r.Voices[1].At, 50*time.Millisecond, "team-b's a second earlier")
 
 	for _, who := range []string{"", "team-e", "team-f", "team-g"} {
-		require.NoError(t, h.Store.RecordOutcome(ctx, "a", "shop.example", discovery.Outcome{Blocked: true, Source: discovery.OutcomeCanary, Reporter: who}))
+		require.NoError(t, h.Store.RecordOutcome(ctx, "a", "shop.example", lease.Outcome{Blocked: true, Source: lease.OutcomeCanary, Reporter: who}))
 	}
 	blocks, err := h.Store.Blocks(ctx, time.Time{})
 	require.NoError(t, err)
 	require.Len(t, blocks, 1)
 	assert.Equal(t, []string{"team-g", "team-f", "team-e", ""}, whos(blocks[0].Voices), "at most MaxVoices, the oldest gone")
-	require.Len(t, blocks[0].Voices, discovery.MaxVoices)
+	require.Len(t, blocks[0].Voices, lease.MaxVoices)
 
-	require.NoError(t, h.Store.SetRoute(ctx, "team-h/s1", "news.example", discovery.RouteSet{Proxy: "b", Own: true, Idle: time.Minute}))
-	_, err = h.Store.ReportSession(ctx, "team-h/s1", "team-h", discovery.ResultBlocked, "news.example", time.Minute, time.Second)
+	require.NoError(t, h.Store.SetRoute(ctx, "team-h/s1", "news.example", lease.RouteSet{Proxy: "b", Own: true, Idle: time.Minute}))
+	_, err = h.Store.ReportSession(ctx, "team-h/s1", "team-h", lease.ResultBlocked, "news.example", time.Minute, time.Second)
 	require.NoError(t, err)
 	r, _ = recordOf(t, h, "b", "news.example")
 	assert.Equal(t, []string{"team-h"}, whos(r.Voices), "a session's report is its tenant's voice")
@@ -228,20 +228,20 @@ func betterRecord(t *testing.T, h Harness) {
 	l, err := acquire(h, set, "shop.example", time.Minute)
 	require.NoError(t, err)
 	assert.Equal(t, "c", l.ProxyID, "c was never blocked by shop.example")
-	assert.Equal(t, discovery.WhyBetterRecord, l.Why)
+	assert.Equal(t, lease.WhyBetterRecord, l.Why)
 	l, err = acquire(h, set, "shop.example", time.Minute)
 	require.NoError(t, err)
 	assert.Equal(t, "b", l.ProxyID, "of a and b (no lease each), b was blocked less")
 	l, err = acquire(h, set, "news.example", time.Minute)
 	require.NoError(t, err)
 	assert.Equal(t, "a", l.ProxyID, "another host: least-loaded alone")
-	assert.Equal(t, discovery.WhyLeastLoaded, l.Why)
+	assert.Equal(t, lease.WhyLeastLoaded, l.Why)
 
-	h.Advance(20 * discovery.OutcomeHalfLife / 2)
+	h.Advance(20 * lease.OutcomeHalfLife / 2)
 	fresh := Of("a", "x")
 	l, err = acquire(h, fresh, "shop.example", time.Minute)
 	require.NoError(t, err)
-	assert.Equal(t, discovery.WhyLeastLoaded, l.Why, "ten half-lives on, the blocks no longer count")
+	assert.Equal(t, lease.WhyLeastLoaded, l.Why, "ten half-lives on, the blocks no longer count")
 }
 
 // burnedIPs: an IP burned in a scope stays burned there until its

@@ -1,6 +1,6 @@
-// Package redisstore is the discovery API's lease store on Redis, shared by
-// every replica that serves discovery, so leases and cooldowns outlive any
-// one process. Each operation is one Lua script, atomic and on the Redis
+// Package redisstore is the lease store (lease.Store) on Redis, shared by
+// every replica that serves discovery and the gateway, so leases and
+// cooldowns outlive any one process. Each operation is one Lua script, atomic and on the Redis
 // server's clock; leases and cooldowns are keys that expire by themselves.
 //
 // Least-loaded is exact up to SampleSize candidates and sampled beyond: the
@@ -28,7 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/example/egress-proxies-operator/discovery"
+	"github.com/example/egress-proxies-operator/lease"
 )
 
 // SampleSize is how many candidates Acquire weighs at most in one script.
@@ -57,7 +57,7 @@ type Store struct {
 	offset func() time.Duration
 }
 
-var _ discovery.Store = (*Store)(nil)
+var _ lease.Store = (*Store)(nil)
 
 // New returns a store over opts.Client; it does not connect until used.
 func New(opts Options) *Store {
@@ -85,14 +85,14 @@ func (s *Store) scriptArgs(args ...any) []any {
 }
 
 // Acquire implements discovery.Store.
-func (s *Store) Acquire(ctx context.Context, req discovery.AcquireRequest) (discovery.Lease, error) {
+func (s *Store) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Lease, error) {
 	ids := req.Candidates.IDs
 	if len(ids) == 0 {
-		return discovery.Lease{}, &discovery.NoProxyAvailableError{}
+		return lease.Lease{}, &lease.NoProxyAvailableError{}
 	}
 	if len(ids) > SampleSize {
 		l, err := s.acquire(ctx, req, sample(ids, SampleSize))
-		if !errors.Is(err, discovery.ErrNoProxyAvailable) {
+		if !errors.Is(err, lease.ErrNoProxyAvailable) {
 			return l, err
 		}
 		// The whole sample is cooling down: only every candidate can say
@@ -101,15 +101,15 @@ func (s *Store) Acquire(ctx context.Context, req discovery.AcquireRequest) (disc
 	return s.acquire(ctx, req, ids)
 }
 
-func (s *Store) acquire(ctx context.Context, req discovery.AcquireRequest, ids []string) (discovery.Lease, error) {
+func (s *Store) acquire(ctx context.Context, req lease.AcquireRequest, ids []string) (lease.Lease, error) {
 	id := uuid.NewString()
 	adaptive := "0"
 	if req.Adaptive {
 		adaptive = "1"
 	}
 	// Declared paces, each sent once, and each candidate's index into them.
-	var paces []discovery.Pace
-	index := map[discovery.Pace]int{}
+	var paces []lease.Pace
+	index := map[lease.Pace]int{}
 	of := make([]int, len(ids))
 	if req.PaceOf != nil && req.Target != "" {
 		for i, c := range ids {
@@ -139,54 +139,54 @@ func (s *Store) acquire(ctx context.Context, req discovery.AcquireRequest, ids [
 	}
 	res, err := s.run(ctx, acquireScript, args...).Slice()
 	if err != nil {
-		return discovery.Lease{}, fmt.Errorf("acquire script: %w", err)
+		return lease.Lease{}, fmt.Errorf("acquire script: %w", err)
 	}
 	if len(res) == 3 {
 		wait, _ := res[1].(int64)
 		cause, _ := res[2].(string)
 		if cause == "quota" {
-			return discovery.Lease{}, &discovery.QuotaExceededError{RetryAfter: time.Duration(wait) * time.Millisecond}
+			return lease.Lease{}, &lease.QuotaExceededError{RetryAfter: time.Duration(wait) * time.Millisecond}
 		}
-		return discovery.Lease{}, &discovery.NoProxyAvailableError{RetryAfter: time.Duration(wait) * time.Millisecond, Cause: cause}
+		return lease.Lease{}, &lease.NoProxyAvailableError{RetryAfter: time.Duration(wait) * time.Millisecond, Cause: cause}
 	}
 	if len(res) != 8 {
-		return discovery.Lease{}, fmt.Errorf("acquire script answered %d values, want 8", len(res))
+		return lease.Lease{}, fmt.Errorf("acquire script answered %d values, want 8", len(res))
 	}
 	l, err := leaseOf(id, req.Target, res[1], res[2], res[3], res[4])
 	wait, _ := res[5].(int64)
 	paced, _ := res[6].(int64)
 	why, _ := res[7].(int64)
 	l.Wait, l.Paced, l.Holder, l.Exclusive = time.Duration(wait)*time.Millisecond, paced == 1, req.Holder, req.Exclusive
-	l.Why = [...]string{discovery.WhyLeastLoaded, discovery.WhyBetterRecord, discovery.WhySoonestSlot}[min(max(why, 0), 2)]
+	l.Why = [...]string{lease.WhyLeastLoaded, lease.WhyBetterRecord, lease.WhySoonestSlot}[min(max(why, 0), 2)]
 	return l, err
 }
 
 // learnedTTL is how long a learned pace is kept after its last push-back:
 // long enough to halve from the longest interval to under the shortest.
-const learnedTTL = 14 * discovery.LearnedHalfLife
+const learnedTTL = 14 * lease.LearnedHalfLife
 
 // PushBack implements discovery.Store.
-func (s *Store) PushBack(ctx context.Context, host string, retryAfter time.Duration) (discovery.Learned, error) {
+func (s *Store) PushBack(ctx context.Context, host string, retryAfter time.Duration) (lease.Learned, error) {
 	return learnedFrom(s.run(ctx, pushBackScript, host, retryAfter.Milliseconds()), "push-back")
 }
 
 // LearnedPace implements discovery.Store.
-func (s *Store) LearnedPace(ctx context.Context, host string) (discovery.Learned, error) {
+func (s *Store) LearnedPace(ctx context.Context, host string) (lease.Learned, error) {
 	return learnedFrom(s.run(ctx, learnedScript, host), "learned pace")
 }
 
-func learnedFrom(cmd *redis.Cmd, what string) (discovery.Learned, error) {
+func learnedFrom(cmd *redis.Cmd, what string) (lease.Learned, error) {
 	n, err := cmd.Int64Slice()
 	if err != nil {
-		return discovery.Learned{}, fmt.Errorf("%s script: %w", what, err)
+		return lease.Learned{}, fmt.Errorf("%s script: %w", what, err)
 	}
 	if len(n) != 3 {
-		return discovery.Learned{}, fmt.Errorf("%s script answered %d values, want 3", what, len(n))
+		return lease.Learned{}, fmt.Errorf("%s script answered %d values, want 3", what, len(n))
 	}
 	if n[0] == 0 {
-		return discovery.Learned{}, nil
+		return lease.Learned{}, nil
 	}
-	return discovery.Learned{Interval: time.Duration(n[0]) * time.Millisecond, Since: time.UnixMilli(n[1]).UTC(), PushBacks: int(n[2])}, nil
+	return lease.Learned{Interval: time.Duration(n[0]) * time.Millisecond, Since: time.UnixMilli(n[1]).UTC(), PushBacks: int(n[2])}, nil
 }
 
 // sample draws n distinct ids at random, n < len(ids), in O(n): the
@@ -205,26 +205,26 @@ func sample(ids []string, n int) []string {
 }
 
 // Get implements discovery.Store.
-func (s *Store) Get(ctx context.Context, id string) (discovery.Lease, error) {
+func (s *Store) Get(ctx context.Context, id string) (lease.Lease, error) {
 	return s.leaseFrom(id, s.run(ctx, getScript, id))
 }
 
 // Renew implements discovery.Store.
-func (s *Store) Renew(ctx context.Context, id string, ttl time.Duration) (discovery.Lease, error) {
+func (s *Store) Renew(ctx context.Context, id string, ttl time.Duration) (lease.Lease, error) {
 	return s.leaseFrom(id, s.run(ctx, renewScript, id, ttl.Milliseconds()))
 }
 
 // leaseFrom reads a get or renew script's answer.
-func (s *Store) leaseFrom(id string, cmd *redis.Cmd) (discovery.Lease, error) {
+func (s *Store) leaseFrom(id string, cmd *redis.Cmd) (lease.Lease, error) {
 	res, err := cmd.Slice()
 	if errors.Is(err, redis.Nil) {
-		return discovery.Lease{}, discovery.ErrLeaseNotFound
+		return lease.Lease{}, lease.ErrLeaseNotFound
 	}
 	if err != nil {
-		return discovery.Lease{}, fmt.Errorf("lease script: %w", err)
+		return lease.Lease{}, fmt.Errorf("lease script: %w", err)
 	}
 	if len(res) != 7 {
-		return discovery.Lease{}, fmt.Errorf("lease script answered %d values, want 7", len(res))
+		return lease.Lease{}, fmt.Errorf("lease script answered %d values, want 7", len(res))
 	}
 	target, _ := res[1].(string)
 	l, err := leaseOf(id, target, res[0], res[2], res[3], res[4])
@@ -234,15 +234,15 @@ func (s *Store) leaseFrom(id string, cmd *redis.Cmd) (discovery.Lease, error) {
 	return l, err
 }
 
-func leaseOf(id, target string, proxy, created, expires, load any) (discovery.Lease, error) {
+func leaseOf(id, target string, proxy, created, expires, load any) (lease.Lease, error) {
 	p, ok1 := proxy.(string)
 	c, ok2 := created.(int64)
 	e, ok3 := expires.(int64)
 	n, ok4 := load.(int64)
 	if !ok1 || !ok2 || !ok3 || !ok4 {
-		return discovery.Lease{}, fmt.Errorf("lease script answered %T %T %T %T, want string and three integers", proxy, created, expires, load)
+		return lease.Lease{}, fmt.Errorf("lease script answered %T %T %T %T, want string and three integers", proxy, created, expires, load)
 	}
-	return discovery.Lease{ID: id, ProxyID: p, Target: target, CreatedAt: time.UnixMilli(c).UTC(), ExpiresAt: time.UnixMilli(e).UTC(), ProxyLeases: int(n)}, nil
+	return lease.Lease{ID: id, ProxyID: p, Target: target, CreatedAt: time.UnixMilli(c).UTC(), ExpiresAt: time.UnixMilli(e).UTC(), ProxyLeases: int(n)}, nil
 }
 
 // Release implements discovery.Store.
@@ -260,25 +260,25 @@ func (s *Store) Report(ctx context.Context, id, result, target string, cooldown 
 		return fmt.Errorf("report script: %w", err)
 	}
 	if live == 0 {
-		return discovery.ErrLeaseNotFound
+		return lease.ErrLeaseNotFound
 	}
 	return nil
 }
 
 // Route implements discovery.Store.
-func (s *Store) Route(ctx context.Context, session, host string) (discovery.Route, error) {
+func (s *Store) Route(ctx context.Context, session, host string) (lease.Route, error) {
 	vals, err := s.run(ctx, routeScript, session, host).StringSlice()
 	if err != nil {
-		return discovery.Route{}, fmt.Errorf("route script: %w", err)
+		return lease.Route{}, fmt.Errorf("route script: %w", err)
 	}
 	if len(vals) != 5 {
-		return discovery.Route{}, fmt.Errorf("route script: %d values, want 5", len(vals))
+		return lease.Route{}, fmt.Errorf("route script: %d values, want 5", len(vals))
 	}
-	r := discovery.Route{Own: vals[0], Detour: vals[1], IP: vals[3], Hold: vals[4]}
+	r := lease.Route{Own: vals[0], Detour: vals[1], IP: vals[3], Hold: vals[4]}
 	if vals[2] != "" {
 		ms, err := strconv.ParseInt(vals[2], 10, 64)
 		if err != nil {
-			return discovery.Route{}, fmt.Errorf("route script: since %q: %w", vals[2], err)
+			return lease.Route{}, fmt.Errorf("route script: since %q: %w", vals[2], err)
 		}
 		r.Since = time.UnixMilli(ms).UTC()
 	}
@@ -286,7 +286,7 @@ func (s *Store) Route(ctx context.Context, session, host string) (discovery.Rout
 }
 
 // SetRoute implements discovery.Store.
-func (s *Store) SetRoute(ctx context.Context, session, host string, set discovery.RouteSet) error {
+func (s *Store) SetRoute(ctx context.Context, session, host string, set lease.RouteSet) error {
 	flag := func(b bool) string {
 		if b {
 			return "1"
@@ -306,7 +306,7 @@ func (s *Store) ReportSession(ctx context.Context, session, reporter, result, ta
 		return "", fmt.Errorf("report session script: %w", err)
 	}
 	if proxy == "" {
-		return "", discovery.ErrSessionNotFound
+		return "", lease.ErrSessionNotFound
 	}
 	return proxy, nil
 }
@@ -395,7 +395,7 @@ func (s *Store) Admit(ctx context.Context, key string, interval time.Duration, b
 		return fmt.Errorf("admit script: %w", err)
 	}
 	if wait > 0 {
-		return &discovery.QuotaExceededError{RetryAfter: time.Duration(wait) * time.Millisecond}
+		return &lease.QuotaExceededError{RetryAfter: time.Duration(wait) * time.Millisecond}
 	}
 	return nil
 }
@@ -410,7 +410,7 @@ func (s *Store) AddUsage(ctx context.Context, key string, n int64, ttl time.Dura
 }
 
 // AppendLedger implements discovery.Store.
-func (s *Store) AppendLedger(ctx context.Context, e discovery.LedgerEntry, retention time.Duration) error {
+func (s *Store) AppendLedger(ctx context.Context, e lease.LedgerEntry, retention time.Duration) error {
 	e.At = time.Time{}
 	raw, err := json.Marshal(e)
 	if err != nil {
@@ -428,8 +428,8 @@ const ledgerPage = 1000
 
 // ReadLedger implements discovery.Store: XRANGE over the stream's ids,
 // which are the records' times in ms, ledgerPage records at a time.
-func (s *Store) ReadLedger(ctx context.Context, from, to time.Time) ([]discovery.LedgerEntry, error) {
-	var out []discovery.LedgerEntry
+func (s *Store) ReadLedger(ctx context.Context, from, to time.Time) ([]lease.LedgerEntry, error) {
+	var out []lease.LedgerEntry
 	start := strconv.FormatInt(from.UnixMilli(), 10)
 	for {
 		msgs, err := s.client.XRangeN(ctx, s.prefix+"ledger", start, strconv.FormatInt(to.UnixMilli(), 10), ledgerPage).Result()
@@ -438,7 +438,7 @@ func (s *Store) ReadLedger(ctx context.Context, from, to time.Time) ([]discovery
 		}
 		for _, m := range msgs {
 			raw, _ := m.Values["e"].(string)
-			var e discovery.LedgerEntry
+			var e lease.LedgerEntry
 			if err := json.Unmarshal([]byte(raw), &e); err != nil {
 				return nil, fmt.Errorf("ledger record %s: %w", m.ID, err)
 			}
@@ -501,7 +501,7 @@ func (s *Store) Counts(ctx context.Context) (leases, cooldowns int, err error) {
 // (bounded by timeout); a scrape while Redis is away reports them invalid
 // rather than zero.
 func (s *Store) Collectors(timeout time.Duration) []prometheus.Collector {
-	return discovery.CountCollectors(func() (int, int, error) {
+	return lease.CountCollectors(func() (int, int, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
 		return s.Counts(ctx)

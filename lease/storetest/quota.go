@@ -11,12 +11,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/example/egress-proxies-operator/discovery"
+	"github.com/example/egress-proxies-operator/lease"
 )
 
 // limited acquires a one-minute lease under a Limit.
-func limited(h Harness, key string, limit int) (discovery.Lease, error) {
-	return h.Store.Acquire(context.Background(), discovery.AcquireRequest{Candidates: Of("a", "b"), TTL: time.Minute, Limit: discovery.Limit{Key: key, Max: limit}})
+func limited(h Harness, key string, limit int) (lease.Lease, error) {
+	return h.Store.Acquire(context.Background(), lease.AcquireRequest{Candidates: Of("a", "b"), TTL: time.Minute, Limit: lease.Limit{Key: key, Max: limit}})
 }
 
 // limits: a Limit caps the live leases under its key, and no other key's;
@@ -30,13 +30,13 @@ func limits(t *testing.T, h Harness) {
 	second, err := limited(h, "lease|team-a", 2)
 	require.NoError(t, err)
 	_, err = limited(h, "lease|team-a", 2)
-	var quota *discovery.QuotaExceededError
+	var quota *lease.QuotaExceededError
 	require.ErrorAs(t, err, &quota, "the third lease is over the limit")
-	assert.ErrorIs(t, err, discovery.ErrQuotaExceeded)
+	assert.ErrorIs(t, err, lease.ErrQuotaExceeded)
 	assert.InDelta(t, (50 * time.Second).Seconds(), quota.RetryAfter.Seconds(), 1, "when the first lease ends")
 	_, err = limited(h, "lease|team-b", 2)
 	require.NoError(t, err, "another key is not limited by this one")
-	_, err = h.Store.Acquire(ctx, discovery.AcquireRequest{Candidates: Of("a"), TTL: time.Minute})
+	_, err = h.Store.Acquire(ctx, lease.AcquireRequest{Candidates: Of("a"), TTL: time.Minute})
 	require.NoError(t, err, "nor is a lease under no limit")
 
 	_, err = h.Store.Renew(ctx, first.ID, 2*time.Minute)
@@ -53,7 +53,7 @@ func limits(t *testing.T, h Harness) {
 
 	h.Advance(2*time.Minute + time.Second)
 	_, err = h.Store.Get(ctx, third.ID)
-	require.ErrorIs(t, err, discovery.ErrLeaseNotFound)
+	require.ErrorIs(t, err, lease.ErrLeaseNotFound)
 	_, err = limited(h, "lease|team-a", 2)
 	require.NoError(t, err, "expired leases free their places")
 	_, err = limited(h, "lease|team-c", 0)
@@ -71,7 +71,7 @@ func limitsConcurrently(t *testing.T, h Harness) {
 			switch {
 			case err == nil:
 				ok.Add(1)
-			case errors.Is(err, discovery.ErrQuotaExceeded):
+			case errors.Is(err, lease.ErrQuotaExceeded):
 				refused.Add(1)
 			default:
 				t.Error(err)
@@ -91,7 +91,7 @@ func admit(t *testing.T, h Harness) {
 		require.NoError(t, h.Store.Admit(ctx, "tunnels|team-a", 100*time.Millisecond, 3), "burst %d", i)
 	}
 	err := h.Store.Admit(ctx, "tunnels|team-a", 100*time.Millisecond, 3)
-	var quota *discovery.QuotaExceededError
+	var quota *lease.QuotaExceededError
 	require.ErrorAs(t, err, &quota)
 	assert.InDelta(t, 0.1, quota.RetryAfter.Seconds(), 0.02)
 	require.NoError(t, h.Store.Admit(ctx, "tunnels|team-b", 100*time.Millisecond, 3), "per key")
@@ -121,8 +121,8 @@ func usage(t *testing.T, h Harness) {
 func ledger(t *testing.T, h Harness) {
 	ctx := context.Background()
 	var stamps []time.Time
-	for i, event := range []string{discovery.LedgerStart, discovery.LedgerRenew, discovery.LedgerEnd} {
-		e := discovery.LedgerEntry{Kind: discovery.LedgerLease, Event: event, LeaseID: "l1", Tenant: "team-a", Proxy: "ns/a", IP: "203.0.113.7", Target: "x.com",
+	for i, event := range []string{lease.LedgerStart, lease.LedgerRenew, lease.LedgerEnd} {
+		e := lease.LedgerEntry{Kind: lease.LedgerLease, Event: event, LeaseID: "l1", Tenant: "team-a", Proxy: "ns/a", IP: "203.0.113.7", Target: "x.com",
 			Start: time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC), Until: time.Date(2026, 12, 5, 12, 5+i, 0, 0, time.UTC)}
 		require.NoError(t, h.Store.AppendLedger(ctx, e, time.Hour))
 		got, err := h.Store.ReadLedger(ctx, time.Unix(0, 0), time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC))
@@ -135,7 +135,7 @@ func ledger(t *testing.T, h Harness) {
 	require.NoError(t, err)
 	require.Len(t, all, 3, "the range is inclusive")
 	for i, e := range all {
-		assert.Equal(t, []string{discovery.LedgerStart, discovery.LedgerRenew, discovery.LedgerEnd}[i], e.Event, "in order")
+		assert.Equal(t, []string{lease.LedgerStart, lease.LedgerRenew, lease.LedgerEnd}[i], e.Event, "in order")
 		assert.Equal(t, "203.0.113.7", e.IP)
 		assert.Equal(t, "team-a", e.Tenant)
 		assert.True(t, e.Until.Equal(time.Date(2026, 12, 5, 12, 5+i, 0, 0, time.UTC)), "each record whole")
@@ -144,10 +144,10 @@ func ledger(t *testing.T, h Harness) {
 	middle, err := h.Store.ReadLedger(ctx, stamps[1], stamps[1])
 	require.NoError(t, err)
 	require.Len(t, middle, 1)
-	assert.Equal(t, discovery.LedgerRenew, middle[0].Event)
+	assert.Equal(t, lease.LedgerRenew, middle[0].Event)
 
 	h.Advance(2 * time.Hour)
-	require.NoError(t, h.Store.AppendLedger(ctx, discovery.LedgerEntry{LeaseID: "l2", Event: discovery.LedgerStart}, time.Hour))
+	require.NoError(t, h.Store.AppendLedger(ctx, lease.LedgerEntry{LeaseID: "l2", Event: lease.LedgerStart}, time.Hour))
 	kept, err := h.Store.ReadLedger(ctx, stamps[0].Add(-time.Hour), stamps[2].Add(4*time.Hour))
 	require.NoError(t, err)
 	ids := []string{}

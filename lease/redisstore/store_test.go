@@ -7,13 +7,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/example/egress-proxies-operator/discovery"
-	"github.com/example/egress-proxies-operator/discovery/redisstore"
-	"github.com/example/egress-proxies-operator/discovery/storetest"
+	"github.com/example/egress-proxies-operator/lease/redisstore"
+	"github.com/example/egress-proxies-operator/lease/storetest"
 	"github.com/example/egress-proxies-operator/test/redisserver"
 )
 
@@ -43,9 +44,9 @@ func TestKeysExpireByThemselves(t *testing.T) {
 	client := startClient(t)
 	ctx := context.Background()
 	store := redisstore.New(redisstore.Options{Client: client, KeyPrefix: "exp:"})
-	l, err := store.Acquire(ctx, discovery.AcquireRequest{Candidates: storetest.Of("ns/a"), Target: "x.com", TTL: 300 * time.Millisecond})
+	l, err := store.Acquire(ctx, lease.AcquireRequest{Candidates: storetest.Of("ns/a"), Target: "x.com", TTL: 300 * time.Millisecond})
 	require.NoError(t, err)
-	require.NoError(t, store.Report(ctx, l.ID, discovery.ResultRateLimited, "x.com", 400*time.Millisecond))
+	require.NoError(t, store.Report(ctx, l.ID, lease.ResultRateLimited, "x.com", 400*time.Millisecond))
 	leases, cooldowns, err := store.Counts(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, [2]int{1, 1}, [2]int{leases, cooldowns})
@@ -68,7 +69,7 @@ func TestKeysExpireByThemselves(t *testing.T) {
 	for _, k := range keys {
 		ttl, err := client.PTTL(ctx, k).Result()
 		require.NoError(t, err)
-		assert.True(t, ttl > 0 && ttl <= discovery.OutcomeRetention, "%s expires by itself within the outcome memory's retention: %s", k, ttl)
+		assert.True(t, ttl > 0 && ttl <= lease.OutcomeRetention, "%s expires by itself within the outcome memory's retention: %s", k, ttl)
 	}
 	leases, cooldowns, err = store.Counts(ctx)
 	require.NoError(t, err)
@@ -88,7 +89,7 @@ func TestUnavailable(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
 		start := time.Now()
-		_, err := store.Acquire(ctx, discovery.AcquireRequest{Candidates: storetest.Of("ns/a"), TTL: time.Minute})
+		_, err := store.Acquire(ctx, lease.AcquireRequest{Candidates: storetest.Of("ns/a"), TTL: time.Minute})
 		assert.Less(t, time.Since(start), time.Second, "bounded by the context")
 		return err
 	}
@@ -101,8 +102,8 @@ func TestUnavailable(t *testing.T) {
 	srv.Stop()
 	err := bounded()
 	require.Error(t, err, "Redis is down")
-	assert.NotErrorIs(t, err, discovery.ErrNoProxyAvailable)
-	assert.NotErrorIs(t, err, discovery.ErrLeaseNotFound)
+	assert.NotErrorIs(t, err, lease.ErrNoProxyAvailable)
+	assert.NotErrorIs(t, err, lease.ErrLeaseNotFound)
 
 	require.NoError(t, srv.Start())
 	assert.Eventually(t, func() bool { return bounded() == nil }, 5*time.Second, 50*time.Millisecond, "recovers by itself")
@@ -116,7 +117,7 @@ func TestScriptsSurviveAFlush(t *testing.T) {
 	store := redisstore.New(redisstore.Options{Client: client, KeyPrefix: "flush:"})
 	for range 2 {
 		require.NoError(t, client.ScriptFlush(ctx).Err())
-		l, err := store.Acquire(ctx, discovery.AcquireRequest{Candidates: storetest.Of("ns/a", "ns/b"), TTL: time.Minute})
+		l, err := store.Acquire(ctx, lease.AcquireRequest{Candidates: storetest.Of("ns/a", "ns/b"), TTL: time.Minute})
 		require.NoError(t, err)
 		require.NoError(t, client.ScriptFlush(ctx).Err())
 		n, err := store.ActiveLeases(ctx, []string{"ns/a", "ns/b"})
@@ -139,9 +140,9 @@ func TestIndexesStayBoundedWithoutScrapes(t *testing.T) {
 		TimeOffset: func() time.Duration { return time.Duration(offset.Load()) }})
 	for round := range 3 {
 		for i := range 300 {
-			l, err := store.Acquire(ctx, discovery.AcquireRequest{Candidates: storetest.Of("ns/a", "ns/b"), Target: fmt.Sprintf("site-%d.example", i), TTL: time.Second})
+			l, err := store.Acquire(ctx, lease.AcquireRequest{Candidates: storetest.Of("ns/a", "ns/b"), Target: fmt.Sprintf("site-%d.example", i), TTL: time.Second})
 			require.NoError(t, err)
-			require.NoError(t, store.Report(ctx, l.ID, discovery.ResultRateLimited, l.Target, time.Second))
+			require.NoError(t, store.Report(ctx, l.ID, lease.ResultRateLimited, l.Target, time.Second))
 		}
 		leases, err := client.ZCard(ctx, "bounded:leases").Result()
 		require.NoError(t, err)
@@ -162,7 +163,7 @@ func TestTheLedgerIsReadAPageAtATime(t *testing.T) {
 	const n = 2500
 	from := time.Now().Add(-time.Second)
 	for i := range n {
-		require.NoError(t, store.AppendLedger(ctx, discovery.LedgerEntry{Kind: discovery.LedgerTunnel, Event: discovery.LedgerStart,
+		require.NoError(t, store.AppendLedger(ctx, lease.LedgerEntry{Kind: lease.LedgerTunnel, Event: lease.LedgerStart,
 			LeaseID: fmt.Sprintf("l-%04d", i), Tenant: "platform"}, time.Hour))
 	}
 	got, err := store.ReadLedger(ctx, from, time.Now().Add(time.Second))

@@ -15,12 +15,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/example/egress-proxies-operator/discovery"
-	"github.com/example/egress-proxies-operator/discovery/redisstore"
-	"github.com/example/egress-proxies-operator/discovery/storetest"
+	"github.com/example/egress-proxies-operator/lease/redisstore"
+	"github.com/example/egress-proxies-operator/lease/storetest"
 	"github.com/example/egress-proxies-operator/test/redisserver"
 )
 
@@ -61,7 +62,7 @@ func TestConnection(t *testing.T) {
 		if err := store.Ping(ctx); err != nil {
 			return err
 		}
-		_, err = store.Acquire(ctx, discovery.AcquireRequest{Candidates: storetest.Of("ns/a"), TTL: time.Minute})
+		_, err = store.Acquire(ctx, lease.AcquireRequest{Candidates: storetest.Of("ns/a"), TTL: time.Minute})
 		return err
 	}
 

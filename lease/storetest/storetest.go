@@ -1,4 +1,4 @@
-// Package storetest is the conformance suite of discovery.Store: every
+// Package storetest is the conformance suite of lease.Store: every
 // backend (memory, Redis) runs the same tests unchanged, which is what keeps
 // two backends honest. It is test support: only _test files import it.
 package storetest
@@ -15,12 +15,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/example/egress-proxies-operator/discovery"
+	"github.com/example/egress-proxies-operator/lease"
 )
 
 // Harness is one fresh, empty store under test.
 type Harness struct {
-	Store discovery.Store
+	Store lease.Store
 	// Advance moves the store's clock forward by d.
 	Advance func(d time.Duration)
 }
@@ -68,15 +68,15 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 }
 
 // Of makes a candidate set for ids, with no index kept (Key "").
-func Of(ids ...string) discovery.Candidates { return discovery.Candidates{IDs: ids} }
+func Of(ids ...string) lease.Candidates { return lease.Candidates{IDs: ids} }
 
 // indexed is a candidate set as the view hands it out: a key and version.
-func indexed(key string, version uint64, ids ...string) discovery.Candidates {
-	return discovery.Candidates{Key: key, Version: version, IDs: ids}
+func indexed(key string, version uint64, ids ...string) lease.Candidates {
+	return lease.Candidates{Key: key, Version: version, IDs: ids}
 }
 
-func acquire(h Harness, c discovery.Candidates, target string, ttl time.Duration) (discovery.Lease, error) {
-	return h.Store.Acquire(context.Background(), discovery.AcquireRequest{Candidates: c, Target: target, TTL: ttl})
+func acquire(h Harness, c lease.Candidates, target string, ttl time.Duration) (lease.Lease, error) {
+	return h.Store.Acquire(context.Background(), lease.AcquireRequest{Candidates: c, Target: target, TTL: ttl})
 }
 
 func total(t *testing.T, h Harness, ids []string) int {
@@ -101,7 +101,7 @@ func againstAModel(t *testing.T, h Harness) {
 	targets := []string{"", "x.com", "y.com"}
 	active := map[string]int{}
 	cooling := map[[2]string]time.Duration{}
-	leases := map[string]discovery.Lease{}
+	leases := map[string]lease.Lease{}
 	var now time.Duration // the model's time since the start
 	for step := range 5000 {
 		d := time.Duration(rng.IntN(3)) * time.Second
@@ -121,7 +121,7 @@ func againstAModel(t *testing.T, h Harness) {
 				}
 			}
 			if fewest == -1 {
-				require.ErrorIs(t, err, discovery.ErrNoProxyAvailable, "step %d", step)
+				require.ErrorIs(t, err, lease.ErrNoProxyAvailable, "step %d", step)
 				continue
 			}
 			require.NoError(t, err, "step %d", step)
@@ -140,7 +140,7 @@ func againstAModel(t *testing.T, h Harness) {
 		case len(leases) > 0:
 			for id, l := range leases {
 				target := targets[1+rng.IntN(2)]
-				require.NoError(t, h.Store.Report(ctx, id, discovery.ResultRateLimited, target, time.Minute))
+				require.NoError(t, h.Store.Report(ctx, id, lease.ResultRateLimited, target, time.Minute))
 				key := [2]string{l.ProxyID, target}
 				cooling[key] = max(cooling[key], now+time.Minute)
 				break
@@ -168,13 +168,13 @@ func concurrently(t *testing.T, h Harness) {
 			for i := range 300 {
 				l, err := acquire(h, set, target, time.Hour)
 				if err != nil {
-					assert.ErrorIs(t, err, discovery.ErrNoProxyAvailable)
+					assert.ErrorIs(t, err, lease.ErrNoProxyAvailable)
 					assert.Len(t, banned, len(proxies), "503 only once every proxy is cooling for the target")
 					continue
 				}
 				assert.False(t, banned[l.ProxyID], "leased %s for %s after reporting it rate-limited", l.ProxyID, target)
 				if i%7 == 0 {
-					assert.NoError(t, h.Store.Report(ctx, l.ID, discovery.ResultRateLimited, target, time.Hour))
+					assert.NoError(t, h.Store.Report(ctx, l.ID, lease.ResultRateLimited, target, time.Hour))
 					banned[l.ProxyID] = true
 				}
 				if _, err := h.Store.Renew(ctx, l.ID, time.Hour); err != nil {
@@ -192,7 +192,7 @@ func concurrently(t *testing.T, h Harness) {
 	if err == nil {
 		return // site-0 did not ban them all; enough was asserted inside
 	}
-	assert.ErrorIs(t, err, discovery.ErrNoProxyAvailable)
+	assert.ErrorIs(t, err, lease.ErrNoProxyAvailable)
 }
 
 func expiry(t *testing.T, h Harness) {
@@ -202,20 +202,20 @@ func expiry(t *testing.T, h Harness) {
 	long, err := acquire(h, Of("a"), "", time.Hour)
 	require.NoError(t, err)
 	assert.Equal(t, 2, long.ProxyLeases)
-	require.NoError(t, h.Store.Report(ctx, long.ID, discovery.ResultRateLimited, "x.com", 10*time.Minute))
+	require.NoError(t, h.Store.Report(ctx, long.ID, lease.ResultRateLimited, "x.com", 10*time.Minute))
 
 	h.Advance(2 * time.Minute)
 	_, err = h.Store.Get(ctx, short.ID)
-	assert.ErrorIs(t, err, discovery.ErrLeaseNotFound, "gone once its TTL is up")
+	assert.ErrorIs(t, err, lease.ErrLeaseNotFound, "gone once its TTL is up")
 	assert.Equal(t, 1, total(t, h, []string{"a"}), "an expired lease no longer counts")
 	_, err = acquire(h, Of("a"), "x.com", time.Hour)
-	assert.ErrorIs(t, err, discovery.ErrNoProxyAvailable, "still cooling for x.com")
+	assert.ErrorIs(t, err, lease.ErrNoProxyAvailable, "still cooling for x.com")
 
 	h.Advance(2 * time.Hour)
 	assert.Zero(t, total(t, h, []string{"a"}), "no lease outlives its TTL")
 	_, err = h.Store.Renew(ctx, long.ID, time.Hour)
-	assert.ErrorIs(t, err, discovery.ErrLeaseNotFound)
-	assert.ErrorIs(t, h.Store.Report(ctx, long.ID, discovery.ResultOK, "", 0), discovery.ErrLeaseNotFound)
+	assert.ErrorIs(t, err, lease.ErrLeaseNotFound)
+	assert.ErrorIs(t, h.Store.Report(ctx, long.ID, lease.ResultOK, "", 0), lease.ErrLeaseNotFound)
 	l, err := acquire(h, Of("a"), "x.com", time.Hour)
 	require.NoError(t, err, "the cooldown ended too")
 	assert.Equal(t, "a", l.ProxyID)
@@ -224,7 +224,7 @@ func expiry(t *testing.T, h Harness) {
 
 func renewAndReport(t *testing.T, h Harness) {
 	ctx := context.Background()
-	l, err := h.Store.Acquire(ctx, discovery.AcquireRequest{Candidates: Of("a", "b"), Target: "Example.com", TTL: time.Minute, Holder: "system:serviceaccount:crawl-a:crawler"})
+	l, err := h.Store.Acquire(ctx, lease.AcquireRequest{Candidates: Of("a", "b"), Target: "Example.com", TTL: time.Minute, Holder: "system:serviceaccount:crawl-a:crawler"})
 	require.NoError(t, err)
 	assert.Equal(t, "Example.com", l.Target, "the target is kept as given")
 	assert.Equal(t, "system:serviceaccount:crawl-a:crawler", l.Holder, "the holder is kept")
@@ -245,15 +245,15 @@ func renewAndReport(t *testing.T, h Harness) {
 
 	// ok and error reports cool nothing; rate_limited cools for its target
 	// only, and a shorter cooldown never cuts a longer one short.
-	require.NoError(t, h.Store.Report(ctx, l.ID, discovery.ResultOK, "x.com", time.Hour))
-	require.NoError(t, h.Store.Report(ctx, l.ID, discovery.ResultError, "x.com", time.Hour))
+	require.NoError(t, h.Store.Report(ctx, l.ID, lease.ResultOK, "x.com", time.Hour))
+	require.NoError(t, h.Store.Report(ctx, l.ID, lease.ResultError, "x.com", time.Hour))
 	other, err := acquire(h, Of(l.ProxyID), "x.com", time.Minute)
 	require.NoError(t, err, "ok and error reports put nothing in cooldown")
 	require.NoError(t, h.Store.Release(ctx, other.ID))
-	require.NoError(t, h.Store.Report(ctx, l.ID, discovery.ResultRateLimited, "x.com", 10*time.Minute))
-	require.NoError(t, h.Store.Report(ctx, l.ID, discovery.ResultRateLimited, "x.com", time.Minute))
+	require.NoError(t, h.Store.Report(ctx, l.ID, lease.ResultRateLimited, "x.com", 10*time.Minute))
+	require.NoError(t, h.Store.Report(ctx, l.ID, lease.ResultRateLimited, "x.com", time.Minute))
 	_, err = acquire(h, Of(l.ProxyID), "x.com", time.Minute)
-	var none *discovery.NoProxyAvailableError
+	var none *lease.NoProxyAvailableError
 	require.ErrorAs(t, err, &none)
 	assert.InDelta(t, (10 * time.Minute).Seconds(), none.RetryAfter.Seconds(), 1, "the longer cooldown is kept")
 	_, err = acquire(h, Of(l.ProxyID), "y.com", time.Minute)
@@ -261,8 +261,8 @@ func renewAndReport(t *testing.T, h Harness) {
 
 	require.NoError(t, h.Store.Release(ctx, l.ID))
 	_, err = h.Store.Get(ctx, l.ID)
-	assert.ErrorIs(t, err, discovery.ErrLeaseNotFound)
-	assert.ErrorIs(t, h.Store.Report(ctx, l.ID, discovery.ResultRateLimited, "x.com", time.Minute), discovery.ErrLeaseNotFound,
+	assert.ErrorIs(t, err, lease.ErrLeaseNotFound)
+	assert.ErrorIs(t, h.Store.Report(ctx, l.ID, lease.ResultRateLimited, "x.com", time.Minute), lease.ErrLeaseNotFound,
 		"a released lease reports nothing")
 	require.NoError(t, h.Store.Release(ctx, "never-existed"), "releasing an unknown lease is not an error")
 }
@@ -270,7 +270,7 @@ func renewAndReport(t *testing.T, h Harness) {
 func noProxyAvailable(t *testing.T, h Harness) {
 	ctx := context.Background()
 	_, err := acquire(h, Of(), "", time.Minute)
-	var none *discovery.NoProxyAvailableError
+	var none *lease.NoProxyAvailableError
 	require.ErrorAs(t, err, &none, "no candidate at all")
 	assert.Zero(t, none.RetryAfter, "nothing is cooling, so no time to wait for")
 
@@ -279,8 +279,8 @@ func noProxyAvailable(t *testing.T, h Harness) {
 	b, err := acquire(h, Of("a", "b"), "", time.Hour)
 	require.NoError(t, err)
 	assert.NotEqual(t, a.ProxyID, b.ProxyID, "the least-loaded goes first")
-	require.NoError(t, h.Store.Report(ctx, a.ID, discovery.ResultRateLimited, "x.com", 3*time.Minute))
-	require.NoError(t, h.Store.Report(ctx, b.ID, discovery.ResultRateLimited, "x.com", 2*time.Minute))
+	require.NoError(t, h.Store.Report(ctx, a.ID, lease.ResultRateLimited, "x.com", 3*time.Minute))
+	require.NoError(t, h.Store.Report(ctx, b.ID, lease.ResultRateLimited, "x.com", 2*time.Minute))
 	_, err = acquire(h, Of("a", "b"), "x.com", time.Minute)
 	require.ErrorAs(t, err, &none)
 	assert.InDelta(t, (2 * time.Minute).Seconds(), none.RetryAfter.Seconds(), 1, "until the first cooldown ends")
@@ -331,7 +331,7 @@ func refusals(t *testing.T, h Harness) {
 		require.NoError(t, err)
 		assert.True(t, last.IsZero(), "per pool and namespace: %s", other)
 	}
-	h.Advance(discovery.RefusedMemory)
+	h.Advance(lease.RefusedMemory)
 	forgotten, err := h.Store.LastRefused(ctx, "crawl/eu")
 	require.NoError(t, err)
 	assert.True(t, forgotten.IsZero(), "a refusal is forgotten after RefusedMemory, so pools that come and go leave nothing behind")
@@ -370,9 +370,9 @@ func largeCandidateSets(t *testing.T, h Harness) {
 		leaseOn[l.ProxyID] = l.ID
 	}
 	spared := ids[123]
-	for proxy, lease := range leaseOn {
+	for proxy, granted := range leaseOn {
 		if proxy != spared {
-			require.NoError(t, h.Store.Report(ctx, lease, discovery.ResultRateLimited, "x.com", time.Hour))
+			require.NoError(t, h.Store.Report(ctx, granted, lease.ResultRateLimited, "x.com", time.Hour))
 		}
 	}
 	for range 5 {
@@ -380,75 +380,75 @@ func largeCandidateSets(t *testing.T, h Harness) {
 		require.NoError(t, err)
 		assert.Equal(t, spared, l.ProxyID, "the only proxy not cooling for x.com")
 	}
-	require.NoError(t, h.Store.Report(ctx, leaseOn[spared], discovery.ResultRateLimited, "x.com", 30*time.Minute))
+	require.NoError(t, h.Store.Report(ctx, leaseOn[spared], lease.ResultRateLimited, "x.com", 30*time.Minute))
 	_, err = acquire(h, set, "x.com", time.Hour)
-	var none *discovery.NoProxyAvailableError
+	var none *lease.NoProxyAvailableError
 	require.ErrorAs(t, err, &none)
 	assert.InDelta(t, (30 * time.Minute).Seconds(), none.RetryAfter.Seconds(), 1)
-	assert.ErrorIs(t, err, discovery.ErrNoProxyAvailable)
+	assert.ErrorIs(t, err, lease.ErrNoProxyAvailable)
 }
 
 // hops is a route's proxies alone, without its stint.
-func hops(r discovery.Route) discovery.Route { return discovery.Route{Own: r.Own, Detour: r.Detour} }
+func hops(r lease.Route) lease.Route { return lease.Route{Own: r.Own, Detour: r.Detour} }
 
 // sessions: a gateway session's own proxy and per-host detours, what a
 // report by session cools down, and the session's end when idle.
 func sessions(t *testing.T, h Harness) {
 	ctx := context.Background()
-	route := func(session, host string) discovery.Route {
+	route := func(session, host string) lease.Route {
 		t.Helper()
 		r, err := h.Store.Route(ctx, session, host)
 		require.NoError(t, err)
 		return r
 	}
-	assert.Equal(t, discovery.Route{}, hops(route("s1", "shop.example")), "unknown session")
-	_, err := h.Store.ReportSession(ctx, "s1", "platform", discovery.ResultRateLimited, "shop.example", time.Minute, time.Second)
-	require.ErrorIs(t, err, discovery.ErrSessionNotFound)
+	assert.Equal(t, lease.Route{}, hops(route("s1", "shop.example")), "unknown session")
+	_, err := h.Store.ReportSession(ctx, "s1", "platform", lease.ResultRateLimited, "shop.example", time.Minute, time.Second)
+	require.ErrorIs(t, err, lease.ErrSessionNotFound)
 
-	require.NoError(t, h.Store.SetRoute(ctx, "s1", "shop.example", discovery.RouteSet{Proxy: "p1", Own: true, Idle: 10 * time.Minute}))
-	assert.Equal(t, discovery.Route{Own: "p1"}, hops(route("s1", "shop.example")))
-	assert.Equal(t, discovery.Route{Own: "p1"}, hops(route("s1", "news.example")), "own proxy for every host")
-	assert.Equal(t, discovery.Route{}, hops(route("s2", "shop.example")), "per session")
+	require.NoError(t, h.Store.SetRoute(ctx, "s1", "shop.example", lease.RouteSet{Proxy: "p1", Own: true, Idle: 10 * time.Minute}))
+	assert.Equal(t, lease.Route{Own: "p1"}, hops(route("s1", "shop.example")))
+	assert.Equal(t, lease.Route{Own: "p1"}, hops(route("s1", "news.example")), "own proxy for every host")
+	assert.Equal(t, lease.Route{}, hops(route("s2", "shop.example")), "per session")
 
 	// shop.example rate-limits s1 through p1: p1 cools for that host only.
-	proxy, err := h.Store.ReportSession(ctx, "s1", "platform", discovery.ResultRateLimited, "shop.example", 5*time.Minute, time.Second)
+	proxy, err := h.Store.ReportSession(ctx, "s1", "platform", lease.ResultRateLimited, "shop.example", 5*time.Minute, time.Second)
 	require.NoError(t, err)
 	assert.Equal(t, "p1", proxy)
 	_, err = acquire(h, Of("p1"), "shop.example", time.Minute)
-	require.ErrorIs(t, err, discovery.ErrNoProxyAvailable, "p1 cools for shop.example")
+	require.ErrorIs(t, err, lease.ErrNoProxyAvailable, "p1 cools for shop.example")
 	l, err := acquire(h, Of("p1"), "news.example", time.Minute)
 	require.NoError(t, err, "and for that host only")
 	require.NoError(t, h.Store.Release(ctx, l.ID))
 
 	// The detour for shop.example is p2; a second report at once is the
 	// same burst: it cools nothing more.
-	require.NoError(t, h.Store.SetRoute(ctx, "s1", "shop.example", discovery.RouteSet{Proxy: "p2", Own: false, Idle: 10 * time.Minute}))
-	proxy, err = h.Store.ReportSession(ctx, "s1", "platform", discovery.ResultRateLimited, "shop.example", 5*time.Minute, time.Minute)
+	require.NoError(t, h.Store.SetRoute(ctx, "s1", "shop.example", lease.RouteSet{Proxy: "p2", Own: false, Idle: 10 * time.Minute}))
+	proxy, err = h.Store.ReportSession(ctx, "s1", "platform", lease.ResultRateLimited, "shop.example", 5*time.Minute, time.Minute)
 	require.NoError(t, err)
 	assert.Equal(t, "p1", proxy, "the burst's proxy")
 	l, err = acquire(h, Of("p2"), "shop.example", time.Minute)
 	require.NoError(t, err, "the detour does not cool for a late report of the same burst")
 	require.NoError(t, h.Store.Release(ctx, l.ID))
 	h.Advance(2 * time.Minute)
-	assert.Equal(t, discovery.Route{Own: "p1", Detour: "p2"}, hops(route("s1", "shop.example")))
-	assert.Equal(t, discovery.Route{Own: "p1"}, hops(route("s1", "news.example")))
-	proxy, err = h.Store.ReportSession(ctx, "s1", "platform", discovery.ResultOK, "shop.example", 0, time.Second)
+	assert.Equal(t, lease.Route{Own: "p1", Detour: "p2"}, hops(route("s1", "shop.example")))
+	assert.Equal(t, lease.Route{Own: "p1"}, hops(route("s1", "news.example")))
+	proxy, err = h.Store.ReportSession(ctx, "s1", "platform", lease.ResultOK, "shop.example", 0, time.Second)
 	require.NoError(t, err)
 	assert.Equal(t, "p2", proxy, "ok is recorded against the detour, and cools nothing")
 	_, err = acquire(h, Of("p2"), "shop.example", time.Minute)
 	require.NoError(t, err)
 
 	// Back on its own proxy for shop.example: the detour ends.
-	require.NoError(t, h.Store.SetRoute(ctx, "s1", "shop.example", discovery.RouteSet{Proxy: "p3", Own: true, Idle: 10 * time.Minute}))
-	assert.Equal(t, discovery.Route{Own: "p3"}, hops(route("s1", "shop.example")))
+	require.NoError(t, h.Store.SetRoute(ctx, "s1", "shop.example", lease.RouteSet{Proxy: "p3", Own: true, Idle: 10 * time.Minute}))
+	assert.Equal(t, lease.Route{Own: "p3"}, hops(route("s1", "shop.example")))
 
 	// Idle past its time, the session is gone; each route extends it.
 	h.Advance(9 * time.Minute)
-	require.NoError(t, h.Store.SetRoute(ctx, "s1", "news.example", discovery.RouteSet{Proxy: "p3", Own: true, Idle: 10 * time.Minute}))
+	require.NoError(t, h.Store.SetRoute(ctx, "s1", "news.example", lease.RouteSet{Proxy: "p3", Own: true, Idle: 10 * time.Minute}))
 	h.Advance(9 * time.Minute)
-	assert.Equal(t, discovery.Route{Own: "p3"}, hops(route("s1", "shop.example")), "extended by the last route")
+	assert.Equal(t, lease.Route{Own: "p3"}, hops(route("s1", "shop.example")), "extended by the last route")
 	h.Advance(2 * time.Minute)
-	assert.Equal(t, discovery.Route{}, hops(route("s1", "shop.example")), "idle for 11 minutes")
-	_, err = h.Store.ReportSession(ctx, "s1", "platform", discovery.ResultRateLimited, "shop.example", time.Minute, time.Second)
-	require.ErrorIs(t, err, discovery.ErrSessionNotFound)
+	assert.Equal(t, lease.Route{}, hops(route("s1", "shop.example")), "idle for 11 minutes")
+	_, err = h.Store.ReportSession(ctx, "s1", "platform", lease.ResultRateLimited, "shop.example", time.Minute, time.Second)
+	require.ErrorIs(t, err, lease.ErrSessionNotFound)
 }

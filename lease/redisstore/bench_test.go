@@ -8,10 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	"github.com/redis/go-redis/v9"
 
-	"github.com/example/egress-proxies-operator/discovery"
-	"github.com/example/egress-proxies-operator/discovery/redisstore"
+	"github.com/example/egress-proxies-operator/lease/redisstore"
 	"github.com/example/egress-proxies-operator/test/redisserver"
 )
 
@@ -39,7 +40,7 @@ func BenchmarkRedisLeaseRelease10k(b *testing.B) {
 	for i := range ids {
 		ids[i] = fmt.Sprintf("bench/px-%05d", i)
 	}
-	candidates := discovery.Candidates{Key: "geo=eu", Version: 1, IDs: ids}
+	candidates := lease.Candidates{Key: "geo=eu", Version: 1, IDs: ids}
 	ctx := context.Background()
 	// The bare pair sends what the store sends: 64 sampled ids, then one id.
 	sampleArgs := make([]any, 0, redisstore.SampleSize+5)
@@ -52,7 +53,7 @@ func BenchmarkRedisLeaseRelease10k(b *testing.B) {
 	}
 
 	storePair := func() error {
-		l, err := store.Acquire(ctx, discovery.AcquireRequest{Candidates: candidates, Target: "example.com", TTL: 5 * time.Minute})
+		l, err := store.Acquire(ctx, lease.AcquireRequest{Candidates: candidates, Target: "example.com", TTL: 5 * time.Minute})
 		if err != nil {
 			return err
 		}

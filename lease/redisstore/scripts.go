@@ -5,7 +5,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/example/egress-proxies-operator/discovery"
+	"github.com/example/egress-proxies-operator/lease"
 )
 
 // Every operation is one Lua script: atomic on the server, and on the
@@ -115,7 +115,7 @@ local function learnedAt(host)
   if eff < %d then return 0, 0, 0 end
   return eff, tonumber(l[2]), tonumber(l[3])
 end
-`, discovery.LearnedHalfLife.Milliseconds(), discovery.MinLearnedInterval.Milliseconds())
+`, lease.LearnedHalfLife.Milliseconds(), lease.MinLearnedInterval.Milliseconds())
 
 // outcomes is the preamble's addition for the scripts that record or read
 // outcomes (discovery.HostRecord.Recorded, discovery.Decayed, in ms).
@@ -191,7 +191,7 @@ local function blockedWeight(proxy, host)
   if w < OMIN then return 0 end
   return w
 end
-`, discovery.OutcomeHalfLife.Milliseconds(), discovery.OutcomeRetention.Milliseconds(), discovery.MaxHostRecords, minBlockedWeight, discovery.MaxVoices)
+`, lease.OutcomeHalfLife.Milliseconds(), lease.OutcomeRetention.Milliseconds(), lease.MaxHostRecords, minBlockedWeight, lease.MaxVoices)
 
 // minBlockedWeight is discovery's: a decayed blocked weight under it no
 // longer counts against a proxy.
@@ -359,8 +359,8 @@ local key = P .. 'learn:' .. host
 redis.call('HSET', key, 'i', next, 'since', now, 'n', n + 1)
 redis.call('PEXPIRE', key, %[4]d)
 return {next, now, n + 1}
-`, discovery.MaxLearnedInterval.Milliseconds(), discovery.FirstLearnedInterval.Milliseconds(),
-	discovery.MinLearnedInterval.Milliseconds(), learnedTTL.Milliseconds()))
+`, lease.MaxLearnedInterval.Milliseconds(), lease.FirstLearnedInterval.Milliseconds(),
+	lease.MinLearnedInterval.Milliseconds(), learnedTTL.Milliseconds()))
 
 // learnedScript: ARGV[3] host. Returns {interval ms, since, push-backs},
 // zeros for none.
@@ -555,7 +555,7 @@ return total
 var noteRefusedScript = redis.NewScript(preamble + fmt.Sprintf(`
 redis.call('SET', P .. 'refused:' .. ARGV[3], now, 'PX', %d)
 return 1
-`, discovery.RefusedMemory.Milliseconds()))
+`, lease.RefusedMemory.Milliseconds()))
 
 // lastRefusedScript: ARGV[3] the pool. Returns when it was last refused,
 // 0 for not within discovery.RefusedMemory on the store's clock.
@@ -563,7 +563,7 @@ var lastRefusedScript = redis.NewScript(preamble + fmt.Sprintf(`
 local at = tonumber(redis.call('GET', P .. 'refused:' .. ARGV[3]) or '0')
 if now - at >= %d then return 0 end
 return at
-`, discovery.RefusedMemory.Milliseconds()))
+`, lease.RefusedMemory.Milliseconds()))
 
 // appendLedgerScript: ARGV[3] the record (JSON), ARGV[4] retention ms.
 // Adds it to the ledger stream under the store's time in ms (never before

@@ -1,4 +1,4 @@
-package discovery
+package lease
 
 import (
 	"context"
@@ -315,6 +315,11 @@ func effectivePace(declared Pace, learned time.Duration) Pace {
 	}
 	return declared
 }
+
+// DefaultStoreTimeout bounds each store call when its caller sets no
+// other bound: far above a healthy Redis round trip, far below a client's
+// patience.
+const DefaultStoreTimeout = time.Second
 
 // RefusedMemory is how long a store remembers a pool's refused lease
 // request: far longer than the autoscaler looks back, and short enough

@@ -1,13 +1,14 @@
-package discovery_test
+package lease_test
 
 import (
 	"testing"
 	"time"
 
+	"github.com/example/egress-proxies-operator/lease"
+
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/example/egress-proxies-operator/discovery"
-	"github.com/example/egress-proxies-operator/discovery/storetest"
+	"github.com/example/egress-proxies-operator/lease/storetest"
 )
 
 // TestMemoryStoreConformance runs the store suite on the in-memory store
@@ -15,6 +16,6 @@ import (
 func TestMemoryStoreConformance(t *testing.T) {
 	storetest.Run(t, func(*testing.T) storetest.Harness {
 		clk := clocktesting.NewFakeClock(time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC))
-		return storetest.Harness{Store: discovery.NewMemoryStore(clk), Advance: clk.Step}
+		return storetest.Harness{Store: lease.NewMemoryStore(clk), Advance: clk.Step}
 	})
 }

@@ -9,14 +9,14 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/example/egress-proxies-operator/discovery"
+	"github.com/example/egress-proxies-operator/lease"
 )
 
 // paced acquires for host with one declared pace for every candidate.
-func paced(h Harness, c discovery.Candidates, host string, p discovery.Pace, maxWait time.Duration) (discovery.Lease, error) {
-	return h.Store.Acquire(context.Background(), discovery.AcquireRequest{
+func paced(h Harness, c lease.Candidates, host string, p lease.Pace, maxWait time.Duration) (lease.Lease, error) {
+	return h.Store.Acquire(context.Background(), lease.AcquireRequest{
 		Candidates: c, Target: host, TTL: time.Minute, MaxWait: maxWait,
-		PaceOf: func(string) discovery.Pace { return p },
+		PaceOf: func(string) lease.Pace { return p },
 	})
 }
 
@@ -24,7 +24,7 @@ func paced(h Harness, c discovery.Candidates, host string, p discovery.Pace, max
 // returns its RetryAfter.
 func noneAvailable(t *testing.T, err error, cause string) time.Duration {
 	t.Helper()
-	var none *discovery.NoProxyAvailableError
+	var none *lease.NoProxyAvailableError
 	require.ErrorAs(t, err, &none)
 	assert.Equal(t, cause, none.Cause)
 	return none.RetryAfter
@@ -45,7 +45,7 @@ func within(t *testing.T, want, d time.Duration) {
 // first; a request that may wait reserves a later slot and is told how
 // long; another host, or a request with no target, is not paced.
 func pacing(t *testing.T, h Harness) {
-	p := discovery.Pace{Interval: time.Second, Burst: 2}
+	p := lease.Pace{Interval: time.Second, Burst: 2}
 	set := Of("a", "b")
 	got := map[string]int{}
 	for range 4 {
@@ -57,7 +57,7 @@ func pacing(t *testing.T, h Harness) {
 	}
 	assert.Equal(t, map[string]int{"a": 2, "b": 2}, got, "each proxy's burst")
 	_, err := paced(h, set, "shop.example", p, 0)
-	within(t, time.Second, noneAvailable(t, err, discovery.CausePaced))
+	within(t, time.Second, noneAvailable(t, err, lease.CausePaced))
 
 	// Waiting is allowed: the slot in a second is reserved, and the next
 	// one is a second later still on the other proxy... then two seconds.
@@ -88,24 +88,24 @@ func pacing(t *testing.T, h Harness) {
 
 	// A proxy cooling down for the host is skipped whatever its pace.
 	h2 := Of("c")
-	lease, err := paced(h, h2, "cool.example", p, 0)
+	granted, err := paced(h, h2, "cool.example", p, 0)
 	require.NoError(t, err)
-	require.NoError(t, h.Store.Report(context.Background(), lease.ID, discovery.ResultRateLimited, "cool.example", time.Minute))
+	require.NoError(t, h.Store.Report(context.Background(), granted.ID, lease.ResultRateLimited, "cool.example", time.Minute))
 	_, err = paced(h, h2, "cool.example", p, time.Hour)
-	within(t, time.Minute, noneAvailable(t, err, discovery.CauseCooling))
+	within(t, time.Minute, noneAvailable(t, err, lease.CauseCooling))
 }
 
 // pacingConcurrency: at most MaxConcurrent live leases per proxy for the
 // host; a release, or the lease's expiry, frees the place.
 func pacingConcurrency(t *testing.T, h Harness) {
-	p := discovery.Pace{MaxConcurrent: 2}
+	p := lease.Pace{MaxConcurrent: 2}
 	set := Of("a")
 	l1, err := paced(h, set, "shop.example", p, 0)
 	require.NoError(t, err)
 	_, err = paced(h, set, "shop.example", p, 0)
 	require.NoError(t, err)
 	_, err = paced(h, set, "shop.example", p, time.Hour)
-	noneAvailable(t, err, discovery.CauseConcurrency)
+	noneAvailable(t, err, lease.CauseConcurrency)
 	_, err = paced(h, set, "other.example", p, 0)
 	require.NoError(t, err, "another host has places of its own")
 	require.NoError(t, h.Store.Release(context.Background(), l1.ID))
@@ -120,14 +120,14 @@ func pacingConcurrency(t *testing.T, h Harness) {
 
 // pacingFleetCap: one bucket across every proxy under one policy.
 func pacingFleetCap(t *testing.T, h Harness) {
-	p := discovery.Pace{FleetKey: "crawl/shop", FleetInterval: time.Second, FleetBurst: 3}
+	p := lease.Pace{FleetKey: "crawl/shop", FleetInterval: time.Second, FleetBurst: 3}
 	set := Of("a", "b", "c", "d")
 	for range 3 {
 		_, err := paced(h, set, "shop.example", p, 0)
 		require.NoError(t, err)
 	}
 	_, err := paced(h, set, "shop.example", p, 0)
-	within(t, time.Second, noneAvailable(t, err, discovery.CausePaced))
+	within(t, time.Second, noneAvailable(t, err, lease.CausePaced))
 	other := p
 	other.FleetKey = "team-b/shop"
 	_, err = paced(h, set, "shop.example", other, 0)
@@ -152,8 +152,8 @@ func learnedPace(t *testing.T, h Harness) {
 	require.NoError(t, err)
 	within(t, 2*time.Second, l.Interval)
 
-	adaptive := func(c discovery.Candidates, maxWait time.Duration) (discovery.Lease, error) {
-		return h.Store.Acquire(ctx, discovery.AcquireRequest{Candidates: c, Target: "shop.example", TTL: time.Minute, Adaptive: true, MaxWait: maxWait})
+	adaptive := func(c lease.Candidates, maxWait time.Duration) (lease.Lease, error) {
+		return h.Store.Acquire(ctx, lease.AcquireRequest{Candidates: c, Target: "shop.example", TTL: time.Minute, Adaptive: true, MaxWait: maxWait})
 	}
 	set := Of("a", "b")
 	for range 2 {
@@ -161,7 +161,7 @@ func learnedPace(t *testing.T, h Harness) {
 		require.NoError(t, err)
 	}
 	_, err = adaptive(set, 0)
-	noneAvailable(t, err, discovery.CausePaced)
+	noneAvailable(t, err, lease.CausePaced)
 	_, err = acquire(h, set, "shop.example", time.Minute)
 	require.NoError(t, err, "a request that does not ask for the learned pace is not held by it")
 
@@ -170,13 +170,13 @@ func learnedPace(t *testing.T, h Harness) {
 	l, err = h.Store.PushBack(ctx, "shop.example", 0)
 	require.NoError(t, err)
 	// Doubled from its value as decayed over those three seconds.
-	assert.InDelta(t, 2*discovery.LearnedAt(2*time.Second, time.Time{}, time.Time{}.Add(3*time.Second)).Seconds(), l.Interval.Seconds(), 0.003)
+	assert.InDelta(t, 2*lease.LearnedAt(2*time.Second, time.Time{}, time.Time{}.Add(3*time.Second)).Seconds(), l.Interval.Seconds(), 0.003)
 
-	h.Advance(discovery.LearnedHalfLife)
+	h.Advance(lease.LearnedHalfLife)
 	half, err := h.Store.LearnedPace(ctx, "shop.example")
 	require.NoError(t, err)
 	assert.InDelta(t, l.Interval.Seconds()/2, half.Interval.Seconds(), 0.003)
-	h.Advance(10 * discovery.LearnedHalfLife)
+	h.Advance(10 * lease.LearnedHalfLife)
 	gone, err := h.Store.LearnedPace(ctx, "shop.example")
 	require.NoError(t, err)
 	assert.Zero(t, gone.Interval)
@@ -187,7 +187,7 @@ func learnedPace(t *testing.T, h Harness) {
 // pacingConcurrently: many clients at once never take more than the
 // burst from a paced host, nor more leases than its concurrency limit.
 func pacingConcurrently(t *testing.T, h Harness) {
-	p := discovery.Pace{Interval: time.Hour, Burst: 3, MaxConcurrent: 2}
+	p := lease.Pace{Interval: time.Hour, Burst: 3, MaxConcurrent: 2}
 	set := Of("a", "b", "c")
 	var mu sync.Mutex
 	leased := map[string]int{}

@@ -10,11 +10,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/example/egress-proxies-operator/discovery"
+	"github.com/example/egress-proxies-operator/lease"
 )
 
-func acquireExclusive(h Harness, c discovery.Candidates, ttl time.Duration) (discovery.Lease, error) {
-	return h.Store.Acquire(context.Background(), discovery.AcquireRequest{Candidates: c, TTL: ttl, Exclusive: true})
+func acquireExclusive(h Harness, c lease.Candidates, ttl time.Duration) (lease.Lease, error) {
+	return h.Store.Acquire(context.Background(), lease.AcquireRequest{Candidates: c, TTL: ttl, Exclusive: true})
 }
 
 func held(t *testing.T, h Harness, ids ...string) []bool {
@@ -44,9 +44,9 @@ func exclusive(t *testing.T, h Harness) {
 	assert.Equal(t, []bool{false, true}, held(t, h, "a", "b"))
 
 	_, err = acquireExclusive(h, set, time.Minute)
-	var none *discovery.NoProxyAvailableError
+	var none *lease.NoProxyAvailableError
 	require.ErrorAs(t, err, &none, "a is in use, b is held")
-	assert.Equal(t, discovery.CauseExclusive, none.Cause)
+	assert.Equal(t, lease.CauseExclusive, none.Cause)
 	for range 4 {
 		l, err := acquire(h, set, "shop.example", time.Hour)
 		require.NoError(t, err)
@@ -54,11 +54,11 @@ func exclusive(t *testing.T, h Harness) {
 	}
 	_, err = acquire(h, Of("b"), "", time.Minute)
 	require.ErrorAs(t, err, &none, "b alone: held")
-	assert.Equal(t, discovery.CauseExclusive, none.Cause)
+	assert.Equal(t, lease.CauseExclusive, none.Cause)
 	assert.InDelta(t, time.Minute.Seconds(), none.RetryAfter.Seconds(), 1, "until the hold ends")
 
 	// Within the hold: the holder's own leases go to b.
-	in, err := h.Store.Acquire(ctx, discovery.AcquireRequest{Candidates: set, TTL: time.Minute, Within: x.ID})
+	in, err := h.Store.Acquire(ctx, lease.AcquireRequest{Candidates: set, TTL: time.Minute, Within: x.ID})
 	require.NoError(t, err)
 	assert.Equal(t, "b", in.ProxyID, "the least loaded, and the holder's")
 	require.NoError(t, h.Store.Release(ctx, in.ID))
@@ -69,7 +69,7 @@ func exclusive(t *testing.T, h Harness) {
 	require.NoError(t, err)
 	h.Advance(50 * time.Second)
 	_, err = acquire(h, Of("b"), "", time.Minute)
-	require.ErrorIs(t, err, discovery.ErrNoProxyAvailable, "renewed: still held")
+	require.ErrorIs(t, err, lease.ErrNoProxyAvailable, "renewed: still held")
 	h.Advance(11 * time.Second)
 	assert.Equal(t, []bool{false, false}, held(t, h, "a", "b"), "expired")
 	l, err := acquire(h, Of("b"), "", time.Minute)
@@ -89,10 +89,10 @@ func exclusive(t *testing.T, h Harness) {
 	// Paced targets honour holds too.
 	x, err = acquireExclusive(h, Of("b"), time.Hour)
 	require.NoError(t, err)
-	_, err = h.Store.Acquire(ctx, discovery.AcquireRequest{Candidates: Of("b"), Target: "shop.example", TTL: time.Minute,
-		PaceOf: func(string) discovery.Pace { return discovery.Pace{Interval: time.Second, Burst: 1} }})
+	_, err = h.Store.Acquire(ctx, lease.AcquireRequest{Candidates: Of("b"), Target: "shop.example", TTL: time.Minute,
+		PaceOf: func(string) lease.Pace { return lease.Pace{Interval: time.Second, Burst: 1} }})
 	require.ErrorAs(t, err, &none, "a paced lease skips a held proxy")
-	assert.Equal(t, discovery.CauseExclusive, none.Cause)
+	assert.Equal(t, lease.CauseExclusive, none.Cause)
 }
 
 // exclusiveConcurrently: many exclusive leases race for few proxies; each
@@ -115,7 +115,7 @@ func exclusiveConcurrently(t *testing.T, h Harness) {
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
-				assert.ErrorIs(t, err, discovery.ErrNoProxyAvailable)
+				assert.ErrorIs(t, err, lease.ErrNoProxyAvailable)
 				none++
 				return
 			}
@@ -135,41 +135,41 @@ func exclusiveConcurrently(t *testing.T, h Harness) {
 // on a fresh stint or another proxy.
 func sessionStints(t *testing.T, h Harness) {
 	ctx := context.Background()
-	route := func() discovery.Route {
+	route := func() lease.Route {
 		t.Helper()
 		r, err := h.Store.Route(ctx, "s1", "shop.example")
 		require.NoError(t, err)
 		return r
 	}
-	set := func(s discovery.RouteSet) {
+	set := func(s lease.RouteSet) {
 		t.Helper()
 		s.Idle = time.Hour
 		require.NoError(t, h.Store.SetRoute(ctx, "s1", "shop.example", s))
 	}
-	set(discovery.RouteSet{Proxy: "p1", Own: true, IP: "192.0.2.1", Hold: "h1"})
+	set(lease.RouteSet{Proxy: "p1", Own: true, IP: "192.0.2.1", Hold: "h1"})
 	first := route()
 	assert.False(t, first.Since.IsZero())
 	assert.Equal(t, "192.0.2.1", first.IP)
 	assert.Equal(t, "h1", first.Hold)
 
 	h.Advance(time.Minute)
-	set(discovery.RouteSet{Proxy: "p1", Own: true, IP: "192.0.2.9"})
+	set(lease.RouteSet{Proxy: "p1", Own: true, IP: "192.0.2.9"})
 	r := route()
 	assert.True(t, r.Since.Equal(first.Since), "the same proxy keeps its stint: %s, then %s", first.Since, r.Since)
 	assert.Equal(t, "192.0.2.1", r.IP, "and the IP it started with")
 	assert.Equal(t, "h1", r.Hold)
-	set(discovery.RouteSet{Proxy: "p2", Own: false})
+	set(lease.RouteSet{Proxy: "p2", Own: false})
 	assert.True(t, route().Since.Equal(first.Since), "a detour is no new stint")
 
 	h.Advance(time.Minute)
-	set(discovery.RouteSet{Proxy: "p1", Own: true, Fresh: true, IP: "192.0.2.1"})
+	set(lease.RouteSet{Proxy: "p1", Own: true, Fresh: true, IP: "192.0.2.1"})
 	r = route()
 	assert.InDelta(t, (2 * time.Minute).Seconds(), r.Since.Sub(first.Since).Seconds(), 1, "a fresh stint starts now")
 	assert.Empty(t, r.Hold)
 
 	h.Advance(time.Minute)
-	set(discovery.RouteSet{Proxy: "p3", Own: true, IP: "192.0.2.3", Hold: "h3"})
+	set(lease.RouteSet{Proxy: "p3", Own: true, IP: "192.0.2.3", Hold: "h3"})
 	r = route()
 	assert.InDelta(t, (3 * time.Minute).Seconds(), r.Since.Sub(first.Since).Seconds(), 1, "another proxy: a new stint")
-	assert.Equal(t, discovery.Route{Own: "p3", Since: r.Since, IP: "192.0.2.3", Hold: "h3"}, r)
+	assert.Equal(t, lease.Route{Own: "p3", Since: r.Since, IP: "192.0.2.3", Hold: "h3"}, r)
 }

@@ -1,0 +1,83 @@
+package lease
+
+import (
+	"container/heap"
+	"context"
+	"time"
+)
+
+// The memory store's gateway sessions: each session's route per host, and
+// its reports.
+
+// Route implements Store.
+func (m *MemoryStore) Route(_ context.Context, session, host string) (Route, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.expireLocked()
+	sess, ok := m.sessions[session]
+	if !ok {
+		return Route{}, nil
+	}
+	return Route{Own: sess.own, Detour: sess.detours[host], Since: sess.since, IP: sess.ip, Hold: sess.hold}, nil
+}
+
+// SetRoute implements Store.
+func (m *MemoryStore) SetRoute(_ context.Context, session, host string, set RouteSet) error {
+	proxy, own, idle := set.Proxy, set.Own, set.Idle
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.expireLocked()
+	sess, ok := m.sessions[session]
+	if !ok {
+		sess = &memSession{name: session, detours: map[string]string{}, reported: map[string]sessionReport{}}
+		m.sessions[session] = sess
+	}
+	if own {
+		if sess.own != proxy || set.Fresh {
+			sess.since, sess.ip, sess.hold = now, set.IP, set.Hold
+		}
+		sess.own = proxy
+		delete(sess.detours, host)
+	} else {
+		sess.detours[host] = proxy
+	}
+	sess.until = now.Add(idle)
+	if ok {
+		heap.Fix(&m.sessionEnds, sess.index)
+	} else {
+		heap.Push(&m.sessionEnds, sess)
+	}
+	return nil
+}
+
+// ReportSession implements Store.
+func (m *MemoryStore) ReportSession(_ context.Context, session, reporter, result, target string, cooldown, window time.Duration) (string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.expireLocked()
+	sess, ok := m.sessions[session]
+	if !ok {
+		return "", ErrSessionNotFound
+	}
+	proxy := sess.own
+	if detour := sess.detours[target]; detour != "" {
+		proxy = detour
+	}
+	if proxy == "" {
+		return "", ErrSessionNotFound
+	}
+	if !cools(result) {
+		if out, ok := outcomeOf(result, reporter); ok {
+			m.recordLocked(proxy, target, out, now)
+		}
+		return proxy, nil
+	}
+	if last, ok := sess.reported[target]; ok && now.Sub(last.at) < window {
+		return last.proxy, nil
+	}
+	sess.reported[target] = sessionReport{at: now, proxy: proxy}
+	m.coolLocked(proxy, target, now.Add(cooldown))
+	out, _ := outcomeOf(result, reporter)
+	m.recordLocked(proxy, target, out, now)
+	return proxy, nil
+}

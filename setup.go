@@ -8,6 +8,8 @@ import (
 	"maps"
 	"time"
 
+	"github.com/example/egress-proxies-operator/broker"
+
 	"github.com/example/egress-proxies-operator/lease"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -191,9 +193,9 @@ func (w *wiring) setupPools(demand pool.DemandSource) error {
 // the tenants. The manager's /readyz then also waits for them.
 func (w *wiring) setupDiscovery(ctx context.Context, engine *health.Engine) (*discovery.Server, error) {
 	d := w.opts.discovery
-	view := discovery.NewView(engineHealth{engine}, w.opts.identity.CredentialsNamespace)
+	view := broker.NewView(engineHealth{engine}, w.opts.identity.CredentialsNamespace)
 	view.SetClouds(w.clouds)
-	policies, quotas := discovery.NewPolicyIndex(), discovery.NewQuotaIndex()
+	policies, quotas := broker.NewPolicyIndex(), broker.NewQuotaIndex()
 	var synced []func() bool
 	for _, feed := range []struct {
 		obj     client.Object
@@ -213,7 +215,7 @@ func (w *wiring) setupDiscovery(ctx context.Context, engine *health.Engine) (*di
 	if err != nil {
 		return nil, err
 	}
-	var tenants discovery.Tenants
+	var tenants broker.Tenants
 	if d.Tenants() {
 		reviewer, err := kubeauth.NewReviewerFor(w.restConfig, w.mgr.GetHTTPClient(), d.TenantAudience, d.TenantReviewTTL)
 		if err != nil {
@@ -230,7 +232,7 @@ func (w *wiring) setupDiscovery(ctx context.Context, engine *health.Engine) (*di
 		return nil, err
 	}
 	server := discovery.NewServer(discovery.Options{
-		Addr: d.Addr, DefaultTTL: discovery.DefaultTTL, MaxTTL: d.MaxTTL, DefaultCooldown: d.Cooldown,
+		Addr: d.Addr, DefaultTTL: broker.DefaultTTL, MaxTTL: d.MaxTTL, DefaultCooldown: d.Cooldown,
 		Store: store, StoreTimeout: w.opts.leaseStore.Timeout, View: view, Tokens: tokens, WaitForTokens: waitForTokens,
 		Ready: func() bool {
 			for _, s := range synced {
@@ -241,10 +243,10 @@ func (w *wiring) setupDiscovery(ctx context.Context, engine *health.Engine) (*di
 			return true
 		},
 		Clock: clock.RealClock{}, Credentials: credentials.Reader{Client: w.credentialsCache},
-		Politeness: discovery.Politeness{Policies: policies, Adaptive: d.AdaptivePacing},
+		Politeness: broker.Politeness{Policies: policies, Adaptive: d.AdaptivePacing},
 		Tenants:    tenants, Quotas: quotas, Ledger: ledger, LedgerRetention: d.LedgerRetention,
 	})
-	if err := register(append(storeMetrics, server.LearnedPaceCollector(policies, w.opts.leaseStore.Timeout))...); err != nil {
+	if err := register(append(storeMetrics, server.Broker().LearnedPaceCollector(policies, w.opts.leaseStore.Timeout))...); err != nil {
 		return nil, err
 	}
 	if err := w.mgr.Add(server); err != nil {
@@ -285,7 +287,7 @@ func (w *wiring) setupGateway(server *discovery.Server) error {
 	gwOpts := w.opts.gateway
 	gwOpts.Upstreams = server.Tunnels()
 	gw := gateway.New(gwOpts)
-	server.OnSessionReport(gw.OnSessionReport)
+	server.Broker().OnSessionReport(gw.OnSessionReport)
 	if err := w.mgr.Add(gw); err != nil {
 		return fmt.Errorf("adding the rotating gateway: %w", err)
 	}
@@ -318,7 +320,7 @@ func (c everyReplica) GetCache() cache.Cache { return c.Cache }
 type poolDemand struct{ server *discovery.Server }
 
 func (d poolDemand) PoolDemand(ctx context.Context, namespace, name string) (pool.Demand, error) {
-	got, err := d.server.PoolDemand(ctx, namespace, name)
+	got, err := d.server.Broker().PoolDemand(ctx, namespace, name)
 	return pool.Demand{ActiveLeases: got.ActiveLeases, Held: got.Held, HeldLeases: got.HeldLeases, LastRefused: got.LastRefused}, err
 }
 

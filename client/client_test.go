@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/example/egress-proxies-operator/broker"
+
 	"github.com/example/egress-proxies-operator/lease"
 
 	"github.com/stretchr/testify/assert"
@@ -34,7 +36,7 @@ const token = "client-token"
 // site that answers 429 with a Retry-After on /limited.
 type fixture struct {
 	c       *client.Client
-	view    *discovery.View
+	view    *broker.View
 	proxies map[string]*crawlv1alpha1.Proxy // by id
 	squids  map[string]*squid.Squid         // by proxy id
 	site    *httptest.Server
@@ -42,16 +44,16 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	return newFixtureWith(t, discovery.Politeness{})
+	return newFixtureWith(t, broker.Politeness{})
 }
 
 // newFixtureWith is newFixture with the discovery server's politeness.
-func newFixtureWith(t *testing.T, politeness discovery.Politeness) *fixture {
+func newFixtureWith(t *testing.T, politeness broker.Politeness) *fixture {
 	t.Helper()
-	f := &fixture{view: discovery.NewView(nil, "operator-ns"), proxies: map[string]*crawlv1alpha1.Proxy{}, squids: map[string]*squid.Squid{}}
+	f := &fixture{view: broker.NewView(nil, "operator-ns"), proxies: map[string]*crawlv1alpha1.Proxy{}, squids: map[string]*squid.Squid{}}
 	api := httptest.NewServer(discovery.NewServer(discovery.Options{
 		Store: lease.NewMemoryStore(nil), View: f.view, Tokens: discovery.StaticToken(token),
-		DefaultTTL: discovery.DefaultTTL, MaxTTL: discovery.DefaultMaxTTL, DefaultCooldown: time.Minute,
+		DefaultTTL: broker.DefaultTTL, MaxTTL: broker.DefaultMaxTTL, DefaultCooldown: time.Minute,
 		Politeness: politeness,
 	}).Handler())
 	t.Cleanup(api.Close)
@@ -351,11 +353,11 @@ type onePolicy struct {
 	pace lease.Pace
 }
 
-func (o onePolicy) ForHost(host string) []discovery.Policy {
+func (o onePolicy) ForHost(host string) []broker.Policy {
 	if host != o.host {
 		return nil
 	}
-	return []discovery.Policy{{Name: "crawl/site", Host: o.host, Pace: o.pace}}
+	return []broker.Policy{{Name: "crawl/site", Host: o.host, Pace: o.pace}}
 }
 
 // TestTransportPacesAPolicedHost: with a policy of one request per 400ms
@@ -364,7 +366,7 @@ func (o onePolicy) ForHost(host string) []discovery.Policy {
 // answer's body.
 func TestTransportPacesAPolicedHost(t *testing.T) {
 	host := "127.0.0.1"
-	f := newFixtureWith(t, discovery.Politeness{Policies: onePolicy{host: host, pace: lease.Pace{Interval: 400 * time.Millisecond, Burst: 1}}})
+	f := newFixtureWith(t, broker.Politeness{Policies: onePolicy{host: host, pace: lease.Pace{Interval: 400 * time.Millisecond, Burst: 1}}})
 	var mu sync.Mutex
 	var arrivals []time.Time
 	inner := f.site.Config.Handler

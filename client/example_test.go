@@ -7,6 +7,8 @@ import (
 	"net/http/httptest"
 	"time"
 
+	"github.com/example/egress-proxies-operator/broker"
+
 	"github.com/example/egress-proxies-operator/lease"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -20,7 +22,7 @@ import (
 // exampleAPI is a discovery API serving one healthy proxy, eu-1, for the
 // examples; a crawler would use the operator's Service instead.
 func exampleAPI() (url string, stop func()) {
-	view := discovery.NewView(nil, "operator-ns")
+	view := broker.NewView(nil, "operator-ns")
 	p := &crawlv1alpha1.Proxy{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "crawl", Name: "eu-1"},
 		Spec: crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeExternal, Attributes: map[string]string{"geo": "eu"},
@@ -31,7 +33,7 @@ func exampleAPI() (url string, stop func()) {
 	view.Handler().OnAdd(p, false)
 	srv := httptest.NewServer(discovery.NewServer(discovery.Options{
 		Store: lease.NewMemoryStore(nil), View: view, Tokens: discovery.StaticToken("s3cret"),
-		DefaultTTL: discovery.DefaultTTL, MaxTTL: discovery.DefaultMaxTTL, DefaultCooldown: 15 * time.Minute,
+		DefaultTTL: broker.DefaultTTL, MaxTTL: broker.DefaultMaxTTL, DefaultCooldown: 15 * time.Minute,
 	}).Handler())
 	return srv.URL, srv.Close
 }

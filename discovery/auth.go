@@ -6,11 +6,12 @@ import (
 	"errors"
 	"net/http"
 	"strings"
-	"time"
 
 	"github.com/julienschmidt/httprouter"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/example/egress-proxies-operator/broker"
+	"github.com/example/egress-proxies-operator/operator"
 	"github.com/example/egress-proxies-operator/tenant"
 )
 
@@ -32,10 +33,6 @@ const (
 	authLocked
 )
 
-// LockedRetryAfter is the Retry-After of the API's and the gateway's 503
-// while locked: a configuration change, not a moment's load.
-const LockedRetryAfter = 60 * time.Second
-
 // handle is an API handler that returns the status it answered with.
 type handle func(w http.ResponseWriter, r *http.Request, ps httprouter.Params) int
 
@@ -48,8 +45,8 @@ func (s *Server) authed(route string, h handle) httprouter.Handle {
 		s.noteAuth(r.Context(), state)
 		if state == authLocked {
 			// Locked: nobody is let in, whatever token they hold, as the
-			// gateway refuses everyone (Tunnels.Authorize).
-			setRetryAfter(w, LockedRetryAfter)
+			// gateway refuses everyone (Authorize).
+			setRetryAfter(w, broker.LockedRetryAfter)
 			s.count(route, writeError(w, http.StatusServiceUnavailable, CodeLocked,
 				"the discovery token Secret is missing or its key is empty: the API and the gateway refuse every client, ServiceAccount tokens included, until a token is there (the operator recreates a deleted Secret; an emptied key stays so until someone writes a token)"),
 				s.opts.Clock.Since(start))
@@ -136,7 +133,7 @@ func (s *Server) noteAuth(ctx context.Context, state int32) {
 	log := logf.FromContext(ctx).WithName("discovery")
 	switch state {
 	case authOpen:
-		warn(log, "--discovery-auth=none: the discovery API serves UNAUTHENTICATED and hands out no proxy credentials")
+		operator.Warn(log, "--discovery-auth=none: the discovery API serves UNAUTHENTICATED and hands out no proxy credentials")
 	case authLocked:
 		log.Error(errors.New("discovery token missing"),
 			"the discovery token Secret is missing or has no token key: the API refuses every request until a token is there")
@@ -152,4 +149,19 @@ func boolGauge(b bool) float64 {
 		return 1
 	}
 	return 0
+}
+
+type tenantKey struct{}
+
+// withTenant is ctx carrying the request's tenant.
+func withTenant(ctx context.Context, t *tenant.Tenant) context.Context {
+	return context.WithValue(ctx, tenantKey{}, t)
+}
+
+// tenantOf is the request's tenant (Anonymous when the API is open).
+func tenantOf(ctx context.Context) *tenant.Tenant {
+	if t, ok := ctx.Value(tenantKey{}).(*tenant.Tenant); ok {
+		return t
+	}
+	return tenant.Anonymous
 }

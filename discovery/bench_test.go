@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/example/egress-proxies-operator/broker"
+
 	"github.com/example/egress-proxies-operator/lease"
 
 	"github.com/julienschmidt/httprouter"
@@ -137,8 +139,8 @@ func side(b *testing.B, who, baseWho string, project, baseline func(c *http.Clie
 
 // benchView is a view of benchProxies healthy External proxies (geo=eu)
 // in namespace bench; poolOf names the pool the i-th belongs to ("" none).
-func benchView(poolOf func(i int) string) *View {
-	view := NewView(nil, "operator-ns")
+func benchView(poolOf func(i int) string) *broker.View {
+	view := broker.NewView(nil, "operator-ns")
 	for i := range benchProxies {
 		p := &crawlv1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: "bench", Name: fmt.Sprintf("px-%05d", i)},
 			Spec:   crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeExternal, Attributes: map[string]string{"geo": "eu"}},
@@ -148,7 +150,7 @@ func benchView(poolOf func(i int) string) *View {
 				UID: types.UID("u-" + pool), Controller: ptrTo(true)}}
 		}
 		testenv.SetHealth(p, metav1.ConditionTrue, "x")
-		view.upsert(p)
+		view.Upsert(p)
 	}
 	return view
 }
@@ -166,10 +168,10 @@ func percentile(lat []time.Duration, p float64) time.Duration {
 func BenchmarkLeaseRelease10k(b *testing.B) {
 	view := benchView(func(int) string { return "" })
 	api := serve(b, NewServer(Options{Store: lease.NewMemoryStore(nil), View: view, Tokens: StaticToken("bench-token"), Clock: clock.RealClock{},
-		DefaultTTL: DefaultTTL, MaxTTL: DefaultMaxTTL, DefaultCooldown: DefaultCooldown}).Handler())
+		DefaultTTL: broker.DefaultTTL, MaxTTL: broker.DefaultMaxTTL, DefaultCooldown: broker.DefaultCooldown}).Handler())
 
 	fixed, _ := json.Marshal(leaseResponse{LeaseID: "00000000-0000-0000-0000-000000000000",
-		Proxy:     ProxyInfo{ID: "bench/px-00000", IP: "127.0.0.1", Port: 10000, URL: "http://127.0.0.1:10000", Attributes: map[string]string{"geo": "eu", "mode": "External"}, Healthy: true, ActiveLeases: 1},
+		Proxy:     broker.ProxyInfo{ID: "bench/px-00000", IP: "127.0.0.1", Port: 10000, URL: "http://127.0.0.1:10000", Attributes: map[string]string{"geo": "eu", "mode": "External"}, Healthy: true, ActiveLeases: 1},
 		ExpiresAt: time.Now()})
 	router := httprouter.New()
 	router.POST("/v1/leases", func(w http.ResponseWriter, _ *http.Request, _ httprouter.Params) {
@@ -223,7 +225,7 @@ func BenchmarkTenantLease10k(b *testing.B) {
 	teamToken := benchJWT(time.Now().Add(time.Hour))
 	reviewer := kubeauth.NewReviewer(benchReviews{token: teamToken}, benchAccess{}, tenant.DefaultAudience, time.Minute)
 	api := serve(b, NewServer(Options{Store: lease.NewMemoryStore(nil), View: view, Tokens: StaticToken("bench-token"), Clock: clock.RealClock{},
-		DefaultTTL: DefaultTTL, MaxTTL: DefaultMaxTTL, DefaultCooldown: DefaultCooldown, Tenants: tenant.NewChecker(reviewer)}).Handler())
+		DefaultTTL: broker.DefaultTTL, MaxTTL: broker.DefaultMaxTTL, DefaultCooldown: broker.DefaultCooldown, Tenants: tenant.NewChecker(reviewer)}).Handler())
 
 	side(b, "tenant", "bare", leaseAndRelease(api, teamToken), leaseAndRelease(api, "bench-token"), 0.99)
 	b.ReportMetric(0, "ns/op")

@@ -20,7 +20,7 @@ func TestCloudsAndRegionsSpanManagedAndExternal(t *testing.T) {
 	add := func(p *crawlv1alpha1.Proxy) {
 		p.Status = crawlv1alpha1.ProxyStatus{Phase: crawlv1alpha1.PhaseReady, IP: "127.0.0." + p.Name[len(p.Name)-1:], Port: 3128}
 		testenv.SetHealth(p, metav1.ConditionTrue, "x")
-		f.view.upsert(p)
+		f.view.Upsert(p)
 	}
 	add(&crawlv1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: "crawl", Name: "aws-1"},
 		Spec: crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeManaged, Provider: "aws-eu", Port: 3128,

@@ -8,12 +8,13 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/example/egress-proxies-operator/broker"
 
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -62,12 +63,12 @@ func decodeJSON(body []byte, into any) (int, string, error) {
 
 // parseListQuery reads GET /v1/proxies' query: healthy=true|false, and every
 // other parameter an attribute to match.
-func parseListQuery(rawQuery string) (Selector, *bool, error) {
+func parseListQuery(rawQuery string) (broker.Selector, *bool, error) {
 	values, err := url.ParseQuery(rawQuery)
 	if err != nil {
 		return nil, nil, fmt.Errorf("query string: %w", err)
 	}
-	sel := Selector{}
+	sel := broker.Selector{}
 	var healthy *bool
 	for k, vs := range values {
 		if len(vs) != 1 {
@@ -83,34 +84,10 @@ func parseListQuery(rawQuery string) (Selector, *bool, error) {
 		}
 		sel[k] = vs[0]
 	}
-	if err := validateSelector("query parameter", sel); err != nil {
+	if err := broker.ValidateSelector("query parameter", sel); err != nil {
 		return nil, nil, err
 	}
 	return sel, healthy, nil
-}
-
-// normalizeTarget compares targets as hosts: case, a trailing dot and a port
-// are ignored, so Example.COM.:443 cools down with example.com.
-func normalizeTarget(target string) string {
-	if host, _, err := net.SplitHostPort(target); err == nil {
-		target = host
-	}
-	target = strings.TrimSuffix(strings.Trim(target, "[]"), ".")
-	return strings.ToLower(target)
-}
-
-// validateTarget checks a request's target site: a host name, at most 253
-// characters.
-func validateTarget(target string, required bool) error {
-	switch {
-	case target == "" && required:
-		return fmt.Errorf("target is required when result is %s or %s", lease.ResultRateLimited, lease.ResultBlocked)
-	case len(target) > 253:
-		return errors.New("target is longer than 253 characters")
-	case strings.ContainsAny(target, " /\t\n\r"):
-		return fmt.Errorf("target must be a host name such as example.com, got %q", target)
-	}
-	return nil
 }
 
 type errorBody struct {

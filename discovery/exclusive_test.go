@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/example/egress-proxies-operator/broker"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -21,7 +23,7 @@ func TestExclusiveLeases(t *testing.T) {
 	for _, name := range []string{"eu-0", "eu-1"} {
 		p := f.proxy(name, "127.0.0.1"+name[3:], true, nil)
 		p.OwnerReferences = []metav1.OwnerReference{{APIVersion: crawlv1alpha1.GroupVersion.String(), Kind: "ProxyPool", Name: "eu", UID: "u", Controller: ptrTo(true)}}
-		f.view.upsert(p)
+		f.view.Upsert(p)
 	}
 	shared := f.do("POST", "/v1/leases", `{"selector":{"pool":"eu"}}`)
 	require.Equal(t, http.StatusCreated, shared.status, shared.raw)
@@ -43,9 +45,9 @@ func TestExclusiveLeases(t *testing.T) {
 		require.Equal(t, http.StatusCreated, r.status, r.raw)
 		assert.Equal(t, proxyID(shared), proxyID(r), "shared leases stay off the held proxy")
 	}
-	demand, err := f.srv.PoolDemand(context.Background(), "crawl", "eu")
+	demand, err := f.srv.Broker().PoolDemand(context.Background(), "crawl", "eu")
 	require.NoError(t, err)
-	assert.Equal(t, PoolDemand{ActiveLeases: 5, Held: 1, HeldLeases: 1, LastRefused: f.clock.Now()}, demand,
+	assert.Equal(t, broker.PoolDemand{ActiveLeases: 5, Held: 1, HeldLeases: 1, LastRefused: f.clock.Now()}, demand,
 		"the refused exclusive lease and the held member reach the autoscaler")
 
 	release := f.do("DELETE", "/v1/leases/"+held.body["leaseID"].(string), "")
@@ -77,12 +79,12 @@ func TestAnExclusiveSessionHoldsAProxyItsHostMayTake(t *testing.T) {
 	require.Equal(t, http.StatusNoContent, f.do("DELETE", "/v1/leases/"+last.body["leaseID"].(string), "").status)
 
 	tunnels := f.srv.Tunnels()
-	req := TunnelRequest{Session: "x1", Exclusive: true, Host: "shop.example", TTL: time.Minute, SessionIdle: time.Hour}
-	up, err := tunnels.Pick(context.Background(), req)
+	req := broker.TunnelRequest{Session: "x1", Exclusive: true, Host: "shop.example", TTL: time.Minute, SessionIdle: time.Hour}
+	up, err := tunnels.Tunnel(context.Background(), req)
 	require.NoError(t, err)
 	assert.Equal(t, "crawl/b", up.ProxyID, "the proxy cooling for the host is let go")
 	assert.NotEmpty(t, up.Hold)
-	tunnels.Release(context.Background(), up.LeaseID, "x1", 0)
+	tunnels.ReleaseTunnel(context.Background(), up.LeaseID, "x1", 0)
 
 	held, err := f.store.Held(context.Background(), []string{"crawl/a", "crawl/b"})
 	require.NoError(t, err)
@@ -91,7 +93,7 @@ func TestAnExclusiveSessionHoldsAProxyItsHostMayTake(t *testing.T) {
 	require.Equal(t, http.StatusCreated, other.status, other.raw)
 	assert.Equal(t, "crawl/a", proxyID(other), "a lease for another host stays off the held proxy")
 
-	again, err := tunnels.Pick(context.Background(), TunnelRequest{Session: "x1", Exclusive: true, Host: "news.example", TTL: time.Minute, SessionIdle: time.Hour})
+	again, err := tunnels.Tunnel(context.Background(), broker.TunnelRequest{Session: "x1", Exclusive: true, Host: "news.example", TTL: time.Minute, SessionIdle: time.Hour})
 	require.NoError(t, err)
 	assert.Equal(t, "crawl/b", again.ProxyID, "the session keeps its hold for its other hosts")
 	assert.Equal(t, up.Hold, again.Hold)
@@ -105,29 +107,29 @@ func TestAStrictSessionStartsOverOnlyBeforeItsFirstTunnel(t *testing.T) {
 	f.proxy("a", "127.0.0.21", true, nil)
 	f.proxy("b", "127.0.0.22", true, nil)
 	tunnels := f.srv.Tunnels()
-	req := TunnelRequest{Session: "s1", Strict: true, Host: "shop.example", TTL: time.Minute, SessionIdle: time.Hour}
-	first, err := tunnels.Pick(context.Background(), req)
+	req := broker.TunnelRequest{Session: "s1", Strict: true, Host: "shop.example", TTL: time.Minute, SessionIdle: time.Hour}
+	first, err := tunnels.Tunnel(context.Background(), req)
 	require.NoError(t, err)
 	assert.True(t, first.Fresh, "the session's first tunnel starts its stint")
-	tunnels.Release(context.Background(), first.LeaseID, "s1", 0)
+	tunnels.ReleaseTunnel(context.Background(), first.LeaseID, "s1", 0)
 
 	retry := req
 	retry.Avoid, retry.Restart = []string{first.ProxyID}, true
-	moved, err := tunnels.Pick(context.Background(), retry)
+	moved, err := tunnels.Tunnel(context.Background(), retry)
 	require.NoError(t, err, "the first tunnel failed: the session starts elsewhere")
 	assert.NotEqual(t, first.ProxyID, moved.ProxyID)
 	assert.True(t, moved.Fresh)
-	tunnels.Release(context.Background(), moved.LeaseID, "s1", 0)
+	tunnels.ReleaseTunnel(context.Background(), moved.LeaseID, "s1", 0)
 
-	again, err := tunnels.Pick(context.Background(), req)
+	again, err := tunnels.Tunnel(context.Background(), req)
 	require.NoError(t, err)
 	assert.Equal(t, moved.ProxyID, again.ProxyID, "and sticks there")
 	assert.False(t, again.Fresh)
-	tunnels.Release(context.Background(), again.LeaseID, "s1", 0)
+	tunnels.ReleaseTunnel(context.Background(), again.LeaseID, "s1", 0)
 	failed := req
 	failed.Avoid = []string{again.ProxyID}
-	_, err = tunnels.Pick(context.Background(), failed)
-	var lost *SessionLostError
+	_, err = tunnels.Tunnel(context.Background(), failed)
+	var lost *broker.SessionLostError
 	require.ErrorAs(t, err, &lost, "a used proxy failing loses the strict session")
-	assert.Equal(t, SessionProxyFailed, lost.Cause)
+	assert.Equal(t, broker.SessionProxyFailed, lost.Cause)
 }

@@ -5,6 +5,8 @@ import (
 	"net/url"
 	"testing"
 
+	"github.com/example/egress-proxies-operator/broker"
+
 	"github.com/example/egress-proxies-operator/lease"
 )
 
@@ -19,8 +21,8 @@ func FuzzDecodeLeaseRequest(f *testing.F) {
 	} {
 		f.Add([]byte(seed))
 	}
-	srv := NewServer(Options{Store: lease.NewMemoryStore(nil), View: NewView(nil, "operator-ns"), Tokens: StaticToken(""),
-		DefaultTTL: DefaultTTL, MaxTTL: DefaultMaxTTL, DefaultCooldown: DefaultCooldown})
+	srv := NewServer(Options{Store: lease.NewMemoryStore(nil), View: broker.NewView(nil, "operator-ns"), Tokens: StaticToken(""),
+		DefaultTTL: broker.DefaultTTL, MaxTTL: broker.DefaultMaxTTL, DefaultCooldown: broker.DefaultCooldown})
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var req leaseRequest
 		status, code, err := decodeJSON(body, &req)
@@ -31,8 +33,8 @@ func FuzzDecodeLeaseRequest(f *testing.F) {
 			return
 		}
 		_, _ = srv.ttl(req.TTLSeconds)
-		_ = validateSelector("selector", req.Selector)
-		_ = validateTarget(req.Target, false)
+		_ = broker.ValidateSelector("selector", req.Selector)
+		_ = broker.ValidateTarget(req.Target, false)
 		again, err := json.Marshal(req)
 		if err != nil {
 			t.Fatalf("re-encoding a decoded request: %v", err)
@@ -55,7 +57,7 @@ func FuzzParseListQuery(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if verr := validateSelector("query parameter", sel); verr != nil {
+		if verr := broker.ValidateSelector("query parameter", sel); verr != nil {
 			t.Fatalf("accepted a selector that does not validate: %v", verr)
 		}
 		if _, err := url.ParseQuery(query); err != nil {

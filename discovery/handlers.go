@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/example/egress-proxies-operator/broker"
+
 	"github.com/julienschmidt/httprouter"
 
 	"github.com/example/egress-proxies-operator/lease"
@@ -18,7 +20,7 @@ func (s *Server) listProxies(w http.ResponseWriter, r *http.Request, _ httproute
 	if err != nil {
 		return writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
 	}
-	proxies, err := s.visible(r.Context(), s.opts.View.list(sel, healthy))
+	proxies, err := s.broker.Visible(r.Context(), tenantOf(r.Context()), s.opts.View.List(sel, healthy))
 	if err != nil {
 		return authUnavailable(r.Context(), w, err)
 	}
@@ -40,17 +42,17 @@ func (s *Server) listProxies(w http.ResponseWriter, r *http.Request, _ httproute
 // proxyResponse is GET /v1/proxies/{namespace}/{name}: the proxy as the
 // list shows it, and what the hosts it went to made of it lately.
 type proxyResponse struct {
-	ProxyInfo
-	// Outcomes are its records by host (discovery.HostRecord): served and
+	broker.ProxyInfo
+	// Outcomes are its records by host (lease.HostRecord): served and
 	// blocked outcomes, weights halving every OutcomeHalfLife.
 	Outcomes []lease.HostRecord `json:"outcomes"`
 }
 
 func (s *Server) getProxy(w http.ResponseWriter, r *http.Request, ps httprouter.Params) int {
 	id := ps.ByName("namespace") + "/" + ps.ByName("name")
-	info, ok := s.opts.View.lookup(id, 0)
+	info, ok := s.opts.View.Lookup(id, 0)
 	if ok {
-		shown, err := s.visible(r.Context(), []ProxyInfo{info})
+		shown, err := s.broker.Visible(r.Context(), tenantOf(r.Context()), []broker.ProxyInfo{info})
 		if err != nil {
 			return authUnavailable(r.Context(), w, err)
 		}
@@ -77,9 +79,9 @@ func (s *Server) getProxy(w http.ResponseWriter, r *http.Request, ps httprouter.
 
 // leaseRequest is the body of POST /v1/leases.
 type leaseRequest struct {
-	Selector   Selector `json:"selector"`
-	TTLSeconds *int64   `json:"ttlSeconds"`
-	Target     string   `json:"target"`
+	Selector   broker.Selector `json:"selector"`
+	TTLSeconds *int64          `json:"ttlSeconds"`
+	Target     string          `json:"target"`
 	// MaxWaitSeconds is how long the client will wait for a paced
 	// target's next slot (default 0: only a slot free now).
 	MaxWaitSeconds float64 `json:"maxWaitSeconds"`
@@ -93,10 +95,10 @@ const MaxLeaseWait = time.Minute
 
 // leaseResponse is a lease as the API shows it.
 type leaseResponse struct {
-	LeaseID   string    `json:"leaseID"`
-	Proxy     ProxyInfo `json:"proxy"`
-	Target    string    `json:"target,omitempty"`
-	ExpiresAt time.Time `json:"expiresAt"`
+	LeaseID   string           `json:"leaseID"`
+	Proxy     broker.ProxyInfo `json:"proxy"`
+	Target    string           `json:"target,omitempty"`
+	ExpiresAt time.Time        `json:"expiresAt"`
 	// Paced says, in the answer that created it, that the target's
 	// politeness applied: the lease covers one request, at NextRequestAt
 	// when that is set (the slot its pace reserved); lease again for the
@@ -109,7 +111,7 @@ type leaseResponse struct {
 	State  string `json:"state"`
 	Reason string `json:"reason,omitempty"`
 	// Why says, in the answer that created it, how the proxy was chosen
-	// (discovery.Why*): least-loaded, then the fewest recent blocks by the
+	// (lease.Why*): least-loaded, then the fewest recent blocks by the
 	// target, or the soonest slot in the target's pace.
 	Why string `json:"why,omitempty"`
 	// Exclusive says the lease holds its proxy alone.
@@ -129,10 +131,10 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request, _ httproute
 	}
 	ttl, err := s.ttl(req.TTLSeconds)
 	if err == nil {
-		err = validateSelector("selector", req.Selector)
+		err = broker.ValidateSelector("selector", req.Selector)
 	}
 	if err == nil {
-		err = validateTarget(req.Target, false)
+		err = broker.ValidateTarget(req.Target, false)
 	}
 	if err == nil && (req.MaxWaitSeconds < 0 || req.MaxWaitSeconds > MaxLeaseWait.Seconds() || math.IsNaN(req.MaxWaitSeconds)) {
 		err = fmt.Errorf("maxWaitSeconds must be between 0 and %d, got %v", int(MaxLeaseWait.Seconds()), req.MaxWaitSeconds)
@@ -140,53 +142,30 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request, _ httproute
 	if err != nil {
 		return writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
 	}
-	req.Target = normalizeTarget(req.Target)
-	t := tenantOf(r.Context())
-	candidates, err := s.leasableCandidates(r.Context(), t, s.opts.View.candidates(req.Selector))
-	if err != nil {
-		return authUnavailable(r.Context(), w, err)
-	}
-	acquire := s.acquireRequest(candidates, req.Target, ttl, time.Duration(req.MaxWaitSeconds*float64(time.Second)))
-	acquire.Holder, acquire.Limit, acquire.Exclusive = t.Name, s.limitFor(t, LimitLeases), req.Exclusive
-	granted, err := s.store.Acquire(r.Context(), acquire)
-	var quota *QuotaError
-	if errors.As(s.quotaError(t, LimitLeases, err), &quota) {
+	granted, err := s.broker.Lease(r.Context(), tenantOf(r.Context()), broker.LeaseRequest{Selector: req.Selector, Target: req.Target,
+		TTL: ttl, MaxWait: time.Duration(req.MaxWaitSeconds * float64(time.Second)), Exclusive: req.Exclusive})
+	var (
+		quota   *broker.QuotaError
+		refused *broker.RefusedError
+	)
+	switch {
+	case errors.As(err, &quota):
 		setRetryAfter(w, max(quota.RetryAfter, time.Second))
 		return writeError(w, http.StatusTooManyRequests, CodeQuotaExceeded, quota.Error())
-	}
-	notePaced(err, granted.Wait)
-	var none *lease.NoProxyAvailableError
-	if errors.As(err, &none) && none.Paced() {
-		setRetryAfter(w, none.RetryAfter)
+	case errors.As(err, &refused) && refused.Cause.Paced():
+		setRetryAfter(w, refused.Cause.RetryAfter)
 		return writeError(w, http.StatusTooManyRequests, CodeTargetPaced, fmt.Sprintf(
 			"the politeness for target %q allows none of the %d healthy proxies matching selector %v a request within %gs (%s); retry after Retry-After seconds or send a longer maxWaitSeconds",
-			req.Target, len(candidates.IDs), map[string]string(req.Selector), req.MaxWaitSeconds, none.Error()))
-	}
-	if errors.As(err, &none) {
-		s.noteRefused(r.Context(), t, req.Selector)
-		retry := retryAfterNoProxyBase
-		if none.RetryAfter > 0 && len(candidates.IDs) > 0 {
-			retry = none.RetryAfter
-		}
-		setRetryAfter(w, retry)
-		msg := fmt.Sprintf("no healthy proxy matches selector %v", map[string]string(req.Selector))
-		switch {
-		case len(candidates.IDs) > 0 && none.Cause == lease.CauseExclusive && req.Exclusive:
-			msg = fmt.Sprintf("each of the %d healthy proxies matching selector %v is in use or held by an exclusive lease; an exclusive lease needs one nobody holds",
-				len(candidates.IDs), map[string]string(req.Selector))
-		case len(candidates.IDs) > 0 && none.Cause == lease.CauseExclusive:
-			msg = fmt.Sprintf("each of the %d healthy proxies matching selector %v is held by an exclusive lease", len(candidates.IDs), map[string]string(req.Selector))
-		case len(candidates.IDs) > 0:
-			msg = fmt.Sprintf("all %d healthy proxies matching selector %v are cooling down for target %q", len(candidates.IDs), map[string]string(req.Selector), req.Target)
-		}
-		return writeError(w, http.StatusServiceUnavailable, CodeNoProxyAvailable, msg)
-	}
-	if err != nil {
+			broker.NormalizeTarget(req.Target), refused.Candidates, map[string]string(req.Selector), req.MaxWaitSeconds, refused.Cause.Error()))
+	case errors.As(err, &refused):
+		return noProxy(w, req, refused)
+	case errors.Is(err, broker.ErrTenantsUnavailable):
+		return authUnavailable(r.Context(), w, err)
+	case err != nil:
 		return storeUnavailable(r.Context(), w, err)
 	}
 	// Only the answer that creates a lease says how it was paced: both
 	// stores know it then, and a paced lease covers that one request.
-	s.record(r.Context(), lease.LedgerLease, lease.LedgerStart, granted, "", granted.ExpiresAt, 0)
 	view := s.leaseView(r.Context(), granted)
 	view.Paced = granted.Paced
 	if granted.Wait > 0 {
@@ -196,8 +175,29 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request, _ httproute
 	return writeJSON(w, http.StatusCreated, view)
 }
 
+// noProxy answers 503 no_proxy_available for a lease refused for want of a
+// proxy, saying what held the candidates back.
+func noProxy(w http.ResponseWriter, req leaseRequest, refused *broker.RefusedError) int {
+	none, n, sel := refused.Cause, refused.Candidates, map[string]string(req.Selector)
+	retry := retryAfterNoProxyBase
+	if none.RetryAfter > 0 && n > 0 {
+		retry = none.RetryAfter
+	}
+	setRetryAfter(w, retry)
+	msg := fmt.Sprintf("no healthy proxy matches selector %v", sel)
+	switch {
+	case n > 0 && none.Cause == lease.CauseExclusive && req.Exclusive:
+		msg = fmt.Sprintf("each of the %d healthy proxies matching selector %v is in use or held by an exclusive lease; an exclusive lease needs one nobody holds", n, sel)
+	case n > 0 && none.Cause == lease.CauseExclusive:
+		msg = fmt.Sprintf("each of the %d healthy proxies matching selector %v is held by an exclusive lease", n, sel)
+	case n > 0:
+		msg = fmt.Sprintf("all %d healthy proxies matching selector %v are cooling down for target %q", n, sel, broker.NormalizeTarget(req.Target))
+	}
+	return writeError(w, http.StatusServiceUnavailable, CodeNoProxyAvailable, msg)
+}
+
 func (s *Server) getLease(w http.ResponseWriter, r *http.Request, ps httprouter.Params) int {
-	granted, err := s.heldLease(r.Context(), ps.ByName("id"))
+	granted, err := s.broker.Get(r.Context(), tenantOf(r.Context()), ps.ByName("id"))
 	if err != nil {
 		return leaseError(r.Context(), w, ps.ByName("id"), err)
 	}
@@ -207,19 +207,9 @@ func (s *Server) getLease(w http.ResponseWriter, r *http.Request, ps httprouter.
 func (s *Server) releaseLease(w http.ResponseWriter, r *http.Request, ps httprouter.Params) int {
 	// Only its holder ends a lease; one gone already (or another tenant's,
 	// which this one cannot tell apart) is released all the same.
-	granted, err := s.heldLease(r.Context(), ps.ByName("id"))
-	switch {
-	case errors.Is(err, lease.ErrLeaseNotFound):
-		w.WriteHeader(http.StatusNoContent)
-		return http.StatusNoContent
-	case err != nil:
+	if err := s.broker.Release(r.Context(), tenantOf(r.Context()), ps.ByName("id")); err != nil {
 		return storeUnavailable(r.Context(), w, err)
 	}
-	if err := s.store.Release(r.Context(), granted.ID); err != nil {
-		return storeUnavailable(r.Context(), w, err)
-	}
-	s.revoke(r.Context(), granted)
-	s.record(r.Context(), lease.LedgerLease, lease.LedgerEnd, granted, "", s.opts.Clock.Now(), 0)
 	w.WriteHeader(http.StatusNoContent)
 	return http.StatusNoContent
 }
@@ -240,21 +230,14 @@ func (s *Server) renewLease(w http.ResponseWriter, r *http.Request, ps httproute
 	if err != nil {
 		return writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
 	}
-	granted, err := s.heldLease(r.Context(), ps.ByName("id"))
+	granted, err := s.broker.Renew(r.Context(), tenantOf(r.Context()), ps.ByName("id"), ttl)
+	var gone *broker.UnavailableError
+	if errors.As(err, &gone) {
+		return writeError(w, http.StatusConflict, CodeProxyUnavailable, gone.Error())
+	}
 	if err != nil {
 		return leaseError(r.Context(), w, ps.ByName("id"), err)
 	}
-	// A lease on a proxy that went away is not extended: the client should
-	// lease another. The lease itself lives on until its TTL, so a report
-	// on it (a cooldown worth keeping) is still accepted.
-	if why := s.opts.View.unavailable(granted.ProxyID); why != "" {
-		return writeError(w, http.StatusConflict, CodeProxyUnavailable,
-			fmt.Sprintf("lease %q is not renewed: %s; release it and lease another", granted.ID, why))
-	}
-	if granted, err = s.store.Renew(r.Context(), granted.ID, ttl); err != nil {
-		return leaseError(r.Context(), w, ps.ByName("id"), err)
-	}
-	s.record(r.Context(), lease.LedgerLease, lease.LedgerRenew, granted, "", granted.ExpiresAt, 0)
 	return writeJSON(w, http.StatusOK, s.leaseView(r.Context(), granted))
 }
 
@@ -270,19 +253,11 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request, ps httprouter.Pa
 	if err != nil {
 		return writeError(w, status, code, err.Error())
 	}
-	target := normalizeTarget(req.Target)
-	if !tenantOf(r.Context()).All() {
-		if _, err := s.heldLease(r.Context(), ps.ByName("id")); err != nil {
-			return leaseError(r.Context(), w, ps.ByName("id"), err)
-		}
-	}
-	if err := s.store.Report(r.Context(), ps.ByName("id"), req.Result, target, cooldown); err != nil {
+	retryAfter := time.Duration(req.RetryAfterSeconds) * time.Second
+	if err := s.broker.Report(r.Context(), tenantOf(r.Context()), ps.ByName("id"), req.Result, req.Target, cooldown, retryAfter); err != nil {
 		return leaseError(r.Context(), w, ps.ByName("id"), err)
 	}
 	reportsTotal.WithLabelValues(req.Result).Inc()
-	if req.Result == lease.ResultRateLimited {
-		s.pushBack(r.Context(), target, time.Duration(req.RetryAfterSeconds)*time.Second)
-	}
 	w.WriteHeader(http.StatusNoContent)
 	return http.StatusNoContent
 }
@@ -291,7 +266,7 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request, ps httprouter.Pa
 // is required, since a session's route is per host.
 func (s *Server) reportSession(w http.ResponseWriter, r *http.Request, ps httprouter.Params) int {
 	session := ps.ByName("session")
-	if !ValidSessionName(session) {
+	if !broker.ValidSessionName(session) {
 		return writeError(w, http.StatusBadRequest, CodeInvalidRequest, fmt.Sprintf("session %q must be 1-64 letters, digits, '-' or '_'", session))
 	}
 	req, cooldown, status, code, err := s.decodeReport(w, r)
@@ -301,10 +276,8 @@ func (s *Server) reportSession(w http.ResponseWriter, r *http.Request, ps httpro
 	if err != nil {
 		return writeError(w, status, code, err.Error())
 	}
-	target := normalizeTarget(req.Target)
-	who := tenantOf(r.Context())
-	key := SessionKey(who, session)
-	proxy, err := s.store.ReportSession(r.Context(), key, who.Name, req.Result, target, cooldown, SessionReportWindow)
+	err = s.broker.ReportSession(r.Context(), tenantOf(r.Context()), session, req.Result, req.Target, cooldown,
+		time.Duration(req.RetryAfterSeconds)*time.Second)
 	switch {
 	case errors.Is(err, lease.ErrSessionNotFound):
 		return writeError(w, http.StatusNotFound, CodeSessionNotFound,
@@ -313,10 +286,6 @@ func (s *Server) reportSession(w http.ResponseWriter, r *http.Request, ps httpro
 		return storeUnavailable(r.Context(), w, err)
 	}
 	reportsTotal.WithLabelValues(req.Result).Inc()
-	if req.Result == lease.ResultRateLimited {
-		s.pushBack(r.Context(), target, time.Duration(req.RetryAfterSeconds)*time.Second)
-	}
-	s.listeners.notify(SessionReport{Session: key, Target: target, Result: req.Result, Proxy: proxy})
 	w.WriteHeader(http.StatusNoContent)
 	return http.StatusNoContent
 }
@@ -329,9 +298,9 @@ func (s *Server) decodeReport(w http.ResponseWriter, r *http.Request) (req repor
 	}
 	switch req.Result {
 	case lease.ResultOK, lease.ResultError:
-		err = validateTarget(req.Target, false)
+		err = broker.ValidateTarget(req.Target, false)
 	case lease.ResultRateLimited, lease.ResultBlocked:
-		err = validateTarget(req.Target, true)
+		err = broker.ValidateTarget(req.Target, true)
 	default:
 		err = fmt.Errorf("result must be one of %s, %s, %s, %s; got %q", lease.ResultOK, lease.ResultError, lease.ResultRateLimited, lease.ResultBlocked, req.Result)
 	}
@@ -347,13 +316,13 @@ func (s *Server) decodeReport(w http.ResponseWriter, r *http.Request) (req repor
 // leaseView shows a lease with its proxy as it is now; a proxy deleted since
 // shows its id only, and healthy false.
 func (s *Server) leaseView(ctx context.Context, l lease.Lease) leaseResponse {
-	info, ok := s.opts.View.lookup(l.ProxyID, l.ProxyLeases)
+	info, ok := s.opts.View.Lookup(l.ProxyID, l.ProxyLeases)
 	if !ok {
-		info = ProxyInfo{ID: l.ProxyID, Attributes: map[string]string{}}
+		info = broker.ProxyInfo{ID: l.ProxyID, Attributes: map[string]string{}}
 	}
 	s.withCredentials(ctx, &info, &l)
 	resp := leaseResponse{LeaseID: l.ID, Proxy: info, Target: l.Target, ExpiresAt: l.ExpiresAt.UTC(), State: LeaseActive, Why: l.Why, Exclusive: l.Exclusive}
-	if why := s.opts.View.unavailable(l.ProxyID); why != "" {
+	if why := s.opts.View.Unavailable(l.ProxyID); why != "" {
 		resp.State, resp.Reason = LeaseProxyUnavailable, why
 	}
 	return resp

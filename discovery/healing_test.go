@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"testing"
 
+	"github.com/example/egress-proxies-operator/broker"
+
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -34,13 +36,13 @@ func TestRenewFollowsHealth(t *testing.T) {
 	}{
 		{"proxy went Unhealthy", func(f *fixture, p *crawlv1alpha1.Proxy) {
 			testenv.SetHealth(p, metav1.ConditionFalse, "Timeout")
-			f.view.upsert(p)
+			f.view.Upsert(p)
 		}, "is not healthy"},
 		{"proxy is being replaced", func(f *fixture, p *crawlv1alpha1.Proxy) {
 			p.Status.Phase, p.Status.IP = crawlv1alpha1.PhaseReplacing, ""
-			f.view.upsert(p)
+			f.view.Upsert(p)
 		}, "not serving"},
-		{"proxy deleted", func(f *fixture, _ *crawlv1alpha1.Proxy) { f.view.remove("crawl/eu-1") }, "no longer exists"},
+		{"proxy deleted", func(f *fixture, _ *crawlv1alpha1.Proxy) { f.view.Remove("crawl/eu-1") }, "no longer exists"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
@@ -92,7 +94,7 @@ func TestTargetsAreHosts(t *testing.T) {
 		"Example.COM.:443": "example.com", "example.com": "example.com", "[2001:DB8::1]:443": "2001:db8::1",
 		"2001:db8::1": "2001:db8::1", "127.0.0.1:8080": "127.0.0.1", "": "",
 	} {
-		assert.Equal(t, want, normalizeTarget(in), in)
+		assert.Equal(t, want, broker.NormalizeTarget(in), in)
 	}
 }
 
@@ -104,7 +106,7 @@ func TestTargetsAreHosts(t *testing.T) {
 func TestAuthFailsClosed(t *testing.T) {
 	f := newFixture(t)
 	tok := &lockableToken{value: "s3cret", required: true}
-	f.srv.opts.Tokens = tok
+	f.configure(func(o *Options) { o.Tokens = tok })
 	f.proxy("eu-1", "127.0.0.11", true, nil)
 
 	for _, header := range []string{"Bearer s3cret", "bearer s3cret", "BEARER   s3cret  ", "  Bearer s3cret"} {
@@ -115,7 +117,7 @@ func TestAuthFailsClosed(t *testing.T) {
 	}
 
 	tok.value = "" // the Secret is gone, or its key emptied: locked
-	f.srv.opts.Tenants = twoTeams()
+	f.configure(func(o *Options) { o.Tenants = twoTeams() })
 	r := f.do("GET", "/v1/proxies", "")
 	assert.Equal(t, http.StatusServiceUnavailable, r.status, "no token at all: refused, never open")
 	assert.Equal(t, CodeLocked, errorCode(r))
@@ -128,7 +130,7 @@ func TestAuthFailsClosed(t *testing.T) {
 	assert.Equal(t, http.StatusServiceUnavailable, r.status, "nor does a ServiceAccount's: locked is locked for everyone")
 	assert.Equal(t, CodeLocked, errorCode(r))
 	_, err := f.srv.Tunnels().Authorize(context.Background(), "token-a")
-	assert.ErrorIs(t, err, ErrGatewayLocked, "the gateway agrees")
+	assert.ErrorIs(t, err, broker.ErrGatewayLocked, "the gateway agrees")
 	assert.Equal(t, 1.0, testutil.ToFloat64(authLockedGauge))
 	assert.Equal(t, 1.0, testutil.ToFloat64(authEnabled))
 	assert.Equal(t, http.StatusOK, f.do("GET", "/healthz", "").status, "probes still answer")

@@ -1,15 +1,15 @@
 package discovery
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"net/netip"
 	"slices"
 	"time"
 
+	"github.com/example/egress-proxies-operator/broker"
+
 	"github.com/julienschmidt/httprouter"
-	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/example/egress-proxies-operator/lease"
 )
@@ -25,30 +25,6 @@ import (
 // for the retention period (a Redis stream, shared by the replicas) and
 // answers GET /v1/attribution.
 
-// record writes a ledger entry to the sink and the store. A record the
-// store could not take is logged: the JSON-lines log still has it.
-func (s *Server) record(ctx context.Context, kind, event string, l lease.Lease, session string, until time.Time, bytes int64) {
-	ip := ""
-	if info, ok := s.opts.View.lookup(l.ProxyID, 0); ok {
-		ip = info.IP
-	}
-	e := lease.LedgerEntry{At: s.opts.Clock.Now().UTC(), Kind: kind, Event: event, LeaseID: l.ID, Tenant: l.Holder, Session: session,
-		Proxy: l.ProxyID, IP: ip, Target: l.Target, Start: l.CreatedAt.UTC(), Until: until.UTC(), Bytes: bytes}
-	if s.opts.Ledger != nil {
-		s.opts.Ledger.Write(e)
-	}
-	if err := s.store.AppendLedger(ctx, e, s.ledgerRetention()); err != nil {
-		warn(logf.FromContext(ctx), "a ledger record reached the log but not the lease store", "lease", l.ID, "error", err.Error())
-	}
-}
-
-func (s *Server) ledgerRetention() time.Duration {
-	if s.opts.LedgerRetention > 0 {
-		return s.opts.LedgerRetention
-	}
-	return lease.DefaultLedgerRetention
-}
-
 // attributionResponse is GET /v1/attribution's answer.
 type attributionResponse struct {
 	IP       string          `json:"ip"`
@@ -61,7 +37,7 @@ type attributionResponse struct {
 // records from the longest a lease can go unrenewed before it up to it.
 func (s *Server) getAttribution(w http.ResponseWriter, r *http.Request, _ httprouter.Params) int {
 	t := tenantOf(r.Context())
-	allowed, err := s.mayReadAttribution(r.Context())
+	allowed, err := s.broker.MayReadAttribution(r.Context(), t)
 	if err != nil {
 		return authUnavailable(r.Context(), w, err)
 	}
@@ -80,7 +56,7 @@ func (s *Server) getAttribution(w http.ResponseWriter, r *http.Request, _ httpro
 	}
 	// Every lease or tunnel live at at has a record within this window
 	// before it: a lease's each renewal, a tunnel's start or checkpoint.
-	window := max(s.opts.MaxTTL+DefaultTTL, TunnelLedgerHorizon)
+	window := max(s.opts.MaxTTL+broker.DefaultTTL, broker.TunnelLedgerHorizon)
 	entries, err := s.store.ReadLedger(r.Context(), at.Add(-window), at)
 	if err != nil {
 		return storeUnavailable(r.Context(), w, err)

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/example/egress-proxies-operator/broker"
+
 	"github.com/example/egress-proxies-operator/lease"
 
 	"github.com/go-logr/logr"
@@ -26,9 +28,9 @@ func TestAttribution(t *testing.T) {
 	f.token.value = "platform-token"
 	teams := twoTeams()
 	teams.readers = map[string]bool{"system:serviceaccount:team-b:crawler": true}
-	f.srv.opts.Tenants = teams
+	f.configure(func(o *Options) { o.Tenants = teams })
 	var log bytes.Buffer
-	f.srv.opts.Ledger = lease.NewJSONLines(&log, logr.Discard())
+	f.configure(func(o *Options) { o.Ledger = lease.NewJSONLines(&log, logr.Discard()) })
 	f.member("eu", "eu-0", "127.0.0.11")
 	f.member("us", "us-0", "127.0.0.12")
 	as := func(token string) []string { return []string{"Authorization", "Bearer " + token} }
@@ -42,10 +44,10 @@ func TestAttribution(t *testing.T) {
 	require.Equal(t, http.StatusNoContent, f.do("DELETE", "/v1/leases/"+granted.body["leaseID"].(string), "", as("token-a")...).status)
 	b, err := f.srv.Tunnels().Authorize(context.Background(), "token-b")
 	require.NoError(t, err)
-	up, err := f.srv.Tunnels().Pick(context.Background(), TunnelRequest{Tenant: b, Session: "s1", Host: "shop.example", TTL: time.Minute, SessionIdle: time.Minute})
+	up, err := f.srv.Tunnels().Tunnel(context.Background(), broker.TunnelRequest{Tenant: b, Session: "s1", Host: "shop.example", TTL: time.Minute, SessionIdle: time.Minute})
 	require.NoError(t, err)
 	f.clock.Step(10 * time.Second)
-	f.srv.Tunnels().Release(context.Background(), up.LeaseID, "s1", 4096)
+	f.srv.Tunnels().ReleaseTunnel(context.Background(), up.LeaseID, "s1", 4096)
 
 	lines := strings.Split(strings.TrimSpace(log.String()), "\n")
 	require.Len(t, lines, 5, "start, renew and end of the lease; start and end of the tunnel")
@@ -84,26 +86,26 @@ func TestTheLedgerGrowsWithTunnelsNotRenewals(t *testing.T) {
 	f := newFixture(t)
 	f.token.value = "platform-token"
 	var log bytes.Buffer
-	f.srv.opts.Ledger = lease.NewJSONLines(&log, logr.Discard())
+	f.configure(func(o *Options) { o.Ledger = lease.NewJSONLines(&log, logr.Discard()) })
 	f.proxy("eu-1", "127.0.0.11", true, nil)
 	tunnels := f.srv.Tunnels()
 	ctx := context.Background()
 	start := f.clock.Now()
-	up, err := tunnels.Pick(ctx, TunnelRequest{Tenant: tenant.Platform, Session: "long", Host: "shop.example", TTL: 2 * time.Minute, SessionIdle: time.Minute})
+	up, err := tunnels.Tunnel(ctx, broker.TunnelRequest{Tenant: tenant.Platform, Session: "long", Host: "shop.example", TTL: 2 * time.Minute, SessionIdle: time.Minute})
 	require.NoError(t, err)
 	recorded, renewals := up.LedgerUntil, 0
 	for f.clock.Since(start) < 2*time.Hour {
 		f.clock.Step(40 * time.Second)
-		recorded, err = tunnels.Renew(ctx, up.LeaseID, "long", 2*time.Minute, recorded)
+		recorded, err = tunnels.RenewTunnel(ctx, up.LeaseID, "long", 2*time.Minute, recorded)
 		require.NoError(t, err)
 		renewals++
 	}
 	end := f.clock.Now()
-	tunnels.Release(ctx, up.LeaseID, "long", 1)
+	tunnels.ReleaseTunnel(ctx, up.LeaseID, "long", 1)
 
 	records := strings.Count(log.String(), "\n")
-	want := 2 + int((2*time.Hour)/(TunnelLedgerHorizon-2*time.Minute)) + 1
-	assert.LessOrEqual(t, records, want, "a start, a checkpoint about every %s, an end", TunnelLedgerHorizon-2*time.Minute)
+	want := 2 + int((2*time.Hour)/(broker.TunnelLedgerHorizon-2*time.Minute)) + 1
+	assert.LessOrEqual(t, records, want, "a start, a checkpoint about every %s, an end", broker.TunnelLedgerHorizon-2*time.Minute)
 	t.Logf("%d renewals over two hours, %d ledger records", renewals, records)
 
 	ask := func(at time.Time) []any {

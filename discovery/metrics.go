@@ -55,8 +55,7 @@ var (
 // metrics are the discovery API's own, registered with the manager's
 // registry as every component's are; the store's counts come from its
 // Collectors, which read a store instance.
-var metrics = []prometheus.Collector{requestsTotal, requestDuration, reportsTotal, authEnabled, authLockedGauge, storeDuration, storeErrors,
-	pacedTotal, pacedWaitSeconds, pushBacksTotal, quotaRefusals, revocationsTotal}
+var metrics = []prometheus.Collector{requestsTotal, requestDuration, reportsTotal, authEnabled, authLockedGauge}
 
 func init() {
 	ctrlmetrics.Registry.MustRegister(metrics...)

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/example/egress-proxies-operator/broker"
+
 	"github.com/example/egress-proxies-operator/lease"
 
 	"github.com/go-logr/logr"
@@ -47,9 +49,9 @@ type Config struct {
 func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Addr, "discovery-bind-address", ":8090",
 		"Address the discovery API binds to; \"0\" disables it.")
-	fs.DurationVar(&c.MaxTTL, "lease-max-ttl", DefaultMaxTTL,
+	fs.DurationVar(&c.MaxTTL, "lease-max-ttl", broker.DefaultMaxTTL,
 		"Longest lease the discovery API grants; longer requests are capped.")
-	fs.DurationVar(&c.Cooldown, "rate-limit-cooldown", DefaultCooldown,
+	fs.DurationVar(&c.Cooldown, "rate-limit-cooldown", broker.DefaultCooldown,
 		"How long a proxy reported rate_limited for a target is not leased for it (a longer retryAfterSeconds wins).")
 	fs.BoolVar(&c.AdaptivePacing, "adaptive-pacing", true,
 		"Pace each host by what its push-backs taught (429 or 503 reported through the API, or seen by the gateway on plain HTTP): slower on push-back, faster slowly without.")

@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/example/egress-proxies-operator/broker"
+	"github.com/example/egress-proxies-operator/test/testenv"
+
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -20,9 +23,9 @@ import (
 // pace; GET /v1/targets/{host} shows both; bad input is refused.
 func TestPolitenessAPI(t *testing.T) {
 	f := newFixture(t)
-	index := NewPolicyIndex()
-	index.Handler().OnAdd(crawlTarget("crawl", "shop", "shop.example", 1, f.clock.Now()), false)
-	f.srv.opts.Politeness = Politeness{Policies: index, Adaptive: true}
+	index := broker.NewPolicyIndex()
+	index.Handler().OnAdd(testenv.CrawlTarget("crawl", "shop", "shop.example", 1, f.clock.Now()), false)
+	f.configure(func(o *Options) { o.Politeness = broker.Politeness{Policies: index, Adaptive: true} })
 	f.proxy("eu-1", "127.0.0.11", true, nil)
 
 	// One request a second per proxy, a burst of one: the first goes now,
@@ -77,7 +80,7 @@ func TestPolitenessAPI(t *testing.T) {
 	assert.Equal(t, http.StatusBadRequest, bad.status)
 
 	// The learned-pace metric covers the hosts policies name, no others.
-	c := f.srv.LearnedPaceCollector(index, time.Second)
+	c := f.srv.Broker().LearnedPaceCollector(index, time.Second)
 	problems, err := testutil.CollectAndLint(c)
 	require.NoError(t, err)
 	assert.Empty(t, problems)
@@ -90,13 +93,13 @@ func TestPolitenessAPI(t *testing.T) {
 // host is paced (a 429 at the gateway), never that no proxy matches.
 func TestASessionWaitsForItsOwnPacedProxy(t *testing.T) {
 	f := newFixture(t)
-	index := NewPolicyIndex()
-	index.Handler().OnAdd(crawlTarget("crawl", "shop", "shop.example", 1, f.clock.Now()), false) // 1/s per IP
-	f.srv.opts.Politeness = Politeness{Policies: index, Adaptive: true}
+	index := broker.NewPolicyIndex()
+	index.Handler().OnAdd(testenv.CrawlTarget("crawl", "shop", "shop.example", 1, f.clock.Now()), false) // 1/s per IP
+	f.configure(func(o *Options) { o.Politeness = broker.Politeness{Policies: index, Adaptive: true} })
 	f.proxy("eu-1", "127.0.0.11", true, nil)
 	tunnels := f.srv.Tunnels()
-	pick := func(maxWait time.Duration) (Upstream, error) {
-		return tunnels.Pick(context.Background(), TunnelRequest{Session: "s1", Host: "shop.example", TTL: time.Minute, SessionIdle: time.Minute, MaxWait: maxWait})
+	pick := func(maxWait time.Duration) (broker.Upstream, error) {
+		return tunnels.Tunnel(context.Background(), broker.TunnelRequest{Session: "s1", Host: "shop.example", TTL: time.Minute, SessionIdle: time.Minute, MaxWait: maxWait})
 	}
 	first, err := pick(0)
 	require.NoError(t, err)

@@ -6,25 +6,20 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/url"
-	"strconv"
 	"sync/atomic"
 	"time"
 
-	"github.com/example/egress-proxies-operator/lease"
+	"github.com/example/egress-proxies-operator/broker"
 
 	"github.com/julienschmidt/httprouter"
 	"k8s.io/utils/clock"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/example/egress-proxies-operator/credentials"
+	"github.com/example/egress-proxies-operator/lease"
 )
 
-// Defaults for the discovery flags.
+// Bounds of the API's requests.
 const (
-	DefaultTTL      = 300 * time.Second
-	DefaultMaxTTL   = time.Hour
-	DefaultCooldown = 15 * time.Minute
 	// MaxReportRetryAfter bounds a client's retryAfterSeconds.
 	MaxReportRetryAfter = 24 * time.Hour
 	// retryAfterNoProxyBase is the Retry-After for a 503 when no cooldown
@@ -89,7 +84,7 @@ type Options struct {
 	Store lease.Store
 	// StoreTimeout bounds each store call (lease.DefaultStoreTimeout when 0).
 	StoreTimeout time.Duration
-	View         *View
+	View         *broker.View
 	Tokens       TokenSource
 	// Ready says whether the view is fed (the cache synced); /readyz also
 	// asks the store.
@@ -102,82 +97,45 @@ type Options struct {
 	Clock clock.WithTicker
 	// Credentials reads proxies' credentials, which leases and listings
 	// carry when the API is authenticated. Nil: shown without them.
-	Credentials CredentialsLookup
+	Credentials broker.CredentialsLookup
 	// Politeness paces the hosts leases and tunnels target.
-	Politeness Politeness
+	Politeness broker.Politeness
 	// Tenants, when set, accepts bearer tokens other than the discovery
 	// token (ServiceAccount tokens) and narrows each such tenant to the
 	// proxies RBAC lets it lease. Nil: the discovery token only.
-	Tenants Tenants
+	Tenants broker.Tenants
 	// Quotas bounds each tenant's share (TenantQuotas). Nil: no limits.
-	Quotas Quotas
+	Quotas broker.Quotas
 	// Ledger receives every ledger record (the JSON-lines log); the store
 	// keeps them for LedgerRetention (DefaultLedgerRetention when 0).
 	Ledger          lease.LedgerSink
 	LedgerRetention time.Duration
 }
 
-// CredentialsLookup reads a proxy's credentials (credentials.Reader over
-// the operator's cache of credentials Secrets).
-type CredentialsLookup interface {
-	Lookup(ctx context.Context, ref credentials.Ref) (credentials.Credentials, error)
-}
-
-// Why a proxy is shown without its credentials.
-const (
-	withheldUnauthenticated = "the discovery API runs unauthenticated (--discovery-auth=none), so it never hands out proxy credentials: run it with --discovery-auth=required (the default; see docs/security.md) and send Authorization: Bearer <token>"
-	withheldUnavailable     = "the proxy's credentials cannot be read right now; lease another or retry"
-	withheldPerLease        = "this proxy takes credentials of a lease's own: lease it (POST /v1/leases) and use the lease's"
-)
+// withheldUnauthenticated: why an open API shows no credentials.
+const withheldUnauthenticated = "the discovery API runs unauthenticated (--discovery-auth=none), so it never hands out proxy credentials: run it with --discovery-auth=required (the default; see docs/security.md) and send Authorization: Bearer <token>"
 
 // withCredentials fills in a proxy's credentials for lease (nil for a
 // listing), or says why it does not: only an authenticated API hands them
-// out, and a proxy that checks per-lease credentials gets the lease's own,
-// signed for it and expiring with it.
-func (s *Server) withCredentials(ctx context.Context, info *ProxyInfo, lease *lease.Lease) {
-	if !info.hasCreds {
-		return
-	}
-	if _, required := s.opts.Tokens.Token(); !required {
+// out (the broker signs them).
+func (s *Server) withCredentials(ctx context.Context, info *broker.ProxyInfo, l *lease.Lease) {
+	if _, required := s.opts.Tokens.Token(); !required && info.NeedsCredentials() {
 		info.CredentialsWithheld = withheldUnauthenticated
 		return
 	}
-	if s.opts.Credentials == nil {
-		info.CredentialsWithheld = withheldUnavailable
-		return
-	}
-	c, err := s.opts.Credentials.Lookup(ctx, info.creds)
-	if err == nil && c.Scheme == credentials.SchemeLease {
-		if lease == nil {
-			info.CredentialsWithheld = withheldPerLease
-			return
-		}
-		c, err = c.SignedFor(info.ID, lease.ID, lease.ExpiresAt)
-	}
-	if err != nil {
-		warn(logf.FromContext(ctx), "proxy credentials unavailable", "proxy", info.ID, "error", err.Error())
-		info.CredentialsWithheld = withheldUnavailable
-		return
-	}
-	info.Username, info.Password = c.Username, c.Password
-	if info.URL != "" {
-		u := url.URL{Scheme: "http", User: c.Userinfo(), Host: net.JoinHostPort(info.IP, strconv.Itoa(int(info.Port)))}
-		info.URL = u.String()
-	}
+	s.broker.WithCredentials(ctx, info, l)
 }
 
 // Server is the discovery HTTP API.
 type Server struct {
 	opts   Options
 	router *httprouter.Router
-	// store is opts.Store, bounded and measured.
-	store lease.Store
+	// broker decides every lease; store is its lease store, bounded and
+	// measured.
+	broker *broker.Broker
+	store  lease.Store
 	// authState remembers the last auth state, to log its changes.
 	authState atomic.Int32
-	// listeners hear of session reports (the gateway).
-	listeners sessionListeners
-	// revoker tells proxies of released leases.
-	revoker *revoker
 }
 
 // NewServer builds the API.
@@ -188,23 +146,13 @@ func NewServer(opts Options) *Server {
 	if opts.Ready == nil {
 		opts.Ready = func() bool { return true }
 	}
-	if opts.StoreTimeout <= 0 {
-		opts.StoreTimeout = lease.DefaultStoreTimeout
-	}
-	s := &Server{opts: opts, router: httprouter.New(), store: boundedStore{store: opts.Store, timeout: opts.StoreTimeout}}
-	s.revoker = newRevoker(opts.Clock.Now, func(id string) bool {
-		if opts.View == nil {
-			return false
-		}
-		exists, _, _ := opts.View.state(id)
-		return !exists
+	b := broker.New(broker.Options{
+		DefaultTTL: opts.DefaultTTL, MaxTTL: opts.MaxTTL, DefaultCooldown: opts.DefaultCooldown,
+		Store: opts.Store, StoreTimeout: opts.StoreTimeout, View: opts.View, Clock: opts.Clock, Credentials: opts.Credentials,
+		Politeness: opts.Politeness, Tenants: opts.Tenants, Quotas: opts.Quotas, Ledger: opts.Ledger, LedgerRetention: opts.LedgerRetention,
 	})
+	s := &Server{opts: opts, router: httprouter.New(), broker: b, store: b.Store()}
 	s.authState.Store(authUnknown)
-	if opts.View != nil {
-		opts.View.mu.Lock()
-		opts.View.onMove = s.forgetMoved
-		opts.View.mu.Unlock()
-	}
 	r := s.router
 	r.GET("/healthz", s.plain("/healthz", func(w http.ResponseWriter, _ *http.Request, _ httprouter.Params) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -236,21 +184,12 @@ func NewServer(opts Options) *Server {
 	return s
 }
 
-// forgetMoved drops the cooldowns and outcome record of a proxy that came
-// back on a new address (a replacement): they were about its old one. In
-// the background, bounded as every store call; a failure is logged, and
-// the old record fades by itself.
-func (s *Server) forgetMoved(id string) {
-	go func() {
-		if err := s.store.ForgetProxy(context.Background(), id); err != nil {
-			logf.Log.WithName("discovery").Error(err, "forgetting the cooldowns and record of a proxy that moved", "proxy", id)
-		}
-	}()
-}
-
 // Outcomes is the lease store's outcome memory, each call bounded and
 // measured as the API's are: for the ban judge and the Proxy reconciler.
 func (s *Server) Outcomes() lease.OutcomeMemory { return s.store }
+
+// Broker is the acquire path the API serves: the gateway takes the same.
+func (s *Server) Broker() *broker.Broker { return s.broker }
 
 // Handler is the API's http.Handler.
 func (s *Server) Handler() http.Handler { return s.router }
@@ -265,7 +204,7 @@ func (s *Server) Start(ctx context.Context) error {
 		return fmt.Errorf("discovery API: the token Secret's cache did not sync")
 	}
 	s.noteAuth(ctx, authStateOf(s.opts.Tokens.Token()))
-	go s.revoker.run(ctx)
+	go s.broker.Run(ctx)
 	l, err := (&net.ListenConfig{}).Listen(ctx, "tcp", s.opts.Addr)
 	if err != nil {
 		return fmt.Errorf("discovery API listening on %s: %w", s.opts.Addr, err)

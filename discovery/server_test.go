@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/example/egress-proxies-operator/broker"
+
 	"github.com/example/egress-proxies-operator/lease"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -30,7 +32,7 @@ import (
 type fixture struct {
 	t     *testing.T
 	srv   *Server
-	view  *View
+	view  *broker.View
 	store *lease.MemoryStore
 	clock *clocktesting.FakeClock
 	token *tokenVar
@@ -41,13 +43,21 @@ type tokenVar struct{ value string }
 func (v *tokenVar) Token() (string, bool) { return v.value, v.value != "" }
 
 func newFixture(t *testing.T) *fixture {
-	f := &fixture{t: t, view: NewView(nil, "operator-ns"), clock: clocktesting.NewFakeClock(time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)), token: &tokenVar{}}
+	f := &fixture{t: t, view: broker.NewView(nil, "operator-ns"), clock: clocktesting.NewFakeClock(time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)), token: &tokenVar{}}
 	f.store = lease.NewMemoryStore(f.clock)
 	f.srv = NewServer(Options{
-		DefaultTTL: DefaultTTL, MaxTTL: DefaultMaxTTL, DefaultCooldown: DefaultCooldown,
+		DefaultTTL: broker.DefaultTTL, MaxTTL: broker.DefaultMaxTTL, DefaultCooldown: broker.DefaultCooldown,
 		Store: f.store, View: f.view, Tokens: f.token, Clock: f.clock,
 	})
 	return f
+}
+
+// configure changes the server's options, as a start with them would (the
+// store and the view are kept).
+func (f *fixture) configure(change func(*Options)) {
+	opts := f.srv.opts
+	change(&opts)
+	f.srv = NewServer(opts)
 }
 
 // proxy adds a Proxy to the view, Ready and with the given health.
@@ -63,7 +73,7 @@ func (f *fixture) proxy(name, ip string, healthy bool, attrs map[string]string) 
 		status = metav1.ConditionTrue
 	}
 	testenv.SetHealth(p, status, "x")
-	f.view.upsert(p)
+	f.view.Upsert(p)
 	return p
 }
 
@@ -162,7 +172,7 @@ func TestLeaseLifecycle(t *testing.T) {
 	require.Equal(t, http.StatusCreated, first.status, first.raw)
 	id := first.body["leaseID"].(string)
 	assert.NotEmpty(t, id)
-	assert.Equal(t, f.clock.Now().Add(DefaultTTL).Format(time.RFC3339), first.body["expiresAt"], "TTL defaults to 300s")
+	assert.Equal(t, f.clock.Now().Add(broker.DefaultTTL).Format(time.RFC3339), first.body["expiresAt"], "TTL defaults to 300s")
 
 	second := f.do("POST", "/v1/leases", `{"selector":{"geo":"eu"},"ttlSeconds":60}`)
 	require.Equal(t, http.StatusCreated, second.status)
@@ -171,7 +181,7 @@ func TestLeaseLifecycle(t *testing.T) {
 
 	capped := f.do("POST", "/v1/leases", `{"ttlSeconds":999999}`)
 	require.Equal(t, http.StatusCreated, capped.status)
-	assert.Equal(t, f.clock.Now().Add(DefaultMaxTTL).Format(time.RFC3339), capped.body["expiresAt"], "TTL is capped")
+	assert.Equal(t, f.clock.Now().Add(broker.DefaultMaxTTL).Format(time.RFC3339), capped.body["expiresAt"], "TTL is capped")
 
 	got := f.do("GET", "/v1/leases/"+id, "")
 	assert.Equal(t, http.StatusOK, got.status)
@@ -258,7 +268,7 @@ func TestRateLimitCooldown(t *testing.T) {
 	assert.Equal(t, CodeNoProxyAvailable, errorCode(none))
 	assert.Equal(t, "900", none.header.Get("Retry-After"), "Retry-After: when the cooldown ends")
 
-	f.clock.Step(DefaultCooldown)
+	f.clock.Step(broker.DefaultCooldown)
 	assert.Equal(t, http.StatusCreated, f.do("POST", "/v1/leases", `{"target":"example.com"}`).status, "the cooldown ends")
 
 	// A longer retryAfterSeconds wins over the default.
@@ -289,7 +299,7 @@ func TestUnhealthyAndDeletedProxies(t *testing.T) {
 	require.Equal(t, http.StatusOK, got.status)
 	assert.Equal(t, false, got.body["proxy"].(map[string]any)["healthy"], "its leases stay readable, healthy:false")
 
-	f.view.remove(p.Namespace + "/" + p.Name)
+	f.view.Remove(p.Namespace + "/" + p.Name)
 	got = f.do("GET", "/v1/leases/"+id, "")
 	require.Equal(t, http.StatusOK, got.status)
 	assert.Equal(t, "crawl/eu-1", proxyID(got))
@@ -365,8 +375,8 @@ func TestAuth(t *testing.T) {
 func TestReadyz(t *testing.T) {
 	synced := false
 	store := &downStore{Store: lease.NewMemoryStore(nil)}
-	srv := NewServer(Options{Store: store, View: NewView(nil, "operator-ns"), Tokens: StaticToken(""), Ready: func() bool { return synced },
-		DefaultTTL: DefaultTTL, MaxTTL: DefaultMaxTTL, DefaultCooldown: DefaultCooldown})
+	srv := NewServer(Options{Store: store, View: broker.NewView(nil, "operator-ns"), Tokens: StaticToken(""), Ready: func() bool { return synced },
+		DefaultTTL: broker.DefaultTTL, MaxTTL: broker.DefaultMaxTTL, DefaultCooldown: broker.DefaultCooldown})
 	readyz := func() (int, string) {
 		rec := httptest.NewRecorder()
 		srv.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
@@ -447,7 +457,7 @@ func (d *downStore) Ping(ctx context.Context) error {
 func TestStoreUnavailable(t *testing.T) {
 	f := newFixture(t)
 	store := &downStore{Store: f.store}
-	f.srv = NewServer(Options{DefaultTTL: DefaultTTL, MaxTTL: DefaultMaxTTL, DefaultCooldown: DefaultCooldown,
+	f.srv = NewServer(Options{DefaultTTL: broker.DefaultTTL, MaxTTL: broker.DefaultMaxTTL, DefaultCooldown: broker.DefaultCooldown,
 		Store: store, View: f.view, Tokens: f.token, Clock: f.clock})
 	f.proxy("eu-1", "127.0.0.11", true, nil)
 	r := f.do("POST", "/v1/leases", `{}`)
@@ -455,7 +465,7 @@ func TestStoreUnavailable(t *testing.T) {
 	id := r.body["leaseID"].(string)
 
 	store.down.Store(true)
-	before := testutil.ToFloat64(storeErrors.WithLabelValues("acquire"))
+	before := testenv.Counter(t, "proxy_operator_discovery_store_errors_total", map[string]string{"op": "acquire"})
 	for _, req := range [][2]string{{"POST", "/v1/leases"}, {"GET", "/v1/leases/" + id}, {"DELETE", "/v1/leases/" + id}, {"GET", "/v1/proxies"}} {
 		body := ""
 		if req[0] == "POST" {
@@ -468,7 +478,7 @@ func TestStoreUnavailable(t *testing.T) {
 		assert.NotContains(t, r.raw, "6379", "the store's address stays in the operator's log")
 		assert.NotContains(t, r.raw, "connection refused")
 	}
-	assert.Equal(t, before+1, testutil.ToFloat64(storeErrors.WithLabelValues("acquire")))
+	assert.Equal(t, before+1, testenv.Counter(t, "proxy_operator_discovery_store_errors_total", map[string]string{"op": "acquire"}))
 
 	store.down.Store(false)
 	assert.Equal(t, http.StatusOK, f.do("GET", "/v1/leases/"+id, "").status, "the lease survived the outage")
@@ -478,7 +488,7 @@ func TestStoreUnavailable(t *testing.T) {
 // TestStoreTimeout: a store that hangs is cut off at the store timeout.
 func TestStoreTimeout(t *testing.T) {
 	f := newFixture(t)
-	f.srv = NewServer(Options{DefaultTTL: DefaultTTL, MaxTTL: DefaultMaxTTL, DefaultCooldown: DefaultCooldown,
+	f.srv = NewServer(Options{DefaultTTL: broker.DefaultTTL, MaxTTL: broker.DefaultMaxTTL, DefaultCooldown: broker.DefaultCooldown,
 		Store: hangingStore{f.store}, StoreTimeout: 50 * time.Millisecond, View: f.view, Tokens: f.token, Clock: f.clock})
 	f.proxy("eu-1", "127.0.0.11", true, nil)
 	start := time.Now()
@@ -528,8 +538,8 @@ func (h *flippableHealth) Generation() uint64 { return h.gen }
 func TestCandidateCacheFollowsVerdicts(t *testing.T) {
 	f := newFixture(t)
 	h := &flippableHealth{healthy: map[string]bool{"crawl/eu-1": true}}
-	f.view = NewView(h, "operator-ns")
-	f.srv.opts.View = f.view
+	f.view = broker.NewView(h, "operator-ns")
+	f.configure(func(o *Options) { o.View = f.view })
 	f.proxy("eu-1", "127.0.0.11", true, nil)
 
 	assert.Equal(t, http.StatusCreated, f.do("POST", "/v1/leases", `{}`).status)
@@ -547,16 +557,16 @@ func TestRefusalsAreRecordedForRealPools(t *testing.T) {
 	f := newFixture(t)
 	member := f.proxy("eu-0", "127.0.0.11", false, nil) // unhealthy: the pool cannot serve
 	member.OwnerReferences = []metav1.OwnerReference{{APIVersion: crawlv1alpha1.GroupVersion.String(), Kind: "ProxyPool", Name: "eu", UID: "u", Controller: ptrTo(true)}}
-	f.view.upsert(member)
+	f.view.Upsert(member)
 
 	for _, pool := range []string{"eu", "made-up-1", "made-up-2"} {
 		r := f.do("POST", "/v1/leases", `{"selector":{"pool":"`+pool+`"}}`)
 		require.Equal(t, http.StatusServiceUnavailable, r.status, pool)
 	}
-	demand, err := f.srv.PoolDemand(context.Background(), "crawl", "eu")
+	demand, err := f.srv.Broker().PoolDemand(context.Background(), "crawl", "eu")
 	require.NoError(t, err)
 	assert.Equal(t, f.clock.Now(), demand.LastRefused, "the pool's autoscaler sees the refusal")
-	other, err := f.srv.PoolDemand(context.Background(), "elsewhere", "eu")
+	other, err := f.srv.Broker().PoolDemand(context.Background(), "elsewhere", "eu")
 	require.NoError(t, err)
 	assert.True(t, other.LastRefused.IsZero(), "a pool of the same name in another namespace saw none")
 	assert.Equal(t, 1, f.store.RefusedPools(), "made-up pool names are not remembered")
@@ -596,7 +606,7 @@ func TestOutcomesThroughTheAPI(t *testing.T) {
 	// The blocked proxy's cooldown ends; it is still the worse choice for
 	// shop.example while its record says so, though it was leased least
 	// recently.
-	f.clock.Step(DefaultCooldown + time.Second)
+	f.clock.Step(broker.DefaultCooldown + time.Second)
 	require.Equal(t, http.StatusNoContent, f.do("DELETE", "/v1/leases/"+l.body["leaseID"].(string), "").status)
 	other := f.do("POST", "/v1/leases", `{"target":"news.example"}`)
 	require.Equal(t, http.StatusCreated, other.status, other.raw)
@@ -617,7 +627,7 @@ func TestExitIP(t *testing.T) {
 	f.proxy("direct", "127.0.0.11", true, map[string]string{"pick": "direct"})
 	natted := f.proxy("natted", "127.0.0.12", true, map[string]string{"pick": "natted"})
 	natted.Status.EgressIP = "127.0.0.99"
-	f.view.upsert(natted)
+	f.view.Upsert(natted)
 	for pick, want := range map[string]string{"direct": "127.0.0.11", "natted": "127.0.0.99"} {
 		l := f.do("POST", "/v1/leases", fmt.Sprintf(`{"selector":{"pick":%q}}`, pick))
 		require.Equal(t, http.StatusCreated, l.status, l.raw)
@@ -644,17 +654,17 @@ func TestMovedProxyStartsClean(t *testing.T) {
 	require.True(t, cooling())
 
 	p.Status.Message = "unrelated"
-	f.view.upsert(p.DeepCopy())
+	f.view.Upsert(p.DeepCopy())
 	replacing := p.DeepCopy()
 	replacing.Status.Phase, replacing.Status.IP, replacing.Status.Port = crawlv1alpha1.PhaseReplacing, "", 0
-	f.view.upsert(replacing)
-	f.view.upsert(p.DeepCopy()) // back on the same address
+	f.view.Upsert(replacing)
+	f.view.Upsert(p.DeepCopy()) // back on the same address
 	require.True(t, cooling(), "same address, after a gap without one: the cooldown holds")
 
 	moved := p.DeepCopy()
 	moved.Status.IP = "127.0.0.12"
 	testenv.SetHealth(moved, metav1.ConditionTrue, "x") // a verdict about the new address
-	f.view.upsert(moved)
+	f.view.Upsert(moved)
 	require.Eventually(t, func() bool { return !cooling() }, 5*time.Second, 10*time.Millisecond, "the new address starts clean")
 	outcomes, err := f.store.Outcomes(context.Background(), "crawl/eu-1")
 	require.NoError(t, err)

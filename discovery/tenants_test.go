@@ -7,7 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/example/egress-proxies-operator/broker"
+	"github.com/example/egress-proxies-operator/test/testenv"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -49,7 +51,7 @@ func twoTeams() *fakeTenants {
 func (f *fixture) member(pool, name, ip string) {
 	p := f.proxy(name, ip, true, nil)
 	p.OwnerReferences = []metav1.OwnerReference{{APIVersion: crawlv1alpha1.GroupVersion.String(), Kind: "ProxyPool", Name: pool, UID: types.UID("u-" + pool), Controller: ptrTo(true)}}
-	f.view.upsert(p)
+	f.view.Upsert(p)
 }
 
 // TestTenantsLeaseOnlyTheirPools: a ServiceAccount tenant lists and leases
@@ -60,7 +62,7 @@ func (f *fixture) member(pool, name, ip string) {
 func TestTenantsLeaseOnlyTheirPools(t *testing.T) {
 	f := newFixture(t)
 	f.token.value = "platform-token"
-	f.srv.opts.Tenants = twoTeams()
+	f.configure(func(o *Options) { o.Tenants = twoTeams() })
 	f.member("eu", "eu-0", "127.0.0.11")
 	f.member("us", "us-0", "127.0.0.12")
 	f.proxy("loner", "127.0.0.13", true, nil)
@@ -103,17 +105,17 @@ func TestTenantsLeaseOnlyTheirPools(t *testing.T) {
 	b, err := tunnels.Authorize(context.Background(), "token-b")
 	require.NoError(t, err)
 	_, err = tunnels.Authorize(context.Background(), "token-c")
-	require.ErrorIs(t, err, ErrWrongToken)
+	require.ErrorIs(t, err, broker.ErrWrongToken)
 	for _, tc := range []struct {
 		who  *tenant.Tenant
 		want string
 	}{{a, "crawl/eu-0"}, {b, "crawl/us-0"}} {
-		up, err := tunnels.Pick(context.Background(), TunnelRequest{Tenant: tc.who, Session: "s1", Host: "example.com", TTL: DefaultTTL, SessionIdle: DefaultTTL})
+		up, err := tunnels.Tunnel(context.Background(), broker.TunnelRequest{Tenant: tc.who, Session: "s1", Host: "example.com", TTL: broker.DefaultTTL, SessionIdle: broker.DefaultTTL})
 		require.NoError(t, err)
 		assert.Equal(t, tc.want, up.ProxyID, "%s's session s1", tc.who.Name)
 	}
-	assert.Equal(t, "system:serviceaccount:team-a:crawler/s1", SessionKey(a, "s1"))
-	assert.Equal(t, "s1", SessionKey(tenant.Platform, "s1"), "the platform's sessions keep their names")
+	assert.Equal(t, "system:serviceaccount:team-a:crawler/s1", broker.SessionKey(a, "s1"))
+	assert.Equal(t, "s1", broker.SessionKey(tenant.Platform, "s1"), "the platform's sessions keep their names")
 }
 
 // TestQuotasHoldAtTheirLimits: a tenant with a TenantQuota holds at most
@@ -127,12 +129,12 @@ func TestQuotasHoldAtTheirLimits(t *testing.T) {
 	f.token.value = "platform-token"
 	teams := twoTeams()
 	teams.pools["system:serviceaccount:team-b:crawler"] = "eu" // both teams share the pool here
-	f.srv.opts.Tenants = teams
-	quotas := NewQuotaIndex()
-	f.srv.opts.Quotas = quotas
+	f.configure(func(o *Options) { o.Tenants = teams })
+	quotas := broker.NewQuotaIndex()
+	f.configure(func(o *Options) { o.Quotas = quotas })
 	two, one := int32(2), int32(1)
-	quotas.upsert(&crawlv1alpha1.TenantQuota{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "crawler"},
-		Spec: crawlv1alpha1.TenantQuotaSpec{MaxLeases: &two, MaxTunnels: &one, TunnelsPerSecond: &two, GatewayBytesPerDay: resource.NewQuantity(1000, resource.BinarySI)}})
+	quotas.Handler().OnAdd(&crawlv1alpha1.TenantQuota{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "crawler"},
+		Spec: crawlv1alpha1.TenantQuotaSpec{MaxLeases: &two, MaxTunnels: &one, TunnelsPerSecond: &two, GatewayBytesPerDay: resource.NewQuantity(1000, resource.BinarySI)}}, false)
 	for i := range 3 {
 		f.member("eu", fmt.Sprintf("eu-%d", i), fmt.Sprintf("127.0.0.%d", 11+i))
 	}
@@ -159,26 +161,26 @@ func TestQuotasHoldAtTheirLimits(t *testing.T) {
 	tunnels := f.srv.Tunnels()
 	a, err := tunnels.Authorize(ctx, "token-a")
 	require.NoError(t, err)
-	pick := func() (Upstream, error) {
-		return tunnels.Pick(ctx, TunnelRequest{Tenant: a, Host: "example.com", TTL: time.Minute, SessionIdle: time.Minute})
+	pick := func() (broker.Upstream, error) {
+		return tunnels.Tunnel(ctx, broker.TunnelRequest{Tenant: a, Host: "example.com", TTL: time.Minute, SessionIdle: time.Minute})
 	}
 	tunnel, err := pick()
 	require.NoError(t, err, "one tunnel")
-	var quota *QuotaError
+	var quota *broker.QuotaError
 	_, err = pick()
 	require.ErrorAs(t, err, &quota, "a second tunnel is over maxTunnels")
-	assert.Equal(t, LimitTunnels, quota.Limit)
+	assert.Equal(t, broker.LimitTunnels, quota.Limit)
 
 	require.NoError(t, tunnels.Admit(ctx, a))
 	require.NoError(t, tunnels.Admit(ctx, a), "a second's worth at once")
 	require.ErrorAs(t, tunnels.Admit(ctx, a), &quota)
-	assert.Equal(t, LimitTunnelsPerSecond, quota.Limit)
+	assert.Equal(t, broker.LimitTunnelsPerSecond, quota.Limit)
 	assert.InDelta(t, 0.5, quota.RetryAfter.Seconds(), 0.01)
 	f.clock.Step(500 * time.Millisecond)
 	require.NoError(t, tunnels.Admit(ctx, a), "the rate allows one more half a second later")
 
 	f.clock.Step(time.Second)
-	tunnels.Release(ctx, tunnel.LeaseID, "", 999)
+	tunnels.ReleaseTunnel(ctx, tunnel.LeaseID, "", 999)
 	assert.False(t, tunnels.CountBytes(ctx, a, 999), "what the tunnel carried, below the day's bytes")
 	require.NoError(t, tunnels.Admit(ctx, a), "below the day's bytes")
 	_, err = pick()
@@ -189,13 +191,13 @@ func TestQuotasHoldAtTheirLimits(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, tunnels.CountBytes(ctx, b, 1<<20), "another tenant is not bound by it")
 	require.ErrorAs(t, tunnels.Admit(ctx, a), &quota, "the day's bytes are spent")
-	assert.Equal(t, LimitBytesPerDay, quota.Limit)
+	assert.Equal(t, broker.LimitBytesPerDay, quota.Limit)
 	now := f.clock.Now()
 	assert.Equal(t, time.Date(now.Year(), now.Month(), now.Day()+1, 0, 0, 0, 0, time.UTC).Sub(now), quota.RetryAfter, "until midnight UTC")
 	f.clock.SetTime(time.Date(now.Year(), now.Month(), now.Day()+1, 0, 0, 1, 0, time.UTC))
 	require.NoError(t, tunnels.Admit(ctx, a), "a new day")
 
-	assert.Equal(t, 1.0, testutil.ToFloat64(quotaRefusals.WithLabelValues("system:serviceaccount:team-a:crawler", LimitLeases)))
+	assert.Equal(t, 1.0, testenv.Counter(t, "proxy_operator_tenant_quota_refusals_total", map[string]string{"tenant": "system:serviceaccount:team-a:crawler", "limit": broker.LimitLeases}))
 }
 
 // Attack: team A asks again and again for team B's autoscaled pool, hoping
@@ -204,7 +206,7 @@ func TestQuotasHoldAtTheirLimits(t *testing.T) {
 func TestARefusalGrowsOnlyPoolsTheAskerMayLease(t *testing.T) {
 	f := newFixture(t)
 	f.token.value = "platform-token"
-	f.srv.opts.Tenants = twoTeams()
+	f.configure(func(o *Options) { o.Tenants = twoTeams() })
 	f.member("us", "us-0", "127.0.0.12")
 	as := func(token string) []string { return []string{"Authorization", "Bearer " + token} }
 	held := f.do("POST", "/v1/leases", `{"selector":{"pool":"us"},"exclusive":true}`, as("token-b")...)
@@ -214,13 +216,13 @@ func TestARefusalGrowsOnlyPoolsTheAskerMayLease(t *testing.T) {
 		r := f.do("POST", "/v1/leases", `{"selector":{"pool":"us"}}`, as("token-a")...)
 		require.Equal(t, http.StatusServiceUnavailable, r.status)
 	}
-	d, err := f.srv.PoolDemand(context.Background(), "crawl", "us")
+	d, err := f.srv.Broker().PoolDemand(context.Background(), "crawl", "us")
 	require.NoError(t, err)
 	assert.True(t, d.LastRefused.IsZero(), "team A's refusals never reach team B's autoscaler")
 
 	r := f.do("POST", "/v1/leases", `{"selector":{"pool":"us"}}`, as("token-b")...)
 	require.Equal(t, http.StatusServiceUnavailable, r.status, "B's member is held")
-	d, err = f.srv.PoolDemand(context.Background(), "crawl", "us")
+	d, err = f.srv.Broker().PoolDemand(context.Background(), "crawl", "us")
 	require.NoError(t, err)
 	assert.False(t, d.LastRefused.IsZero(), "team B's own refusal does")
 }

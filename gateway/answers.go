@@ -8,9 +8,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/example/egress-proxies-operator/lease"
+	"github.com/example/egress-proxies-operator/broker"
 
-	"github.com/example/egress-proxies-operator/discovery"
+	"github.com/example/egress-proxies-operator/lease"
 )
 
 // HeaderExitIP names, in a CONNECT reply and a forwarded response, the
@@ -107,7 +107,7 @@ func (a answer) proxyStatus() string {
 
 // servedStatus is the Proxy-Status of an answer the gateway carried: no
 // error, and the upstream that carried it.
-func servedStatus(up discovery.Upstream) string {
+func servedStatus(up broker.Upstream) string {
 	return ProxyStatusName + "; next-hop=" + sfString(up.ProxyID)
 }
 
@@ -155,8 +155,8 @@ func outcomeOf(cause string) string {
 func pickAnswer(err error, last *failure) answer {
 	var (
 		none  *lease.NoProxyAvailableError
-		quota *discovery.QuotaError
-		lost  *discovery.SessionLostError
+		quota *broker.QuotaError
+		lost  *broker.SessionLostError
 	)
 	switch {
 	case errors.As(err, &quota):
@@ -167,7 +167,7 @@ func pickAnswer(err error, last *failure) answer {
 			retryAfter: max(quota.RetryAfter, time.Second)}
 	case errors.As(err, &lost):
 		a := answer{status: http.StatusBadGateway, errType: psDestinationUnavailable, cause: CauseSessionLost, msg: lost.Error(), nextHop: lost.Proxy}
-		if lost.Cause == discovery.SessionEnded {
+		if lost.Cause == broker.SessionEnded {
 			a.cause = CauseSessionEnded
 		}
 		if last != nil {
@@ -175,7 +175,7 @@ func pickAnswer(err error, last *failure) answer {
 			a.receivedStatus = last.status
 		}
 		return a
-	case errors.Is(err, discovery.ErrInvalidTunnel):
+	case errors.Is(err, broker.ErrInvalidTunnel):
 		return answer{status: http.StatusBadRequest, errType: psHTTPRequestError, cause: CauseBadRequest, msg: err.Error()}
 	case errors.As(err, &none) && last != nil:
 		return last.answer()

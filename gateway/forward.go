@@ -9,10 +9,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/example/egress-proxies-operator/broker"
+
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/example/egress-proxies-operator/client"
-	"github.com/example/egress-proxies-operator/discovery"
 )
 
 // squidErrorHeader is the header Squid puts on the answers it makes
@@ -26,7 +27,7 @@ type upstreamKey struct{}
 // upstreamOf is the forwarder's Proxy: the upstream picked for the request,
 // with its credentials.
 func upstreamOf(r *http.Request) (*url.URL, error) {
-	up, ok := r.Context().Value(upstreamKey{}).(discovery.Upstream)
+	up, ok := r.Context().Value(upstreamKey{}).(broker.Upstream)
 	if !ok {
 		return nil, errors.New("no upstream picked for the request")
 	}
@@ -77,7 +78,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, id Identity) {
 			return
 		}
 		if !waitForSlot(ctx, up) {
-			g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID, id.Session, 0)
+			g.opts.Upstreams.ReleaseTunnel(context.WithoutCancel(ctx), up.LeaseID, id.Session, 0)
 			return
 		}
 		resp, err := g.forwarder.RoundTrip(out.WithContext(context.WithValue(ctx, upstreamKey{}, up)))
@@ -103,14 +104,14 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, id Identity) {
 				g.opts.Upstreams.Refused(context.WithoutCancel(ctx), id.Tenant, up.ProxyID, r.URL.Hostname(), resp.StatusCode == http.StatusTooManyRequests)
 			}
 			n := g.relay(w, resp, up) + max(r.ContentLength, 0)
-			g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID, id.Session, n)
+			g.opts.Upstreams.ReleaseTunnel(context.WithoutCancel(ctx), up.LeaseID, id.Session, n)
 			if g.opts.Upstreams.CountBytes(context.WithoutCancel(ctx), id.Tenant, n) {
 				g.cutTenant(id.Tenant.Name)
 			}
 			return
 		}
 		upstreamFailures.WithLabelValues(f.reason).Inc()
-		g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID, id.Session, 0)
+		g.opts.Upstreams.ReleaseTunnel(context.WithoutCancel(ctx), up.LeaseID, id.Session, 0)
 		if !retryable || attempt+1 == g.opts.Attempts {
 			f.answer().write(w, r)
 			return
@@ -124,7 +125,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, id Identity) {
 
 // relay writes an upstream's response back to the client, and returns
 // the body's bytes.
-func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, up discovery.Upstream) int64 {
+func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, up broker.Upstream) int64 {
 	defer resp.Body.Close()
 	stripHop(resp.Header)
 	for k, vs := range resp.Header {

@@ -1,9 +1,9 @@
 // Package gateway is the rotating gateway: an HTTP proxy any crawler can
 // point at (http://<session>:<token>@<gateway>:3128) that carries each
 // CONNECT tunnel, and each plain-HTTP request, through one of the fleet's
-// proxies. Discovery picks that proxy on the lease store the lease API
-// uses: the session's own while it is healthy and not cooling down for the
-// host, else the least-loaded one that is not. A failed upstream is retried
+// proxies. The broker picks that proxy, on the path the lease API takes:
+// the session's own while it is healthy and not cooling down for the host,
+// else the least-loaded one that is not. A failed upstream is retried
 // on another, a bounded number of times. The username is read in the
 // dotted form or the commercial providers' grammar (ParseUsername): a
 // strict session keeps its exit IP or fails, a lifetime renews or ends a
@@ -16,9 +16,11 @@
 // 503), idle and total timeouts, and no buffer for a tunnel with nothing
 // to carry.
 //
-// It reaches proxies and leases through discovery's Tunnels only: it never
-// reads or writes the Kubernetes API and never imports the controllers, the
-// providers or the health engine (depguard enforces the imports).
+// It reaches proxies and leases through the broker only (Upstreams, which
+// the discovery API's Tunnels joins with its Authorize): it never imports
+// discovery, never reads or writes the Kubernetes API and never imports
+// the controllers, the providers or the health engine (depguard enforces
+// the imports).
 package gateway
 
 import (
@@ -32,12 +34,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/example/egress-proxies-operator/broker"
+
 	"github.com/example/egress-proxies-operator/lease"
 
 	"github.com/go-logr/logr"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/example/egress-proxies-operator/discovery"
 	"github.com/example/egress-proxies-operator/tenant"
 )
 
@@ -72,38 +75,12 @@ const HeaderUpstream = "X-Egress-Proxy"
 // reviewRetryAfter is that of a 503 when the API server could not review
 // a ServiceAccount token.
 const (
-	lockedRetryAfter = discovery.LockedRetryAfter
+	lockedRetryAfter = broker.LockedRetryAfter
 	reviewRetryAfter = 2 * time.Second
 )
 
 // realm is the Basic realm of the gateway's 407s.
 const realm = `Basic realm="egress-proxies-operator gateway"`
-
-// Upstreams is discovery's side of the gateway (*discovery.Tunnels).
-type Upstreams interface {
-	Authorize(ctx context.Context, password string) (*tenant.Tenant, error)
-	Pick(ctx context.Context, req discovery.TunnelRequest) (discovery.Upstream, error)
-	// Renew extends a tunnel's lease; Release ends it with the bytes it
-	// carried (both are recorded in the ledger, with the session).
-	Renew(ctx context.Context, leaseID, session string, ttl time.Duration, recorded time.Time) (time.Time, error)
-	Release(ctx context.Context, leaseID, session string, bytes int64)
-	// PushBack reports a site's 429 or 503 on a plain-HTTP request, with
-	// its Retry-After, so the host's learned pace slows.
-	PushBack(ctx context.Context, host string, retryAfter time.Duration)
-	// Refused records that host refused proxy a request of who's (the
-	// outcome memory): the site's own plain-HTTP 403 blocks it, its 429
-	// (limited) pushes back. A proxy's own refusal (a CONNECT answered
-	// other than 200, an answer Squid marks X-Squid-Error) never comes
-	// here: it says nothing of the site.
-	Refused(ctx context.Context, who *tenant.Tenant, proxy, host string, limited bool)
-	// Admit checks a tenant's tunnels-per-second and bytes-per-day quota
-	// before a tunnel or request (a *discovery.QuotaError when over).
-	Admit(ctx context.Context, who *tenant.Tenant) error
-	// MetersBytes says whether who has a bytes-per-day quota; CountBytes
-	// adds bytes to who's day and says whether the day's are spent.
-	MetersBytes(who *tenant.Tenant) bool
-	CountBytes(ctx context.Context, who *tenant.Tenant, n int64) (spent bool)
-}
 
 // Options configure a Gateway; zero values take the defaults above.
 type Options struct {
@@ -288,7 +265,7 @@ func (g *Gateway) authenticate(r *http.Request) (Identity, *answer) {
 	user, password, ok := proxyBasicAuth(r.Header.Get("Proxy-Authorization"))
 	who, err := g.opts.Upstreams.Authorize(tenant.WithClient(r.Context(), r.RemoteAddr), password)
 	switch {
-	case errors.Is(err, discovery.ErrGatewayLocked):
+	case errors.Is(err, broker.ErrGatewayLocked):
 		// Everyone alike, with or without credentials: nothing they send
 		// can help until the operator has a token.
 		return Identity{}, &answer{status: http.StatusServiceUnavailable, errType: psProxyConfigError, cause: CauseGatewayLocked,
@@ -296,7 +273,7 @@ func (g *Gateway) authenticate(r *http.Request) (Identity, *answer) {
 	case !ok:
 		return Identity{}, &answer{status: http.StatusProxyAuthRequired, errType: psHTTPRequestDenied, cause: CauseAuthRequired,
 			msg: "proxy credentials required: http://<session>:<discovery token or ServiceAccount token>@<gateway>"}
-	case errors.Is(err, discovery.ErrWrongToken):
+	case errors.Is(err, broker.ErrWrongToken):
 		return Identity{}, &answer{status: http.StatusProxyAuthRequired, errType: psHTTPRequestDenied, cause: CauseWrongPassword, msg: err.Error()}
 	case err != nil:
 		logf.FromContext(r.Context()).Error(err, "gateway: could not check a client's password")
@@ -351,11 +328,11 @@ const connectionPoll = 25 * time.Millisecond
 // pick asks discovery for an upstream. While every proxy is at its
 // connection limit for the host, it asks again until PaceWait has passed;
 // a paced slot within what is left of that wait is reserved at once.
-func (g *Gateway) pick(ctx context.Context, req discovery.TunnelRequest) (discovery.Upstream, error) {
+func (g *Gateway) pick(ctx context.Context, req broker.TunnelRequest) (broker.Upstream, error) {
 	deadline := time.Now().Add(max(g.opts.PaceWait, 0))
 	for {
 		req.MaxWait = max(time.Until(deadline), 0)
-		up, err := g.opts.Upstreams.Pick(ctx, req)
+		up, err := g.opts.Upstreams.Tunnel(ctx, req)
 		var none *lease.NoProxyAvailableError
 		if !errors.As(err, &none) || none.Cause != lease.CauseConcurrency || time.Until(deadline) <= 0 {
 			return up, err
@@ -368,7 +345,7 @@ func (g *Gateway) pick(ctx context.Context, req discovery.TunnelRequest) (discov
 
 // waitForSlot waits out a paced upstream's reserved slot; false when the
 // client went away first.
-func waitForSlot(ctx context.Context, up discovery.Upstream) bool { return sleep(ctx, up.Wait) }
+func waitForSlot(ctx context.Context, up broker.Upstream) bool { return sleep(ctx, up.Wait) }
 
 // sleep waits d, or less when ctx ends first (then false).
 func sleep(ctx context.Context, d time.Duration) bool {
@@ -400,7 +377,7 @@ func (g *Gateway) renewLeases(ctx context.Context, log logr.Logger) {
 		holds := map[string]bool{}
 		for _, t := range g.open() {
 			g.meter(ctx, t, 1)
-			recorded, err := g.opts.Upstreams.Renew(ctx, t.up.LeaseID, t.name, g.opts.LeaseTTL, t.ledgerUntil)
+			recorded, err := g.opts.Upstreams.RenewTunnel(ctx, t.up.LeaseID, t.name, g.opts.LeaseTTL, t.ledgerUntil)
 			t.ledgerUntil = recorded
 			switch {
 			case errors.Is(err, lease.ErrLeaseNotFound):
@@ -418,7 +395,7 @@ func (g *Gateway) renewLeases(ctx context.Context, log logr.Logger) {
 			}
 			// The session's exclusive hold lasts while its tunnels do.
 			holds[t.up.Hold] = true
-			if _, err := g.opts.Upstreams.Renew(ctx, t.up.Hold, t.name, g.opts.SessionIdle, time.Time{}); err != nil && ctx.Err() == nil {
+			if _, err := g.opts.Upstreams.RenewTunnel(ctx, t.up.Hold, t.name, g.opts.SessionIdle, time.Time{}); err != nil && ctx.Err() == nil {
 				log.V(1).Info("renewing a session's exclusive hold failed", "proxy", t.up.ProxyID, "lease", t.up.Hold, "error", err.Error())
 			}
 		}
@@ -451,9 +428,9 @@ func (g *Gateway) CloseTunnels(session, host, proxy string) int {
 	return n
 }
 
-// OnSessionReport is a discovery.Server session-report listener: a
+// OnSessionReport is a broker session-report listener: a
 // rate_limited report closes the session's tunnels to that host.
-func (g *Gateway) OnSessionReport(r discovery.SessionReport) {
+func (g *Gateway) OnSessionReport(r broker.SessionReport) {
 	if r.Result == lease.ResultRateLimited {
 		g.CloseTunnels(r.Session, r.Target, r.Proxy)
 	}

@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/example/egress-proxies-operator/broker"
+
 	"github.com/example/egress-proxies-operator/lease"
 
 	"github.com/stretchr/testify/assert"
@@ -44,7 +46,7 @@ type fixture struct {
 	server  *discovery.Server
 	gwAddr  string
 	api     *httptest.Server
-	view    *discovery.View
+	view    *broker.View
 	squids  map[string]*squid.Squid // by proxy id
 	byIP    map[string]string       // upstream source address -> proxy id
 	proxies []string
@@ -96,10 +98,10 @@ func newFixtureOn(t testing.TB, opts gateway.Options, clk clock.WithTicker) *fix
 // they are).
 func newFixtureWith(t testing.TB, opts gateway.Options, clk clock.WithTicker, rules string, tweak func(*discovery.Options)) *fixture {
 	t.Helper()
-	f := &fixture{view: discovery.NewView(nil, "operator-ns"), squids: map[string]*squid.Squid{}, byIP: map[string]string{}}
+	f := &fixture{view: broker.NewView(nil, "operator-ns"), squids: map[string]*squid.Squid{}, byIP: map[string]string{}}
 	dopts := discovery.Options{
 		Store: lease.NewMemoryStore(clk), View: f.view, Tokens: discovery.StaticToken(token), Clock: clk,
-		DefaultTTL: discovery.DefaultTTL, MaxTTL: discovery.DefaultMaxTTL, DefaultCooldown: time.Minute,
+		DefaultTTL: broker.DefaultTTL, MaxTTL: broker.DefaultMaxTTL, DefaultCooldown: time.Minute,
 	}
 	if tweak != nil {
 		tweak(&dopts)
@@ -128,8 +130,8 @@ func newFixtureWith(t testing.TB, opts gateway.Options, clk clock.WithTicker, ru
 		opts.Destinations.ConnectPorts, opts.Destinations.HTTPPorts = []int{0}, []int{0}
 	}
 	f.gw = gateway.New(opts)
-	server.OnSessionReport(f.gw.OnSessionReport)
-	server.OnSessionReport(func(r discovery.SessionReport) {
+	server.Broker().OnSessionReport(f.gw.OnSessionReport)
+	server.Broker().OnSessionReport(func(r broker.SessionReport) {
 		for _, s := range f.sites {
 			s.mu.Lock()
 			if s.host() == r.Target && s.reportedAt < 0 {

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/example/egress-proxies-operator/broker"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -98,7 +100,7 @@ func TestTheGatewayRefusesWhatNoProxyWouldCarry(t *testing.T) {
 // bytesPerDay gateway bytes.
 func withTeamQuota(bytesPerDay int64) func(*discovery.Options) {
 	return func(o *discovery.Options) {
-		quotas := discovery.NewQuotaIndex()
+		quotas := broker.NewQuotaIndex()
 		quotas.Handler().OnAdd(&crawlv1alpha1.TenantQuota{ObjectMeta: metav1.ObjectMeta{Namespace: "crawl-a", Name: "crawler"},
 			Spec: crawlv1alpha1.TenantQuotaSpec{GatewayBytesPerDay: resource.NewQuantity(bytesPerDay, resource.BinarySI)}}, false)
 		o.Tenants, o.Quotas = oneTeam{}, quotas

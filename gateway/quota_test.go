@@ -6,6 +6,8 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	"github.com/example/egress-proxies-operator/broker"
+
 	"github.com/example/egress-proxies-operator/lease"
 
 	"github.com/stretchr/testify/assert"
@@ -40,11 +42,11 @@ func (oneTeam) MayReadAttribution(context.Context, *tenant.Tenant) (bool, error)
 // with Retry-After and a Proxy-Status naming the limit, before picking
 // any proxy, and the platform's token is not bound by it.
 func TestTheGatewayHoldsATenantToItsQuota(t *testing.T) {
-	quotas := discovery.NewQuotaIndex()
+	quotas := broker.NewQuotaIndex()
 	one := int32(1)
 	quotas.Handler().OnAdd(&crawlv1alpha1.TenantQuota{ObjectMeta: metav1.ObjectMeta{Namespace: "crawl-a", Name: "crawler"},
 		Spec: crawlv1alpha1.TenantQuotaSpec{TunnelsPerSecond: &one}}, false)
-	server := discovery.NewServer(discovery.Options{Store: lease.NewMemoryStore(nil), View: discovery.NewView(nil, "operator-ns"),
+	server := discovery.NewServer(discovery.Options{Store: lease.NewMemoryStore(nil), View: broker.NewView(nil, "operator-ns"),
 		Tokens: discovery.StaticToken(token), Tenants: oneTeam{}, Quotas: quotas})
 	gw := gateway.New(gateway.Options{Upstreams: server.Tunnels()})
 	connect := func(password string) *httptest.ResponseRecorder {

@@ -7,12 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/example/egress-proxies-operator/broker"
+	"github.com/example/egress-proxies-operator/test/testenv"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clocktesting "k8s.io/utils/clock/testing"
-	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
-	"github.com/example/egress-proxies-operator/discovery"
 	"github.com/example/egress-proxies-operator/gateway"
 )
 
@@ -22,21 +23,21 @@ func TestParseUsername(t *testing.T) {
 		want     gateway.Identity
 		err      string
 	}{
-		{username: "", want: gateway.Identity{Selector: discovery.Selector{}}},
-		{username: "crawler-7.geo-eu", want: gateway.Identity{Session: "crawler-7", Selector: discovery.Selector{"geo": "eu"}}},
-		{username: "my-session", want: gateway.Identity{Session: "my-session", Selector: discovery.Selector{}}},
-		{username: "session-7", want: gateway.Identity{Session: "session-7", Selector: discovery.Selector{}}},
-		{username: "a-session-1", want: gateway.Identity{Session: "a-session-1", Selector: discovery.Selector{}}},
+		{username: "", want: gateway.Identity{Selector: broker.Selector{}}},
+		{username: "crawler-7.geo-eu", want: gateway.Identity{Session: "crawler-7", Selector: broker.Selector{"geo": "eu"}}},
+		{username: "my-session", want: gateway.Identity{Session: "my-session", Selector: broker.Selector{}}},
+		{username: "session-7", want: gateway.Identity{Session: "session-7", Selector: broker.Selector{}}},
+		{username: "a-session-1", want: gateway.Identity{Session: "a-session-1", Selector: broker.Selector{}}},
 		{username: "session-abc-sesstime-10-strict-exclusive-geo-eu", want: gateway.Identity{Session: "session-abc", Strict: true, Exclusive: true,
-			Lifetime: 10 * time.Minute, Selector: discovery.Selector{"geo": "eu"}}},
+			Lifetime: 10 * time.Minute, Selector: broker.Selector{"geo": "eu"}}},
 		{username: "brd-customer-acme-zone-res-country-US-session-r42", want: gateway.Identity{Session: "brd-customer-acme-zone-res-country-US-session-r42",
-			Selector: discovery.Selector{"country": "us"}}},
+			Selector: broker.Selector{"country": "us"}}},
 		{username: "customer-acme-cc-DE-sessid-x1-sesstime-1440", want: gateway.Identity{Session: "customer-acme-cc-DE-sessid-x1",
-			Lifetime: 1440 * time.Minute, Selector: discovery.Selector{"country": "de"}}},
+			Lifetime: 1440 * time.Minute, Selector: broker.Selector{"country": "de"}}},
 		{username: "user-acme-country-fr-session-k-sessionduration-30", want: gateway.Identity{Session: "user-acme-country-fr-session-k",
-			Lifetime: 30 * time.Minute, Selector: discovery.Selector{"country": "fr"}}},
-		{username: "hardsession-h1-lifetime-5m", want: gateway.Identity{Session: "hardsession-h1", Strict: true, Lifetime: 5 * time.Minute, Selector: discovery.Selector{}}},
-		{username: "session-s1-pool-eu.tier=premium", want: gateway.Identity{Session: "session-s1", Selector: discovery.Selector{"pool": "eu", "tier": "premium"}}},
+			Lifetime: 30 * time.Minute, Selector: broker.Selector{"country": "fr"}}},
+		{username: "hardsession-h1-lifetime-5m", want: gateway.Identity{Session: "hardsession-h1", Strict: true, Lifetime: 5 * time.Minute, Selector: broker.Selector{}}},
+		{username: "session-s1-pool-eu.tier=premium", want: gateway.Identity{Session: "session-s1", Selector: broker.Selector{"pool": "eu", "tier": "premium"}}},
 		{username: "session-s1-sesstime-0", err: "whole minutes from 1 to 1440"},
 		{username: "session-s1-sesstime-1441", err: "whole minutes from 1 to 1440"},
 		{username: "session-s1-sesstime-ten", err: "whole minutes"},
@@ -221,23 +222,7 @@ func TestEveryOwnAnswerCarriesProxyStatus(t *testing.T) {
 // errorsCounted reads proxy_operator_gateway_errors_total{error,cause}.
 func errorsCounted(t *testing.T, errType, cause string) float64 {
 	t.Helper()
-	families, err := ctrlmetrics.Registry.Gather()
-	require.NoError(t, err)
-	for _, mf := range families {
-		if mf.GetName() != "proxy_operator_gateway_errors_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if labels["error"] == errType && labels["cause"] == cause {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
+	return testenv.Counter(t, "proxy_operator_gateway_errors_total", map[string]string{"error": errType, "cause": cause})
 }
 
 // apiLease posts a lease request to the discovery API: its status and

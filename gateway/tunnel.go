@@ -16,11 +16,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/example/egress-proxies-operator/broker"
+
 	"github.com/example/egress-proxies-operator/lease"
 
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/example/egress-proxies-operator/discovery"
 	"github.com/example/egress-proxies-operator/tenant"
 )
 
@@ -38,7 +39,7 @@ const (
 
 // tunnel is one client's CONNECT, spliced to its upstream.
 type tunnel struct {
-	// session is the session's key (discovery.SessionKey), name the one
+	// session is the session's key (broker.SessionKey), name the one
 	// the client gave.
 	session, name, host string
 	// moved counts the bytes carried both ways, for the tenant's quota;
@@ -55,7 +56,7 @@ type tunnel struct {
 	// account counts the bytes moved so far toward the quota once at least
 	// its argument of them are uncounted.
 	account       func(least int64)
-	up            discovery.Upstream
+	up            broker.Upstream
 	client, upstr net.Conn
 	started       time.Time
 	idle, life    time.Duration
@@ -92,7 +93,7 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 	bg := logf.IntoContext(context.Background(), logf.FromContext(ctx))
 	abandon := func() {
 		_ = upstream.conn.Close()
-		g.opts.Upstreams.Release(bg, up.LeaseID, id.Session, 0)
+		g.opts.Upstreams.ReleaseTunnel(bg, up.LeaseID, id.Session, 0)
 		g.freeSlot()
 	}
 	hj, ok := w.(http.Hijacker)
@@ -120,7 +121,7 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 	if up.Paced {
 		life = min(life, g.opts.PacedTunnelLifetime)
 	}
-	t := &tunnel{session: discovery.SessionKey(id.Tenant, id.Session), name: id.Session, host: discovery.NormalizeTarget(host), up: up, client: clientConn, upstr: upstream.conn,
+	t := &tunnel{session: broker.SessionKey(id.Tenant, id.Session), name: id.Session, host: broker.NormalizeTarget(host), up: up, client: clientConn, upstr: upstream.conn,
 		started: time.Now(), idle: g.opts.IdleTimeout, life: life, who: id.Tenant, metered: g.opts.Upstreams.MetersBytes(id.Tenant)}
 	t.account = func(least int64) { g.meter(bg, t, least) }
 	t.ledgerUntil = up.LedgerUntil
@@ -134,7 +135,7 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 
 // connectReply is the gateway's 200 to a CONNECT: the upstream that
 // carries the tunnel, its exit IP, and the same in Proxy-Status.
-func connectReply(up discovery.Upstream) string {
+func connectReply(up broker.Upstream) string {
 	reply := "HTTP/1.1 200 Connection established\r\n" + HeaderUpstream + ": " + up.ProxyID + "\r\n"
 	if up.ExitIP != "" {
 		reply += HeaderExitIP + ": " + up.ExitIP + "\r\n"
@@ -149,8 +150,8 @@ func (g *Gateway) busy(w http.ResponseWriter, r *http.Request) {
 }
 
 // tunnelRequest is what id asks of a tunnel or request to host.
-func (g *Gateway) tunnelRequest(id Identity, host string, avoid []string) discovery.TunnelRequest {
-	return discovery.TunnelRequest{
+func (g *Gateway) tunnelRequest(id Identity, host string, avoid []string) broker.TunnelRequest {
+	return broker.TunnelRequest{
 		Tenant: id.Tenant, Session: id.Session, Strict: id.Strict, Lifetime: id.Lifetime, Exclusive: id.Exclusive,
 		Selector: id.Selector, Host: host, Avoid: avoid, TTL: g.opts.LeaseTTL, SessionIdle: g.opts.SessionIdle,
 	}
@@ -163,7 +164,7 @@ func (g *Gateway) carry(ctx context.Context, t *tunnel, early, pending []byte) {
 	// Unregistered once its lease is released: a tunnel no longer open
 	// holds no lease either.
 	defer g.unregister(t)
-	defer func() { g.opts.Upstreams.Release(ctx, t.up.LeaseID, t.name, t.moved.Load()) }()
+	defer func() { g.opts.Upstreams.ReleaseTunnel(ctx, t.up.LeaseID, t.name, t.moved.Load()) }()
 	t.run(early, pending)
 	t.account(1)
 	tunnelsClosed.WithLabelValues(t.reason).Inc()
@@ -174,7 +175,7 @@ func (g *Gateway) carry(ctx context.Context, t *tunnel, early, pending []byte) {
 // takes it, trying at most Attempts of them; each failure is counted
 // against its upstream, which the next pick avoids (a strict session's
 // next pick then fails). last is the last failure, for the client's 502.
-func (g *Gateway) connectAny(ctx context.Context, id Identity, host, hostport string) (dialed, discovery.Upstream, *failure, error) {
+func (g *Gateway) connectAny(ctx context.Context, id Identity, host, hostport string) (dialed, broker.Upstream, *failure, error) {
 	var avoid []string
 	var last *failure
 	restart := false
@@ -183,11 +184,11 @@ func (g *Gateway) connectAny(ctx context.Context, id Identity, host, hostport st
 		req.Restart = restart
 		up, err := g.pick(ctx, req)
 		if err != nil {
-			return dialed{}, discovery.Upstream{}, last, err
+			return dialed{}, broker.Upstream{}, last, err
 		}
 		if !waitForSlot(ctx, up) {
-			g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID, id.Session, 0)
-			return dialed{}, discovery.Upstream{}, last, ctx.Err()
+			g.opts.Upstreams.ReleaseTunnel(context.WithoutCancel(ctx), up.LeaseID, id.Session, 0)
+			return dialed{}, broker.Upstream{}, last, ctx.Err()
 		}
 		d, f := g.connect(ctx, up, hostport)
 		if f == nil {
@@ -200,14 +201,14 @@ func (g *Gateway) connectAny(ctx context.Context, id Identity, host, hostport st
 		upstreamFailures.WithLabelValues(f.reason).Inc()
 		logf.FromContext(ctx).Info("upstream failed a tunnel; trying another", "proxy", up.ProxyID, "reason", f.reason, "error", f.err.Error(),
 			"session", id.Session, "host", host)
-		g.opts.Upstreams.Release(context.WithoutCancel(ctx), up.LeaseID, id.Session, 0)
+		g.opts.Upstreams.ReleaseTunnel(context.WithoutCancel(ctx), up.LeaseID, id.Session, 0)
 		avoid = append(avoid, up.ProxyID)
 		last = f
 		// A session whose first tunnel on a proxy failed never left from
 		// it: even a strict one may start on another.
 		restart = up.Fresh
 	}
-	return dialed{}, discovery.Upstream{}, last, &lease.NoProxyAvailableError{}
+	return dialed{}, broker.Upstream{}, last, &lease.NoProxyAvailableError{}
 }
 
 // Upstream failure reasons, for the metrics.
@@ -229,7 +230,7 @@ type dialed struct {
 
 // connect opens a tunnel through one upstream: a CONNECT with the
 // upstream's credentials, and its 200; or how it failed.
-func (g *Gateway) connect(ctx context.Context, up discovery.Upstream, hostport string) (dialed, *failure) {
+func (g *Gateway) connect(ctx context.Context, up broker.Upstream, hostport string) (dialed, *failure) {
 	failed := func(reason string, status int, err error) (dialed, *failure) {
 		return dialed{}, &failure{proxy: up.ProxyID, reason: reason, status: status, err: err}
 	}

@@ -6,7 +6,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/example/egress-proxies-operator/discovery"
+	"github.com/example/egress-proxies-operator/broker"
+
 	"github.com/example/egress-proxies-operator/tenant"
 )
 
@@ -21,7 +22,7 @@ type Identity struct {
 	Lifetime  time.Duration
 	Exclusive bool
 	// Selector restricts the upstreams, as a lease's selector does.
-	Selector discovery.Selector
+	Selector broker.Selector
 	// Tenant is who the password names (set by the gateway, not the
 	// username): tunnels go only through proxies it may lease.
 	Tenant *tenant.Tenant
@@ -85,7 +86,7 @@ const (
 // A session name is 1-64 letters, digits, '-' or '_'.
 func ParseUsername(username string) (Identity, error) {
 	parts := strings.Split(username, ".")
-	id := Identity{Session: parts[0], Selector: discovery.Selector{}}
+	id := Identity{Session: parts[0], Selector: broker.Selector{}}
 	if key, ok := emptySessionID(strings.Split(parts[0], "-")); ok {
 		return Identity{}, fmt.Errorf("username %q has the session key %q without an id (%s-<id>): without one, its lifetime and flags would be dropped", parts[0], key, key)
 	}
@@ -94,7 +95,7 @@ func ParseUsername(username string) (Identity, error) {
 			return Identity{}, err
 		}
 	}
-	if id.Session != "" && !discovery.ValidSessionName(id.Session) {
+	if id.Session != "" && !broker.ValidSessionName(id.Session) {
 		return Identity{}, fmt.Errorf("session %q (the username before the first '.') must be 1-64 letters, digits, '-' or '_'", id.Session)
 	}
 	for _, term := range parts[1:] {

@@ -11,7 +11,7 @@ import (
 	"github.com/example/egress-proxies-operator/lease"
 )
 
-// RecordOutcome implements discovery.Store.
+// RecordOutcome implements lease.Store.
 func (s *Store) RecordOutcome(ctx context.Context, proxy, host string, o lease.Outcome) error {
 	blocked, limited := 0, 0
 	if o.Blocked {
@@ -26,7 +26,7 @@ func (s *Store) RecordOutcome(ctx context.Context, proxy, host string, o lease.O
 	return nil
 }
 
-// Outcomes implements discovery.Store.
+// Outcomes implements lease.Store.
 func (s *Store) Outcomes(ctx context.Context, proxy string) ([]lease.HostRecord, error) {
 	res, err := s.run(ctx, outcomesScript, proxy).Slice()
 	if err != nil {
@@ -51,7 +51,7 @@ func (s *Store) Outcomes(ctx context.Context, proxy string) ([]lease.HostRecord,
 	return out, nil
 }
 
-// Blocks implements discovery.Store.
+// Blocks implements lease.Store.
 func (s *Store) Blocks(ctx context.Context, since time.Time) ([]lease.Block, error) {
 	res, err := s.run(ctx, blocksScript, since.UnixMilli()).Slice()
 	if err != nil {
@@ -91,7 +91,7 @@ func parseVoices(raw string) []lease.Voice {
 	return out
 }
 
-// ForgetProxy implements discovery.Store.
+// ForgetProxy implements lease.Store.
 func (s *Store) ForgetProxy(ctx context.Context, proxy string) error {
 	if err := s.run(ctx, forgetProxyScript, proxy).Err(); err != nil {
 		return fmt.Errorf("forget-proxy script: %w", err)
@@ -99,7 +99,7 @@ func (s *Store) ForgetProxy(ctx context.Context, proxy string) error {
 	return nil
 }
 
-// BurnIP implements discovery.Store.
+// BurnIP implements lease.Store.
 func (s *Store) BurnIP(ctx context.Context, scope, ip string, retention time.Duration) error {
 	if err := s.run(ctx, burnIPScript, scope, ip, retention.Milliseconds()).Err(); err != nil {
 		return fmt.Errorf("burn-ip script: %w", err)
@@ -107,7 +107,7 @@ func (s *Store) BurnIP(ctx context.Context, scope, ip string, retention time.Dur
 	return nil
 }
 
-// BurnedUntil implements discovery.Store.
+// BurnedUntil implements lease.Store.
 func (s *Store) BurnedUntil(ctx context.Context, scope, ip string) (time.Time, error) {
 	until, err := s.run(ctx, burnedUntilScript, scope, ip).Int64()
 	if err != nil {

@@ -40,7 +40,7 @@ import (
 //	P learn:<host>        hash of host's learned pace: "i" interval ms,
 //	                      "since", "n" push-backs
 //	P refused:<ns>/<pool> when a lease request selecting the pool was last
-//	                      refused; expires after discovery.RefusedMemory
+//	                      refused; expires after lease.RefusedMemory
 //	P out:<proxy>         hash of the proxy's outcome records: host ->
 //	                      "served|blocked|at|lastBlocked|by|voices" (weights
 //	                      as of at; voices "who@ms;..." the latest block of
@@ -94,7 +94,7 @@ end
 
 // pacing is the preamble's addition for the scripts that pace hosts: a
 // GCRA per key (its theoretical arrival time in ms, expiring once past)
-// and the learned pace per host (discovery.LearnedAt, in ms).
+// and the learned pace per host (lease.LearnedAt, in ms).
 var pacing = fmt.Sprintf(`
 local function gcraWait(key, interval, burst)
   if interval <= 0 then return 0 end
@@ -118,7 +118,7 @@ end
 `, lease.LearnedHalfLife.Milliseconds(), lease.MinLearnedInterval.Milliseconds())
 
 // outcomes is the preamble's addition for the scripts that record or read
-// outcomes (discovery.HostRecord.Recorded, discovery.Decayed, in ms).
+// outcomes (lease.HostRecord.Recorded, lease.Decayed, in ms).
 var outcomes = fmt.Sprintf(`
 local OH, OR, OMAX, OMIN, VMAX = %d, %d, %d, %g, %d
 local function decayed(w, at)
@@ -193,14 +193,14 @@ local function blockedWeight(proxy, host)
 end
 `, lease.OutcomeHalfLife.Milliseconds(), lease.OutcomeRetention.Milliseconds(), lease.MaxHostRecords, minBlockedWeight, lease.MaxVoices)
 
-// minBlockedWeight is discovery's: a decayed blocked weight under it no
+// minBlockedWeight is the lease package's: a decayed blocked weight under it no
 // longer counts against a proxy.
 const minBlockedWeight = 0.01
 
 // acquireScript: ARGV[3] ttl ms, ARGV[4] target, ARGV[5] the new lease's
 // id, ARGV[6] 1 to apply the target's learned pace, ARGV[7] the longest
 // wait ms for a paced slot, ARGV[8] k, the number of declared paces,
-// ARGV[9] who holds the lease (discovery.Lease.Holder), ARGV[10] and
+// ARGV[9] who holds the lease (lease.Lease.Holder), ARGV[10] and
 // ARGV[11] its Limit's key ("" for none) and max, ARGV[12] 1 for an
 // exclusive lease, ARGV[13] the exclusive lease it is within ("" none), then
 // k paces of six values each (interval ms, burst, max concurrent, fleet
@@ -341,34 +341,6 @@ if paced then why = 2 elseif best ~= plain then why = 1 end
 return {1, best, now, expires, bestLoad + 1, bestWait, wasPaced, why}
 `)
 
-// pushBackScript: ARGV[3] host, ARGV[4] Retry-After ms (0: none). Moves
-// the host's learned pace as discovery.PushedBack does; returns {interval
-// ms, since, push-backs}.
-var pushBackScript = redis.NewScript(preamble + pacing + fmt.Sprintf(`
-local host, ra = ARGV[3], math.min(tonumber(ARGV[4]), %[1]d)
-local cur, since, n = learnedAt(host)
-local next
-if cur > 0 and now - since < cur then
-  next = math.max(cur, ra)
-else
-  next = math.max(2 * cur, ra)
-  if next <= 0 then next = %[2]d end
-  next = math.min(math.max(next, %[3]d), %[1]d)
-end
-local key = P .. 'learn:' .. host
-redis.call('HSET', key, 'i', next, 'since', now, 'n', n + 1)
-redis.call('PEXPIRE', key, %[4]d)
-return {next, now, n + 1}
-`, lease.MaxLearnedInterval.Milliseconds(), lease.FirstLearnedInterval.Milliseconds(),
-	lease.MinLearnedInterval.Milliseconds(), learnedTTL.Milliseconds()))
-
-// learnedScript: ARGV[3] host. Returns {interval ms, since, push-backs},
-// zeros for none.
-var learnedScript = redis.NewScript(preamble + pacing + `
-local i, since, n = learnedAt(ARGV[3])
-return {i, since, n}
-`)
-
 // getScript: ARGV[3] the lease id. Returns {proxy, target, created,
 // expires, load, holder, 1 if exclusive} or nil.
 var getScript = redis.NewScript(preamble + `
@@ -450,35 +422,6 @@ if ARGV[5] ~= '' and (blocked or ARGV[4] == 'ok') then recordOutcome(l[1], ARGV[
 return 1
 `)
 
-// setRouteScript: ARGV[3] the session, ARGV[4] host, ARGV[5] proxy,
-// ARGV[6] 1 for the session's own proxy, 0 for host's detour, ARGV[7] idle
-// ms, ARGV[8] 1 for a fresh stint, ARGV[9] and ARGV[10] the stint's IP
-// and hold.
-var setRouteScript = redis.NewScript(preamble + `
-local key = P .. 'session:' .. ARGV[3]
-if ARGV[6] == '1' then
-  local cur = redis.call('HGET', key, 'own')
-  if cur ~= ARGV[5] or ARGV[8] == '1' then
-    redis.call('HSET', key, 'since', now, 'ip', ARGV[9], 'hold', ARGV[10])
-  end
-  redis.call('HSET', key, 'own', ARGV[5])
-  redis.call('HDEL', key, 'd:' .. ARGV[4])
-else
-  redis.call('HSET', key, 'd:' .. ARGV[4], ARGV[5])
-end
-redis.call('HSET', key, 'until', now + tonumber(ARGV[7]))
-redis.call('PEXPIRE', key, tonumber(ARGV[7]))
-return 1
-`)
-
-// routeScript: ARGV[3] the session, ARGV[4] host. Returns {own, detour,
-// since, ip, hold}, empty for none.
-var routeScript = redis.NewScript(preamble + `
-local r = redis.call('HMGET', P .. 'session:' .. ARGV[3], 'until', 'own', 'd:' .. ARGV[4], 'since', 'ip', 'hold')
-if not r[1] or tonumber(r[1]) <= now then return {'', '', '', '', ''} end
-return {r[2] or '', r[3] or '', r[4] or '', r[5] or '', r[6] or ''}
-`)
-
 // heldScript: ARGV[3..] proxies. Returns 1 for each one an exclusive lease
 // holds, 0 otherwise.
 var heldScript = redis.NewScript(preamble + `
@@ -487,33 +430,6 @@ for i = 3, #ARGV do
   if heldUntil(ARGV[i], '') > 0 then out[#out + 1] = 1 else out[#out + 1] = 0 end
 end
 return out
-`)
-
-// reportSessionScript: ARGV[3] the session, ARGV[4] result, ARGV[5]
-// target, ARGV[6] cooldown ms, ARGV[7] the same-burst window ms, ARGV[8]
-// the reporter (the session's tenant). Returns
-// the proxy the session's requests to target went through, or an empty
-// string for an unknown session.
-var reportSessionScript = redis.NewScript(preamble + cool + outcomes + `
-local key = P .. 'session:' .. ARGV[3]
-local r = redis.call('HMGET', key, 'until', 'own', 'd:' .. ARGV[5], 'r:' .. ARGV[5])
-if not r[1] or tonumber(r[1]) <= now then return '' end
-local proxy = r[3] or r[2]
-if not proxy then return '' end
-if ARGV[4] ~= 'rate_limited' and ARGV[4] ~= 'blocked' then
-  if ARGV[4] == 'ok' then recordOutcome(proxy, ARGV[5], false, 'report', false, ARGV[8]) end
-  return proxy
-end
-if r[4] then
-  local sep = string.find(r[4], '|', 1, true)
-  if now - tonumber(string.sub(r[4], 1, sep - 1)) < tonumber(ARGV[7]) then
-    return string.sub(r[4], sep + 1)
-  end
-end
-redis.call('HSET', key, 'r:' .. ARGV[5], now .. '|' .. proxy)
-cool(proxy, ARGV[5], tonumber(ARGV[6]))
-recordOutcome(proxy, ARGV[5], true, 'report', ARGV[4] == 'rate_limited', ARGV[8])
-return proxy
 `)
 
 // loadsScript: ARGV[3..] proxies. Returns each one's live leases.
@@ -528,142 +444,4 @@ return out
 // what ended, so a scrape, or none for weeks, changes nothing.
 var countsScript = redis.NewScript(preamble + `
 return {redis.call('ZCOUNT', P .. 'leases', '(' .. now, '+inf'), redis.call('ZCOUNT', P .. 'cooldowns', '(' .. now, '+inf')}
-`)
-
-// admitScript: ARGV[3] the key, ARGV[4] interval ms, ARGV[5] burst.
-// Returns 0 when admitted (one taken), else the ms until one is allowed.
-var admitScript = redis.NewScript(preamble + pacing + `
-local key, interval, burst = P .. 'admit:' .. ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
-local wait = gcraWait(key, interval, burst)
-if wait > 0 then return wait end
-gcraReserve(key, interval)
-return 0
-`)
-
-// addUsageScript: ARGV[3] the key, ARGV[4] n, ARGV[5] ttl ms. Returns the
-// count.
-var addUsageScript = redis.NewScript(preamble + `
-local key = P .. 'usage:' .. ARGV[3]
-local n = tonumber(ARGV[4])
-if n == 0 then return tonumber(redis.call('GET', key) or '0') end
-local total = redis.call('INCRBY', key, n)
-if redis.call('PTTL', key) < 0 then redis.call('PEXPIRE', key, tonumber(ARGV[5])) end
-return total
-`)
-
-// noteRefusedScript: ARGV[3] the pool (namespace/name).
-var noteRefusedScript = redis.NewScript(preamble + fmt.Sprintf(`
-redis.call('SET', P .. 'refused:' .. ARGV[3], now, 'PX', %d)
-return 1
-`, lease.RefusedMemory.Milliseconds()))
-
-// lastRefusedScript: ARGV[3] the pool. Returns when it was last refused,
-// 0 for not within discovery.RefusedMemory on the store's clock.
-var lastRefusedScript = redis.NewScript(preamble + fmt.Sprintf(`
-local at = tonumber(redis.call('GET', P .. 'refused:' .. ARGV[3]) or '0')
-if now - at >= %d then return 0 end
-return at
-`, lease.RefusedMemory.Milliseconds()))
-
-// appendLedgerScript: ARGV[3] the record (JSON), ARGV[4] retention ms.
-// Adds it to the ledger stream under the store's time in ms (never before
-// the last record's, so the stream stays ordered if TIME steps back), and
-// trims what is older than the retention. Returns the record's ms.
-var appendLedgerScript = redis.NewScript(preamble + `
-local key = P .. 'ledger'
-local ms = now
-local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
-if last[1] then
-  local lastms = tonumber(string.match(last[1][1], '^(%d+)'))
-  if lastms > ms then ms = lastms end
-end
-redis.call('XADD', key, 'MINID', tostring(now - tonumber(ARGV[4])), ms .. '-*', 'e', ARGV[3])
-return ms
-`)
-
-// recordOutcomeScript: ARGV[3] proxy, ARGV[4] host, ARGV[5] 1 for blocked,
-// ARGV[6] its source, ARGV[7] the cooldown ms a blocked outcome sets (0:
-// none), ARGV[8] 1 for a push-back, ARGV[9] its reporter.
-var recordOutcomeScript = redis.NewScript(preamble + cool + outcomes + `
-recordOutcome(ARGV[3], ARGV[4], ARGV[5] == '1', ARGV[6], ARGV[8] == '1', ARGV[9])
-if ARGV[5] == '1' and tonumber(ARGV[7]) > 0 then cool(ARGV[3], ARGV[4], tonumber(ARGV[7])) end
-return 1
-`)
-
-// outcomesScript: ARGV[3] proxy. Returns host, served, blocked (as
-// strings, decayed to now), at, last blocked, by, voices, for each record.
-var outcomesScript = redis.NewScript(preamble + outcomes + `
-local all, out = redis.call('HGETALL', P .. 'out:' .. ARGV[3]), {}
-for i = 1, #all, 2 do
-  local f = splitRecord(all[i + 1])
-  local at = tonumber(f[3])
-  if now - at < OR then
-    out[#out + 1] = all[i]
-    out[#out + 1] = tostring(decayed(tonumber(f[1]), at))
-    out[#out + 1] = tostring(decayed(tonumber(f[2]), at))
-    out[#out + 1] = at
-    out[#out + 1] = tonumber(f[4])
-    out[#out + 1] = f[5]
-    out[#out + 1] = f[6] or ''
-  end
-end
-return out
-`)
-
-// blocksScript: ARGV[3] since ms. Returns "<proxy>|<host>", its last block
-// ms, what saw it and its voices, for each block since.
-var blocksScript = redis.NewScript(preamble + outcomes + `
-local since = math.max(tonumber(ARGV[3]), now - OR)
-local z, out = redis.call('ZRANGEBYSCORE', P .. 'blocks', since, '+inf', 'WITHSCORES'), {}
-for i = 1, #z, 2 do
-  local m = z[i]
-  local sep = string.find(m, '|', 1, true)
-  local raw = redis.call('HGET', P .. 'out:' .. string.sub(m, 1, sep - 1), string.sub(m, sep + 1))
-  local by, voices = '', ''
-  if raw then
-    local f = splitRecord(raw)
-    by, voices = f[5], f[6] or ''
-  end
-  out[#out + 1] = m
-  out[#out + 1] = tonumber(z[i + 1])
-  out[#out + 1] = by
-  out[#out + 1] = voices
-end
-return out
-`)
-
-// burnIPScript: ARGV[3] scope, ARGV[4] ip, ARGV[5] retention ms.
-var burnIPScript = redis.NewScript(preamble + `
-local key = P .. 'burned:' .. ARGV[3]
-local untilv = now + tonumber(ARGV[5])
-redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-local old = tonumber(redis.call('ZSCORE', key, ARGV[4]) or '0')
-if untilv > old then redis.call('ZADD', key, untilv, ARGV[4]) end
-extend(key, tonumber(ARGV[5]))
-return 1
-`)
-
-// burnedUntilScript: ARGV[3] scope, ARGV[4] ip. Returns the end of its
-// retention in ms, 0 when it is not burned.
-var burnedUntilScript = redis.NewScript(preamble + `
-local untilv = tonumber(redis.call('ZSCORE', P .. 'burned:' .. ARGV[3], ARGV[4]) or '0')
-if untilv <= now then return 0 end
-return untilv
-`)
-
-// forgetProxyScript: ARGV[3] proxy. Drops its cooldowns and outcome
-// records (discovery.OutcomeMemory.ForgetProxy).
-var forgetProxyScript = redis.NewScript(preamble + `
-local proxy = ARGV[3]
-for _, h in ipairs(redis.call('SMEMBERS', P .. 'coolhosts:' .. proxy)) do
-  redis.call('DEL', P .. 'cool:' .. proxy .. '|' .. h)
-  redis.call('ZREM', P .. 'cooldowns', proxy .. '|' .. h)
-end
-redis.call('DEL', P .. 'coolhosts:' .. proxy)
-for _, h in ipairs(redis.call('HKEYS', P .. 'out:' .. proxy)) do
-  redis.call('HDEL', P .. 'obh:' .. h, proxy)
-  redis.call('ZREM', P .. 'blocks', proxy .. '|' .. h)
-end
-redis.call('DEL', P .. 'out:' .. proxy)
-return 1
 `)

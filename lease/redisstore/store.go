@@ -10,8 +10,8 @@
 // on a proxy that holds one or two leases more than the least-loaded one of
 // a large set; no lease ever goes to a proxy cooling down for its target.
 //
-// It implements discovery.Store and imports nothing of the operator but
-// discovery's types: it never reads or writes the Kubernetes API.
+// It implements lease.Store and imports nothing of the operator but
+// the lease package's types (and the operator's metric names): it never reads or writes the Kubernetes API.
 package redisstore
 
 import (
@@ -84,7 +84,7 @@ func (s *Store) scriptArgs(args ...any) []any {
 	return append(all, args...)
 }
 
-// Acquire implements discovery.Store.
+// Acquire implements lease.Store.
 func (s *Store) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Lease, error) {
 	ids := req.Candidates.IDs
 	if len(ids) == 0 {
@@ -165,12 +165,12 @@ func (s *Store) acquire(ctx context.Context, req lease.AcquireRequest, ids []str
 // long enough to halve from the longest interval to under the shortest.
 const learnedTTL = 14 * lease.LearnedHalfLife
 
-// PushBack implements discovery.Store.
+// PushBack implements lease.Store.
 func (s *Store) PushBack(ctx context.Context, host string, retryAfter time.Duration) (lease.Learned, error) {
 	return learnedFrom(s.run(ctx, pushBackScript, host, retryAfter.Milliseconds()), "push-back")
 }
 
-// LearnedPace implements discovery.Store.
+// LearnedPace implements lease.Store.
 func (s *Store) LearnedPace(ctx context.Context, host string) (lease.Learned, error) {
 	return learnedFrom(s.run(ctx, learnedScript, host), "learned pace")
 }
@@ -204,12 +204,12 @@ func sample(ids []string, n int) []string {
 	return out
 }
 
-// Get implements discovery.Store.
+// Get implements lease.Store.
 func (s *Store) Get(ctx context.Context, id string) (lease.Lease, error) {
 	return s.leaseFrom(id, s.run(ctx, getScript, id))
 }
 
-// Renew implements discovery.Store.
+// Renew implements lease.Store.
 func (s *Store) Renew(ctx context.Context, id string, ttl time.Duration) (lease.Lease, error) {
 	return s.leaseFrom(id, s.run(ctx, renewScript, id, ttl.Milliseconds()))
 }
@@ -245,7 +245,7 @@ func leaseOf(id, target string, proxy, created, expires, load any) (lease.Lease,
 	return lease.Lease{ID: id, ProxyID: p, Target: target, CreatedAt: time.UnixMilli(c).UTC(), ExpiresAt: time.UnixMilli(e).UTC(), ProxyLeases: int(n)}, nil
 }
 
-// Release implements discovery.Store.
+// Release implements lease.Store.
 func (s *Store) Release(ctx context.Context, id string) error {
 	if err := s.run(ctx, releaseScript, id).Err(); err != nil {
 		return fmt.Errorf("release script: %w", err)
@@ -253,7 +253,7 @@ func (s *Store) Release(ctx context.Context, id string) error {
 	return nil
 }
 
-// Report implements discovery.Store.
+// Report implements lease.Store.
 func (s *Store) Report(ctx context.Context, id, result, target string, cooldown time.Duration) error {
 	live, err := s.run(ctx, reportScript, id, result, target, cooldown.Milliseconds()).Int()
 	if err != nil {
@@ -265,7 +265,7 @@ func (s *Store) Report(ctx context.Context, id, result, target string, cooldown 
 	return nil
 }
 
-// Route implements discovery.Store.
+// Route implements lease.Store.
 func (s *Store) Route(ctx context.Context, session, host string) (lease.Route, error) {
 	vals, err := s.run(ctx, routeScript, session, host).StringSlice()
 	if err != nil {
@@ -285,7 +285,7 @@ func (s *Store) Route(ctx context.Context, session, host string) (lease.Route, e
 	return r, nil
 }
 
-// SetRoute implements discovery.Store.
+// SetRoute implements lease.Store.
 func (s *Store) SetRoute(ctx context.Context, session, host string, set lease.RouteSet) error {
 	flag := func(b bool) string {
 		if b {
@@ -299,7 +299,7 @@ func (s *Store) SetRoute(ctx context.Context, session, host string, set lease.Ro
 	return nil
 }
 
-// ReportSession implements discovery.Store.
+// ReportSession implements lease.Store.
 func (s *Store) ReportSession(ctx context.Context, session, reporter, result, target string, cooldown, window time.Duration) (string, error) {
 	proxy, err := s.run(ctx, reportSessionScript, session, result, target, cooldown.Milliseconds(), window.Milliseconds(), reporter).Text()
 	if err != nil {
@@ -315,7 +315,7 @@ func (s *Store) ReportSession(ctx context.Context, session, reporter, result, ta
 // never holds Redis for long in one go.
 const loadsChunk = 1000
 
-// Held implements discovery.Store.
+// Held implements lease.Store.
 func (s *Store) Held(ctx context.Context, ids []string) ([]bool, error) {
 	out := make([]bool, len(ids))
 	for start := 0; start < len(ids); start += loadsChunk {
@@ -338,7 +338,7 @@ func (s *Store) Held(ctx context.Context, ids []string) ([]bool, error) {
 	return out, nil
 }
 
-// ActiveLeases implements discovery.Store: one script per thousand ids,
+// ActiveLeases implements lease.Store: one script per thousand ids,
 // sent in one pipeline.
 func (s *Store) ActiveLeases(ctx context.Context, ids []string) ([]int, error) {
 	out := make([]int, 0, len(ids))
@@ -388,7 +388,7 @@ func (s *Store) loads(ctx context.Context, ids []string) ([]*redis.Cmd, error) {
 	return cmds, err
 }
 
-// Admit implements discovery.Store.
+// Admit implements lease.Store.
 func (s *Store) Admit(ctx context.Context, key string, interval time.Duration, burst int) error {
 	wait, err := s.run(ctx, admitScript, key, interval.Milliseconds(), burst).Int64()
 	if err != nil {
@@ -400,7 +400,7 @@ func (s *Store) Admit(ctx context.Context, key string, interval time.Duration, b
 	return nil
 }
 
-// AddUsage implements discovery.Store.
+// AddUsage implements lease.Store.
 func (s *Store) AddUsage(ctx context.Context, key string, n int64, ttl time.Duration) (int64, error) {
 	total, err := s.run(ctx, addUsageScript, key, n, ttl.Milliseconds()).Int64()
 	if err != nil {
@@ -409,7 +409,7 @@ func (s *Store) AddUsage(ctx context.Context, key string, n int64, ttl time.Dura
 	return total, nil
 }
 
-// AppendLedger implements discovery.Store.
+// AppendLedger implements lease.Store.
 func (s *Store) AppendLedger(ctx context.Context, e lease.LedgerEntry, retention time.Duration) error {
 	e.At = time.Time{}
 	raw, err := json.Marshal(e)
@@ -426,7 +426,7 @@ func (s *Store) AppendLedger(ctx context.Context, e lease.LedgerEntry, retention
 // window is read a page at a time, never in one reply.
 const ledgerPage = 1000
 
-// ReadLedger implements discovery.Store: XRANGE over the stream's ids,
+// ReadLedger implements lease.Store: XRANGE over the stream's ids,
 // which are the records' times in ms, ledgerPage records at a time.
 func (s *Store) ReadLedger(ctx context.Context, from, to time.Time) ([]lease.LedgerEntry, error) {
 	var out []lease.LedgerEntry
@@ -457,7 +457,7 @@ func (s *Store) ReadLedger(ctx context.Context, from, to time.Time) ([]lease.Led
 	}
 }
 
-// NoteRefused implements discovery.Store.
+// NoteRefused implements lease.Store.
 func (s *Store) NoteRefused(ctx context.Context, pool string) error {
 	if err := s.run(ctx, noteRefusedScript, pool).Err(); err != nil {
 		return fmt.Errorf("note-refused script: %w", err)
@@ -465,7 +465,7 @@ func (s *Store) NoteRefused(ctx context.Context, pool string) error {
 	return nil
 }
 
-// LastRefused implements discovery.Store.
+// LastRefused implements lease.Store.
 func (s *Store) LastRefused(ctx context.Context, pool string) (time.Time, error) {
 	ms, err := s.run(ctx, lastRefusedScript, pool).Int64()
 	if err != nil {
@@ -477,7 +477,7 @@ func (s *Store) LastRefused(ctx context.Context, pool string) (time.Time, error)
 	return time.UnixMilli(ms).UTC(), nil
 }
 
-// Ping implements discovery.Store.
+// Ping implements lease.Store.
 func (s *Store) Ping(ctx context.Context) error {
 	if err := s.client.Ping(ctx).Err(); err != nil {
 		return fmt.Errorf("redis PING: %w", err)

@@ -52,7 +52,7 @@ func TestKeysExpireByThemselves(t *testing.T) {
 	assert.Equal(t, [2]int{1, 1}, [2]int{leases, cooldowns})
 
 	// What outlives them: when the proxy was last leased (an hour), and
-	// the outcome memory of the report (discovery.OutcomeRetention).
+	// the outcome memory of the report (lease.OutcomeRetention).
 	outlive := map[string]bool{"exp:last:ns/a": true, "exp:out:ns/a": true, "exp:obh:x.com": true, "exp:blocks": true}
 	assert.Eventually(t, func() bool {
 		keys, err := client.Keys(ctx, "exp:*").Result()

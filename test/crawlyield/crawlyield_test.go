@@ -5,10 +5,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/example/egress-proxies-operator/broker"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/example/egress-proxies-operator/discovery"
 	"github.com/example/egress-proxies-operator/test/simweb"
 )
 
@@ -33,7 +34,7 @@ func siteRules(proxyBlock int) []simweb.Rules {
 func TestPolicyHoldsThroughTheGateway(t *testing.T) {
 	const block = 62
 	w := startWeb(t, block, 5, siteRules(block), 1)
-	p := startProduct(t, w, discovery.Politeness{Policies: policiesUnder(t, w, 0.8), Adaptive: true})
+	p := startProduct(t, w, broker.Politeness{Policies: policiesUnder(t, w, 0.8), Adaptive: true})
 	r := crawl(w, urlsOf(w, 200), 32, 4*time.Second, throughGateway(w, p, 32, false))
 	t.Logf("pages %d, wasted %d of %d requests, held %d, banned %v", r.pages, r.wasted, r.requests, r.held, r.banned)
 	require.Positive(t, r.pages)
@@ -76,25 +77,25 @@ func BenchmarkCrawlYield(b *testing.B) {
 	}{
 		{"naive", func(*testing.B) result { return crawl(w, urls, workers, runFor, naive(w)) }},
 		{"gateway", func(b *testing.B) result {
-			p := startProduct(b, w, discovery.Politeness{})
+			p := startProduct(b, w, broker.Politeness{})
 			return crawl(w, urls, workers, runFor, throughGateway(w, p, workers, false))
 		}},
 		{"leases", func(b *testing.B) result {
-			p := startProduct(b, w, discovery.Politeness{})
+			p := startProduct(b, w, broker.Politeness{})
 			fetch, done := throughLeases(w, p, workers)
 			defer done()
 			return crawl(w, urls, workers, runFor, fetch)
 		}},
 		{"polite", func(b *testing.B) result {
-			p := startProduct(b, w, discovery.Politeness{Policies: publishedPolicies(b, w), Adaptive: true})
+			p := startProduct(b, w, broker.Politeness{Policies: publishedPolicies(b, w), Adaptive: true})
 			return crawl(w, urls, workers, runFor, throughGateway(w, p, workers, false))
 		}},
 		{"politeKeepAlive", func(b *testing.B) result {
-			p := startProduct(b, w, discovery.Politeness{Policies: publishedPolicies(b, w), Adaptive: true})
+			p := startProduct(b, w, broker.Politeness{Policies: publishedPolicies(b, w), Adaptive: true})
 			return crawl(w, urls, workers, runFor, throughGateway(w, p, workers, true))
 		}},
 		{"adaptive", func(b *testing.B) result {
-			p := startProduct(b, w, discovery.Politeness{Adaptive: true})
+			p := startProduct(b, w, broker.Politeness{Adaptive: true})
 			return crawl(w, urls, workers, runFor, throughGateway(w, p, workers, false))
 		}},
 	}

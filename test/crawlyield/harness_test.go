@@ -25,6 +25,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/example/egress-proxies-operator/broker"
+
 	"github.com/example/egress-proxies-operator/lease"
 
 	"github.com/stretchr/testify/require"
@@ -84,16 +86,16 @@ type product struct {
 	client *client.Client
 }
 
-func startProduct(t testing.TB, w *web, politeness discovery.Politeness) *product {
+func startProduct(t testing.TB, w *web, politeness broker.Politeness) *product {
 	t.Helper()
 	return startReplica(t, w, politeness, lease.NewMemoryStore(nil))
 }
 
 // startReplica is startProduct on store: replicas that share a store
 // (Redis) share their leases, sessions and paces.
-func startReplica(t testing.TB, w *web, politeness discovery.Politeness, store lease.Store) *product {
+func startReplica(t testing.TB, w *web, politeness broker.Politeness, store lease.Store) *product {
 	t.Helper()
-	view := discovery.NewView(nil, "operator-ns")
+	view := broker.NewView(nil, "operator-ns")
 	for i, ip := range w.proxies {
 		p := &crawlv1alpha1.Proxy{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "crawl", Name: fmt.Sprintf("p%02d", i)},
@@ -108,18 +110,18 @@ func startReplica(t testing.TB, w *web, politeness discovery.Politeness, store l
 }
 
 // startViewProduct is discovery and the gateway over view's proxies.
-func startViewProduct(t testing.TB, view *discovery.View, politeness discovery.Politeness, store lease.Store) *product {
+func startViewProduct(t testing.TB, view *broker.View, politeness broker.Politeness, store lease.Store) *product {
 	t.Helper()
 	server := discovery.NewServer(discovery.Options{
 		Store: store, View: view, Tokens: discovery.StaticToken(token),
-		DefaultTTL: discovery.DefaultTTL, MaxTTL: discovery.DefaultMaxTTL, DefaultCooldown: discovery.DefaultCooldown,
+		DefaultTTL: broker.DefaultTTL, MaxTTL: broker.DefaultMaxTTL, DefaultCooldown: broker.DefaultCooldown,
 		Politeness: politeness,
 	})
 	p := &product{api: httptest.NewServer(server.Handler())}
 	t.Cleanup(p.api.Close)
 	// The simulated sites listen on loopback addresses and any port.
 	gw := gateway.New(gateway.Options{Upstreams: server.Tunnels(), Destinations: gateway.Destinations{ConnectPorts: []int{0}, HTTPPorts: []int{0}}})
-	server.OnSessionReport(gw.OnSessionReport)
+	server.Broker().OnSessionReport(gw.OnSessionReport)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	p.gwAddr = lis.Addr().String()
@@ -364,8 +366,8 @@ func throughLeases(w *web, p *product, workers int) (fetcher, func()) {
 }
 
 // policyOf is a declared pace equal to a site's published rules.
-func policyOf(name, host string, r simweb.Rules) discovery.Policy {
-	p := discovery.Policy{Name: name, Host: host, Pace: lease.Pace{MaxConcurrent: r.MaxConcurrent}}
+func policyOf(name, host string, r simweb.Rules) broker.Policy {
+	p := broker.Policy{Name: name, Host: host, Pace: lease.Pace{MaxConcurrent: r.MaxConcurrent}}
 	if r.RatePerSecond > 0 {
 		p.Pace.Interval = time.Duration(float64(time.Second) / r.RatePerSecond)
 		p.Pace.Burst = max(r.Burst, 1)
@@ -374,11 +376,11 @@ func policyOf(name, host string, r simweb.Rules) discovery.Policy {
 }
 
 // staticPolicies are policies by host for every namespace.
-type staticPolicies map[string]discovery.Policy
+type staticPolicies map[string]broker.Policy
 
-func (s staticPolicies) ForHost(host string) []discovery.Policy {
+func (s staticPolicies) ForHost(host string) []broker.Policy {
 	if p, ok := s[host]; ok {
-		return []discovery.Policy{p}
+		return []broker.Policy{p}
 	}
 	return nil
 }

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/example/egress-proxies-operator/broker"
+
 	"github.com/example/egress-proxies-operator/lease"
 
 	"github.com/go-logr/logr"
@@ -23,7 +25,6 @@ import (
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/bans"
 	"github.com/example/egress-proxies-operator/controllers"
-	"github.com/example/egress-proxies-operator/discovery"
 	"github.com/example/egress-proxies-operator/test/cluster"
 	"github.com/example/egress-proxies-operator/test/simweb"
 	"github.com/example/egress-proxies-operator/test/testenv"
@@ -96,7 +97,7 @@ func (c *cloud) release(ip string) {
 // the Proxy reconciler do, without the API server between them.
 type recyclingFleet struct {
 	cloud  *cloud
-	view   *discovery.View
+	view   *broker.View
 	store  lease.Store
 	memory bool // the burned-IP memory: a new instance on a burned address is rerolled
 
@@ -113,7 +114,7 @@ type fleetSlot struct {
 	since time.Time
 }
 
-func startFleet(t testing.TB, c *cloud, store lease.Store, view *discovery.View, n int, memory bool) *recyclingFleet {
+func startFleet(t testing.TB, c *cloud, store lease.Store, view *broker.View, n int, memory bool) *recyclingFleet {
 	t.Helper()
 	f := &recyclingFleet{cloud: c, view: view, store: store, memory: memory}
 	for i := range n {
@@ -238,8 +239,8 @@ func BenchmarkCrawlYieldRecycling(b *testing.B) {
 	// A warm-up crawl first: the first crawl of a process is the slowest
 	// by far (connections, TLS, the runtime), and no way should pay for it.
 	{
-		store, view := lease.NewMemoryStore(nil), discovery.NewView(nil, "operator-ns")
-		p := startViewProduct(b, view, discovery.Politeness{Policies: publishedPolicies(b, w), Adaptive: true}, store)
+		store, view := lease.NewMemoryStore(nil), broker.NewView(nil, "operator-ns")
+		p := startViewProduct(b, view, broker.Politeness{Policies: publishedPolicies(b, w), Adaptive: true}, store)
 		startFleet(b, newCloud(block+2), store, view, proxies, false)
 		crawl(w, urls, workers, 3*time.Second, throughGateway(w, p, workers, false))
 	}
@@ -252,8 +253,8 @@ func BenchmarkCrawlYieldRecycling(b *testing.B) {
 			var f *recyclingFleet
 			for b.Loop() {
 				store := lease.NewMemoryStore(nil)
-				view := discovery.NewView(nil, "operator-ns")
-				p := startViewProduct(b, view, discovery.Politeness{Policies: publishedPolicies(b, w), Adaptive: true}, store)
+				view := broker.NewView(nil, "operator-ns")
+				p := startViewProduct(b, view, broker.Politeness{Policies: publishedPolicies(b, w), Adaptive: true}, store)
 				f = startFleet(b, newCloud(block), store, view, proxies, way.memory)
 				ctx, cancel := context.WithCancel(context.Background())
 				var judged sync.WaitGroup

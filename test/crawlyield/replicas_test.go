@@ -11,11 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/example/egress-proxies-operator/broker"
+
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/example/egress-proxies-operator/discovery"
 	"github.com/example/egress-proxies-operator/lease/redisstore"
 	"github.com/example/egress-proxies-operator/test/redisserver"
 	"github.com/example/egress-proxies-operator/test/simweb"
@@ -43,7 +44,7 @@ func TestPolicyHoldsAcrossReplicas(t *testing.T) {
 	srv := redisserver.Start(t, "")
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 128})
 	t.Cleanup(func() { _ = rdb.Close() })
-	politeness := discovery.Politeness{Policies: policiesUnder(t, w, 0.8), Adaptive: true}
+	politeness := broker.Politeness{Policies: policiesUnder(t, w, 0.8), Adaptive: true}
 	replicas := []*product{
 		startReplica(t, w, politeness, redisstore.New(redisstore.Options{Client: rdb})),
 		startReplica(t, w, politeness, redisstore.New(redisstore.Options{Client: rdb})),
@@ -80,7 +81,7 @@ func TestAScrapySpiderCrawlsPolitely(t *testing.T) {
 	require.NoError(t, err, "Scrapy is missing: apt-get install -y python3-scrapy")
 	const block = 66
 	w := startWeb(t, block, 3, strictRules(2), 1)
-	p := startProduct(t, w, discovery.Politeness{Policies: policiesUnder(t, w, 0.8), Adaptive: true})
+	p := startProduct(t, w, broker.Politeness{Policies: policiesUnder(t, w, 0.8), Adaptive: true})
 	const pages = 30
 	out := filepath.Join(t.TempDir(), "pages.jsonl")
 	gw := fmt.Sprintf("http://spider-1:%s@%s", token, p.gwAddr)

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/example/egress-proxies-operator/broker"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"helm.sh/helm/v4/pkg/action"
@@ -32,7 +34,6 @@ import (
 
 	"github.com/example/egress-proxies-operator/bans"
 	"github.com/example/egress-proxies-operator/controllers"
-	"github.com/example/egress-proxies-operator/discovery"
 	"github.com/example/egress-proxies-operator/gateway"
 	"github.com/example/egress-proxies-operator/health"
 	"github.com/example/egress-proxies-operator/operator"
@@ -416,8 +417,8 @@ func TestChartDefaultsAreTheOperatorsDefaults(t *testing.T) {
 		{op.GC.GracePeriod, controllers.DefaultGCGracePeriod, "gc.gracePeriod"},
 		{op.Health.Interval, health.DefaultInterval, "health.interval"},
 		{op.Health.Timeout, health.DefaultTimeout, "health.timeout"},
-		{op.Discovery.LeaseMaxTTL, discovery.DefaultMaxTTL, "discovery.leaseMaxTTL"},
-		{op.Discovery.RateLimitCooldown, discovery.DefaultCooldown, "discovery.rateLimitCooldown"},
+		{op.Discovery.LeaseMaxTTL, broker.DefaultMaxTTL, "discovery.leaseMaxTTL"},
+		{op.Discovery.RateLimitCooldown, broker.DefaultCooldown, "discovery.rateLimitCooldown"},
 		{op.Healing.UnhealthyReplaceAfter, controllers.DefaultUnhealthyReplaceAfter, "healing.unhealthyReplaceAfter"},
 		{op.Healing.StartupTimeout, controllers.DefaultStartupTimeout, "healing.startupTimeout"},
 		{op.Healing.InstanceResyncInterval, controllers.DefaultInstanceResyncInterval, "healing.instanceResyncInterval"},

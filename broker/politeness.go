@@ -1,14 +1,12 @@
-package discovery
+package broker
 
 import (
 	"context"
-	"net/http"
 	"strings"
 	"time"
 
 	"github.com/example/egress-proxies-operator/lease"
 
-	"github.com/julienschmidt/httprouter"
 	"github.com/prometheus/client_golang/prometheus"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -45,11 +43,11 @@ type Politeness struct {
 // namespace (candidates and policies are namespace/name). Nil when no
 // policy covers the host anywhere, so an unpaced lease keeps the store's
 // fast path.
-func (s *Server) paceOf(host string) func(string) lease.Pace {
-	if s.opts.Politeness.Policies == nil || host == "" {
+func (b *Broker) paceOf(host string) func(string) lease.Pace {
+	if b.opts.Politeness.Policies == nil || host == "" {
 		return nil
 	}
-	policies := s.opts.Politeness.Policies.ForHost(host)
+	policies := b.opts.Politeness.Policies.ForHost(host)
 	if len(policies) == 0 {
 		return nil
 	}
@@ -80,85 +78,19 @@ func withJitterReserve(p lease.Pace) lease.Pace {
 	return p
 }
 
-// acquireRequest is an AcquireRequest for target with the politeness in
-// force.
-func (s *Server) acquireRequest(c lease.Candidates, target string, ttl, maxWait time.Duration) lease.AcquireRequest {
-	return lease.AcquireRequest{Candidates: c, Target: target, TTL: ttl, PaceOf: s.paceOf(target),
-		Adaptive: s.opts.Politeness.Adaptive && target != "", MaxWait: maxWait}
-}
-
 // pushBack teaches the store that host pushed back, when the pace is
 // adaptive; a failure is logged (the cooldown, if any, still holds).
-func (s *Server) pushBack(ctx context.Context, host string, retryAfter time.Duration) {
-	if !s.opts.Politeness.Adaptive || host == "" {
+func (b *Broker) pushBack(ctx context.Context, host string, retryAfter time.Duration) {
+	if !b.opts.Politeness.Adaptive || host == "" {
 		return
 	}
-	l, err := s.store.PushBack(ctx, host, retryAfter)
+	l, err := b.store.PushBack(ctx, host, retryAfter)
 	if err != nil {
-		warn(logf.FromContext(ctx), "could not slow the host's learned pace", "host", host, "error", err.Error())
+		operator.Warn(logf.FromContext(ctx), "could not slow the host's learned pace", "host", host, "error", err.Error())
 		return
 	}
 	pushBacksTotal.Inc()
 	logf.FromContext(ctx).V(1).Info("host pushed back: its pace slowed", "host", host, "interval", l.Interval.String())
-}
-
-// targetView is GET /v1/targets/{host}: what paces a host now.
-type targetView struct {
-	Host string `json:"host"`
-	// Policies are the declared ones, per namespace.
-	Policies []policyView `json:"policies"`
-	// Learned is the pace its push-backs taught (absent: none).
-	Learned *learnedView `json:"learned,omitempty"`
-}
-
-type policyView struct {
-	Name                   string  `json:"name"`
-	Host                   string  `json:"host"`
-	RequestsPerSecondPerIP float64 `json:"requestsPerSecondPerIP,omitempty"`
-	Burst                  int     `json:"burst,omitempty"`
-	MaxConcurrentPerIP     int     `json:"maxConcurrentPerIP,omitempty"`
-	FleetRequestsPerSecond float64 `json:"fleetRequestsPerSecond,omitempty"`
-	FleetBurst             int     `json:"fleetBurst,omitempty"`
-	IntervalSecondsPerIP   float64 `json:"intervalSecondsPerIP,omitempty"`
-	FleetIntervalSeconds   float64 `json:"fleetIntervalSeconds,omitempty"`
-}
-
-type learnedView struct {
-	IntervalSeconds float64   `json:"intervalSeconds"`
-	Since           time.Time `json:"since"`
-	PushBacks       int       `json:"pushBacks"`
-}
-
-func perSecond(d time.Duration) float64 {
-	if d <= 0 {
-		return 0
-	}
-	return 1 / d.Seconds()
-}
-
-func (s *Server) getTarget(w http.ResponseWriter, r *http.Request, ps httprouter.Params) int {
-	host := normalizeTarget(ps.ByName("host"))
-	if err := validateTarget(host, true); err != nil {
-		return writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
-	}
-	out := targetView{Host: host, Policies: []policyView{}}
-	if s.opts.Politeness.Policies != nil {
-		for _, p := range s.opts.Politeness.Policies.ForHost(host) {
-			out.Policies = append(out.Policies, policyView{
-				Name: p.Name, Host: p.Host, Burst: p.Pace.Burst, MaxConcurrentPerIP: p.Pace.MaxConcurrent, FleetBurst: p.Pace.FleetBurst,
-				RequestsPerSecondPerIP: perSecond(p.Pace.Interval), IntervalSecondsPerIP: p.Pace.Interval.Seconds(),
-				FleetRequestsPerSecond: perSecond(p.Pace.FleetInterval), FleetIntervalSeconds: p.Pace.FleetInterval.Seconds(),
-			})
-		}
-	}
-	l, err := s.store.LearnedPace(r.Context(), host)
-	if err != nil {
-		return storeUnavailable(r.Context(), w, err)
-	}
-	if l.Interval > 0 {
-		out.Learned = &learnedView{IntervalSeconds: l.Interval.Seconds(), Since: l.Since.UTC(), PushBacks: l.PushBacks}
-	}
-	return writeJSON(w, http.StatusOK, out)
 }
 
 var (

@@ -1,33 +1,24 @@
-package discovery
+package broker
 
 import (
 	"testing"
 	"time"
 
-	"github.com/example/egress-proxies-operator/lease"
-
 	"github.com/stretchr/testify/assert"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	toolscache "k8s.io/client-go/tools/cache"
 
-	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/lease"
+	"github.com/example/egress-proxies-operator/test/testenv"
 )
-
-func crawlTarget(ns, name, host string, perSecond int32, created time.Time) *crawlv1alpha1.CrawlTarget {
-	return &crawlv1alpha1.CrawlTarget{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, CreationTimestamp: metav1.NewTime(created)},
-		Spec:       crawlv1alpha1.CrawlTargetSpec{Host: host, RequestsPerInterval: perSecond, Interval: metav1.Duration{Duration: time.Second}},
-	}
-}
 
 func TestPolicyIndex(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	x := NewPolicyIndex()
 	h := x.Handler()
-	h.OnAdd(crawlTarget("crawl", "wild", "*.example.com", 10, t0), false)
-	h.OnAdd(crawlTarget("crawl", "shop", "shop.example.com", 2, t0.Add(time.Minute)), false)
-	h.OnAdd(crawlTarget("crawl", "shop-late", "shop.example.com", 50, t0.Add(time.Hour)), false)
-	h.OnAdd(crawlTarget("other", "shop", "shop.example.com", 5, t0), false)
+	h.OnAdd(testenv.CrawlTarget("crawl", "wild", "*.example.com", 10, t0), false)
+	h.OnAdd(testenv.CrawlTarget("crawl", "shop", "shop.example.com", 2, t0.Add(time.Minute)), false)
+	h.OnAdd(testenv.CrawlTarget("crawl", "shop-late", "shop.example.com", 50, t0.Add(time.Hour)), false)
+	h.OnAdd(testenv.CrawlTarget("other", "shop", "shop.example.com", 5, t0), false)
 
 	p, ok := x.For("crawl", "shop.example.com")
 	assert.True(t, ok)
@@ -48,13 +39,13 @@ func TestPolicyIndex(t *testing.T) {
 	assert.Equal(t, []string{"crawl/shop", "other/shop"}, names)
 	assert.Equal(t, []string{"shop.example.com"}, x.exactHosts())
 
-	h.OnDelete(toolscache.DeletedFinalStateUnknown{Obj: crawlTarget("crawl", "shop", "shop.example.com", 2, t0)})
+	h.OnDelete(toolscache.DeletedFinalStateUnknown{Obj: testenv.CrawlTarget("crawl", "shop", "shop.example.com", 2, t0)})
 	p, _ = x.For("crawl", "shop.example.com")
 	assert.Equal(t, "crawl/shop-late", p.Name, "the next in line takes over")
 }
 
 func TestPolicyOfKeepsAReserveOfTheBurst(t *testing.T) {
-	ct := crawlTarget("crawl", "shop", "shop.example.com", 4, time.Unix(0, 0))
+	ct := testenv.CrawlTarget("crawl", "shop", "shop.example.com", 4, time.Unix(0, 0))
 	fleet := int32(100)
 	conc := int32(2)
 	ct.Spec.FleetRequestsPerInterval, ct.Spec.MaxConcurrentPerIP = &fleet, &conc

@@ -1,4 +1,4 @@
-package discovery
+package operator
 
 import (
 	"github.com/go-logr/logr"
@@ -6,10 +6,10 @@ import (
 	"go.uber.org/zap"
 )
 
-// warn logs at zap's warning level when the logger is zap underneath (the
+// Warn logs at zap's warning level when the logger is zap underneath (the
 // operator's is): logr has no warning level, and a warning at info level is
 // lost among the routine lines. Elsewhere it logs at info.
-func warn(log logr.Logger, msg string, keysAndValues ...any) {
+func Warn(log logr.Logger, msg string, keysAndValues ...any) {
 	if under, ok := log.GetSink().(zapr.Underlier); ok {
 		fields := make([]zap.Field, 0, len(keysAndValues)/2)
 		for i := 0; i+1 < len(keysAndValues); i += 2 {

@@ -1,12 +1,10 @@
-package discovery
+package broker
 
 import (
 	"fmt"
 	"net"
-	"regexp"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"unique"
@@ -18,7 +16,6 @@ import (
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/credentials"
-	"github.com/example/egress-proxies-operator/tenant"
 )
 
 // HealthSource says whether a proxy passes its probes. The health engine
@@ -57,7 +54,7 @@ type entry struct {
 	hasCreds bool
 }
 
-// View is discovery's in-memory index of Proxies, fed by the manager's
+// View is the broker's in-memory index of Proxies, fed by the manager's
 // informer: requests read it under a read lock and never reach the API
 // server or deep-copy cached objects.
 type View struct {
@@ -108,20 +105,22 @@ func NewView(health HealthSource, credentialsNamespace string) *View {
 // Handler is the informer event handler that keeps the view current.
 func (v *View) Handler() toolscache.ResourceEventHandler {
 	return toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { v.upsert(obj) },
-		UpdateFunc: func(_, obj any) { v.upsert(obj) },
+		AddFunc:    func(obj any) { v.Upsert(obj) },
+		UpdateFunc: func(_, obj any) { v.Upsert(obj) },
 		DeleteFunc: func(obj any) {
 			if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
 				obj = tomb.Obj
 			}
 			if p, ok := obj.(*crawlv1alpha1.Proxy); ok {
-				v.remove(p.Namespace + "/" + p.Name)
+				v.Remove(p.Namespace + "/" + p.Name)
 			}
 		},
 	}
 }
 
-func (v *View) upsert(obj any) {
+// Upsert puts a Proxy (obj) into the view, or updates it: what the
+// informer's handler does on an add or update, and how tests feed a view.
+func (v *View) Upsert(obj any) {
 	p, ok := obj.(*crawlv1alpha1.Proxy)
 	if !ok {
 		return
@@ -153,7 +152,9 @@ func (v *View) upsert(obj any) {
 	}
 }
 
-func (v *View) remove(id string) {
+// Remove takes the Proxy id (namespace/name) out of the view: what the
+// informer's handler does on a delete.
+func (v *View) Remove(id string) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	old, exists := v.entries[id]
@@ -296,10 +297,10 @@ func (v *View) info(e *entry, leases int) ProxyInfo {
 	return info
 }
 
-// list returns the proxies matching sel (and, when healthyOnly, healthy),
+// List returns the proxies matching sel (and, when healthyOnly, healthy),
 // sorted by id, without their lease counts (the server adds them from the
 // store).
-func (v *View) list(sel Selector, healthyOnly *bool) []ProxyInfo {
+func (v *View) List(sel Selector, healthyOnly *bool) []ProxyInfo {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
 	out := []ProxyInfo{}
@@ -360,9 +361,9 @@ func (v *View) candidates(sel Selector) lease.Candidates {
 // maxCachedSelectors bounds the candidate cache.
 const maxCachedSelectors = 1024
 
-// unavailable says why a leased proxy can no longer serve its lease (it
+// Unavailable says why a leased proxy can no longer serve its lease (it
 // was deleted, or is not healthy), or "" when it can.
-func (v *View) unavailable(id string) string {
+func (v *View) Unavailable(id string) string {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
 	e, ok := v.entries[id]
@@ -389,8 +390,8 @@ func (v *View) state(id string) (exists, serving, healthy bool) {
 	return true, e.serving, v.healthy(e)
 }
 
-// lookup returns a proxy by id; ok is false once it is deleted.
-func (v *View) lookup(id string, leases int) (ProxyInfo, bool) {
+// Lookup returns a proxy by id; ok is false once it is deleted.
+func (v *View) Lookup(id string, leases int) (ProxyInfo, bool) {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
 	e, ok := v.entries[id]
@@ -398,105 +399,4 @@ func (v *View) lookup(id string, leases int) (ProxyInfo, bool) {
 		return ProxyInfo{}, false
 	}
 	return v.info(e, leases), true
-}
-
-// Selector is a set of attribute equalities, all of which must hold.
-type Selector map[string]string
-
-// key is a canonical form of the selector, for the candidate cache and the
-// store's index of its candidates. It is never empty: an empty Candidates
-// key asks a store for no index, and the empty selector (every proxy) is
-// the one that most needs one.
-func (s Selector) key() string {
-	keys := make([]string, 0, len(s))
-	for k := range s {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	var b strings.Builder
-	b.WriteString("selector:")
-	for _, k := range keys {
-		b.WriteString(k)
-		b.WriteByte(0)
-		b.WriteString(s[k])
-		b.WriteByte(0)
-	}
-	return b.String()
-}
-
-// Matches says whether attrs satisfy every pair of the selector.
-func (s Selector) Matches(attrs map[string]string) bool {
-	for k, want := range s {
-		if attrs[k] != want {
-			return false
-		}
-	}
-	return true
-}
-
-// selectorKey is the CRD's rule for attribute keys.
-var selectorKey = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$`)
-
-// validateSelector names the first bad key or value.
-func validateSelector(field string, s Selector) error {
-	if len(s) > 32 {
-		return fmt.Errorf("%s has %d keys; at most 32", field, len(s))
-	}
-	for k, val := range s {
-		if len(k) > 63 || !selectorKey.MatchString(k) {
-			return fmt.Errorf("%s key %q must be 1-63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit", field, k)
-		}
-		if len(val) > 253 {
-			return fmt.Errorf("%s value for %q is longer than 253 characters", field, k)
-		}
-	}
-	return nil
-}
-
-// tenantProxy is what RBAC is asked about the proxy id.
-func (v *View) tenantProxy(id string) (tenant.Proxy, bool) {
-	v.mu.RLock()
-	defer v.mu.RUnlock()
-	e, ok := v.entries[id]
-	if !ok {
-		return tenant.Proxy{}, false
-	}
-	return tenant.Proxy{Namespace: e.key.Namespace, Name: e.key.Name, Pool: e.attributes.m[attrPool]}, true
-}
-
-// poolsSelected are the pools (namespace/name) that have a member sel
-// matches, serving or not: the autoscalers a refused lease concerns. The
-// names come from the cluster, never from the request, so a client cannot
-// make the store remember pools that do not exist; only the members of
-// pools named sel's pool are looked at, not the fleet.
-func (v *View) poolsSelected(sel Selector) []tenant.Proxy {
-	if sel[attrPool] == "" {
-		return nil
-	}
-	v.mu.RLock()
-	defer v.mu.RUnlock()
-	var pools []tenant.Proxy
-	for id := range v.pools[sel[attrPool]] {
-		e := v.entries[id]
-		if !sel.Matches(e.attributes.m) {
-			continue
-		}
-		if p := (tenant.Proxy{Namespace: e.key.Namespace, Pool: sel[attrPool]}); !slices.Contains(pools, p) {
-			pools = append(pools, p)
-		}
-	}
-	return pools
-}
-
-// poolMembers are the ids of the Proxies of one pool, serving or not.
-func (v *View) poolMembers(namespace, pool string) []string {
-	v.mu.RLock()
-	defer v.mu.RUnlock()
-	var ids []string
-	for id := range v.pools[pool] {
-		if v.entries[id].key.Namespace == namespace {
-			ids = append(ids, id)
-		}
-	}
-	return ids
 }

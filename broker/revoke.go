@@ -1,4 +1,4 @@
-package discovery
+package broker
 
 import (
 	"bufio"
@@ -213,16 +213,16 @@ func (r *revoker) send(ctx context.Context, proxyID, addr string, c credentials.
 
 // revoke queues the revocation of a released lease's credentials, when
 // its proxy takes per-lease ones.
-func (s *Server) revoke(ctx context.Context, l lease.Lease) {
-	info, ok := s.opts.View.lookup(l.ProxyID, 0)
-	if !ok || !info.hasCreds || s.opts.Credentials == nil || info.IP == "" {
+func (b *Broker) revoke(ctx context.Context, l lease.Lease) {
+	info, ok := b.opts.View.Lookup(l.ProxyID, 0)
+	if !ok || !info.hasCreds || b.opts.Credentials == nil || info.IP == "" {
 		return
 	}
-	c, err := s.opts.Credentials.Lookup(ctx, info.creds)
+	c, err := b.opts.Credentials.Lookup(ctx, info.creds)
 	if err != nil || c.Scheme != credentials.SchemeLease {
 		return
 	}
-	s.revoker.add(l.ProxyID, net.JoinHostPort(info.IP, strconv.Itoa(int(info.Port))), c, l.ID, l.ExpiresAt)
+	b.revoker.add(l.ProxyID, net.JoinHostPort(info.IP, strconv.Itoa(int(info.Port))), c, l.ID, l.ExpiresAt)
 }
 
 var revocationsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -1,4 +1,4 @@
-package discovery
+package broker
 
 import (
 	"context"
@@ -145,12 +145,12 @@ var learnedDesc = prometheus.NewDesc(prometheus.BuildFQName(operator.MetricsName
 // LearnedPaceCollector reports the learned pace of every host a policy
 // names exactly, read from the store at scrape time (bounded by timeout):
 // the policies bound the metric's cardinality.
-func (s *Server) LearnedPaceCollector(index *PolicyIndex, timeout time.Duration) prometheus.Collector {
-	return &learnedCollector{s: s, index: index, timeout: timeout}
+func (b *Broker) LearnedPaceCollector(index *PolicyIndex, timeout time.Duration) prometheus.Collector {
+	return &learnedCollector{b: b, index: index, timeout: timeout}
 }
 
 type learnedCollector struct {
-	s       *Server
+	b       *Broker
 	index   *PolicyIndex
 	timeout time.Duration
 }
@@ -161,7 +161,7 @@ func (c *learnedCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
 	for _, host := range c.index.exactHosts() {
-		l, err := c.s.store.LearnedPace(ctx, host)
+		l, err := c.b.store.LearnedPace(ctx, host)
 		if err != nil {
 			ch <- prometheus.NewInvalidMetric(learnedDesc, err)
 			return

@@ -1,4 +1,4 @@
-package discovery
+package broker
 
 import (
 	"context"
@@ -124,25 +124,25 @@ func (e *QuotaError) Error() string {
 func (e *QuotaError) Unwrap() error { return lease.ErrQuotaExceeded }
 
 // quotaOf is t's quota, if it has one.
-func (s *Server) quotaOf(t *tenant.Tenant) (Quota, bool) {
+func (b *Broker) quotaOf(t *tenant.Tenant) (Quota, bool) {
 	if t == nil || t.All() {
 		return Quota{}, false
 	}
-	return s.quotaNamed(t.Name)
+	return b.quotaNamed(t.Name)
 }
 
 // quotaNamed is the quota of the tenant called name, if it has one.
-func (s *Server) quotaNamed(name string) (Quota, bool) {
-	if s.opts.Quotas == nil {
+func (b *Broker) quotaNamed(name string) (Quota, bool) {
+	if b.opts.Quotas == nil {
 		return Quota{}, false
 	}
-	return s.opts.Quotas.QuotaOf(name)
+	return b.opts.Quotas.QuotaOf(name)
 }
 
 // limitFor is the Limit a tenant's lease (kind LimitLeases) or tunnel
 // (LimitTunnels) counts under; the zero Limit when it has none.
-func (s *Server) limitFor(t *tenant.Tenant, kind string) lease.Limit {
-	q, ok := s.quotaOf(t)
+func (b *Broker) limitFor(t *tenant.Tenant, kind string) lease.Limit {
+	q, ok := b.quotaOf(t)
 	if !ok {
 		return lease.Limit{}
 	}
@@ -158,12 +158,12 @@ func (s *Server) limitFor(t *tenant.Tenant, kind string) lease.Limit {
 
 // quotaError turns the store's refusal of a tenant's lease or tunnel into
 // a QuotaError naming the limit, and counts it; other errors pass.
-func (s *Server) quotaError(t *tenant.Tenant, limit string, err error) error {
+func (b *Broker) quotaError(t *tenant.Tenant, limit string, err error) error {
 	var over *lease.QuotaExceededError
 	if !errors.As(err, &over) {
 		return err
 	}
-	q, _ := s.quotaOf(t)
+	q, _ := b.quotaOf(t)
 	quotaRefusals.WithLabelValues(t.Name, limit).Inc()
 	return &QuotaError{Tenant: t.Name, Limit: limit, Source: q.Source, RetryAfter: over.RetryAfter}
 }
@@ -178,25 +178,25 @@ func bytesKey(tenantName string, now time.Time) string {
 // plain-HTTP request) under its tunnels-per-second and bytes-per-day
 // limits, or returns a *QuotaError. The lease each tunnel takes counts
 // toward its maxTunnels in Pick.
-func (t *Tunnels) Admit(ctx context.Context, who *tenant.Tenant) error {
-	q, ok := t.s.quotaOf(who)
+func (b *Broker) Admit(ctx context.Context, who *tenant.Tenant) error {
+	q, ok := b.quotaOf(who)
 	if !ok {
 		return nil
 	}
 	if q.GatewayBytesPerDay > 0 {
-		now := t.s.opts.Clock.Now().UTC()
-		used, err := t.s.store.AddUsage(ctx, bytesKey(who.Name, now), 0, 48*time.Hour)
+		now := b.opts.Clock.Now().UTC()
+		used, err := b.store.AddUsage(ctx, bytesKey(who.Name, now), 0, 48*time.Hour)
 		if err != nil {
 			return err
 		}
 		if used >= q.GatewayBytesPerDay {
 			midnight := time.Date(now.Year(), now.Month(), now.Day()+1, 0, 0, 0, 0, time.UTC)
-			return t.s.quotaError(who, LimitBytesPerDay, &lease.QuotaExceededError{RetryAfter: midnight.Sub(now)})
+			return b.quotaError(who, LimitBytesPerDay, &lease.QuotaExceededError{RetryAfter: midnight.Sub(now)})
 		}
 	}
 	if q.TunnelsPerSecond > 0 {
-		err := t.s.store.Admit(ctx, "tunnels|"+who.Name, time.Second/time.Duration(q.TunnelsPerSecond), q.TunnelsPerSecond)
-		return t.s.quotaError(who, LimitTunnelsPerSecond, err)
+		err := b.store.Admit(ctx, "tunnels|"+who.Name, time.Second/time.Duration(q.TunnelsPerSecond), q.TunnelsPerSecond)
+		return b.quotaError(who, LimitTunnelsPerSecond, err)
 	}
 	return nil
 }
@@ -207,14 +207,14 @@ func (t *Tunnels) Admit(ctx context.Context, who *tenant.Tenant) error {
 // the tenant's, not a lease's, so bytes moved after a lease expired or
 // failed to renew count all the same. A count the store could not take is
 // logged and spends nothing.
-func (t *Tunnels) CountBytes(ctx context.Context, who *tenant.Tenant, n int64) (spent bool) {
-	q, ok := t.s.quotaOf(who)
+func (b *Broker) CountBytes(ctx context.Context, who *tenant.Tenant, n int64) (spent bool) {
+	q, ok := b.quotaOf(who)
 	if !ok || q.GatewayBytesPerDay <= 0 {
 		return false
 	}
-	used, err := t.s.store.AddUsage(ctx, bytesKey(who.Name, t.s.opts.Clock.Now()), max(n, 0), 48*time.Hour)
+	used, err := b.store.AddUsage(ctx, bytesKey(who.Name, b.opts.Clock.Now()), max(n, 0), 48*time.Hour)
 	if err != nil {
-		warn(logf.FromContext(ctx), "bytes were not counted toward their tenant's quota", "tenant", who.Name, "error", err.Error())
+		operator.Warn(logf.FromContext(ctx), "bytes were not counted toward their tenant's quota", "tenant", who.Name, "error", err.Error())
 		return false
 	}
 	return used >= q.GatewayBytesPerDay
@@ -222,8 +222,8 @@ func (t *Tunnels) CountBytes(ctx context.Context, who *tenant.Tenant, n int64) (
 
 // MetersBytes says whether who has a gatewayBytesPerDay: the gateway counts
 // its tunnels' bytes as they move.
-func (t *Tunnels) MetersBytes(who *tenant.Tenant) bool {
-	q, ok := t.s.quotaOf(who)
+func (b *Broker) MetersBytes(who *tenant.Tenant) bool {
+	q, ok := b.quotaOf(who)
 	return ok && q.GatewayBytesPerDay > 0
 }
 

@@ -1,7 +1,9 @@
-package discovery
+package broker
 
 import (
 	"context"
+	"errors"
+	"fmt"
 
 	"github.com/example/egress-proxies-operator/lease"
 
@@ -17,33 +19,16 @@ type Tenants interface {
 	MayReadAttribution(ctx context.Context, t *tenant.Tenant) (bool, error)
 }
 
-// mayReadAttribution says whether the request's tenant may ask the ledger
-// who held an IP: a permission of its own, since the answer names every
-// tenant.
-func (s *Server) mayReadAttribution(ctx context.Context) (bool, error) {
-	t := tenantOf(ctx)
+// MayReadAttribution says whether who may ask the ledger who held an IP:
+// a permission of its own, since the answer names every tenant.
+func (b *Broker) MayReadAttribution(ctx context.Context, who *tenant.Tenant) (bool, error) {
 	switch {
-	case t.All():
+	case who.All():
 		return true, nil
-	case s.opts.Tenants == nil:
+	case b.opts.Tenants == nil:
 		return false, nil
 	}
-	return s.opts.Tenants.MayReadAttribution(ctx, t)
-}
-
-type tenantKey struct{}
-
-// withTenant is ctx carrying the request's tenant.
-func withTenant(ctx context.Context, t *tenant.Tenant) context.Context {
-	return context.WithValue(ctx, tenantKey{}, t)
-}
-
-// tenantOf is the request's tenant (Anonymous when the API is open).
-func tenantOf(ctx context.Context) *tenant.Tenant {
-	if t, ok := ctx.Value(tenantKey{}).(*tenant.Tenant); ok {
-		return t
-	}
-	return tenant.Anonymous
+	return b.opts.Tenants.MayReadAttribution(ctx, who)
 }
 
 // holds says whether t may see and act on lease l: its holder's, or any
@@ -53,17 +38,17 @@ func holds(t *tenant.Tenant, l lease.Lease) bool { return t.All() || l.Holder ==
 // leasable are the ids among ids that t may lease, in order. Each pool and
 // each Proxy of no pool is asked about once per call (and the answers are
 // cached beyond it).
-func (s *Server) leasable(ctx context.Context, t *tenant.Tenant, ids []string) ([]string, error) {
+func (b *Broker) leasable(ctx context.Context, t *tenant.Tenant, ids []string) ([]string, error) {
 	if t.All() {
 		return ids, nil
 	}
-	if s.opts.Tenants == nil {
+	if b.opts.Tenants == nil {
 		return nil, nil
 	}
 	decided := map[tenant.Proxy]bool{}
 	var out []string
 	for _, id := range ids {
-		p, ok := s.opts.View.tenantProxy(id)
+		p, ok := b.opts.View.tenantProxy(id)
 		if !ok {
 			continue
 		}
@@ -74,7 +59,7 @@ func (s *Server) leasable(ctx context.Context, t *tenant.Tenant, ids []string) (
 		allowed, seen := decided[key]
 		if !seen {
 			var err error
-			if allowed, err = s.opts.Tenants.MayLease(ctx, t, p); err != nil {
+			if allowed, err = b.opts.Tenants.MayLease(ctx, t, p); err != nil {
 				return nil, err
 			}
 			decided[key] = allowed
@@ -86,18 +71,24 @@ func (s *Server) leasable(ctx context.Context, t *tenant.Tenant, ids []string) (
 	return out, nil
 }
 
-// leasableCandidates is c narrowed to what t may lease; a narrowed set has
-// no Key, so the store keeps no index of it.
-func (s *Server) leasableCandidates(ctx context.Context, t *tenant.Tenant, c lease.Candidates) (lease.Candidates, error) {
+// candidates are the healthy proxies sel matches that t may lease; a
+// narrowed set has no Key, so the store keeps no index of it. An error is
+// RBAC's that could not answer (ErrTenantsUnavailable).
+func (b *Broker) candidates(ctx context.Context, t *tenant.Tenant, sel Selector) (lease.Candidates, error) {
+	c := b.opts.View.candidates(sel)
 	if t.All() {
 		return c, nil
 	}
-	ids, err := s.leasable(ctx, t, c.IDs)
+	ids, err := b.leasable(ctx, t, c.IDs)
 	if err != nil {
-		return lease.Candidates{}, err
+		return lease.Candidates{}, fmt.Errorf("%w: %w", ErrTenantsUnavailable, err)
 	}
 	return lease.Candidates{IDs: ids}, nil
 }
+
+// ErrTenantsUnavailable says what a tenant may lease could not be decided
+// (the API server did not answer a SubjectAccessReview).
+var ErrTenantsUnavailable = errors.New("tenant permissions unavailable")
 
 // SessionKey is how a gateway session is named in the store and in
 // session reports: a tenant's sessions are its own, so two teams' "s1" are
@@ -109,22 +100,21 @@ func SessionKey(t *tenant.Tenant, session string) string {
 	return t.Name + "/" + session
 }
 
-// heldLease is the lease id when the request's tenant holds it; another
-// tenant's lease is ErrLeaseNotFound, as if it did not exist.
-func (s *Server) heldLease(ctx context.Context, id string) (lease.Lease, error) {
-	l, err := s.store.Get(ctx, id)
+// Get is the lease id when who holds it; another tenant's lease is
+// lease.ErrLeaseNotFound, as if it did not exist.
+func (b *Broker) Get(ctx context.Context, who *tenant.Tenant, id string) (lease.Lease, error) {
+	l, err := b.store.Get(ctx, id)
 	if err != nil {
 		return lease.Lease{}, err
 	}
-	if !holds(tenantOf(ctx), l) {
+	if !holds(who, l) {
 		return lease.Lease{}, lease.ErrLeaseNotFound
 	}
 	return l, nil
 }
 
-// visible are the proxies of a listing that the request's tenant may lease.
-func (s *Server) visible(ctx context.Context, proxies []ProxyInfo) ([]ProxyInfo, error) {
-	t := tenantOf(ctx)
+// Visible are the proxies of a listing that who may lease.
+func (b *Broker) Visible(ctx context.Context, t *tenant.Tenant, proxies []ProxyInfo) ([]ProxyInfo, error) {
 	if t.All() {
 		return proxies, nil
 	}
@@ -132,9 +122,9 @@ func (s *Server) visible(ctx context.Context, proxies []ProxyInfo) ([]ProxyInfo,
 	for i := range proxies {
 		ids[i] = proxies[i].ID
 	}
-	allowed, err := s.leasable(ctx, t, ids)
+	allowed, err := b.leasable(ctx, t, ids)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", ErrTenantsUnavailable, err)
 	}
 	keep := make(map[string]bool, len(allowed))
 	for _, id := range allowed {

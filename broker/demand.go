@@ -1,4 +1,4 @@
-package discovery
+package broker
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/example/egress-proxies-operator/operator"
 	"github.com/example/egress-proxies-operator/tenant"
 )
 
@@ -27,13 +28,13 @@ type PoolDemand struct {
 }
 
 // PoolDemand reads one pool's demand from the store. It only reads.
-func (s *Server) PoolDemand(ctx context.Context, namespace, pool string) (PoolDemand, error) {
-	members := s.opts.View.poolMembers(namespace, pool)
-	leases, err := s.store.ActiveLeases(ctx, members)
+func (b *Broker) PoolDemand(ctx context.Context, namespace, pool string) (PoolDemand, error) {
+	members := b.opts.View.poolMembers(namespace, pool)
+	leases, err := b.store.ActiveLeases(ctx, members)
 	if err != nil {
 		return PoolDemand{}, fmt.Errorf("counting the leases of pool %s/%s: %w", namespace, pool, err)
 	}
-	held, err := s.store.Held(ctx, members)
+	held, err := b.store.Held(ctx, members)
 	if err != nil {
 		return PoolDemand{}, fmt.Errorf("reading the exclusive holds of pool %s/%s: %w", namespace, pool, err)
 	}
@@ -45,7 +46,7 @@ func (s *Server) PoolDemand(ctx context.Context, namespace, pool string) (PoolDe
 			d.HeldLeases += n
 		}
 	}
-	if d.LastRefused, err = s.store.LastRefused(ctx, namespace+"/"+pool); err != nil {
+	if d.LastRefused, err = b.store.LastRefused(ctx, namespace+"/"+pool); err != nil {
 		return PoolDemand{}, fmt.Errorf("reading when a lease of pool %s/%s was last refused: %w", namespace, pool, err)
 	}
 	return d, nil
@@ -54,19 +55,19 @@ func (s *Server) PoolDemand(ctx context.Context, namespace, pool string) (PoolDe
 // noteRefused tells the autoscalers of the pools sel names that a lease of
 // t's was refused: only pools t may lease, so a tenant never grows
 // another's pool (at another's cost) by asking for it.
-func (s *Server) noteRefused(ctx context.Context, t *tenant.Tenant, sel Selector) {
-	for _, pool := range s.opts.View.poolsSelected(sel) {
+func (b *Broker) noteRefused(ctx context.Context, t *tenant.Tenant, sel Selector) {
+	for _, pool := range b.opts.View.poolsSelected(sel) {
 		if !t.All() {
-			if s.opts.Tenants == nil {
+			if b.opts.Tenants == nil {
 				return
 			}
-			if ok, err := s.opts.Tenants.MayLease(ctx, t, pool); err != nil || !ok {
+			if ok, err := b.opts.Tenants.MayLease(ctx, t, pool); err != nil || !ok {
 				continue
 			}
 		}
 		key := pool.Namespace + "/" + pool.Pool
-		if err := s.store.NoteRefused(ctx, key); err != nil {
-			warn(logf.FromContext(ctx), "could not record a refused lease for the pool's autoscaler", "pool", key, "error", err.Error())
+		if err := b.store.NoteRefused(ctx, key); err != nil {
+			operator.Warn(logf.FromContext(ctx), "could not record a refused lease for the pool's autoscaler", "pool", key, "error", err.Error())
 		}
 	}
 }

@@ -1,0 +1,311 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/example/egress-proxies-operator/lease"
+	"github.com/example/egress-proxies-operator/operator"
+
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/example/egress-proxies-operator/tenant"
+)
+
+// Errors of a gateway client's tunnel: who it is (the discovery API's
+// Authorize answers the first two), and what it asked.
+var (
+	// ErrGatewayLocked: the discovery API runs unauthenticated
+	// (--discovery-auth=none), or its token Secret is missing or its key
+	// emptied (the platform's lock), so the gateway refuses everyone,
+	// ServiceAccount tokens included, as the API does.
+	ErrGatewayLocked = errors.New("the gateway needs the discovery token: run the operator with --discovery-auth=required and the token Secret in place with a token (an emptied key locks the API and the gateway for everyone; see docs/security.md)")
+	// ErrWrongToken: the client's password is not the discovery token.
+	ErrWrongToken = errors.New("the proxy password must be the discovery API token or a ServiceAccount token for the operator's audience")
+	// ErrInvalidTunnel: the request cannot be served as asked (a bad
+	// session name or selector, no host).
+	ErrInvalidTunnel = errors.New("invalid tunnel request")
+)
+
+// LockedRetryAfter is the Retry-After of the API's and the gateway's 503
+// while locked (ErrGatewayLocked): a configuration change, not a moment's
+// load.
+const LockedRetryAfter = 60 * time.Second
+
+// SessionReportWindow is how long after a session's rate_limited report for
+// a host further ones are taken as the same burst: a crawler that keeps
+// connections open (Scrapy) has several requests in flight through the
+// same proxy when the first refusal comes, and reports each. Taken apart,
+// the late ones would cool the proxy the session moved to.
+const SessionReportWindow = 10 * time.Second
+
+// sessionName is what a gateway session may be called: the proxy URL's
+// username carries it, and the API's path names it in reports.
+var sessionName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// ValidSessionName says whether name may name a gateway session.
+func ValidSessionName(name string) bool { return sessionName.MatchString(name) }
+
+// TunnelRequest asks for an upstream for one tunnel.
+type TunnelRequest struct {
+	// Tenant is who asks (Authorize): the tunnel goes only through proxies
+	// it may lease, and its sessions are its own. Nil: Anonymous.
+	Tenant *tenant.Tenant
+	// Session sticks the tunnel to the session's own proxy; "" rotates:
+	// every tunnel goes to the least-loaded proxy.
+	Session string
+	// Strict keeps a session on its own proxy and exit IP or fails it (a
+	// *SessionLostError); a soft session moves to another proxy instead.
+	Strict bool
+	// Lifetime bounds a session's stint on one proxy (zero: none): past
+	// it, a soft session takes a new proxy and a strict one ends.
+	Lifetime time.Duration
+	// Exclusive holds the session's own proxy alone while the session
+	// lives: no other lease or session gets it.
+	Exclusive bool
+	// Restart says the session's stint began with this tunnel's last
+	// attempt, which failed: a strict session has not used that proxy
+	// yet, so it may still start on another.
+	Restart bool
+	// Selector restricts the upstreams, as a lease's does.
+	Selector Selector
+	// Host is the tunnel's target host (a port is ignored).
+	Host string
+	// Avoid are proxies that already failed this tunnel.
+	Avoid []string
+	// TTL is the tunnel lease's; the gateway renews it while the tunnel
+	// lasts. SessionIdle is how long a session's route (and its exclusive
+	// hold) outlives its last tunnel.
+	TTL, SessionIdle time.Duration
+	// MaxWait is how long the tunnel may wait for a paced host's next
+	// slot.
+	MaxWait time.Duration
+}
+
+// Upstream is the proxy one tunnel goes through, on a lease of its own.
+type Upstream struct {
+	ProxyID string
+	// Address is the proxy's host:port; ExitIP where sites see the
+	// tunnel come from.
+	Address, ExitIP string
+	// User are the proxy's credentials (nil: it needs none).
+	User    *url.Userinfo
+	LeaseID string
+	// Hold is the exclusive lease holding the proxy for the tunnel's
+	// session ("": none): the gateway renews it with the tunnel's.
+	Hold string
+	// Fresh says this tunnel starts the session's stint on the proxy.
+	Fresh bool
+	// Wait is how long the tunnel must wait before it goes: the slot its
+	// host's pace reserved.
+	Wait time.Duration
+	// Paced says whether a pace or concurrency limit applies to the
+	// tunnel's host: the gateway then bounds the tunnel's lifetime.
+	Paced bool
+	// LedgerUntil is how far the tunnel's start record says it holds its
+	// IP (TunnelLedgerHorizon): the gateway hands it to Renew.
+	LedgerUntil time.Time
+}
+
+// Why a strict session failed (SessionLostError.Cause).
+const (
+	// SessionProxyGone: its proxy no longer exists, or no longer serves.
+	SessionProxyGone = "proxy_gone"
+	// SessionProxyUnhealthy: its proxy is not healthy.
+	SessionProxyUnhealthy = "proxy_unhealthy"
+	// SessionProxyFailed: its proxy failed this tunnel.
+	SessionProxyFailed = "proxy_failed"
+	// SessionCooling: its proxy is cooling down for the host.
+	SessionCooling = "cooling"
+	// SessionIPChanged: its proxy is back, on another exit IP.
+	SessionIPChanged = "ip_changed"
+	// SessionTaken: its exclusive hold ran out and another holds the proxy.
+	SessionTaken = "proxy_taken"
+	// SessionEnded: its lifetime is over.
+	SessionEnded = "ended"
+)
+
+// SessionLostError says a strict session cannot go on: its tunnels would
+// leave from another exit IP. The client starts a new session.
+type SessionLostError struct {
+	Session, Proxy, IP string
+	// Cause is one of the Session* causes above.
+	Cause string
+}
+
+func (e *SessionLostError) Error() string {
+	if e.Cause == SessionEnded {
+		return fmt.Sprintf("strict session %q ended: its lifetime on proxy %s (%s) is over; start a new session", e.Session, e.Proxy, e.IP)
+	}
+	return fmt.Sprintf("strict session %q lost its proxy %s (%s): %s; start a new session", e.Session, e.Proxy, e.IP, strings.ReplaceAll(e.Cause, "_", " "))
+}
+
+// Tunnel leases the upstream for a tunnel: the session's own proxy while it
+// is healthy and not cooling down for the host; else the proxy the session
+// last took to that host instead, if it still may; else the least-loaded
+// healthy one not cooling down for the host. The session moves to that
+// last one only when its own proxy is gone, unhealthy or failed this
+// tunnel, or its lifetime there is over; a cooldown for one host leaves it
+// where it is for the others. A strict session never moves: it fails with
+// a *SessionLostError. With nothing available it returns a
+// *NoProxyAvailableError.
+func (b *Broker) Tunnel(ctx context.Context, req TunnelRequest) (Upstream, error) {
+	if req.Session != "" && !ValidSessionName(req.Session) {
+		return Upstream{}, fmt.Errorf("%w: session %q must be 1-64 letters, digits, '-' or '_'", ErrInvalidTunnel, req.Session)
+	}
+	if req.Session == "" && (req.Strict || req.Exclusive || req.Lifetime > 0) {
+		return Upstream{}, fmt.Errorf("%w: strict, exclusive and a lifetime need a session", ErrInvalidTunnel)
+	}
+	if err := ValidateSelector("selector", req.Selector); err != nil {
+		return Upstream{}, fmt.Errorf("%w: %w", ErrInvalidTunnel, err)
+	}
+	host := NormalizeTarget(req.Host)
+	if err := ValidateTarget(host, true); err != nil {
+		return Upstream{}, fmt.Errorf("%w: %w", ErrInvalidTunnel, err)
+	}
+	who := req.Tenant
+	if who == nil {
+		who = tenant.Anonymous
+	}
+	candidates, err := b.candidates(ctx, who, req.Selector)
+	if err != nil {
+		return Upstream{}, err
+	}
+	p := &pick{b: b, req: req, who: who, host: host, session: SessionKey(who, req.Session), candidates: candidates,
+		avoid: slices.Clone(req.Avoid)}
+	if req.Session != "" {
+		if p.route, err = b.store.Route(ctx, p.session, host); err != nil {
+			return Upstream{}, err
+		}
+	}
+	if req.Strict && p.route.Own != "" && !req.Restart {
+		return p.strict(ctx)
+	}
+	return p.soft(ctx)
+}
+
+// PushBack tells discovery that host answered a request through the
+// gateway with a push-back (429 or 503) and retryAfter: its learned pace
+// slows, when pacing is adaptive.
+func (b *Broker) PushBack(ctx context.Context, host string, retryAfter time.Duration) {
+	b.pushBack(ctx, NormalizeTarget(host), retryAfter)
+}
+
+// Refused records, in the outcome memory, that host refused proxy a
+// request of who's through the gateway: the site's own plain-HTTP 403
+// blocks it, its 429 (limited) pushes back. who is the block's reporter:
+// the site may be one who runs, so it weighs as who's report would.
+// A store that does not answer loses the outcome, and says so in the log.
+func (b *Broker) Refused(ctx context.Context, who *tenant.Tenant, proxy, host string, limited bool) {
+	host = NormalizeTarget(host)
+	if who == nil {
+		who = tenant.Anonymous
+	}
+	if err := b.store.RecordOutcome(ctx, proxy, host, lease.Outcome{Blocked: true, Limited: limited, Source: lease.OutcomeGateway, Reporter: who.Name}); err != nil {
+		logf.FromContext(ctx).Error(err, "recording a blocked outcome", "proxy", proxy, "host", host)
+	}
+}
+
+// upstream is where a leased proxy is, with its credentials.
+func (b *Broker) upstream(ctx context.Context, granted lease.Lease) (Upstream, error) {
+	info, ok := b.opts.View.Lookup(granted.ProxyID, 0)
+	if !ok || info.IP == "" || info.Port == 0 {
+		return Upstream{}, fmt.Errorf("proxy %s has no address", granted.ProxyID)
+	}
+	up := Upstream{ProxyID: granted.ProxyID, LeaseID: granted.ID, Address: net.JoinHostPort(info.IP, strconv.Itoa(int(info.Port))), ExitIP: info.ExitIP}
+	if info.hasCreds {
+		// The gateway's own credentials for its own lease: they never
+		// leave the operator.
+		c, err := b.credentialsFor(ctx, info, &granted)
+		if err != nil {
+			return Upstream{}, err
+		}
+		up.User = c.Userinfo()
+	}
+	return up, nil
+}
+
+// TunnelLedgerHorizon is how far past each of a tunnel's ledger records
+// the record says it may hold its IP: the gateway renews a tunnel's lease
+// every third of its TTL, but writes a checkpoint only when the horizon
+// would otherwise run out, and an end record when the tunnel ends. So the
+// ledger grows with tunnels, not with their renewals (a tunnel shorter
+// than the horizon has two records), and an answer is exact for every
+// tunnel that ended; one whose replica died without its end record is
+// attributed at most the horizon past its last record.
+const TunnelLedgerHorizon = 15 * time.Minute
+
+// RenewTunnel extends a tunnel's lease (or its session's exclusive hold) while
+// the tunnel lasts. recorded is how far its ledger records say it holds
+// its IP (Upstream.LedgerUntil, or what the last RenewTunnel returned): when the
+// lease could outlast it, a checkpoint record extends it by
+// TunnelLedgerHorizon. It returns the horizon as it now is; a hold (zero
+// recorded) has no records of its own, the tunnels within it do.
+func (b *Broker) RenewTunnel(ctx context.Context, leaseID, session string, ttl time.Duration, recorded time.Time) (time.Time, error) {
+	granted, err := b.store.Renew(ctx, leaseID, ttl)
+	if err != nil || recorded.IsZero() || granted.ExpiresAt.Before(recorded) {
+		return recorded, err
+	}
+	until := b.opts.Clock.Now().Add(TunnelLedgerHorizon)
+	b.record(ctx, lease.LedgerTunnel, lease.LedgerRenew, granted, session, until, 0)
+	return until, nil
+}
+
+// ReleaseTunnel ends a tunnel's lease, recording the bytes it carried in the
+// ledger (the gateway counts them toward its tenant's quota itself,
+// CountBytes); failures are logged (the lease expires by itself).
+func (b *Broker) ReleaseTunnel(ctx context.Context, leaseID, session string, bytes int64) {
+	granted, err := b.store.Get(ctx, leaseID)
+	if err == nil {
+		err = b.store.Release(ctx, leaseID)
+	}
+	switch {
+	case errors.Is(err, lease.ErrLeaseNotFound):
+		return
+	case err != nil:
+		operator.Warn(logf.FromContext(ctx), "gateway: releasing a tunnel's lease failed; it expires by itself", "lease", leaseID, "error", err.Error())
+		return
+	}
+	b.record(ctx, lease.LedgerTunnel, lease.LedgerEnd, granted, session, b.opts.Clock.Now(), bytes)
+}
+
+// SessionReport is a client's report on a gateway session's requests to a
+// target, as the API took it.
+type SessionReport struct {
+	Session, Target, Result string
+	// Proxy is the one the session's requests to Target went through.
+	Proxy string
+}
+
+// sessionListeners hear of every session report this replica takes.
+type sessionListeners struct {
+	mu  sync.Mutex
+	fns []func(SessionReport)
+}
+
+// OnSessionReport calls fn with every session report this replica's API
+// takes: the gateway closes the session's open tunnels to a rate-limited
+// host, so its next request goes elsewhere at once.
+func (b *Broker) OnSessionReport(fn func(SessionReport)) {
+	b.listeners.mu.Lock()
+	defer b.listeners.mu.Unlock()
+	b.listeners.fns = append(b.listeners.fns, fn)
+}
+
+func (l *sessionListeners) notify(r SessionReport) {
+	l.mu.Lock()
+	fns := slices.Clone(l.fns)
+	l.mu.Unlock()
+	for _, fn := range fns {
+		fn(r)
+	}
+}

@@ -1,0 +1,61 @@
+package redisstore
+
+import (
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/example/egress-proxies-operator/lease"
+)
+
+// The scripts of paces and quotas: a host's learned pace, a tenant's rate
+// and counts.
+
+// pushBackScript: ARGV[3] host, ARGV[4] Retry-After ms (0: none). Moves
+// the host's learned pace as lease.PushedBack does; returns {interval
+// ms, since, push-backs}.
+var pushBackScript = redis.NewScript(preamble + pacing + fmt.Sprintf(`
+local host, ra = ARGV[3], math.min(tonumber(ARGV[4]), %[1]d)
+local cur, since, n = learnedAt(host)
+local next
+if cur > 0 and now - since < cur then
+  next = math.max(cur, ra)
+else
+  next = math.max(2 * cur, ra)
+  if next <= 0 then next = %[2]d end
+  next = math.min(math.max(next, %[3]d), %[1]d)
+end
+local key = P .. 'learn:' .. host
+redis.call('HSET', key, 'i', next, 'since', now, 'n', n + 1)
+redis.call('PEXPIRE', key, %[4]d)
+return {next, now, n + 1}
+`, lease.MaxLearnedInterval.Milliseconds(), lease.FirstLearnedInterval.Milliseconds(),
+	lease.MinLearnedInterval.Milliseconds(), learnedTTL.Milliseconds()))
+
+// learnedScript: ARGV[3] host. Returns {interval ms, since, push-backs},
+// zeros for none.
+var learnedScript = redis.NewScript(preamble + pacing + `
+local i, since, n = learnedAt(ARGV[3])
+return {i, since, n}
+`)
+
+// admitScript: ARGV[3] the key, ARGV[4] interval ms, ARGV[5] burst.
+// Returns 0 when admitted (one taken), else the ms until one is allowed.
+var admitScript = redis.NewScript(preamble + pacing + `
+local key, interval, burst = P .. 'admit:' .. ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+local wait = gcraWait(key, interval, burst)
+if wait > 0 then return wait end
+gcraReserve(key, interval)
+return 0
+`)
+
+// addUsageScript: ARGV[3] the key, ARGV[4] n, ARGV[5] ttl ms. Returns the
+// count.
+var addUsageScript = redis.NewScript(preamble + `
+local key = P .. 'usage:' .. ARGV[3]
+local n = tonumber(ARGV[4])
+if n == 0 then return tonumber(redis.call('GET', key) or '0') end
+local total = redis.call('INCRBY', key, n)
+if redis.call('PTTL', key) < 0 then redis.call('PEXPIRE', key, tonumber(ARGV[5])) end
+return total
+`)

@@ -1,0 +1,186 @@
+package redisstore
+
+import (
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/example/egress-proxies-operator/lease"
+)
+
+// The scripts of what the store remembers besides leases: gateway
+// sessions' routes, refused requests, the ledger, the outcome memory and
+// burned IPs.
+
+// setRouteScript: ARGV[3] the session, ARGV[4] host, ARGV[5] proxy,
+// ARGV[6] 1 for the session's own proxy, 0 for host's detour, ARGV[7] idle
+// ms, ARGV[8] 1 for a fresh stint, ARGV[9] and ARGV[10] the stint's IP
+// and hold.
+var setRouteScript = redis.NewScript(preamble + `
+local key = P .. 'session:' .. ARGV[3]
+if ARGV[6] == '1' then
+  local cur = redis.call('HGET', key, 'own')
+  if cur ~= ARGV[5] or ARGV[8] == '1' then
+    redis.call('HSET', key, 'since', now, 'ip', ARGV[9], 'hold', ARGV[10])
+  end
+  redis.call('HSET', key, 'own', ARGV[5])
+  redis.call('HDEL', key, 'd:' .. ARGV[4])
+else
+  redis.call('HSET', key, 'd:' .. ARGV[4], ARGV[5])
+end
+redis.call('HSET', key, 'until', now + tonumber(ARGV[7]))
+redis.call('PEXPIRE', key, tonumber(ARGV[7]))
+return 1
+`)
+
+// routeScript: ARGV[3] the session, ARGV[4] host. Returns {own, detour,
+// since, ip, hold}, empty for none.
+var routeScript = redis.NewScript(preamble + `
+local r = redis.call('HMGET', P .. 'session:' .. ARGV[3], 'until', 'own', 'd:' .. ARGV[4], 'since', 'ip', 'hold')
+if not r[1] or tonumber(r[1]) <= now then return {'', '', '', '', ''} end
+return {r[2] or '', r[3] or '', r[4] or '', r[5] or '', r[6] or ''}
+`)
+
+// reportSessionScript: ARGV[3] the session, ARGV[4] result, ARGV[5]
+// target, ARGV[6] cooldown ms, ARGV[7] the same-burst window ms, ARGV[8]
+// the reporter (the session's tenant). Returns
+// the proxy the session's requests to target went through, or an empty
+// string for an unknown session.
+var reportSessionScript = redis.NewScript(preamble + cool + outcomes + `
+local key = P .. 'session:' .. ARGV[3]
+local r = redis.call('HMGET', key, 'until', 'own', 'd:' .. ARGV[5], 'r:' .. ARGV[5])
+if not r[1] or tonumber(r[1]) <= now then return '' end
+local proxy = r[3] or r[2]
+if not proxy then return '' end
+if ARGV[4] ~= 'rate_limited' and ARGV[4] ~= 'blocked' then
+  if ARGV[4] == 'ok' then recordOutcome(proxy, ARGV[5], false, 'report', false, ARGV[8]) end
+  return proxy
+end
+if r[4] then
+  local sep = string.find(r[4], '|', 1, true)
+  if now - tonumber(string.sub(r[4], 1, sep - 1)) < tonumber(ARGV[7]) then
+    return string.sub(r[4], sep + 1)
+  end
+end
+redis.call('HSET', key, 'r:' .. ARGV[5], now .. '|' .. proxy)
+cool(proxy, ARGV[5], tonumber(ARGV[6]))
+recordOutcome(proxy, ARGV[5], true, 'report', ARGV[4] == 'rate_limited', ARGV[8])
+return proxy
+`)
+
+// noteRefusedScript: ARGV[3] the pool (namespace/name).
+var noteRefusedScript = redis.NewScript(preamble + fmt.Sprintf(`
+redis.call('SET', P .. 'refused:' .. ARGV[3], now, 'PX', %d)
+return 1
+`, lease.RefusedMemory.Milliseconds()))
+
+// lastRefusedScript: ARGV[3] the pool. Returns when it was last refused,
+// 0 for not within lease.RefusedMemory on the store's clock.
+var lastRefusedScript = redis.NewScript(preamble + fmt.Sprintf(`
+local at = tonumber(redis.call('GET', P .. 'refused:' .. ARGV[3]) or '0')
+if now - at >= %d then return 0 end
+return at
+`, lease.RefusedMemory.Milliseconds()))
+
+// appendLedgerScript: ARGV[3] the record (JSON), ARGV[4] retention ms.
+// Adds it to the ledger stream under the store's time in ms (never before
+// the last record's, so the stream stays ordered if TIME steps back), and
+// trims what is older than the retention. Returns the record's ms.
+var appendLedgerScript = redis.NewScript(preamble + `
+local key = P .. 'ledger'
+local ms = now
+local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
+if last[1] then
+  local lastms = tonumber(string.match(last[1][1], '^(%d+)'))
+  if lastms > ms then ms = lastms end
+end
+redis.call('XADD', key, 'MINID', tostring(now - tonumber(ARGV[4])), ms .. '-*', 'e', ARGV[3])
+return ms
+`)
+
+// recordOutcomeScript: ARGV[3] proxy, ARGV[4] host, ARGV[5] 1 for blocked,
+// ARGV[6] its source, ARGV[7] the cooldown ms a blocked outcome sets (0:
+// none), ARGV[8] 1 for a push-back, ARGV[9] its reporter.
+var recordOutcomeScript = redis.NewScript(preamble + cool + outcomes + `
+recordOutcome(ARGV[3], ARGV[4], ARGV[5] == '1', ARGV[6], ARGV[8] == '1', ARGV[9])
+if ARGV[5] == '1' and tonumber(ARGV[7]) > 0 then cool(ARGV[3], ARGV[4], tonumber(ARGV[7])) end
+return 1
+`)
+
+// outcomesScript: ARGV[3] proxy. Returns host, served, blocked (as
+// strings, decayed to now), at, last blocked, by, voices, for each record.
+var outcomesScript = redis.NewScript(preamble + outcomes + `
+local all, out = redis.call('HGETALL', P .. 'out:' .. ARGV[3]), {}
+for i = 1, #all, 2 do
+  local f = splitRecord(all[i + 1])
+  local at = tonumber(f[3])
+  if now - at < OR then
+    out[#out + 1] = all[i]
+    out[#out + 1] = tostring(decayed(tonumber(f[1]), at))
+    out[#out + 1] = tostring(decayed(tonumber(f[2]), at))
+    out[#out + 1] = at
+    out[#out + 1] = tonumber(f[4])
+    out[#out + 1] = f[5]
+    out[#out + 1] = f[6] or ''
+  end
+end
+return out
+`)
+
+// blocksScript: ARGV[3] since ms. Returns "<proxy>|<host>", its last block
+// ms, what saw it and its voices, for each block since.
+var blocksScript = redis.NewScript(preamble + outcomes + `
+local since = math.max(tonumber(ARGV[3]), now - OR)
+local z, out = redis.call('ZRANGEBYSCORE', P .. 'blocks', since, '+inf', 'WITHSCORES'), {}
+for i = 1, #z, 2 do
+  local m = z[i]
+  local sep = string.find(m, '|', 1, true)
+  local raw = redis.call('HGET', P .. 'out:' .. string.sub(m, 1, sep - 1), string.sub(m, sep + 1))
+  local by, voices = '', ''
+  if raw then
+    local f = splitRecord(raw)
+    by, voices = f[5], f[6] or ''
+  end
+  out[#out + 1] = m
+  out[#out + 1] = tonumber(z[i + 1])
+  out[#out + 1] = by
+  out[#out + 1] = voices
+end
+return out
+`)
+
+// burnIPScript: ARGV[3] scope, ARGV[4] ip, ARGV[5] retention ms.
+var burnIPScript = redis.NewScript(preamble + `
+local key = P .. 'burned:' .. ARGV[3]
+local untilv = now + tonumber(ARGV[5])
+redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+local old = tonumber(redis.call('ZSCORE', key, ARGV[4]) or '0')
+if untilv > old then redis.call('ZADD', key, untilv, ARGV[4]) end
+extend(key, tonumber(ARGV[5]))
+return 1
+`)
+
+// burnedUntilScript: ARGV[3] scope, ARGV[4] ip. Returns the end of its
+// retention in ms, 0 when it is not burned.
+var burnedUntilScript = redis.NewScript(preamble + `
+local untilv = tonumber(redis.call('ZSCORE', P .. 'burned:' .. ARGV[3], ARGV[4]) or '0')
+if untilv <= now then return 0 end
+return untilv
+`)
+
+// forgetProxyScript: ARGV[3] proxy. Drops its cooldowns and outcome
+// records (lease.OutcomeMemory.ForgetProxy).
+var forgetProxyScript = redis.NewScript(preamble + `
+local proxy = ARGV[3]
+for _, h in ipairs(redis.call('SMEMBERS', P .. 'coolhosts:' .. proxy)) do
+  redis.call('DEL', P .. 'cool:' .. proxy .. '|' .. h)
+  redis.call('ZREM', P .. 'cooldowns', proxy .. '|' .. h)
+end
+redis.call('DEL', P .. 'coolhosts:' .. proxy)
+for _, h in ipairs(redis.call('HKEYS', P .. 'out:' .. proxy)) do
+  redis.call('HDEL', P .. 'obh:' .. h, proxy)
+  redis.call('ZREM', P .. 'blocks', proxy .. '|' .. h)
+end
+redis.call('DEL', P .. 'out:' .. proxy)
+return 1
+`)

@@ -217,7 +217,10 @@ func (w *wiring) setupDiscovery(ctx context.Context, engine *health.Engine) (*di
 	}
 	var tenants broker.Tenants
 	if d.Tenants() {
-		reviewer, err := kubeauth.NewReviewerFor(w.restConfig, w.mgr.GetHTTPClient(), d.TenantAudience, d.TenantReviewTTL)
+		// The reviewer's answers and the broker's sets narrowed from them
+		// are each reused for half the TTL: a revoked binding stops the
+		// next lease within the whole.
+		reviewer, err := kubeauth.NewReviewerFor(w.restConfig, w.mgr.GetHTTPClient(), d.TenantAudience, d.TenantReviewTTL/2)
 		if err != nil {
 			return nil, fmt.Errorf("reviewing crawler teams' ServiceAccount tokens: %w", err)
 		}
@@ -244,7 +247,7 @@ func (w *wiring) setupDiscovery(ctx context.Context, engine *health.Engine) (*di
 		},
 		Clock: clock.RealClock{}, Credentials: credentials.Reader{Client: w.credentialsCache},
 		Politeness: broker.Politeness{Policies: policies, Adaptive: d.AdaptivePacing},
-		Tenants:    tenants, Quotas: quotas, Ledger: ledger, LedgerRetention: d.LedgerRetention,
+		Tenants:    tenants, Quotas: quotas, TenantReviewTTL: d.TenantReviewTTL / 2, Ledger: ledger, LedgerRetention: d.LedgerRetention,
 	})
 	if err := register(append(storeMetrics, server.Broker().LearnedPaceCollector(policies, w.opts.leaseStore.Timeout))...); err != nil {
 		return nil, err

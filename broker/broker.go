@@ -53,6 +53,10 @@ type Options struct {
 	Politeness Politeness
 	Tenants    Tenants
 	Quotas     Quotas
+	// TenantReviewTTL is how long a tenant's narrowed candidates are
+	// reused for the same selector (while its candidates are unchanged);
+	// 0 narrows every request anew.
+	TenantReviewTTL time.Duration
 	// Ledger is where lease and tunnel records go besides the store; they
 	// are kept LedgerRetention (lease.DefaultLedgerRetention when 0).
 	Ledger          lease.LedgerSink
@@ -72,6 +76,8 @@ type Broker struct {
 	listeners sessionListeners
 	// revoker tells proxies of released leases.
 	revoker *revoker
+	// narrowed remembers tenants' narrowed candidates.
+	narrowed *narrowings
 }
 
 // New builds a broker; Run starts its revoker.
@@ -82,7 +88,7 @@ func New(opts Options) *Broker {
 	if opts.StoreTimeout <= 0 {
 		opts.StoreTimeout = lease.DefaultStoreTimeout
 	}
-	b := &Broker{opts: opts, store: boundedStore{store: opts.Store, timeout: opts.StoreTimeout}}
+	b := &Broker{opts: opts, store: boundedStore{store: opts.Store, timeout: opts.StoreTimeout}, narrowed: newNarrowings()}
 	b.revoker = newRevoker(opts.Clock.Now, func(id string) bool {
 		if opts.View == nil {
 			return false

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/example/egress-proxies-operator/feed"
 	"github.com/example/egress-proxies-operator/lease"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -33,30 +34,17 @@ func NewPolicyIndex() *PolicyIndex {
 
 // Handler is the informer handler that keeps the index current.
 func (x *PolicyIndex) Handler() toolscache.ResourceEventHandler {
-	return toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    x.upsert,
-		UpdateFunc: func(_, obj any) { x.upsert(obj) },
-		DeleteFunc: func(obj any) {
-			if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
-				obj = tomb.Obj
-			}
-			if c, ok := obj.(*crawlv1alpha1.CrawlTarget); ok {
-				x.mu.Lock()
-				defer x.mu.Unlock()
-				delete(x.byNS[c.Namespace], c.Name)
-				if len(x.byNS[c.Namespace]) == 0 {
-					delete(x.byNS, c.Namespace)
-				}
-			}
-		},
-	}
+	return feed.Handler(x.upsert, func(c *crawlv1alpha1.CrawlTarget) {
+		x.mu.Lock()
+		defer x.mu.Unlock()
+		delete(x.byNS[c.Namespace], c.Name)
+		if len(x.byNS[c.Namespace]) == 0 {
+			delete(x.byNS, c.Namespace)
+		}
+	})
 }
 
-func (x *PolicyIndex) upsert(obj any) {
-	c, ok := obj.(*crawlv1alpha1.CrawlTarget)
-	if !ok {
-		return
-	}
+func (x *PolicyIndex) upsert(c *crawlv1alpha1.CrawlTarget) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.byNS[c.Namespace] == nil {

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/example/egress-proxies-operator/feed"
 	"github.com/example/egress-proxies-operator/lease"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -55,27 +56,14 @@ func (x *QuotaIndex) QuotaOf(tenantName string) (Quota, bool) {
 
 // Handler is the informer handler that keeps the index current.
 func (x *QuotaIndex) Handler() toolscache.ResourceEventHandler {
-	return toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    x.upsert,
-		UpdateFunc: func(_, obj any) { x.upsert(obj) },
-		DeleteFunc: func(obj any) {
-			if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
-				obj = tomb.Obj
-			}
-			if q, ok := obj.(*crawlv1alpha1.TenantQuota); ok {
-				x.mu.Lock()
-				defer x.mu.Unlock()
-				delete(x.byTenant, q.ServiceAccountUser())
-			}
-		},
-	}
+	return feed.Handler(x.upsert, func(q *crawlv1alpha1.TenantQuota) {
+		x.mu.Lock()
+		defer x.mu.Unlock()
+		delete(x.byTenant, q.ServiceAccountUser())
+	})
 }
 
-func (x *QuotaIndex) upsert(obj any) {
-	q, ok := obj.(*crawlv1alpha1.TenantQuota)
-	if !ok {
-		return
-	}
+func (x *QuotaIndex) upsert(q *crawlv1alpha1.TenantQuota) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	x.byTenant[q.ServiceAccountUser()] = QuotaOf(q)

@@ -71,19 +71,30 @@ func (b *Broker) leasable(ctx context.Context, t *tenant.Tenant, ids []string) (
 	return out, nil
 }
 
-// candidates are the healthy proxies sel matches that t may lease; a
-// narrowed set has no Key, so the store keeps no index of it. An error is
-// RBAC's that could not answer (ErrTenantsUnavailable).
+// candidates are the healthy proxies sel matches that t may lease: for a
+// tenant, the set remembered for (t, sel) while the selector's candidates
+// are unchanged and TenantReviewTTL has not passed, else narrowed anew
+// (narrowings). An error is RBAC's that could not answer
+// (ErrTenantsUnavailable).
 func (b *Broker) candidates(ctx context.Context, t *tenant.Tenant, sel Selector) (lease.Candidates, error) {
 	c := b.opts.View.candidates(sel)
 	if t.All() {
 		return c, nil
 	}
+	key, now := t.Name+"\x00"+c.Key, b.opts.Clock.Now()
+	if b.opts.TenantReviewTTL > 0 {
+		if set, ok := b.narrowed.get(key, c.Version, now); ok {
+			return set, nil
+		}
+	}
 	ids, err := b.leasable(ctx, t, c.IDs)
 	if err != nil {
 		return lease.Candidates{}, fmt.Errorf("%w: %w", ErrTenantsUnavailable, err)
 	}
-	return lease.Candidates{IDs: ids}, nil
+	if b.opts.TenantReviewTTL <= 0 {
+		return lease.Candidates{IDs: ids}, nil // no index of a set narrowed for this call alone
+	}
+	return b.narrowed.put(key, c.Version, now.Add(b.opts.TenantReviewTTL), ids), nil
 }
 
 // ErrTenantsUnavailable says what a tenant may lease could not be decided

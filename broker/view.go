@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"unique"
 
+	"github.com/example/egress-proxies-operator/feed"
 	"github.com/example/egress-proxies-operator/lease"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -104,27 +105,12 @@ func NewView(health HealthSource, credentialsNamespace string) *View {
 
 // Handler is the informer event handler that keeps the view current.
 func (v *View) Handler() toolscache.ResourceEventHandler {
-	return toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { v.Upsert(obj) },
-		UpdateFunc: func(_, obj any) { v.Upsert(obj) },
-		DeleteFunc: func(obj any) {
-			if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
-				obj = tomb.Obj
-			}
-			if p, ok := obj.(*crawlv1alpha1.Proxy); ok {
-				v.Remove(p.Namespace + "/" + p.Name)
-			}
-		},
-	}
+	return feed.Handler(v.Upsert, func(p *crawlv1alpha1.Proxy) { v.Remove(p.Namespace + "/" + p.Name) })
 }
 
-// Upsert puts a Proxy (obj) into the view, or updates it: what the
-// informer's handler does on an add or update, and how tests feed a view.
-func (v *View) Upsert(obj any) {
-	p, ok := obj.(*crawlv1alpha1.Proxy)
-	if !ok {
-		return
-	}
+// Upsert puts a Proxy into the view, or updates it: what the informer's
+// handler does on an add or update, and how tests feed a view.
+func (v *View) Upsert(p *crawlv1alpha1.Proxy) {
 	e := entryOf(p, &v.attributeSets, v.clouds)
 	ref, hasCreds := credentials.RefFor(p, v.credentialsNamespace)
 	e.creds, e.hasCreds = unique.Make(ref), hasCreds

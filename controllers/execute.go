@@ -91,6 +91,7 @@ func (r *ProxyReconciler) act(ctx context.Context, p *crawlv1alpha1.Proxy, o obs
 		req := providers.CreateRequest{
 			Proxy: p, Name: o.instanceName, CloudInit: o.cloudInit, SpecHash: o.desiredHash,
 			Labels: instanceLabels(r.Owner, p, o.desiredHash), Credentials: o.credentials,
+			Replaces: p.Status.HealthCheckedInstance,
 		}
 		if err := r.writeRecord(ctx, p, o); err != nil {
 			return providerFailure(providers.Transient(err), crawlv1alpha1.PhaseProvisioning), result

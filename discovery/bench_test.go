@@ -223,9 +223,10 @@ func BenchmarkTenantLease10k(b *testing.B) {
 		return fmt.Sprintf("pool-%02d", (i-200)%20)
 	})
 	teamToken := benchJWT(time.Now().Add(time.Hour))
-	reviewer := kubeauth.NewReviewer(benchReviews{token: teamToken}, benchAccess{}, tenant.DefaultAudience, time.Minute)
+	reviewer := kubeauth.NewReviewer(benchReviews{token: teamToken}, benchAccess{}, tenant.DefaultAudience, 30*time.Second)
 	api := serve(b, NewServer(Options{Store: lease.NewMemoryStore(nil), View: view, Tokens: StaticToken("bench-token"), Clock: clock.RealClock{},
-		DefaultTTL: broker.DefaultTTL, MaxTTL: broker.DefaultMaxTTL, DefaultCooldown: broker.DefaultCooldown, Tenants: tenant.NewChecker(reviewer)}).Handler())
+		DefaultTTL: broker.DefaultTTL, MaxTTL: broker.DefaultMaxTTL, DefaultCooldown: broker.DefaultCooldown, Tenants: tenant.NewChecker(reviewer),
+		TenantReviewTTL: 30 * time.Second}).Handler())
 
 	side(b, "tenant", "bare", leaseAndRelease(api, teamToken), leaseAndRelease(api, "bench-token"), 0.99)
 	b.ReportMetric(0, "ns/op")

@@ -106,6 +106,9 @@ type Options struct {
 	Tenants broker.Tenants
 	// Quotas bounds each tenant's share (TenantQuotas). Nil: no limits.
 	Quotas broker.Quotas
+	// TenantReviewTTL is how long a tenant's narrowed candidates are
+	// reused (broker.Options.TenantReviewTTL); 0 narrows every request.
+	TenantReviewTTL time.Duration
 	// Ledger receives every ledger record (the JSON-lines log); the store
 	// keeps them for LedgerRetention (DefaultLedgerRetention when 0).
 	Ledger          lease.LedgerSink
@@ -149,7 +152,8 @@ func NewServer(opts Options) *Server {
 	b := broker.New(broker.Options{
 		DefaultTTL: opts.DefaultTTL, MaxTTL: opts.MaxTTL, DefaultCooldown: opts.DefaultCooldown,
 		Store: opts.Store, StoreTimeout: opts.StoreTimeout, View: opts.View, Clock: opts.Clock, Credentials: opts.Credentials,
-		Politeness: opts.Politeness, Tenants: opts.Tenants, Quotas: opts.Quotas, Ledger: opts.Ledger, LedgerRetention: opts.LedgerRetention,
+		Politeness: opts.Politeness, Tenants: opts.Tenants, Quotas: opts.Quotas, TenantReviewTTL: opts.TenantReviewTTL,
+		Ledger: opts.Ledger, LedgerRetention: opts.LedgerRetention,
 	})
 	s := &Server{opts: opts, router: httprouter.New(), broker: b, store: b.Store()}
 	s.authState.Store(authUnknown)

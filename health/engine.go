@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
-	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
@@ -19,6 +18,7 @@ import (
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/credentials"
+	"github.com/example/egress-proxies-operator/feed"
 )
 
 // Settings are how a proxy is probed; the engine's defaults come from flags,
@@ -149,18 +149,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("getting the Proxy informer: %w", err)
 	}
-	reg, err := informer.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { e.track(obj) },
-		UpdateFunc: func(_, obj any) { e.track(obj) },
-		DeleteFunc: func(obj any) {
-			if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
-				obj = tomb.Obj
-			}
-			if p, ok := obj.(*crawlv1alpha1.Proxy); ok {
-				e.forget(client.ObjectKeyFromObject(p))
-			}
-		},
-	})
+	reg, err := informer.AddEventHandler(feed.Handler(e.track, func(p *crawlv1alpha1.Proxy) { e.forget(client.ObjectKeyFromObject(p)) }))
 	if err != nil {
 		return fmt.Errorf("watching Proxies: %w", err)
 	}

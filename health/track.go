@@ -76,11 +76,7 @@ type canaryState struct {
 }
 
 // track starts, updates or stops probing a Proxy as its status says.
-func (e *Engine) track(obj any) {
-	p, ok := obj.(*crawlv1alpha1.Proxy)
-	if !ok {
-		return
-	}
+func (e *Engine) track(p *crawlv1alpha1.Proxy) {
 	key := client.ObjectKeyFromObject(p)
 	if !p.Serving() {
 		e.forget(key)

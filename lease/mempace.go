@@ -135,16 +135,11 @@ func gcraReserve(tat, now time.Time, interval time.Duration) time.Time {
 // sweepTATsLocked drops the arrival times already past (as good as none)
 // once the map has doubled since the last sweep.
 func (m *MemoryStore) sweepTATsLocked(now time.Time) {
-	if len(m.tats) < m.tatsSweep {
-		return
-	}
-	for k, tat := range m.tats {
-		if !tat.After(now) {
-			delete(m.tats, k)
-		}
-	}
-	m.tatsSweep = max(1024, 2*len(m.tats))
+	sweep(m.tats, &m.tatsSweep, minSweep, func(tat time.Time) bool { return !tat.After(now) })
 }
+
+// minSweep is the least size of a host-keyed map that is swept.
+const minSweep = 1024
 
 func minPositive(a, b time.Duration) time.Duration {
 	if a <= 0 || (b > 0 && b < a) {
@@ -173,6 +168,7 @@ func (m *MemoryStore) PushBack(_ context.Context, host string, retryAfter time.D
 	cur := m.learnedLocked(host, now)
 	l := Learned{Interval: PushedBack(cur.Interval, cur.Since, now, retryAfter), Since: now, PushBacks: cur.PushBacks + 1}
 	m.learned[host] = l
+	sweep(m.learned, &m.learnedSweep, minSweep, func(l Learned) bool { return LearnedAt(l.Interval, l.Since, now) == 0 })
 	return l, nil
 }
 

@@ -9,6 +9,10 @@ import (
 // The memory store's gateway sessions: each session's route per host, and
 // its reports.
 
+// minSessionReports is the least number of a session's reported hosts
+// that is swept.
+const minSessionReports = 64
+
 // Route implements Store.
 func (m *MemoryStore) Route(_ context.Context, session, host string) (Route, error) {
 	m.mu.Lock()
@@ -76,6 +80,7 @@ func (m *MemoryStore) ReportSession(_ context.Context, session, reporter, result
 		return last.proxy, nil
 	}
 	sess.reported[target] = sessionReport{at: now, proxy: proxy}
+	sweep(sess.reported, &sess.reportedSweep, minSessionReports, func(r sessionReport) bool { return now.Sub(r.at) >= window })
 	m.coolLocked(proxy, target, now.Add(cooldown))
 	out, _ := outcomeOf(result, reporter)
 	m.recordLocked(proxy, target, out, now)

@@ -51,8 +51,10 @@ type MemoryStore struct {
 	// good as none, and sweepTATsLocked drops those now and then.
 	tats      map[string]time.Time
 	tatsSweep int
-	// learned: each host's learned pace.
-	learned map[string]Learned
+	// learned: each host's learned pace; those decayed to nothing are
+	// swept once it doubles.
+	learned      map[string]Learned
+	learnedSweep int
 	// limited: the live leases under each Limit key, absent at zero.
 	limited map[string]int
 	// usage: counts by key, and when each ends.
@@ -82,10 +84,12 @@ type memSession struct {
 	since    time.Time
 	ip, hold string
 	detours  map[string]string // host -> proxy
-	// reported: host -> the last rate_limited report that cooled a proxy.
-	reported map[string]sessionReport
-	until    time.Time
-	index    int
+	// reported: host -> the last rate_limited report that cooled a proxy;
+	// those past their window are swept once it doubles.
+	reported      map[string]sessionReport
+	reportedSweep int
+	until         time.Time
+	index         int
 }
 
 func (s *memSession) setIndex(i int) { s.index = i }
@@ -120,7 +124,7 @@ func NewMemoryStore(clk clock.PassiveClock) *MemoryStore {
 		sessionEnds: heapOf[*memSession]{less: func(a, b *memSession) bool { return a.until.Before(b.until) }},
 		hostLoads:   map[string]int{},
 		tats:        map[string]time.Time{},
-		tatsSweep:   1024,
+		tatsSweep:   minSweep,
 		learned:     map[string]Learned{},
 		limited:     map[string]int{},
 		usage:       map[string]*usageCount{},

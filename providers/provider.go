@@ -139,6 +139,10 @@ type CreateRequest struct {
 	// coming from an allowed source range. Never empty: a provider must
 	// refuse to build an instance without them.
 	Credentials credentials.Credentials
+	// Replaces is the instance this create follows, as the Proxy's status
+	// last recorded it ("" for a first): it salts the create's
+	// IdempotencyKey.
+	Replaces string
 }
 
 // Owner is the request's Proxy as namespace/name: what its instance's
@@ -290,13 +294,40 @@ func ResolvePlacement(provider string, defaults Placed, proxy *crawlv1alpha1.Pro
 	return pl, nil
 }
 
+// MaxIdempotencyAttempts bounds the keys CreateUnderKeys walks through:
+// one for each instance of the same spec, since the recorded one it
+// replaces, that was lost within the cloud's memory of keys.
+const MaxIdempotencyAttempts = 32
+
+// CreateUnderKeys calls create with req's idempotency keys in turn
+// (IdempotencyKey in namespace, attempts 0, 1, ...) while it answers
+// spent: the cloud replayed an earlier create under that key whose
+// instance is gone. Past MaxIdempotencyAttempts it gives up, transiently;
+// what names the create in that error.
+func CreateUnderKeys(namespace uuid.UUID, req CreateRequest, what string, create func(key string) (spent bool, err error)) error {
+	for attempt := range MaxIdempotencyAttempts {
+		spent, err := create(IdempotencyKey(namespace, string(req.Proxy.UID), req.SpecHash, req.Replaces, attempt))
+		if err != nil || !spent {
+			return err
+		}
+	}
+	return Transient(fmt.Errorf("%s: the first %d idempotency keys since the last recorded instance each replayed a create whose instance is gone; the cloud forgets them within hours",
+		what, MaxIdempotencyAttempts))
+}
+
 // IdempotencyKey is a create's key for a Proxy's spec (a GCE requestId, an
 // EC2 ClientToken): a name-based UUID, in the cloud's own namespace, of the
-// Proxy's UID and spec hash, so a create retried after a lost reply is a
-// no-op. attempt numbers the spec's instances while the cloud still
-// remembers the keys of earlier ones; attempt 0 is the UID and hash alone.
-func IdempotencyKey(namespace uuid.UUID, uid, specHash string, attempt int) string {
+// Proxy's UID and spec hash, salted with the instance the create replaces
+// (CreateRequest.Replaces), so a create retried after a lost reply is a
+// no-op and each replacement of a recorded instance starts from a key the
+// cloud has never seen. attempt numbers the creates since that instance
+// while the cloud still remembers their keys (instances lost before they
+// were recorded); attempt 0 is the UID, hash and salt alone.
+func IdempotencyKey(namespace uuid.UUID, uid, specHash, replaces string, attempt int) string {
 	key := uid + "/" + specHash
+	if replaces != "" {
+		key += "/after/" + replaces
+	}
 	if attempt > 0 {
 		key += "/" + strconv.Itoa(attempt)
 	}

@@ -268,30 +268,21 @@ func (p *Provider) Create(ctx context.Context, req providers.CreateRequest) erro
 	if err != nil {
 		return err
 	}
-	for attempt := range maxClientTokens {
-		in := p.runInput(req, pl, userData, group, ClientToken(string(req.Proxy.UID), req.SpecHash, attempt))
-		out, err := p.ec2.RunInstances(ctx, in)
+	return providers.CreateUnderKeys(clientTokenNamespace, req, fmt.Sprintf("running instance %s in %s", req.Name, pl.zone), func(token string) (bool, error) {
+		out, err := p.ec2.RunInstances(ctx, p.runInput(req, pl, userData, group, token))
 		if err != nil {
-			return classify(fmt.Errorf("running instance %s in %s: %w", req.Name, pl.zone, err))
-		}
-		if len(out.Instances) == 0 || out.Instances[0].State == nil || out.Instances[0].State.Name != types.InstanceStateNameTerminated {
-			return nil
+			return false, classify(fmt.Errorf("running instance %s in %s: %w", req.Name, pl.zone, err))
 		}
 		// The token's instance was terminated since: run under the next.
-	}
-	return providers.Transient(fmt.Errorf("running instance %s in %s: the spec's first %d client tokens each belong to an instance since terminated",
-		req.Name, pl.zone, maxClientTokens))
+		return len(out.Instances) > 0 && out.Instances[0].State != nil && out.Instances[0].State.Name == types.InstanceStateNameTerminated, nil
+	})
 }
 
-// maxClientTokens bounds the tokens Create walks through: one for each
-// time the same spec's instance was replaced.
-const maxClientTokens = 32
-
-// ClientToken is the RunInstances token for a Proxy's spec: a name-based
-// UUID of its UID and spec hash, stable across retries; attempt numbers
-// the spec's instances (see Create).
-func ClientToken(uid, specHash string, attempt int) string {
-	return providers.IdempotencyKey(clientTokenNamespace, uid, specHash, attempt)
+// ClientToken is the RunInstances token for a Proxy's spec after the
+// instance replaces (providers.IdempotencyKey), stable across retries;
+// attempt numbers the instances since that one (see Create).
+func ClientToken(uid, specHash, replaces string, attempt int) string {
+	return providers.IdempotencyKey(clientTokenNamespace, uid, specHash, replaces, attempt)
 }
 
 var clientTokenNamespace = uuid.MustParse("8d0b9c6e-2f4a-4e1b-a7c3-91e5d2f0b6a4")

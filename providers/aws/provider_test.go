@@ -150,7 +150,7 @@ func TestCreateRunsOneHardenedInstanceAndARetryIsANoOp(t *testing.T) {
 	require.Len(t, all, 1, "one instance for two RunInstances under one ClientToken")
 	assert.Equal(t, 2, fake.Calls("RunInstances"))
 	in := all[0]
-	assert.Equal(t, ClientToken(string(req.Proxy.UID), "hash-1", 0), in.ClientToken)
+	assert.Equal(t, ClientToken(string(req.Proxy.UID), "hash-1", "", 0), in.ClientToken)
 	assert.Equal(t, "eu-west-1b", in.Zone, "the Proxy's zone over the default")
 	assert.Equal(t, "t3.micro", in.Type)
 	assert.Equal(t, "required", in.HTTPTokens, "IMDSv2 only")
@@ -193,7 +193,7 @@ func TestCreateRunsOneHardenedInstanceAndARetryIsANoOp(t *testing.T) {
 	// instance beside the first, which the reconciler then deletes.
 	require.NoError(t, p.Create(context.Background(), createRequest(awsProxy(), "hash-2")))
 	require.Len(t, fake.Instances(), 2)
-	assert.Equal(t, ClientToken(string(req.Proxy.UID), "hash-2", 0), fake.Instances()[1].ClientToken)
+	assert.Equal(t, ClientToken(string(req.Proxy.UID), "hash-2", "", 0), fake.Instances()[1].ClientToken)
 	assert.Equal(t, "hash-2", fake.Instances()[1].Tags[crawlv1alpha1.LabelSpecHash])
 
 	// A create without credentials is refused: never an open proxy.
@@ -263,7 +263,7 @@ func TestGetListAndDelete(t *testing.T) {
 	require.NoError(t, p.Create(ctx, req))
 	all := fake.Instances()
 	require.Len(t, all, 2)
-	assert.Equal(t, ClientToken(string(proxy.UID), "hash-1", 1), all[1].ClientToken)
+	assert.Equal(t, ClientToken(string(proxy.UID), "hash-1", "", 1), all[1].ClientToken)
 }
 
 // newFakeOn is a second provider instance on the same fake EC2.

@@ -270,7 +270,9 @@ func (p *Provider) Get(ctx context.Context, name string, proxy *crawlv1alpha1.Pr
 // GCE remembers a requestId for an hour at least: when the spec's VM was
 // lost and deleted, inserting it again under the same requestId would only
 // replay the first, finished operation and create nothing. Create sees that
-// (a DONE operation and no VM) and inserts under the spec's next requestId.
+// (a DONE operation and no VM) and inserts under the spec's next requestId
+// (providers.CreateUnderKeys); the keys are salted with the instance the
+// create replaces, so a Proxy may be replaced any number of times.
 func (p *Provider) Create(ctx context.Context, req providers.CreateRequest) error {
 	pl, err := p.resolvePlacement(req.Proxy)
 	if err != nil {
@@ -291,37 +293,26 @@ func (p *Provider) Create(ctx context.Context, req providers.CreateRequest) erro
 	if err := p.putLeaseKey(ctx, req.Name, vm.GetLabels(), req.LeaseKeyFile()); err != nil {
 		return err
 	}
-	for attempt := range maxRequestIDs {
+	return providers.CreateUnderKeys(requestIDNamespace, req, fmt.Sprintf("inserting VM %s in %s", req.Name, pl.zone), func(key string) (bool, error) {
 		op, err := p.instances.Insert(ctx, &computepb.InsertInstanceRequest{
-			Project:          p.settings.Project,
-			Zone:             pl.zone,
-			RequestId:        proto.String(RequestID(string(req.Proxy.UID), req.SpecHash, attempt)),
-			InstanceResource: vm,
+			Project: p.settings.Project, Zone: pl.zone, RequestId: proto.String(key), InstanceResource: vm,
 		})
 		if err != nil {
 			if isAlreadyExists(err) {
-				return nil // the VM exists: the next Get reads it
+				return false, nil // the VM exists: the next Get reads it
 			}
-			return classify(fmt.Errorf("inserting VM %s in %s: %w", req.Name, pl.zone, err))
+			return false, classify(fmt.Errorf("inserting VM %s in %s: %w", req.Name, pl.zone, err))
 		}
 		if opErr := op.Proto().GetError(); opErr != nil && len(opErr.GetErrors()) > 0 {
-			return operationError(req.Name, opErr)
+			return false, operationError(req.Name, opErr)
 		}
 		spent, err := p.replayedGone(ctx, op.Proto(), pl.zone, req.Name)
 		if err != nil {
-			return classify(fmt.Errorf("checking the VM %s inserted in %s: %w", req.Name, pl.zone, err))
+			return false, classify(fmt.Errorf("checking the VM %s inserted in %s: %w", req.Name, pl.zone, err))
 		}
-		if !spent {
-			return nil
-		}
-	}
-	return providers.Transient(fmt.Errorf("inserting VM %s in %s: the spec's first %d requestIds each replayed an insert whose VM is gone; GCE forgets them within hours",
-		req.Name, pl.zone, maxRequestIDs))
+		return spent, nil
+	})
 }
-
-// maxRequestIDs bounds the requestIds Create walks through: one for each
-// time the same spec's VM was replaced within GCE's memory of requestIds.
-const maxRequestIDs = 32
 
 // replayedGone says whether an insert was answered with an earlier
 // operation under the same requestId whose VM no longer exists: finished
@@ -456,12 +447,12 @@ func (p *Provider) vm(req providers.CreateRequest, pl placement, userData string
 	return vm
 }
 
-// RequestID is the insert requestId for a Proxy's spec: a name-based UUID
-// of its UID and spec hash, stable across retries. attempt numbers the
-// spec's VMs while GCE still remembers earlier requestIds (see Create);
-// attempt 0 is the UUID of the UID and hash alone.
-func RequestID(uid, specHash string, attempt int) string {
-	return providers.IdempotencyKey(requestIDNamespace, uid, specHash, attempt)
+// RequestID is the insert requestId for a Proxy's spec after the instance
+// replaces (providers.IdempotencyKey), stable across retries. attempt
+// numbers the VMs since that one while GCE still remembers earlier
+// requestIds (see Create).
+func RequestID(uid, specHash, replaces string, attempt int) string {
+	return providers.IdempotencyKey(requestIDNamespace, uid, specHash, replaces, attempt)
 }
 
 var requestIDNamespace = uuid.MustParse("3b0f9a2e-6c1d-4d8e-9b7a-5f2c1e0d4a61")

@@ -245,9 +245,9 @@ func TestLostInsertReply(t *testing.T) {
 	assert.Len(t, fake.Instances(), 1)
 
 	// A new spec is a new request: a different requestId.
-	assert.NotEqual(t, RequestID(string(proxy.UID), "hash-1", 0), RequestID(string(proxy.UID), "hash-2", 0))
-	assert.NotEqual(t, RequestID(string(proxy.UID), "hash-1", 0), RequestID(string(proxy.UID), "hash-1", 1), "a replacement is a new request")
-	assert.NotEqual(t, "00000000-0000-0000-0000-000000000000", RequestID(string(proxy.UID), "hash-1", 0))
+	assert.NotEqual(t, RequestID(string(proxy.UID), "hash-1", "", 0), RequestID(string(proxy.UID), "hash-2", "", 0))
+	assert.NotEqual(t, RequestID(string(proxy.UID), "hash-1", "", 0), RequestID(string(proxy.UID), "hash-1", "", 1), "a replacement is a new request")
+	assert.NotEqual(t, "00000000-0000-0000-0000-000000000000", RequestID(string(proxy.UID), "hash-1", "", 0))
 }
 
 // TestReplacementWithTheSameSpecCreatesAVM: a VM lost (TERMINATED, then

@@ -13,6 +13,9 @@ COPY controllers/ controllers/
 COPY providers/ providers/
 COPY health/ health/
 COPY bans/ bans/
+COPY lease/ lease/
+COPY broker/ broker/
+COPY feed/ feed/
 COPY discovery/ discovery/
 COPY credentials/ credentials/
 COPY gateway/ gateway/

@@ -25,17 +25,6 @@ import (
 	"github.com/example/egress-proxies-operator/test/testenv"
 )
 
-// recordStore answers lookups of instance records by Secret name.
-type recordStore map[string]credentials.Credentials
-
-func (s recordStore) Lookup(_ context.Context, ref credentials.Ref) (credentials.Credentials, error) {
-	c, ok := s[ref.Namespace+"/"+ref.Name]
-	if !ok {
-		return credentials.Credentials{}, credentials.ErrNotFound
-	}
-	return c, nil
-}
-
 // brokerFixture is a broker over a memory store and a view, on a fake
 // clock.
 type brokerFixture struct {
@@ -65,7 +54,7 @@ func leaseSchemeFixture(t *testing.T) (*brokerFixture, credentials.Credentials) 
 	f := &brokerFixture{view: NewView(nil, "operator-ns"), clock: clocktesting.NewFakeClock(time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC))}
 	f.broker = New(Options{DefaultTTL: DefaultTTL, MaxTTL: DefaultMaxTTL, DefaultCooldown: DefaultCooldown,
 		Store: lease.NewMemoryStore(f.clock), View: f.view, Clock: f.clock,
-		Credentials: recordStore{"operator-ns/" + credentials.RecordName("crawl", "h1"): shared}})
+		Credentials: testenv.Records{"operator-ns/" + credentials.RecordName("crawl", "h1"): shared}})
 	f.proxy("eu-1", "127.0.0.9")
 	return f, shared
 }

@@ -19,21 +19,10 @@ import (
 	"github.com/example/egress-proxies-operator/test/testenv"
 )
 
-// recordStore answers lookups of instance records by Secret name.
-type recordStore map[string]credentials.Credentials
-
-func (s recordStore) Lookup(_ context.Context, ref credentials.Ref) (credentials.Credentials, error) {
-	c, ok := s[ref.Namespace+"/"+ref.Name]
-	if !ok {
-		return credentials.Credentials{}, credentials.ErrNotFound
-	}
-	return c, nil
-}
-
 func credentialedFixture(t *testing.T) *fixture {
 	f := newFixture(t)
 	f.configure(func(o *Options) {
-		o.Credentials = recordStore{"operator-ns/" + credentials.RecordName("crawl", "h1"): {Username: "crawler", Password: "s3cret-password-0123"}}
+		o.Credentials = testenv.Records{"operator-ns/" + credentials.RecordName("crawl", "h1"): {Username: "crawler", Password: "s3cret-password-0123"}}
 	})
 	p := &crawlv1alpha1.Proxy{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "crawl", Name: "eu-1"},
@@ -74,7 +63,7 @@ func TestCredentialsOnlyToAuthenticatedClients(t *testing.T) {
 	t.Run("a record that cannot be read is withheld, not guessed", func(t *testing.T) {
 		f := credentialedFixture(t)
 		f.token.value = "tok"
-		f.configure(func(o *Options) { o.Credentials = recordStore{} })
+		f.configure(func(o *Options) { o.Credentials = testenv.Records{} })
 		res := f.do("GET", "/v1/proxies", "", "Authorization", "Bearer tok")
 		assert.Contains(t, res.raw, broker.WithheldUnavailable)
 		assert.NotContains(t, res.raw, `"password"`)
@@ -87,7 +76,7 @@ func leaseSchemeFixture(t *testing.T) (f *fixture, shared credentials.Credential
 	f = credentialedFixture(t)
 	shared = credentials.Credentials{Username: "crawler", Password: "s3cret-password-0123", Scheme: credentials.SchemeLease}
 	f.configure(func(o *Options) {
-		o.Credentials = recordStore{"operator-ns/" + credentials.RecordName("crawl", "h1"): shared}
+		o.Credentials = testenv.Records{"operator-ns/" + credentials.RecordName("crawl", "h1"): shared}
 	})
 	f.token.value = "tok"
 	return f, shared

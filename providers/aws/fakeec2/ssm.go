@@ -8,9 +8,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 )
@@ -60,12 +60,7 @@ func (s *Server) Parameter(name string) (string, bool) {
 func (s *Server) Parameters() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]string, 0, len(s.parameters))
-	for name := range s.parameters {
-		out = append(out, name)
-	}
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(s.parameters))
 }
 
 // ParameterVersion is the version of the parameter called name (0: none).

@@ -5,8 +5,9 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
-	"sort"
+	"slices"
 	"strings"
 
 	"cloud.google.com/go/secretmanager/apiv1/secretmanagerpb"
@@ -51,12 +52,7 @@ func (s *Server) Secret(name string) (string, bool) {
 func (s *Server) Secrets() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]string, 0, len(s.secrets))
-	for name := range s.secrets {
-		out = append(out, name)
-	}
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(s.secrets))
 }
 
 // SecretVersions counts the versions of the secret called name.

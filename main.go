@@ -13,8 +13,6 @@ import (
 	"os"
 	"runtime/debug"
 
-	"github.com/example/egress-proxies-operator/lease"
-
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -25,6 +23,7 @@ import (
 	"github.com/example/egress-proxies-operator/discovery"
 	"github.com/example/egress-proxies-operator/gateway"
 	"github.com/example/egress-proxies-operator/health"
+	"github.com/example/egress-proxies-operator/lease"
 	"github.com/example/egress-proxies-operator/lease/leasestore"
 	"github.com/example/egress-proxies-operator/operator"
 	"github.com/example/egress-proxies-operator/providers"

@@ -5,10 +5,9 @@ import (
 	"slices"
 	"time"
 
-	"github.com/example/egress-proxies-operator/lease"
-
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/example/egress-proxies-operator/lease"
 	"github.com/example/egress-proxies-operator/tenant"
 )
 

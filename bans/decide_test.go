@@ -4,11 +4,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/example/egress-proxies-operator/lease"
-
 	"github.com/stretchr/testify/assert"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/example/egress-proxies-operator/lease"
 	"github.com/example/egress-proxies-operator/tenant"
 )
 

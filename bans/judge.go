@@ -9,8 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/example/egress-proxies-operator/lease"
-
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -26,6 +24,7 @@ import (
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	acv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1/applyconfiguration/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/lease"
 	"github.com/example/egress-proxies-operator/operator"
 )
 

@@ -7,13 +7,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/example/egress-proxies-operator/feed"
-	"github.com/example/egress-proxies-operator/lease"
-
 	"github.com/prometheus/client_golang/prometheus"
 	toolscache "k8s.io/client-go/tools/cache"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/feed"
+	"github.com/example/egress-proxies-operator/lease"
 	"github.com/example/egress-proxies-operator/operator"
 )
 

@@ -5,11 +5,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/example/egress-proxies-operator/lease"
-
 	"github.com/prometheus/client_golang/prometheus"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/example/egress-proxies-operator/lease"
 	"github.com/example/egress-proxies-operator/operator"
 )
 

@@ -12,12 +12,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/example/egress-proxies-operator/lease"
-
 	"github.com/prometheus/client_golang/prometheus"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/example/egress-proxies-operator/credentials"
+	"github.com/example/egress-proxies-operator/lease"
 	"github.com/example/egress-proxies-operator/operator"
 )
 

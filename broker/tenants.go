@@ -6,7 +6,6 @@ import (
 	"fmt"
 
 	"github.com/example/egress-proxies-operator/lease"
-
 	"github.com/example/egress-proxies-operator/tenant"
 )
 

@@ -13,11 +13,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/example/egress-proxies-operator/lease"
-	"github.com/example/egress-proxies-operator/operator"
-
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/example/egress-proxies-operator/lease"
+	"github.com/example/egress-proxies-operator/operator"
 	"github.com/example/egress-proxies-operator/tenant"
 )
 

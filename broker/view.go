@@ -9,14 +9,13 @@ import (
 	"sync/atomic"
 	"unique"
 
-	"github.com/example/egress-proxies-operator/feed"
-	"github.com/example/egress-proxies-operator/lease"
-
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/credentials"
+	"github.com/example/egress-proxies-operator/feed"
+	"github.com/example/egress-proxies-operator/lease"
 )
 
 // HealthSource says whether a proxy passes its probes. The health engine

@@ -14,17 +14,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/example/egress-proxies-operator/broker"
-
-	"github.com/example/egress-proxies-operator/lease"
-
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/broker"
 	"github.com/example/egress-proxies-operator/client"
 	"github.com/example/egress-proxies-operator/discovery"
+	"github.com/example/egress-proxies-operator/lease"
 	"github.com/example/egress-proxies-operator/test/squid"
 	"github.com/example/egress-proxies-operator/test/testenv"
 )

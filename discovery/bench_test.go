@@ -14,10 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/example/egress-proxies-operator/broker"
-
-	"github.com/example/egress-proxies-operator/lease"
-
 	"github.com/julienschmidt/httprouter"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -26,7 +22,9 @@ import (
 	"k8s.io/utils/clock"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/broker"
 	"github.com/example/egress-proxies-operator/kubeauth"
+	"github.com/example/egress-proxies-operator/lease"
 	"github.com/example/egress-proxies-operator/tenant"
 	"github.com/example/egress-proxies-operator/test/testenv"
 )

@@ -14,10 +14,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/example/egress-proxies-operator/broker"
-
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/example/egress-proxies-operator/broker"
 	"github.com/example/egress-proxies-operator/lease"
 )
 

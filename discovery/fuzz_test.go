@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/example/egress-proxies-operator/broker"
-
 	"github.com/example/egress-proxies-operator/lease"
 )
 

@@ -8,10 +8,9 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/example/egress-proxies-operator/broker"
-
 	"github.com/julienschmidt/httprouter"
 
+	"github.com/example/egress-proxies-operator/broker"
 	"github.com/example/egress-proxies-operator/lease"
 )
 

@@ -5,14 +5,13 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/example/egress-proxies-operator/broker"
-
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/broker"
 	"github.com/example/egress-proxies-operator/test/testenv"
 )
 

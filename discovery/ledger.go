@@ -7,10 +7,9 @@ import (
 	"slices"
 	"time"
 
-	"github.com/example/egress-proxies-operator/broker"
-
 	"github.com/julienschmidt/httprouter"
 
+	"github.com/example/egress-proxies-operator/broker"
 	"github.com/example/egress-proxies-operator/lease"
 )
 

@@ -7,14 +7,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/example/egress-proxies-operator/broker"
-	"github.com/example/egress-proxies-operator/test/testenv"
-
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/example/egress-proxies-operator/broker"
 	"github.com/example/egress-proxies-operator/lease"
+	"github.com/example/egress-proxies-operator/test/testenv"
 )
 
 // TestPolitenessAPI: a paced lease reserves its slot and says when it may

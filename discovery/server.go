@@ -9,12 +9,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/example/egress-proxies-operator/broker"
-
 	"github.com/julienschmidt/httprouter"
 	"k8s.io/utils/clock"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/example/egress-proxies-operator/broker"
 	"github.com/example/egress-proxies-operator/lease"
 )
 

@@ -13,10 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/example/egress-proxies-operator/broker"
-
-	"github.com/example/egress-proxies-operator/lease"
-
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -25,6 +21,8 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/broker"
+	"github.com/example/egress-proxies-operator/lease"
 	"github.com/example/egress-proxies-operator/test/testenv"
 )
 

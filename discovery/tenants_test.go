@@ -7,9 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/example/egress-proxies-operator/broker"
-	"github.com/example/egress-proxies-operator/test/testenv"
-
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -18,7 +15,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/broker"
 	"github.com/example/egress-proxies-operator/tenant"
+	"github.com/example/egress-proxies-operator/test/testenv"
 )
 
 // fakeTenants knows two ServiceAccount tokens and grants each one pool.

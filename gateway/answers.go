@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/example/egress-proxies-operator/broker"
-
 	"github.com/example/egress-proxies-operator/lease"
 )
 

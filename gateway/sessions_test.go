@@ -7,14 +7,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/example/egress-proxies-operator/broker"
-	"github.com/example/egress-proxies-operator/test/testenv"
-
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/example/egress-proxies-operator/broker"
 	"github.com/example/egress-proxies-operator/gateway"
+	"github.com/example/egress-proxies-operator/test/testenv"
 )
 
 func TestParseUsername(t *testing.T) {

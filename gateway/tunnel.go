@@ -16,12 +16,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/example/egress-proxies-operator/broker"
-
-	"github.com/example/egress-proxies-operator/lease"
-
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/example/egress-proxies-operator/broker"
+	"github.com/example/egress-proxies-operator/lease"
 	"github.com/example/egress-proxies-operator/tenant"
 )
 

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/example/egress-proxies-operator/broker"
-
 	"github.com/example/egress-proxies-operator/tenant"
 )
 

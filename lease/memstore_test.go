@@ -4,10 +4,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/example/egress-proxies-operator/lease"
-
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/example/egress-proxies-operator/lease"
 	"github.com/example/egress-proxies-operator/lease/storetest"
 )
 

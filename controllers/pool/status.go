@@ -3,7 +3,12 @@ package pool
 import (
 	"context"
 	"fmt"
+	"strings"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
@@ -38,4 +43,44 @@ func (r *Reconciler) applyStatus(ctx context.Context, pool *crawlv1alpha1.ProxyP
 	}
 	pool.Status = s
 	return nil
+}
+
+// writeStatus records decide's counts and the conditions they imply.
+func writeStatus(s *crawlv1alpha1.ProxyPoolStatus, pool *crawlv1alpha1.ProxyPool, d Decision, hash string) {
+	s.Replicas, s.ReadyReplicas, s.AvailableReplicas = int32(d.Replicas), int32(d.Ready), int32(d.Available)
+	s.UpdatedReplicas, s.Recycling = int32(d.Updated), int32(d.Recycling)
+	s.Selector, s.TemplateHash, s.ObservedGeneration = Selector(pool), hash, pool.Generation
+	if d.Available >= d.MinAvailable {
+		setCondition(s, pool.Generation, crawlv1alpha1.ConditionAvailable, metav1.ConditionTrue, "MinimumMembersAvailable",
+			fmt.Sprintf("%d members available, at least the floor of %d (replicas - maxUnavailable)", d.Available, d.MinAvailable))
+	} else {
+		setCondition(s, pool.Generation, crawlv1alpha1.ConditionAvailable, metav1.ConditionFalse, "MinimumMembersUnavailable",
+			fmt.Sprintf("%d members available, below the floor of %d (replicas - maxUnavailable)", d.Available, d.MinAvailable))
+	}
+	if d.Settled {
+		setCondition(s, pool.Generation, crawlv1alpha1.ConditionProgressing, metav1.ConditionTrue, "PoolSettled",
+			"every member is made from the current template, available, and within its zone's share")
+		return
+	}
+	var parts []string
+	if n := ptr.Deref(pool.Spec.Replicas, 1) - int32(d.Updated); n > 0 {
+		parts = append(parts, fmt.Sprintf("%d members still to make from the current template", n))
+	}
+	if d.Recycling > 0 {
+		parts = append(parts, fmt.Sprintf("%d being replaced", d.Recycling))
+	}
+	if d.Deleting > 0 {
+		parts = append(parts, fmt.Sprintf("%d being deleted", d.Deleting))
+	}
+	if d.Available < d.Replicas {
+		parts = append(parts, fmt.Sprintf("%d of %d not available yet", d.Replicas-d.Available, d.Replicas))
+	}
+	if len(parts) == 0 {
+		parts = append(parts, "scaling")
+	}
+	setCondition(s, pool.Generation, crawlv1alpha1.ConditionProgressing, metav1.ConditionTrue, "MembersChanging", strings.Join(parts, "; "))
+}
+
+func setCondition(s *crawlv1alpha1.ProxyPoolStatus, generation int64, typ string, status metav1.ConditionStatus, reason, message string) {
+	meta.SetStatusCondition(&s.Conditions, metav1.Condition{Type: typ, Status: status, Reason: reason, Message: message, ObservedGeneration: generation})
 }

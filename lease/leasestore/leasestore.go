@@ -13,11 +13,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/example/egress-proxies-operator/lease"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/utils/clock"
 
+	"github.com/example/egress-proxies-operator/lease"
 	"github.com/example/egress-proxies-operator/lease/redisstore"
 )
 

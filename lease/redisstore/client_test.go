@@ -15,11 +15,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/example/egress-proxies-operator/lease"
-
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/example/egress-proxies-operator/lease"
 	"github.com/example/egress-proxies-operator/lease/redisstore"
 	"github.com/example/egress-proxies-operator/lease/storetest"
 	"github.com/example/egress-proxies-operator/test/redisserver"

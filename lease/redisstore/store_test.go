@@ -7,12 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/example/egress-proxies-operator/lease"
-
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/example/egress-proxies-operator/lease"
 	"github.com/example/egress-proxies-operator/lease/redisstore"
 	"github.com/example/egress-proxies-operator/lease/storetest"
 	"github.com/example/egress-proxies-operator/test/redisserver"

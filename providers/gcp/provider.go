@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"regexp"
 	"slices"
 	"strconv"
@@ -20,7 +19,6 @@ import (
 	"cloud.google.com/go/compute/apiv1/computepb"
 	secretmanager "cloud.google.com/go/secretmanager/apiv1"
 	"github.com/google/uuid"
-	"google.golang.org/api/googleapi"
 	"google.golang.org/api/iterator"
 	"google.golang.org/api/option"
 	"google.golang.org/protobuf/proto"
@@ -383,70 +381,6 @@ func (p *Provider) aggregatedList(ctx context.Context, filter string) ([]provide
 	}
 }
 
-// vm is the instance resource for req: one interface with an ephemeral
-// external IP (ONE_TO_ONE_NAT, no fixed address), the cloud-init as
-// user-data and where the lease key is, its fetcher and the helper beside
-// it (never the key itself), the operator's labels, its
-// network tag (which its firewall rule targets) with the configured ones,
-// and the configured service account.
-func (p *Provider) vm(req providers.CreateRequest, pl placement, userData string, key squidconf.LeaseKeySource) *computepb.Instance {
-	s := p.settings
-	labels := toGCELabels(req.Labels)
-	labels[gceLabelKeys[crawlv1alpha1.LabelProvider]] = p.name
-	labels[portLabel] = strconv.Itoa(int(req.Proxy.Spec.Port))
-	for k, v := range s.Labels {
-		labels[k] = v
-	}
-	machineType := pl.machineType
-	if !strings.Contains(machineType, "/") {
-		machineType = fmt.Sprintf("zones/%s/machineTypes/%s", pl.zone, machineType)
-	}
-	iface := &computepb.NetworkInterface{
-		AccessConfigs: []*computepb.AccessConfig{{
-			Name: proto.String("External NAT"),
-			Type: proto.String(computepb.AccessConfig_ONE_TO_ONE_NAT.String()),
-		}},
-	}
-	if s.Network != "" {
-		iface.Network = proto.String(s.Network)
-	}
-	if s.Subnetwork != "" {
-		iface.Subnetwork = proto.String(s.Subnetwork)
-	}
-	disk := &computepb.AttachedDiskInitializeParams{SourceImage: proto.String(pl.image)}
-	if pl.diskSizeGB > 0 {
-		disk.DiskSizeGb = proto.Int64(pl.diskSizeGB)
-	}
-	vm := &computepb.Instance{
-		Name:        proto.String(req.Name),
-		MachineType: proto.String(machineType),
-		Labels:      labels,
-		Disks: []*computepb.AttachedDisk{{
-			Boot: proto.Bool(true), AutoDelete: proto.Bool(true), InitializeParams: disk,
-		}},
-		NetworkInterfaces: []*computepb.NetworkInterface{iface},
-		Metadata: &computepb.Metadata{Items: []*computepb.Items{
-			{Key: proto.String("user-data"), Value: proto.String(userData)},
-			{Key: proto.String(leaseKeySecretMetadataKey), Value: proto.String(key.Args[0])},
-			{Key: proto.String(leaseKeyFetchMetadataKey), Value: proto.String(squidconf.LeaseKeyFetcher)},
-			{Key: proto.String(leaseAuthMetadataKey), Value: proto.String(squidconf.LeaseAuthHelper)},
-		}},
-		Tags: &computepb.Tags{Items: append([]string{TargetTag(p.name)}, s.NetworkTags...)},
-	}
-	scopes := s.Scopes
-	if len(scopes) == 0 {
-		scopes = []string{cloudPlatformScope}
-	}
-	vm.ServiceAccounts = []*computepb.ServiceAccount{{Email: proto.String(s.ServiceAccount), Scopes: scopes}}
-	if pl.spot {
-		vm.Scheduling = &computepb.Scheduling{
-			ProvisioningModel:         proto.String(computepb.Scheduling_SPOT.String()),
-			InstanceTerminationAction: proto.String(computepb.Scheduling_DELETE.String()),
-		}
-	}
-	return vm
-}
-
 // RequestID is the insert requestId for a Proxy's spec after the instance
 // replaces (providers.IdempotencyKey), stable across retries. attempt
 // numbers the VMs since that one while GCE still remembers earlier
@@ -456,127 +390,3 @@ func RequestID(uid, specHash, replaces string, attempt int) string {
 }
 
 var requestIDNamespace = uuid.MustParse("3b0f9a2e-6c1d-4d8e-9b7a-5f2c1e0d4a61")
-
-// instanceOf maps a VM to the provider-neutral instance view.
-func instanceOf(vm *computepb.Instance) (*providers.Instance, error) {
-	inst := &providers.Instance{
-		Name:     vm.GetName(),
-		Location: lastSegment(vm.GetZone()),
-		Labels:   fromGCELabels(vm.GetLabels()),
-		Message:  vm.GetStatusMessage(),
-	}
-	if port, err := strconv.Atoi(vm.GetLabels()[portLabel]); err == nil {
-		inst.Port = int32(port)
-	}
-	if ts := vm.GetCreationTimestamp(); ts != "" {
-		created, err := time.Parse(time.RFC3339, ts)
-		if err != nil {
-			return nil, fmt.Errorf("VM %s has creationTimestamp %q: %w", vm.GetName(), ts, err)
-		}
-		inst.CreatedAt = created
-	}
-	for _, iface := range vm.GetNetworkInterfaces() {
-		for _, ac := range iface.GetAccessConfigs() {
-			if ip := ac.GetNatIP(); ip != "" && inst.IP == "" {
-				inst.IP = ip
-			}
-		}
-	}
-	switch vm.GetStatus() {
-	case "PROVISIONING", "STAGING", "REPAIRING":
-		inst.State = providers.StatePending
-	case "RUNNING":
-		inst.State = providers.StateRunning
-		if inst.IP == "" {
-			inst.State, inst.Message = providers.StatePending, "running, waiting for an external IP"
-		}
-	case "STOPPING", "SUSPENDING":
-		inst.State = providers.StateStopping
-	default: // TERMINATED, SUSPENDED, and anything new: not serving, replace it
-		inst.State = providers.StateFailed
-		inst.Message = fmt.Sprintf("VM status %s %s", vm.GetStatus(), vm.GetStatusMessage())
-	}
-	return inst, nil
-}
-
-// classify maps an API error to the provider error kinds: 404 not found; 429,
-// 5xx, timeouts and transport errors transient; other 4xx terminal, with the
-// API's message, and quota errors named as such.
-func classify(err error) error {
-	var gerr *googleapi.Error
-	switch {
-	case errors.As(err, &gerr) && gerr.Code == http.StatusNotFound:
-		return fmt.Errorf("%w: %w", providers.ErrNotFound, err)
-	case errors.As(err, &gerr) && (gerr.Code == http.StatusTooManyRequests || gerr.Code >= 500 || isRateLimit(gerr)):
-		return providers.Transient(err)
-	case errors.As(err, &gerr) && isQuota(gerr):
-		return providers.Quota("quota exceeded: %s", gerr.Message)
-	case errors.As(err, &gerr):
-		return providers.Terminal("%s (HTTP %d)", gerr.Message, gerr.Code)
-	default:
-		return providers.Transient(err)
-	}
-}
-
-func isNotFound(err error) bool {
-	var gerr *googleapi.Error
-	return errors.As(err, &gerr) && gerr.Code == http.StatusNotFound
-}
-
-func isAlreadyExists(err error) bool {
-	var gerr *googleapi.Error
-	return errors.As(err, &gerr) && gerr.Code == http.StatusConflict
-}
-
-func isQuota(gerr *googleapi.Error) bool {
-	for _, item := range gerr.Errors {
-		if strings.Contains(strings.ToLower(item.Reason), "quota") {
-			return true
-		}
-	}
-	return strings.Contains(strings.ToLower(gerr.Message), "quota")
-}
-
-func isRateLimit(gerr *googleapi.Error) bool {
-	for _, item := range gerr.Errors {
-		if item.Reason == "rateLimitExceeded" || item.Reason == "userRateLimitExceeded" {
-			return true
-		}
-	}
-	return false
-}
-
-// capacityCodes are the insert operation errors of a zone without room:
-// another zone, or a standard VM for a Spot one, may have it.
-var capacityCodes = []string{"ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "RESOURCE_POOL_EXHAUSTED"}
-
-// operationError reports a failed insert operation; GCE returns it again for
-// every retry with the same requestId, so it is terminal until the spec
-// changes.
-func operationError(name string, opErr *computepb.Error) error {
-	var msgs []string
-	quota, capacity := false, false
-	for _, e := range opErr.GetErrors() {
-		msgs = append(msgs, e.GetCode()+": "+e.GetMessage())
-		quota = quota || strings.Contains(e.GetCode(), "QUOTA")
-		capacity = capacity || slices.Contains(capacityCodes, e.GetCode())
-	}
-	switch {
-	case quota:
-		return providers.Quota("quota exceeded creating VM %s: %s", name, strings.Join(msgs, "; "))
-	case capacity:
-		return providers.Capacity("no capacity for VM %s: %s", name, strings.Join(msgs, "; "))
-	}
-	return providers.Terminal("creating VM %s failed: %s", name, strings.Join(msgs, "; "))
-}
-
-func lastSegment(url string) string {
-	return url[strings.LastIndex(url, "/")+1:]
-}
-
-func or(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
-}

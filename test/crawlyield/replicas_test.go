@@ -11,12 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/example/egress-proxies-operator/broker"
-
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/example/egress-proxies-operator/broker"
 	"github.com/example/egress-proxies-operator/lease/redisstore"
 	"github.com/example/egress-proxies-operator/test/redisserver"
 	"github.com/example/egress-proxies-operator/test/simweb"

@@ -7,13 +7,12 @@ import (
 	"net/url"
 	"testing"
 
-	"github.com/example/egress-proxies-operator/lease"
-
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/lease"
 )
 
 // testCanaries: a canary on a site that blocks the proxy records Blocked,

@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/example/egress-proxies-operator/broker"
-
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"helm.sh/helm/v4/pkg/action"
@@ -33,6 +31,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/example/egress-proxies-operator/bans"
+	"github.com/example/egress-proxies-operator/broker"
 	"github.com/example/egress-proxies-operator/controllers"
 	"github.com/example/egress-proxies-operator/gateway"
 	"github.com/example/egress-proxies-operator/health"

@@ -266,7 +266,7 @@ func (p *pick) upstream(ctx context.Context, granted lease.Lease, hold string) (
 		_ = p.b.store.Release(ctx, granted.ID) // never used, so never recorded
 		return Upstream{}, err
 	}
-	up.LedgerUntil = p.b.opts.Clock.Now().Add(TunnelLedgerHorizon)
+	up.LedgerUntil, up.Session = p.b.opts.Clock.Now().Add(TunnelLedgerHorizon), p.session
 	p.b.record(ctx, lease.LedgerTunnel, lease.LedgerStart, granted, p.req.Session, up.LedgerUntil, 0)
 	return up, nil
 }

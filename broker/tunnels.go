@@ -111,8 +111,11 @@ type Upstream struct {
 	// tunnel's host: the gateway then bounds the tunnel's lifetime.
 	Paced bool
 	// LedgerUntil is how far the tunnel's start record says it holds its
-	// IP (TunnelLedgerHorizon): the gateway hands it to Renew.
+	// IP (TunnelLedgerHorizon): the gateway hands it to RenewTunnel.
 	LedgerUntil time.Time
+	// Session is the session's key (SessionKey: the tenant's own
+	// namespace of session names; "" rotates), as session reports name it.
+	Session string
 }
 
 // Why a strict session failed (SessionLostError.Cause).

@@ -119,7 +119,7 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 	if up.Paced {
 		life = min(life, g.opts.PacedTunnelLifetime)
 	}
-	t := &tunnel{session: broker.SessionKey(id.Tenant, id.Session), name: id.Session, host: broker.NormalizeTarget(host), up: up, client: clientConn, upstr: upstream.conn,
+	t := &tunnel{session: up.Session, name: id.Session, host: broker.NormalizeTarget(host), up: up, client: clientConn, upstr: upstream.conn,
 		started: time.Now(), idle: g.opts.IdleTimeout, life: life, who: id.Tenant, metered: g.opts.Upstreams.MetersBytes(id.Tenant)}
 	t.account = func(least int64) { g.meter(bg, t, least) }
 	t.ledgerUntil = up.LedgerUntil

@@ -112,15 +112,24 @@ func (x *PolicyIndex) exactHosts() []string {
 	return out
 }
 
-// PolicyOf is a CrawlTarget as the pace the store keeps.
+// PolicyOf is a CrawlTarget as the pace the store keeps: its numbers as
+// bounds over any window of its interval (lease.WindowPace), per IP and
+// for the fleet; or, with spec.burst, the token bucket it asks for.
 func PolicyOf(c *crawlv1alpha1.CrawlTarget) Policy {
-	name := c.Namespace + "/" + c.Name
-	p := Policy{Name: name, Host: c.Spec.Host, Pace: lease.Pace{Interval: c.PerIPInterval(), Burst: c.BurstPerIP()}}
+	name, window := c.Namespace+"/"+c.Name, c.Window()
+	n := int(max(c.Spec.RequestsPerInterval, 1))
+	p := Policy{Name: name, Host: c.Spec.Host, Pace: lease.Pace{Interval: lease.WindowPace(n, window), Burst: 1}}
+	if c.Spec.Burst != nil {
+		p.Pace.Interval, p.Pace.Burst = window/time.Duration(n), int(max(*c.Spec.Burst, 1))
+	}
 	if c.Spec.MaxConcurrentPerIP != nil {
 		p.Pace.MaxConcurrent = int(*c.Spec.MaxConcurrentPerIP)
 	}
-	if interval, burst := c.FleetInterval(); interval > 0 {
-		p.Pace.FleetKey, p.Pace.FleetInterval, p.Pace.FleetBurst = name, interval, burst
+	if f := c.Spec.FleetRequestsPerInterval; f != nil && *f >= 1 {
+		p.Pace.FleetKey, p.Pace.FleetInterval, p.Pace.FleetBurst = name, lease.WindowPace(int(*f), window), 1
+		if c.Spec.Burst != nil {
+			p.Pace.FleetInterval, p.Pace.FleetBurst = window/time.Duration(*f), int(*f)
+		}
 	}
 	return p
 }

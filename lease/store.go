@@ -239,6 +239,23 @@ type Pace struct {
 	FleetBurst    int
 }
 
+// WindowPace is the pace that never lets more than n requests fall in any
+// window of interval, as a site's sliding or fixed window counts them:
+// one request per (interval + jitter)/n, no burst. jitter is the spread
+// of the way from the store's slot to the site (WindowJitter), absorbed so
+// that n+1 requests never arrive within one interval. A token bucket of n
+// (a burst of n, then n per interval) would let 2n fall in one window.
+func WindowPace(n int, interval time.Duration) (spacing time.Duration) {
+	n = max(n, 1)
+	return (interval + WindowJitter(interval)) / time.Duration(n)
+}
+
+// WindowJitter is the allowance WindowPace keeps for the way's jitter: 5%
+// of the interval, at most 50ms (the cost: at most 5% of the rate).
+func WindowJitter(interval time.Duration) time.Duration {
+	return min(interval/20, 50*time.Millisecond)
+}
+
 // IsZero says whether p limits nothing.
 func (p Pace) IsZero() bool {
 	return p.Interval <= 0 && p.MaxConcurrent <= 0 && p.FleetInterval <= 0

@@ -53,11 +53,8 @@ func TestCrawlTargetValidation(t *testing.T) {
 	var ct crawlv1alpha1.CrawlTarget
 	require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(u), &ct))
 	assert.Equal(t, time.Second, ct.Spec.Interval.Duration, "interval defaults to 1s")
-	assert.Equal(t, 250*time.Millisecond, ct.PerIPInterval())
-	assert.Equal(t, 4, ct.BurstPerIP(), "burst defaults to requestsPerInterval")
-	fleet, burst := ct.FleetInterval()
-	assert.Equal(t, 25*time.Millisecond, fleet)
-	assert.Equal(t, 40, burst)
+	assert.Equal(t, time.Second, ct.Window())
+	assert.Nil(t, ct.Spec.Burst, "no burst unless asked: the window bound")
 }
 
 func TestCrawlTargetMatches(t *testing.T) {

@@ -24,7 +24,10 @@ type CrawlTargetSpec struct {
 	Host string `json:"host"`
 
 	// requestsPerInterval is how many requests each proxy IP may send to
-	// the host per interval, on average, 1-10000.
+	// the host in any window of interval, 1-10000: a hard bound, as a
+	// site's sliding or fixed window counts, whatever the window's start.
+	// The fleet spaces an IP's requests evenly, keeping 5% of the interval
+	// (at most 50ms) for the network's jitter.
 	// +required
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=10000
@@ -39,9 +42,12 @@ type CrawlTargetSpec struct {
 	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1ms') && duration(self) <= duration('24h')",message="spec.interval must be a duration from 1ms to 24h"
 	Interval metav1.Duration `json:"interval,omitempty"`
 
-	// burst is how many requests an idle IP may send at once, 1-10000
-	// (default: requestsPerInterval). The fleet keeps one of them in
-	// reserve for the network's jitter.
+	// burst reads the policy as a token bucket instead, for sites that
+	// count one: an idle IP may send this many at once, 1-10000, then
+	// requestsPerInterval per interval on average, so up to burst +
+	// requestsPerInterval may fall in one window. The fleet keeps one of
+	// them in reserve for the network's jitter. Unset (the default): the
+	// window bound of requestsPerInterval.
 	// +optional
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=10000
@@ -54,9 +60,10 @@ type CrawlTargetSpec struct {
 	// +kubebuilder:validation:Maximum=1000
 	MaxConcurrentPerIP *int32 `json:"maxConcurrentPerIP,omitempty"`
 
-	// fleetRequestsPerInterval caps the requests to the host per interval
-	// across every proxy of the namespace, 1-1000000. Unset: no cap
-	// beyond the per-IP one.
+	// fleetRequestsPerInterval caps the requests to the host in any window
+	// of interval across every proxy of the namespace, 1-1000000 (with
+	// burst set, a token bucket of that many). Unset: no cap beyond the
+	// per-IP one.
 	// +optional
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=1000000
@@ -112,30 +119,9 @@ const (
 	ReasonConflict = "Conflict"
 )
 
-// PerIPInterval is the time between two requests of one IP on average.
-func (c *CrawlTarget) PerIPInterval() time.Duration {
-	return c.interval() / time.Duration(max(c.Spec.RequestsPerInterval, 1))
-}
-
-// BurstPerIP is how many requests an idle IP may send at once.
-func (c *CrawlTarget) BurstPerIP() int {
-	if c.Spec.Burst != nil && *c.Spec.Burst >= 1 {
-		return int(*c.Spec.Burst)
-	}
-	return int(max(c.Spec.RequestsPerInterval, 1))
-}
-
-// FleetInterval is the time between two requests of the whole fleet on
-// average (zero: no fleet cap), and FleetBurst how many it may send at once.
-func (c *CrawlTarget) FleetInterval() (time.Duration, int) {
-	if c.Spec.FleetRequestsPerInterval == nil || *c.Spec.FleetRequestsPerInterval < 1 {
-		return 0, 0
-	}
-	n := *c.Spec.FleetRequestsPerInterval
-	return c.interval() / time.Duration(n), int(n)
-}
-
-func (c *CrawlTarget) interval() time.Duration {
+// Window is the interval the policy's numbers are counted over (1s when
+// unset).
+func (c *CrawlTarget) Window() time.Duration {
 	if c.Spec.Interval.Duration <= 0 {
 		return time.Second
 	}

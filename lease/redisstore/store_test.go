@@ -27,12 +27,12 @@ func TestConformance(t *testing.T) {
 	var n atomic.Int64
 	storetest.Run(t, func(*testing.T) storetest.Harness {
 		var offset atomic.Int64
-		store := redisstore.New(redisstore.Options{
+		opts := redisstore.Options{
 			Client:     client,
 			KeyPrefix:  fmt.Sprintf("conformance-%d:", n.Add(1)),
 			TimeOffset: func() time.Duration { return time.Duration(offset.Load()) },
-		})
-		return storetest.Harness{Store: store, Advance: func(d time.Duration) { offset.Add(int64(d)) }}
+		}
+		return storetest.Harness{Store: redisstore.New(opts), Replica: redisstore.New(opts), Advance: func(d time.Duration) { offset.Add(int64(d)) }}
 	})
 }
 

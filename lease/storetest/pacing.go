@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -205,4 +206,69 @@ func pacingConcurrently(t *testing.T, h Harness) {
 	}
 	wg.Wait()
 	assert.Equal(t, map[string]int{"a": 2, "b": 2, "c": 2}, leased, "the concurrency limit binds before the burst")
+}
+
+// windowBound: paces from lease.WindowPace never let more than their n
+// slots fall within one window, per proxy and for the fleet, however the
+// requests come: 24 at once from two replicas, each waiting for its slot;
+// and they come as fast as the bound allows.
+func windowBound(t *testing.T, h Harness) {
+	const perIP, fleet, window = 4, 6, time.Second
+	perProxy := lease.Pace{Interval: lease.WindowPace(perIP, window), Burst: 1}
+	slots := reserveSlots(t, h, "shop.example", perProxy, 24)
+	boundedOverWindows(t, slots["a"], perIP, window, "proxy a")
+	boundedOverWindows(t, slots["b"], perIP, window, "proxy b")
+	assert.LessOrEqual(t, span(slots["a"]), 11*perProxy.Interval+50*time.Millisecond, "as fast as the bound allows")
+
+	fleetWide := lease.Pace{Interval: time.Millisecond, Burst: 1, FleetKey: "crawl/shop", FleetInterval: lease.WindowPace(fleet, window), FleetBurst: 1}
+	slots = reserveSlots(t, h, "news.example", fleetWide, 24)
+	boundedOverWindows(t, slots[""], fleet, window, "the fleet")
+	assert.LessOrEqual(t, span(slots[""]), 23*fleetWide.FleetInterval+50*time.Millisecond, "as fast as the fleet's bound allows")
+}
+
+// reserveSlots sends n paced requests for host at once, half through each
+// replica, each waiting for its slot; it returns the slots by proxy, and
+// all of them under "".
+func reserveSlots(t *testing.T, h Harness, host string, p lease.Pace, n int) map[string][]time.Time {
+	t.Helper()
+	var (
+		mu    sync.Mutex
+		slots = map[string][]time.Time{}
+		wg    sync.WaitGroup
+	)
+	for i := range n {
+		wg.Go(func() {
+			l, err := h.replicas()[i%2].Acquire(context.Background(), lease.AcquireRequest{
+				Candidates: Of("a", "b"), Target: host, TTL: time.Minute, MaxWait: time.Minute,
+				PaceOf: func(string) lease.Pace { return p },
+			})
+			if !assert.NoError(t, err) {
+				return
+			}
+			slot := l.CreatedAt.Add(l.Wait)
+			mu.Lock()
+			defer mu.Unlock()
+			slots[l.ProxyID] = append(slots[l.ProxyID], slot)
+			slots[""] = append(slots[""], slot)
+		})
+	}
+	wg.Wait()
+	require.Len(t, slots[""], n)
+	return slots
+}
+
+// boundedOverWindows asserts that no bound+1 of slots fall within one
+// window, wherever it starts.
+func boundedOverWindows(t *testing.T, slots []time.Time, bound int, window time.Duration, what string) {
+	t.Helper()
+	s := slices.SortedFunc(slices.Values(slots), time.Time.Compare)
+	for i := 0; i+bound < len(s); i++ {
+		assert.GreaterOrEqual(t, s[i+bound].Sub(s[i]), window, "%s: %d slots from %s fall within one window", what, bound+1, s[i].Format("15:04:05.000"))
+	}
+}
+
+// span is how long slots take, first to last.
+func span(slots []time.Time) time.Duration {
+	s := slices.SortedFunc(slices.Values(slots), time.Time.Compare)
+	return s[len(s)-1].Sub(s[0])
 }

@@ -21,8 +21,19 @@ import (
 // Harness is one fresh, empty store under test.
 type Harness struct {
 	Store lease.Store
+	// Replica is a second replica's store on the same state (a second
+	// client of the same Redis); nil: Store itself (the memory store).
+	Replica lease.Store
 	// Advance moves the store's clock forward by d.
 	Advance func(d time.Duration)
+}
+
+// replicas are the harness's two replicas' stores.
+func (h Harness) replicas() [2]lease.Store {
+	if h.Replica == nil {
+		return [2]lease.Store{h.Store, h.Store}
+	}
+	return [2]lease.Store{h.Store, h.Replica}
 }
 
 // Run runs the whole suite; newHarness gives each test an empty store of
@@ -44,6 +55,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"Pacing", pacing},
 		{"PacingConcurrency", pacingConcurrency},
 		{"PacingFleetCap", pacingFleetCap},
+		{"WindowBound", windowBound},
 		{"LearnedPace", learnedPace},
 		{"PacingConcurrently", pacingConcurrently},
 		{"Limits", limits},

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -317,12 +318,15 @@ func plan(o observation) Action {
 	return planRunning(o)
 }
 
-// notRunningSince is when inst last began not running: its creation, or the
-// moment the status recorded it stop running (the Provisioned condition
-// turning False), whichever is later.
+// notRunningSince is when inst last began not running: its creation, or,
+// for an instance that ran (the health engine judged it), the moment the
+// status recorded it stop running (the Provisioned condition turning
+// False), whichever is later. A new instance's own Provisioning record
+// comes after its creation and never moves the deadline.
 func notRunningSince(p *crawlv1alpha1.Proxy, inst *providers.Instance) time.Time {
 	since := inst.CreatedAt
-	if c := meta.FindStatusCondition(p.Status.Conditions, crawlv1alpha1.ConditionProvisioned); c != nil &&
+	ran := strings.HasPrefix(p.Status.HealthCheckedInstance, inst.Name+"/")
+	if c := meta.FindStatusCondition(p.Status.Conditions, crawlv1alpha1.ConditionProvisioned); c != nil && ran &&
 		c.Status != metav1.ConditionTrue && p.Status.InstanceName == inst.Name && c.LastTransitionTime.After(since) {
 		since = c.LastTransitionTime.Time
 	}

@@ -361,6 +361,7 @@ func TestStartupTimeout(t *testing.T) {
 	crashed := func(ago time.Duration) func(*crawlv1alpha1.Proxy) {
 		return func(p *crawlv1alpha1.Proxy) {
 			p.Status.Phase, p.Status.InstanceName = crawlv1alpha1.PhaseProvisioning, "px-crawl-eu-1-0123456789"
+			p.Status.HealthCheckedInstance = "px-crawl-eu-1-0123456789/" + testHash + "@10.0.0.5:3128" // it ran
 			p.Status.Conditions = []metav1.Condition{{Type: crawlv1alpha1.ConditionProvisioned, Status: metav1.ConditionFalse,
 				Reason: ReasonProvisioning, LastTransitionTime: metav1.NewTime(planNow.Add(-ago))}}
 		}
@@ -386,6 +387,8 @@ func TestStartupTimeout(t *testing.T) {
 	}{
 		{name: "new instance never ran for the timeout", proxy: proxyFixture(creatingAt(timeout)), instance: createdAgo(timeout, instance(providers.StatePending, testHash, testUID)), timeout: timeout, replace: true},
 		{name: "new instance still within it", proxy: proxyFixture(creatingAt(timeout)), instance: createdAgo(timeout-time.Second, instance(providers.StatePending, testHash, testUID)), timeout: timeout},
+		{name: "new instance: counted from its creation, not from its status's Provisioning record 10s later", proxy: proxyFixture(creatingAt(timeout - 10*time.Second)),
+			instance: createdAgo(timeout, instance(providers.StatePending, testHash, testUID)), timeout: timeout, replace: true},
 		{name: "quiet new proxy past the timeout", proxy: proxyFixture(), instance: createdAgo(timeout+time.Minute, instance(providers.StatePending, testHash, testUID)), timeout: timeout, replace: true},
 		{name: "old pod crash-looping since the timeout", proxy: proxyFixture(crashed(timeout)), instance: crashLooping(24 * time.Hour), timeout: timeout, replace: true},
 		{name: "old pod crash-looping for a minute: its age does not count", proxy: proxyFixture(crashed(time.Minute)), instance: crashLooping(24 * time.Hour), timeout: timeout},

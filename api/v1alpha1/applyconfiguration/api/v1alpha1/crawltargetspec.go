@@ -20,21 +20,28 @@ type CrawlTargetSpecApplyConfiguration struct {
 	// "*.", so it never matches every host of a top-level domain.
 	Host *string `json:"host,omitempty"`
 	// requestsPerInterval is how many requests each proxy IP may send to
-	// the host per interval, on average, 1-10000.
+	// the host in any window of interval, 1-10000: a hard bound, as a
+	// site's sliding or fixed window counts, whatever the window's start.
+	// The fleet spaces an IP's requests evenly, keeping 5% of the interval
+	// (at most 50ms) for the network's jitter.
 	RequestsPerInterval *int32 `json:"requestsPerInterval,omitempty"`
 	// interval is the period requestsPerInterval is counted over, 1ms to
 	// 24h.
 	Interval *v1.Duration `json:"interval,omitempty"`
-	// burst is how many requests an idle IP may send at once, 1-10000
-	// (default: requestsPerInterval). The fleet keeps one of them in
-	// reserve for the network's jitter.
+	// burst reads the policy as a token bucket instead, for sites that
+	// count one: an idle IP may send this many at once, 1-10000, then
+	// requestsPerInterval per interval on average, so up to burst +
+	// requestsPerInterval may fall in one window. The fleet keeps one of
+	// them in reserve for the network's jitter. Unset (the default): the
+	// window bound of requestsPerInterval.
 	Burst *int32 `json:"burst,omitempty"`
 	// maxConcurrentPerIP bounds each IP's open connections (leases,
 	// tunnels) to the host, 1-1000. Unset: no bound.
 	MaxConcurrentPerIP *int32 `json:"maxConcurrentPerIP,omitempty"`
-	// fleetRequestsPerInterval caps the requests to the host per interval
-	// across every proxy of the namespace, 1-1000000. Unset: no cap
-	// beyond the per-IP one.
+	// fleetRequestsPerInterval caps the requests to the host in any window
+	// of interval across every proxy of the namespace, 1-1000000 (with
+	// burst set, a token bucket of that many). Unset: no cap beyond the
+	// per-IP one.
 	FleetRequestsPerInterval *int32 `json:"fleetRequestsPerInterval,omitempty"`
 }
 

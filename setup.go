@@ -331,16 +331,25 @@ func (d poolDemand) PoolDemand(ctx context.Context, namespace, name string) (poo
 // manager starts. Without the discovery API nothing records them.
 type canaryOutcomes struct{ memory lease.OutcomeMemory }
 
-func (c *canaryOutcomes) CanaryOutcome(ctx context.Context, proxy types.NamespacedName, host string, blocked bool, cooldown time.Duration) {
+func (c *canaryOutcomes) CanaryOutcome(ctx context.Context, proxy types.NamespacedName, host string, blocked bool, hold time.Duration) {
 	if c.memory == nil {
 		return
 	}
 	o := lease.Outcome{Blocked: blocked, Source: lease.OutcomeCanary}
 	if blocked {
-		o.Cooldown = cooldown
+		o.Cooldown = hold
 	}
 	if err := c.memory.RecordOutcome(ctx, proxy.String(), host, o); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "recording a canary's outcome", "proxy", proxy, "host", host)
+	}
+}
+
+func (c *canaryOutcomes) EndCanaryHold(ctx context.Context, proxy types.NamespacedName, host string, notAfter time.Time) {
+	if c.memory == nil {
+		return
+	}
+	if err := c.memory.EndCooldown(ctx, proxy.String(), host, notAfter); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "ending a canary's hold; it ends by itself", "proxy", proxy, "host", host)
 	}
 }
 

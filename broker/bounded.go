@@ -170,6 +170,10 @@ func (b boundedStore) Blocks(ctx context.Context, since time.Time) (bl []lease.B
 	return bl, err
 }
 
+func (b boundedStore) EndCooldown(ctx context.Context, proxy, host string, notAfter time.Time) error {
+	return b.do(ctx, "end_cooldown", func(ctx context.Context) error { return b.store.EndCooldown(ctx, proxy, host, notAfter) })
+}
+
 func (b boundedStore) ForgetProxy(ctx context.Context, proxy string) error {
 	return b.do(ctx, "forget_proxy", func(ctx context.Context) error { return b.store.ForgetProxy(ctx, proxy) })
 }

@@ -32,6 +32,13 @@ const (
 	// whole fleet: a fleet of 1,000 proxies sends its canaries to a host
 	// one per second, not all at once.
 	DefaultCanaryHostInterval = time.Second
+	// canaryHoldIntervals is how many canary intervals a Blocked canary's
+	// hold lasts unless a later canary renews or ends it: the next one is
+	// due within about one, a host's pace or a busy engine may delay it.
+	canaryHoldIntervals = 3
+	// canaryHoldSkew is how far the store's clock may run ahead of the
+	// engine's when an Allowed canary ends a hold (EndCanaryHold).
+	canaryHoldSkew = time.Minute
 	// EgressRecheck is how often a proxy's exit IP is asked of the echo
 	// URL again once known.
 	EgressRecheck = 10 * time.Minute
@@ -62,10 +69,15 @@ type CanaryProber interface {
 
 // OutcomeSink takes what canaries learn: main adapts the lease store's
 // outcome memory, so a blocked canary keeps the proxy away from that host
-// (for cooldown) and counts toward its ban. The engine knows nothing of
-// discovery.
+// and counts toward its ban. The engine knows nothing of discovery.
 type OutcomeSink interface {
-	CanaryOutcome(ctx context.Context, proxy types.NamespacedName, host string, blocked bool, cooldown time.Duration)
+	// CanaryOutcome records a verdict; a blocked one holds the proxy away
+	// from host for hold (each Blocked renews it).
+	CanaryOutcome(ctx context.Context, proxy types.NamespacedName, host string, blocked bool, hold time.Duration)
+	// EndCanaryHold ends that hold once a later canary says Allowed: a
+	// hold ending no later than notAfter (a longer cooldown a site asked
+	// for stays).
+	EndCanaryHold(ctx context.Context, proxy types.NamespacedName, host string, notAfter time.Time)
 }
 
 // Canary fetches req.Canary's URL through the proxy: Allowed when the
@@ -201,10 +213,15 @@ func (e *Engine) runCanaries(ctx context.Context, key types.NamespacedName, iden
 		}
 		res := e.opts.Canaries.Canary(ctx, CanaryRequest{ProxyAddr: pt.address, Credentials: creds, Canary: c, Timeout: pt.settings.Value().Timeout})
 		canaryChecks.WithLabelValues(c.Name, res.Verdict).Inc()
-		if e.opts.Outcomes != nil && res.Verdict != crawlv1alpha1.CanaryUnknown {
-			e.opts.Outcomes.CanaryOutcome(ctx, key, host, res.Verdict == crawlv1alpha1.CanaryBlocked, e.opts.CanaryInterval)
-		}
 		now := e.opts.Clock.Now()
+		hold := canaryHoldIntervals * e.opts.CanaryInterval
+		if e.opts.Outcomes != nil && res.Verdict != crawlv1alpha1.CanaryUnknown {
+			blocked := res.Verdict == crawlv1alpha1.CanaryBlocked
+			e.opts.Outcomes.CanaryOutcome(ctx, key, host, blocked, hold)
+			if held := e.canaryHeld(key, identity, c.Name); !blocked && !held.IsZero() {
+				e.opts.Outcomes.EndCanaryHold(ctx, key, host, held.Add(canaryHoldSkew))
+			}
+		}
 		e.mu.Lock()
 		if t, ok := e.targets[key]; ok && t.identity == identity && slices.ContainsFunc(t.canaries, func(x crawlv1alpha1.CanaryTarget) bool { return x.Name == c.Name }) {
 			if t.canaryStates == nil {
@@ -216,6 +233,12 @@ func (e *Engine) runCanaries(ctx context.Context, key types.NamespacedName, iden
 				t.canaryStates[c.Name] = st
 			}
 			st.due = now.Add(e.opts.CanaryInterval + e.spread(e.opts.CanaryInterval))
+			switch res.Verdict {
+			case crawlv1alpha1.CanaryBlocked:
+				st.heldUntil = now.Add(hold)
+			case crawlv1alpha1.CanaryAllowed:
+				st.heldUntil = time.Time{}
+			}
 			if recordable(st.status.Verdict, res.Verdict) {
 				at := metav1.NewTime(now).Rfc3339Copy()
 				st.status = crawlv1alpha1.CanaryStatus{Name: c.Name, Host: host, Verdict: res.Verdict, Message: res.Message, LastTransitionTime: &at}
@@ -225,6 +248,19 @@ func (e *Engine) runCanaries(ctx context.Context, key types.NamespacedName, iden
 		e.mu.Unlock()
 	}
 	return changed
+}
+
+// canaryHeld is when the hold of the canary called name on the instance
+// identity ends (zero: it holds nothing).
+func (e *Engine) canaryHeld(key types.NamespacedName, identity, name string) time.Time {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if t, ok := e.targets[key]; ok && t.identity == identity {
+		if st := t.canaryStates[name]; st != nil {
+			return st.heldUntil
+		}
+	}
+	return time.Time{}
 }
 
 // recordable says whether a canary's new verdict changes what is recorded:

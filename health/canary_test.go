@@ -2,6 +2,7 @@ package health
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -66,25 +67,48 @@ func (f fixedCanaries) Canary(context.Context, CanaryRequest) CanaryResult {
 	return CanaryResult{Verdict: f.verdict, Message: "answered 403, not an allowed status"}
 }
 
-// sinkRecord keeps what the engine handed the outcome sink.
-type sinkRecord struct {
-	mu   sync.Mutex
-	got  []string
-	cool time.Duration
+// sequenceCanaries answers its verdicts in turn, then the last forever.
+type sequenceCanaries struct {
+	mu       sync.Mutex
+	verdicts []string
 }
 
-func (s *sinkRecord) CanaryOutcome(_ context.Context, proxy types.NamespacedName, host string, blocked bool, cooldown time.Duration) {
+func (s *sequenceCanaries) Canary(context.Context, CanaryRequest) CanaryResult {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v := s.verdicts[0]
+	if len(s.verdicts) > 1 {
+		s.verdicts = s.verdicts[1:]
+	}
+	return CanaryResult{Verdict: v, Message: "the canary's " + v}
+}
+
+// sinkRecord keeps what the engine handed the outcome sink.
+type sinkRecord struct {
+	mu    sync.Mutex
+	got   []string
+	cool  time.Duration
+	ended []time.Time
+}
+
+func (s *sinkRecord) CanaryOutcome(_ context.Context, proxy types.NamespacedName, host string, blocked bool, hold time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.got = append(s.got, proxy.Name+" "+host)
 	if blocked {
-		s.cool = cooldown
+		s.cool = hold
 	}
+}
+
+func (s *sinkRecord) EndCanaryHold(_ context.Context, _ types.NamespacedName, _ string, notAfter time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ended = append(s.ended, notAfter)
 }
 
 // TestCanariesAndEgress: a proxy that passes its probes gets its canaries
 // fetched; a blocked one is recorded in status.canaries and handed to the
-// outcome sink with the canary interval as cooldown, and the proxy stays
+// outcome sink with a hold of three canary intervals, and the proxy stays
 // Healthy; the echo's answer, another address than the proxy's, is
 // recorded as status.egressIP.
 func TestCanariesAndEgress(t *testing.T) {
@@ -117,5 +141,45 @@ func TestCanariesAndEgress(t *testing.T) {
 	sink.mu.Lock()
 	defer sink.mu.Unlock()
 	assert.Equal(t, []string{"canaried shop.example"}, sink.got)
-	assert.Equal(t, time.Minute, sink.cool, "it cools the proxy for the host until the next canary")
+	assert.Equal(t, canaryHoldIntervals*time.Minute, sink.cool, "it holds the proxy away from the host past the next canary, which renews or ends the hold")
+	assert.Empty(t, sink.ended, "nothing said Allowed")
+}
+
+// TestAnAllowedCanaryEndsTheHold: a Blocked canary holds its proxy away
+// from the host, every Blocked one renews the hold, and the first Allowed
+// one ends it (a hold ending no later than the last Blocked one set), so
+// the proxy is neither leased for the host between two canaries nor kept
+// from it after the site lets it in again.
+func TestAnAllowedCanaryEndsTheHold(t *testing.T) {
+	env := testenv.Shared(t)
+	ns := env.Namespace(t)
+	px := readyExternal(t, env.Client, ns, "flip", "127.0.0.32", 3128)
+	px.Spec.HealthCheck = &crawlv1alpha1.HealthCheck{Targets: []crawlv1alpha1.CanaryTarget{{Name: "shop", URL: "https://shop.example/"}}}
+	require.NoError(t, env.Client.Update(context.Background(), px))
+	passing := Result{Success: true, Reason: ReasonProbeSucceeded, Message: "ok"}
+	prober := &scriptedProber{scripts: map[string][]Result{"127.0.0.32:3128": slices.Repeat([]Result{passing}, 1000)}}
+
+	sink := &sinkRecord{}
+	canaries := &sequenceCanaries{verdicts: []string{crawlv1alpha1.CanaryBlocked, crawlv1alpha1.CanaryBlocked, crawlv1alpha1.CanaryAllowed}}
+	mgr := startEngineManager(t, env)
+	start := time.Now()
+	require.NoError(t, mgr.Add(NewEngine(Options{
+		Cache: mgr.GetCache(), Client: mgr.GetClient(), Prober: prober, Workers: 2,
+		Canaries: canaries, Outcomes: sink, CanaryInterval: 50 * time.Millisecond, CanaryHostInterval: time.Millisecond,
+		Defaults: Settings{URL: "https://127.0.0.1/", Interval: 20 * time.Millisecond, Timeout: time.Second, FailureThreshold: 1, SuccessThreshold: 1},
+	})))
+	run(t, mgr)
+
+	require.Eventually(t, func() bool {
+		sink.mu.Lock()
+		defer sink.mu.Unlock()
+		return len(sink.ended) > 0
+	}, 10*time.Second, 10*time.Millisecond, "the Allowed canary ended the hold")
+	sink.mu.Lock()
+	defer sink.mu.Unlock()
+	require.GreaterOrEqual(t, len(sink.got), 3, "two Blocked, then the Allowed")
+	assert.Len(t, sink.ended, 1, "one hold to end")
+	hold := canaryHoldIntervals * 50 * time.Millisecond
+	assert.WithinRange(t, sink.ended[0], start.Add(hold), time.Now().Add(hold+canaryHoldSkew),
+		"the end asked covers the last Blocked canary's hold, and no cooldown beyond it")
 }

@@ -73,6 +73,9 @@ type target struct {
 type canaryState struct {
 	status crawlv1alpha1.CanaryStatus
 	due    time.Time
+	// heldUntil is when the hold a Blocked verdict put on the proxy for
+	// the canary's host ends, unless renewed or ended (zero: none).
+	heldUntil time.Time
 }
 
 // track starts, updates or stops probing a Proxy as its status says.

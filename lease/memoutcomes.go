@@ -169,6 +169,18 @@ func (m *MemoryStore) ForgetProxy(_ context.Context, proxy string) error {
 	return nil
 }
 
+// EndCooldown implements Store.
+func (m *MemoryStore) EndCooldown(_ context.Context, proxy, host string, notAfter time.Time) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if until, ok := m.cooldowns[proxy][host]; ok && !until.After(notAfter) {
+		// Its end stays in coolEnds; expireLocked skips what is gone.
+		delete(m.cooldowns[proxy], host)
+		m.nCooling--
+	}
+	return nil
+}
+
 // BurnIP implements Store.
 func (m *MemoryStore) BurnIP(_ context.Context, scope, ip string, retention time.Duration) error {
 	m.mu.Lock()

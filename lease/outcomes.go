@@ -189,6 +189,10 @@ type OutcomeMemory interface {
 	BurnIP(ctx context.Context, scope, ip string, retention time.Duration) error
 	// BurnedUntil is when ip stops being burned in scope (zero: it is not).
 	BurnedUntil(ctx context.Context, scope, ip string) (time.Time, error)
+	// EndCooldown ends proxy's cooldown for host when it ends no later
+	// than notAfter: the hold a canary put there (and any shorter one it
+	// covered), not a longer one a site's Retry-After asked for.
+	EndCooldown(ctx context.Context, proxy, host string, notAfter time.Time) error
 	// ForgetProxy drops proxy's cooldowns and outcome records: they were
 	// about the address it had, and it has moved (a replacement, a new
 	// address). Its leases stay.

@@ -99,6 +99,14 @@ func (s *Store) ForgetProxy(ctx context.Context, proxy string) error {
 	return nil
 }
 
+// EndCooldown implements lease.Store.
+func (s *Store) EndCooldown(ctx context.Context, proxy, host string, notAfter time.Time) error {
+	if err := s.run(ctx, endCooldownScript, proxy, host, notAfter.UnixMilli()).Err(); err != nil {
+		return fmt.Errorf("end-cooldown script: %w", err)
+	}
+	return nil
+}
+
 // BurnIP implements lease.Store.
 func (s *Store) BurnIP(ctx context.Context, scope, ip string, retention time.Duration) error {
 	if err := s.run(ctx, burnIPScript, scope, ip, retention.Milliseconds()).Err(); err != nil {

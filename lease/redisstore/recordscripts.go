@@ -168,6 +168,18 @@ if untilv <= now then return 0 end
 return untilv
 `)
 
+// endCooldownScript: ARGV[3] proxy, ARGV[4] host, ARGV[5] the latest end
+// (ms) of a cooldown it ends (lease.OutcomeMemory.EndCooldown).
+var endCooldownScript = redis.NewScript(preamble + `
+local member = ARGV[3] .. '|' .. ARGV[4]
+local untilv = tonumber(redis.call('GET', P .. 'cool:' .. member) or '0')
+if untilv > 0 and untilv <= tonumber(ARGV[5]) then
+  redis.call('DEL', P .. 'cool:' .. member)
+  redis.call('ZREM', P .. 'cooldowns', member)
+end
+return 1
+`)
+
 // forgetProxyScript: ARGV[3] proxy. Drops its cooldowns and outcome
 // records (lease.OutcomeMemory.ForgetProxy).
 var forgetProxyScript = redis.NewScript(preamble + `

@@ -120,6 +120,32 @@ func outcomeCooldown(t *testing.T, h Harness) {
 	require.NoError(t, err, "the cooldown ended")
 }
 
+// endCooldown: a canary's hold on a proxy for a host ends when the canary
+// says so, not a moment later; a longer cooldown (a site's Retry-After)
+// is not ended by it, nor is another host's.
+func endCooldown(t *testing.T, h Harness) {
+	ctx := context.Background()
+	hold := time.Hour
+	require.NoError(t, h.Store.RecordOutcome(ctx, "a", "shop.example", lease.Outcome{Blocked: true, Source: lease.OutcomeCanary, Cooldown: hold}))
+	require.NoError(t, h.Store.RecordOutcome(ctx, "a", "news.example", lease.Outcome{Blocked: true, Source: lease.OutcomeCanary, Cooldown: hold}))
+	first, err := acquire(h, Of("b"), "", time.Minute) // the store's now
+	require.NoError(t, err)
+	heldUntil := first.CreatedAt.Add(hold + time.Second)
+
+	require.NoError(t, h.Store.EndCooldown(ctx, "a", "shop.example", heldUntil))
+	l, err := acquire(h, Of("a"), "shop.example", time.Minute)
+	require.NoError(t, err, "the hold ended")
+	assert.Equal(t, "a", l.ProxyID)
+	_, err = acquire(h, Of("a"), "news.example", time.Minute)
+	noneAvailable(t, err, lease.CauseCooling)
+
+	require.NoError(t, h.Store.Report(ctx, l.ID, lease.ResultRateLimited, "shop.example", 2*hold))
+	require.NoError(t, h.Store.EndCooldown(ctx, "a", "shop.example", heldUntil))
+	_, err = acquire(h, Of("a"), "shop.example", time.Minute)
+	noneAvailable(t, err, lease.CauseCooling)
+	require.NoError(t, h.Store.EndCooldown(ctx, "b", "shop.example", heldUntil), "ending what is not there is fine")
+}
+
 // forgetProxy: a proxy that moved starts clean: no cooldown, no record,
 // no block; another proxy's are kept.
 func forgetProxy(t *testing.T, h Harness) {

@@ -66,6 +66,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"OutcomeMemory", outcomeMemory},
 		{"OutcomeCooldown", outcomeCooldown},
 		{"ForgetProxy", forgetProxy},
+		{"EndCooldown", endCooldown},
 		{"ReportsRecordOutcomes", reportsRecordOutcomes},
 		{"Voices", voices},
 		{"BetterRecord", betterRecord},

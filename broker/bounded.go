@@ -170,6 +170,14 @@ func (b boundedStore) Blocks(ctx context.Context, since time.Time) (bl []lease.B
 	return bl, err
 }
 
+func (b boundedStore) Slot(ctx context.Context, proxy, target string, p lease.Pace, adaptive bool, maxWait time.Duration) (wait time.Duration, err error) {
+	err = b.do(ctx, "slot", func(ctx context.Context) error {
+		wait, err = b.store.Slot(ctx, proxy, target, p, adaptive, maxWait)
+		return err
+	})
+	return wait, err
+}
+
 func (b boundedStore) EndCooldown(ctx context.Context, proxy, host string, notAfter time.Time) error {
 	return b.do(ctx, "end_cooldown", func(ctx context.Context) error { return b.store.EndCooldown(ctx, proxy, host, notAfter) })
 }

@@ -195,7 +195,27 @@ func (b *Broker) Tunnel(ctx context.Context, req TunnelRequest) (Upstream, error
 	return p.soft(ctx)
 }
 
-// PushBack tells discovery that host answered a request through the
+// Turn takes the slot of a request inside a tunnel through proxy to host
+// (a kept-alive connection's next request): the pace a lease for it would
+// keep, with no new lease, on the same slots. wait is how long to hold the
+// request; a pace with no slot within maxWait is a
+// *lease.NoProxyAvailableError (CausePaced).
+func (b *Broker) Turn(ctx context.Context, proxy, host string, maxWait time.Duration) (time.Duration, error) {
+	host = NormalizeTarget(host)
+	var p lease.Pace
+	if paceOf := b.paceOf(host); paceOf != nil {
+		p = paceOf(proxy)
+	}
+	adaptive := b.opts.Politeness.Adaptive && host != ""
+	if p.IsZero() && !adaptive {
+		return 0, nil
+	}
+	wait, err := b.store.Slot(ctx, proxy, host, p, adaptive, maxWait)
+	notePaced(err, wait)
+	return wait, err
+}
+
+// PushBack tells the broker that host answered a request through the
 // gateway with a push-back (429 or 503) and retryAfter: its learned pace
 // slows, when pacing is adaptive.
 func (b *Broker) PushBack(ctx context.Context, host string, retryAfter time.Duration) {

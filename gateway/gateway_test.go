@@ -58,8 +58,10 @@ type fixture struct {
 type site struct {
 	srv *httptest.Server
 	mu  sync.Mutex
-	// seen: upstream proxy id of each request, in order.
+	// seen: upstream proxy id of each request, in order; at: when each
+	// arrived.
 	seen []string
+	at   []time.Time
 	// headers: the last request's headers.
 	headers http.Header
 	// limited answers 429 to requests through this upstream; limitFirst
@@ -188,6 +190,7 @@ func (f *fixture) startSite(t testing.TB, ip string, https bool) *site {
 		up := f.byIP[from]
 		s.mu.Lock()
 		s.seen = append(s.seen, up)
+		s.at = append(s.at, time.Now())
 		s.headers = r.Header.Clone()
 		if s.limitFirst && s.limited == "" {
 			s.limited = up

@@ -45,7 +45,7 @@ var (
 	})
 	tunnelsClosed = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: operator.MetricsNamespace, Subsystem: "gateway", Name: "tunnels_closed_total",
-		Help: "Tunnels closed, by reason: done, idle, lifetime, error, reported, shutdown.",
+		Help: "Tunnels closed, by reason: done, idle, lifetime, error, reported, shutdown, quota, lease_lost, paced.",
 	}, []string{"reason"})
 	tunnelDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: operator.MetricsNamespace, Subsystem: "gateway", Name: "tunnel_duration_seconds",
@@ -69,8 +69,13 @@ var (
 		Namespace: operator.MetricsNamespace, Subsystem: "gateway", Name: "upstream_failures_total",
 		Help: "Upstream proxies that failed a tunnel or request, by reason: dial, timeout, auth, refused, upstream, protocol.",
 	}, []string{"reason"})
+	turnsPaced = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: operator.MetricsNamespace, Subsystem: "gateway", Name: "paced_turns_total",
+		Help: "Requests inside kept-alive tunnels to a paced host (a client's turn after the site answered), by outcome: sent (at once or after waiting for the slot) or refused (no slot within the pace wait: the tunnel closed).",
+	}, []string{"outcome"})
 )
 
 func init() {
-	ctrlmetrics.Registry.MustRegister(requestsTotal, errorsTotal, tunnelsOpen, tunnelsClosed, tunnelDuration, connectDuration, bytesTotal, upstreamFailures)
+	ctrlmetrics.Registry.MustRegister(requestsTotal, errorsTotal, tunnelsOpen, tunnelsClosed, tunnelDuration, connectDuration, bytesTotal, upstreamFailures,
+		turnsPaced)
 }

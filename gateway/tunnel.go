@@ -33,6 +33,7 @@ const (
 	closedShutdown  = "shutdown"   // the gateway stopped
 	closedQuota     = "quota"      // its tenant's bytes for the day are spent
 	closedLeaseLost = "lease_lost" // its lease ran out (renewals failed)
+	closedPaced     = "paced"      // its host's pace allowed its next request no slot within PaceWait
 )
 
 // tunnel is one client's CONNECT, spliced to its upstream.
@@ -62,6 +63,52 @@ type tunnel struct {
 	lastActive atomic.Int64
 	closeOnce  sync.Once
 	reason     string
+	// answered says the upstream wrote to the client since the client last
+	// wrote: the client's next bytes start a new turn. turns counts the
+	// client's turns and firstPaced is the first one paced (the client's
+	// direction alone reads and writes both); pace takes a paced turn's
+	// slot (nil: the host is not paced).
+	answered          atomic.Bool
+	turns, firstPaced int
+	pace              func() bool
+}
+
+// Turns of a tunnel: a client writes, the site answers, the client writes
+// again. The first request goes on the tunnel's own lease; each later one
+// is a turn of its own, paced as a lease would be. Over TLS the first turn
+// is the ClientHello and the second carries the client's Finished and its
+// first request (TLS 1.3, resumed or not; a TLS 1.2 handshake without
+// False Start takes one turn more, which is then paced as if it were a
+// request: a delay, never a request over the pace). Over plain HTTP the
+// first turn is the first request. HTTP/2 multiplexes requests, so its
+// turns are frames the client sends after the server's: pacing them is
+// conservative, never over the pace.
+const (
+	firstPacedTurnTLS   = 3
+	firstPacedTurnPlain = 2
+	tlsHandshakeRecord  = 0x16
+)
+
+// clientTurn is called as a read of the client's bytes begins (first is
+// its first byte): a new turn when the upstream has answered since, which
+// waits for its slot when it is a paced one. False: the host's pace gives
+// it none within PaceWait, and the tunnel ends.
+func (t *tunnel) clientTurn(first byte) bool {
+	switch {
+	case t.turns == 0:
+		t.turns, t.firstPaced = 1, firstPacedTurnPlain
+		if first == tlsHandshakeRecord {
+			t.firstPaced = firstPacedTurnTLS
+		}
+		return true
+	case !t.answered.Swap(false):
+		return true // the same turn: the client writes on
+	}
+	t.turns++
+	if t.pace == nil || t.turns < t.firstPaced {
+		return true
+	}
+	return t.pace()
 }
 
 // tunnel serves a CONNECT: an upstream that takes the tunnel (retrying
@@ -123,12 +170,28 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 		started: time.Now(), idle: g.opts.IdleTimeout, life: life, who: id.Tenant, metered: g.opts.Upstreams.MetersBytes(id.Tenant)}
 	t.account = func(least int64) { g.meter(bg, t, least) }
 	t.ledgerUntil = up.LedgerUntil
+	if up.Paced {
+		t.pace = func() bool { return g.paceTurn(bg, t) }
+	}
 	t.touch()
 	g.register(t)
 	// The handler returns: net/http's connection state, its buffers and
 	// this goroutine's grown stack go with it, and the tunnel lives on two
 	// goroutines of its own with small stacks.
 	go g.carry(bg, t, early, upstream.pending)
+}
+
+// paceTurn holds a paced turn of t until its slot (Upstreams.Turn); false
+// when the host's pace gives it none within PaceWait, or the store cannot
+// say: a request over the pace is what the fleet never sends.
+func (g *Gateway) paceTurn(ctx context.Context, t *tunnel) bool {
+	wait, err := g.opts.Upstreams.Turn(ctx, t.up.ProxyID, t.host, max(g.opts.PaceWait, 0))
+	if err != nil {
+		turnsPaced.WithLabelValues("refused").Inc()
+		return false
+	}
+	turnsPaced.WithLabelValues("sent").Inc()
+	return sleep(ctx, wait)
 }
 
 // connectReply is the gateway's 200 to a CONNECT: the upstream that
@@ -289,15 +352,16 @@ func basicAuth(u *url.Userinfo) string {
 }
 
 // run carries bytes both ways until both sides are done, or the tunnel is
-// idle, too old, or closed.
+// idle, too old, or closed. The client's direction counts its turns and
+// holds a paced turn until its slot; the upstream's marks each answer.
 func (t *tunnel) run(early, pendingDown []byte) {
 	up := t.upstr
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t.pipe(up, t.client, early, both{bytesTotal.WithLabelValues(directionUp), &t.moved, t.account})
+		t.pipe(up, t.client, early, both{bytesTotal.WithLabelValues(directionUp), &t.moved, t.account}, t.clientTurn, nil)
 	}()
-	t.pipe(t.client, up, pendingDown, both{bytesTotal.WithLabelValues(directionDown), &t.moved, t.account})
+	t.pipe(t.client, up, pendingDown, both{bytesTotal.WithLabelValues(directionDown), &t.moved, t.account}, nil, func() { t.answered.Store(true) })
 	<-done
 	t.close(closedDone)
 }
@@ -342,15 +406,24 @@ func (b both) Add(n float64) {
 // fails, or the tunnel is idle or too old. It waits on a one-byte read, so
 // an idle direction holds no buffer; once a byte arrives it borrows a
 // buffer, reads whatever else is there without waiting, and writes it all.
-func (t *tunnel) pipe(dst, src net.Conn, pending []byte, bytes counter) {
+// begin, when set, sees each read's first byte before it goes (false ends
+// the tunnel: closedPaced); wrote, when set, hears of each write.
+func (t *tunnel) pipe(dst, src net.Conn, pending []byte, bytes counter, begin func(first byte) bool, wrote func()) {
 	tick := min(max(t.idle/4, time.Second), 30*time.Second)
 	end := t.started.Add(t.life)
 	if len(pending) > 0 {
+		if begin != nil && !begin(pending[0]) {
+			t.close(closedPaced)
+			return
+		}
 		if _, err := dst.Write(pending); err != nil {
 			t.close(closedError)
 			return
 		}
 		bytes.Add(float64(len(pending)))
+		if wrote != nil {
+			wrote()
+		}
 	}
 	raw, _ := src.(syscall.Conn)
 	var first [1]byte
@@ -360,8 +433,15 @@ func (t *tunnel) pipe(dst, src net.Conn, pending []byte, bytes counter) {
 		n, err := src.Read(first[:])
 		if n == 1 {
 			t.touch()
+			if begin != nil && !begin(first[0]) {
+				t.close(closedPaced)
+				return
+			}
 			moved, bulk, werr := t.drain(dst, raw, first[0])
 			bytes.Add(float64(moved))
+			if wrote != nil && moved > 0 {
+				wrote()
+			}
 			if werr != nil {
 				t.close(werr.reason)
 				return

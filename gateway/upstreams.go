@@ -19,6 +19,9 @@ type Upstreams interface {
 	// bytes it carried (both are recorded in the ledger, with the session).
 	RenewTunnel(ctx context.Context, leaseID, session string, ttl time.Duration, recorded time.Time) (time.Time, error)
 	ReleaseTunnel(ctx context.Context, leaseID, session string, bytes int64)
+	// Turn takes the slot of a request inside a tunnel through proxy to a
+	// paced host (broker.Broker.Turn): how long to hold it.
+	Turn(ctx context.Context, proxy, host string, maxWait time.Duration) (time.Duration, error)
 	// PushBack reports a site's 429 or 503 on a plain-HTTP request, with
 	// its Retry-After, so the host's learned pace slows.
 	PushBack(ctx context.Context, host string, retryAfter time.Duration)

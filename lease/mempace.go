@@ -160,6 +160,28 @@ func mostCommon(causes map[string]int) string {
 	return best
 }
 
+// Slot implements Store.
+func (m *MemoryStore) Slot(_ context.Context, proxy, target string, p Pace, adaptive bool, maxWait time.Duration) (time.Duration, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.clock.Now()
+	if adaptive {
+		p = effectivePace(p, m.learnedLocked(target, now).Interval)
+	}
+	k := proxy + "|" + target
+	wait := max(gcraWait(m.tats[k], now, p.Interval, p.Burst), m.fleetWaitLocked(p, target, now))
+	if wait > maxWait {
+		return 0, &NoProxyAvailableError{RetryAfter: wait, Cause: CausePaced}
+	}
+	m.tats[k] = gcraReserve(m.tats[k], now, p.Interval)
+	if p.FleetInterval > 0 {
+		fk := "fleet:" + p.FleetKey + "|" + target
+		m.tats[fk] = gcraReserve(m.tats[fk], now, p.FleetInterval)
+	}
+	m.sweepTATsLocked(now)
+	return wait, nil
+}
+
 // PushBack implements Store.
 func (m *MemoryStore) PushBack(_ context.Context, host string, retryAfter time.Duration) (Learned, error) {
 	m.mu.Lock()

@@ -397,6 +397,13 @@ type Store interface {
 	// first one did. reporter is the session's tenant (Outcome.Reporter).
 	// It returns that proxy, or ErrSessionNotFound.
 	ReportSession(ctx context.Context, session, reporter, result, target string, cooldown, window time.Duration) (string, error)
+	// Slot reserves proxy's next request slot for target under p (its
+	// pace per (proxy, host) and the fleet's, slowed to target's learned
+	// pace when adaptive) when it comes within maxWait, and says how long
+	// to wait for it; a later one is a *NoProxyAvailableError (CausePaced)
+	// and reserves nothing. It takes no lease: it paces a request inside a
+	// tunnel that holds one, on the same slots Acquire reserves.
+	Slot(ctx context.Context, proxy, target string, p Pace, adaptive bool, maxWait time.Duration) (time.Duration, error)
 	// PushBack records that host pushed back (a 429 or 503, with the
 	// Retry-After it said, zero for none): its learned pace slows
 	// (PushedBack). It returns the pace as it now is.

@@ -11,6 +11,28 @@ import (
 // The scripts of paces and quotas: a host's learned pace, a tenant's rate
 // and counts.
 
+// slotScript: ARGV[3] proxy, ARGV[4] target, ARGV[5] interval ms,
+// ARGV[6] burst, ARGV[7] fleet key, ARGV[8] fleet interval ms, ARGV[9]
+// fleet burst, ARGV[10] 1 to apply the target's learned pace, ARGV[11]
+// the longest wait ms. Reserves the slot as the acquire script does, with
+// no lease; returns {1, wait ms} or {0, wait ms} when it comes too late.
+var slotScript = redis.NewScript(preamble + pacing + `
+local proxy, target = ARGV[3], ARGV[4]
+local interval, burst = tonumber(ARGV[5]), tonumber(ARGV[6])
+local fkey, finterval, fburst = ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9])
+if ARGV[10] == '1' then
+  local learned = learnedAt(target)
+  if learned > interval then interval, burst = learned, math.max(burst, 1) end
+end
+local key, fleet = P .. 'tat:' .. proxy .. '|' .. target, P .. 'fleet:' .. fkey .. '|' .. target
+local wait = gcraWait(key, interval, burst)
+if finterval > 0 then wait = math.max(wait, gcraWait(fleet, finterval, fburst)) end
+if wait > tonumber(ARGV[11]) then return {0, wait} end
+gcraReserve(key, interval)
+if finterval > 0 then gcraReserve(fleet, finterval) end
+return {1, wait}
+`)
+
 // pushBackScript: ARGV[3] host, ARGV[4] Retry-After ms (0: none). Moves
 // the host's learned pace as lease.PushedBack does; returns {interval
 // ms, since, push-backs}.

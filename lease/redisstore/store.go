@@ -101,10 +101,7 @@ func (s *Store) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Le
 
 func (s *Store) acquire(ctx context.Context, req lease.AcquireRequest, ids []string) (lease.Lease, error) {
 	id := uuid.NewString()
-	adaptive := "0"
-	if req.Adaptive {
-		adaptive = "1"
-	}
+	adaptive := flag(req.Adaptive)
 	// Declared paces, each sent once, and each candidate's index into them.
 	var paces []lease.Pace
 	index := map[lease.Pace]int{}
@@ -162,6 +159,27 @@ func (s *Store) acquire(ctx context.Context, req lease.AcquireRequest, ids []str
 // learnedTTL is how long a learned pace is kept after its last push-back:
 // long enough to halve from the longest interval to under the shortest.
 const learnedTTL = 14 * lease.LearnedHalfLife
+
+// flag is a script's boolean argument: "1" or "0".
+func flag(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}
+
+// Slot implements lease.Store.
+func (s *Store) Slot(ctx context.Context, proxy, target string, p lease.Pace, adaptive bool, maxWait time.Duration) (time.Duration, error) {
+	res, err := s.run(ctx, slotScript, proxy, target, p.Interval.Milliseconds(), p.Burst, p.FleetKey, p.FleetInterval.Milliseconds(), p.FleetBurst,
+		flag(adaptive), maxWait.Milliseconds()).Int64Slice()
+	if err != nil {
+		return 0, fmt.Errorf("slot script: %w", err)
+	}
+	if res[0] == 0 {
+		return 0, &lease.NoProxyAvailableError{RetryAfter: time.Duration(res[1]) * time.Millisecond, Cause: lease.CausePaced}
+	}
+	return time.Duration(res[1]) * time.Millisecond, nil
+}
 
 // PushBack implements lease.Store.
 func (s *Store) PushBack(ctx context.Context, host string, retryAfter time.Duration) (lease.Learned, error) {

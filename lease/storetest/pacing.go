@@ -272,3 +272,29 @@ func span(slots []time.Time) time.Duration {
 	s := slices.SortedFunc(slices.Values(slots), time.Time.Compare)
 	return s[len(s)-1].Sub(s[0])
 }
+
+// slots: a request inside a tunnel takes a slot of the same pace a lease
+// does, with no lease: after a paced lease the proxy's next slot for the
+// host comes one spacing later, a slot too far off is refused and
+// reserves nothing, the lease path then waits behind the slots taken, and
+// another host is not held back.
+func slots(t *testing.T, h Harness) {
+	ctx := context.Background()
+	p := lease.Pace{Interval: time.Second, Burst: 1}
+	_, err := paced(h, Of("a"), "shop.example", p, 0)
+	require.NoError(t, err)
+	_, err = h.Store.Slot(ctx, "a", "shop.example", p, false, 0)
+	within(t, time.Second, noneAvailable(t, err, lease.CausePaced))
+	wait, err := h.Store.Slot(ctx, "a", "shop.example", p, false, 5*time.Second)
+	require.NoError(t, err)
+	within(t, time.Second, wait)
+	wait, err = h.Store.Slot(ctx, "a", "shop.example", p, false, 5*time.Second)
+	require.NoError(t, err)
+	within(t, 2*time.Second, wait)
+	l, err := paced(h, Of("a"), "shop.example", p, 5*time.Second)
+	require.NoError(t, err)
+	within(t, 3*time.Second, l.Wait)
+	wait, err = h.Store.Slot(ctx, "a", "other.example", p, false, 0)
+	require.NoError(t, err)
+	assert.Zero(t, wait)
+}

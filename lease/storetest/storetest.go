@@ -56,6 +56,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"PacingConcurrency", pacingConcurrency},
 		{"PacingFleetCap", pacingFleetCap},
 		{"WindowBound", windowBound},
+		{"Slots", slots},
 		{"LearnedPace", learnedPace},
 		{"PacingConcurrently", pacingConcurrently},
 		{"Limits", limits},

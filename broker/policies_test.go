@@ -23,7 +23,7 @@ func TestPolicyIndex(t *testing.T) {
 	p, ok := x.For("crawl", "shop.example.com")
 	assert.True(t, ok)
 	assert.Equal(t, "crawl/shop", p.Name, "the exact host beats the wildcard; the older of two for one host wins")
-	assert.Equal(t, 500*time.Millisecond, p.Pace.Interval)
+	assert.Equal(t, lease.WindowPace(2, time.Second), p.Pace.Interval, "2 in any second: one each 525ms")
 	p, ok = x.For("crawl", "www.example.com")
 	assert.True(t, ok)
 	assert.Equal(t, "crawl/wild", p.Name)
@@ -50,6 +50,12 @@ func TestPolicyOfKeepsAReserveOfTheBurst(t *testing.T) {
 	conc := int32(2)
 	ct.Spec.FleetRequestsPerInterval, ct.Spec.MaxConcurrentPerIP = &fleet, &conc
 	p := PolicyOf(ct)
+	assert.Equal(t, lease.Pace{Interval: 262500 * time.Microsecond, Burst: 1, MaxConcurrent: 2, FleetKey: "crawl/shop", FleetInterval: 10500 * time.Microsecond, FleetBurst: 1},
+		p.Pace, "a bound over any window: even spacing, 5% kept for jitter, no burst")
+
+	burst := int32(4)
+	ct.Spec.Burst = &burst // the token-bucket reading, asked for
+	p = PolicyOf(ct)
 	assert.Equal(t, lease.Pace{Interval: 250 * time.Millisecond, Burst: 4, MaxConcurrent: 2, FleetKey: "crawl/shop", FleetInterval: 10 * time.Millisecond, FleetBurst: 100}, p.Pace)
 	assert.Equal(t, 3, withJitterReserve(p.Pace).Burst)
 	assert.Equal(t, 99, withJitterReserve(p.Pace).FleetBurst)

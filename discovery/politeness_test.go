@@ -27,15 +27,16 @@ func TestPolitenessAPI(t *testing.T) {
 	f.configure(func(o *Options) { o.Politeness = broker.Politeness{Policies: index, Adaptive: true} })
 	f.proxy("eu-1", "127.0.0.11", true, nil)
 
-	// One request a second per proxy, a burst of one: the first goes now,
-	// the second a second later when it may wait, and not at all when not.
+	// One request in any second per proxy: the first goes now, the second
+	// one spacing later (a second and the 5% jitter allowance) when it may
+	// wait, and not at all when not.
 	first := f.do("POST", "/v1/leases", `{"target":"shop.example"}`)
 	require.Equal(t, http.StatusCreated, first.status, first.raw)
 	assert.Equal(t, true, first.body["paced"])
 	assert.Nil(t, first.body["nextRequestAt"], "a slot free now")
 	waiting := f.do("POST", "/v1/leases", `{"target":"shop.example","maxWaitSeconds":5}`)
 	require.Equal(t, http.StatusCreated, waiting.status, waiting.raw)
-	assert.Equal(t, f.clock.Now().Add(time.Second).Format(time.RFC3339), waiting.body["nextRequestAt"])
+	assert.Equal(t, f.clock.Now().Add(lease.WindowPace(1, time.Second)).Format(time.RFC3339Nano), waiting.body["nextRequestAt"])
 	again := f.do("GET", "/v1/leases/"+waiting.body["leaseID"].(string), "")
 	require.Equal(t, http.StatusOK, again.status)
 	assert.Nil(t, again.body["nextRequestAt"], "only the answer that created it says how it was paced, as on every store")
@@ -43,7 +44,7 @@ func TestPolitenessAPI(t *testing.T) {
 	refused := f.do("POST", "/v1/leases", `{"target":"shop.example"}`)
 	assert.Equal(t, http.StatusTooManyRequests, refused.status)
 	assert.Equal(t, CodeTargetPaced, errorCode(refused))
-	assert.Equal(t, "2", refused.header.Get("Retry-After"), "two reserved slots ahead")
+	assert.Equal(t, "3", refused.header.Get("Retry-After"), "two reserved slots ahead (2.1s, rounded up)")
 	assert.Contains(t, errorMessage(refused), `target "shop.example"`)
 	unpaced := f.do("POST", "/v1/leases", `{"target":"news.example"}`)
 	require.Equal(t, http.StatusCreated, unpaced.status)
@@ -72,7 +73,7 @@ func TestPolitenessAPI(t *testing.T) {
 	policies := shop.body["policies"].([]any)
 	require.Len(t, policies, 1)
 	assert.Equal(t, "crawl/shop", policies[0].(map[string]any)["name"])
-	assert.InDelta(t, 1.0, policies[0].(map[string]any)["requestsPerSecondPerIP"], 0.001)
+	assert.InDelta(t, 1/1.05, policies[0].(map[string]any)["requestsPerSecondPerIP"], 0.001, "what each IP sends: 1 in any second, spaced with the jitter allowance")
 	assert.Nil(t, shop.body["learned"])
 
 	bad := f.do("GET", "/v1/targets/"+strings.Repeat("x", 254), "")
@@ -106,10 +107,10 @@ func TestASessionWaitsForItsOwnPacedProxy(t *testing.T) {
 	waited, err := pick(5 * time.Second)
 	require.NoError(t, err, "its own proxy's slot comes within the wait")
 	assert.Equal(t, "crawl/eu-1", waited.ProxyID)
-	assert.Equal(t, time.Second, waited.Wait)
+	assert.Equal(t, lease.WindowPace(1, time.Second), waited.Wait)
 	_, err = pick(0)
 	var none *lease.NoProxyAvailableError
 	require.ErrorAs(t, err, &none)
 	assert.Equal(t, lease.CausePaced, none.Cause, "the host is paced: the gateway answers 429 with when to come back")
-	assert.Equal(t, 2*time.Second, none.RetryAfter)
+	assert.Equal(t, 2*lease.WindowPace(1, time.Second), none.RetryAfter)
 }

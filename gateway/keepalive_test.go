@@ -113,6 +113,7 @@ func connectDialer(proxy *url.URL) func(ctx context.Context, network, addr strin
 			_ = conn.Close()
 			return nil, err
 		}
+		_ = resp.Body.Close() // a CONNECT's 200 has none
 		if resp.StatusCode != http.StatusOK || br.Buffered() > 0 {
 			_ = conn.Close()
 			return nil, fmt.Errorf("CONNECT %s: %s", addr, resp.Status)

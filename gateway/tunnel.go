@@ -64,48 +64,19 @@ type tunnel struct {
 	closeOnce  sync.Once
 	reason     string
 	// answered says the upstream wrote to the client since the client last
-	// wrote: the client's next bytes start a new turn. turns counts the
-	// client's turns and firstPaced is the first one paced (the client's
-	// direction alone reads and writes both); pace takes a paced turn's
-	// slot (nil: the host is not paced).
-	answered          atomic.Bool
-	turns, firstPaced int
-	pace              func() bool
+	// wrote; turns follows the client's turns (turns.go: the client's
+	// direction alone uses it); pace takes a paced turn's slot (nil: the
+	// host is not paced).
+	answered atomic.Bool
+	turns    turnCounter
+	pace     func() bool
 }
 
-// Turns of a tunnel: a client writes, the site answers, the client writes
-// again. The first request goes on the tunnel's own lease; each later one
-// is a turn of its own, paced as a lease would be. Over TLS the first turn
-// is the ClientHello and the second carries the client's Finished and its
-// first request (TLS 1.3, resumed or not; a TLS 1.2 handshake without
-// False Start takes one turn more, which is then paced as if it were a
-// request: a delay, never a request over the pace). Over plain HTTP the
-// first turn is the first request. HTTP/2 multiplexes requests, so its
-// turns are frames the client sends after the server's: pacing them is
-// conservative, never over the pace.
-const (
-	firstPacedTurnTLS   = 3
-	firstPacedTurnPlain = 2
-	tlsHandshakeRecord  = 0x16
-)
-
-// clientTurn is called as a read of the client's bytes begins (first is
-// its first byte): a new turn when the upstream has answered since, which
-// waits for its slot when it is a paced one. False: the host's pace gives
-// it none within PaceWait, and the tunnel ends.
-func (t *tunnel) clientTurn(first byte) bool {
-	switch {
-	case t.turns == 0:
-		t.turns, t.firstPaced = 1, firstPacedTurnPlain
-		if first == tlsHandshakeRecord {
-			t.firstPaced = firstPacedTurnTLS
-		}
-		return true
-	case !t.answered.Swap(false):
-		return true // the same turn: the client writes on
-	}
-	t.turns++
-	if t.pace == nil || t.turns < t.firstPaced {
+// clientTurn is called as a read of the client's bytes begins (head is
+// what came at once): a paced turn waits for its slot. False: the host's
+// pace gives it none within PaceWait, and the tunnel ends.
+func (t *tunnel) clientTurn(head []byte) bool {
+	if !t.turns.turn(head, t.answered.Swap(false)) || t.pace == nil {
 		return true
 	}
 	return t.pace()
@@ -359,9 +330,9 @@ func (t *tunnel) run(early, pendingDown []byte) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t.pipe(up, t.client, early, both{bytesTotal.WithLabelValues(directionUp), &t.moved, t.account}, t.clientTurn, nil)
+		t.pipe(up, t.client, early, both{bytesTotal.WithLabelValues(directionUp), &t.moved, t.account}, t.clientTurn, t.turns.observe, nil)
 	}()
-	t.pipe(t.client, up, pendingDown, both{bytesTotal.WithLabelValues(directionDown), &t.moved, t.account}, nil, func() { t.answered.Store(true) })
+	t.pipe(t.client, up, pendingDown, both{bytesTotal.WithLabelValues(directionDown), &t.moved, t.account}, nil, nil, func() { t.answered.Store(true) })
 	<-done
 	t.close(closedDone)
 }
@@ -406,15 +377,20 @@ func (b both) Add(n float64) {
 // fails, or the tunnel is idle or too old. It waits on a one-byte read, so
 // an idle direction holds no buffer; once a byte arrives it borrows a
 // buffer, reads whatever else is there without waiting, and writes it all.
-// begin, when set, sees each read's first byte before it goes (false ends
-// the tunnel: closedPaced); wrote, when set, hears of each write.
-func (t *tunnel) pipe(dst, src net.Conn, pending []byte, bytes counter, begin func(first byte) bool, wrote func()) {
+// begin, when set, sees what each read brings at once before it goes
+// (false ends the tunnel: closedPaced); observe, when set, sees the bytes
+// that go (not those of a bulk transfer's splice); wrote hears of each
+// write.
+func (t *tunnel) pipe(dst, src net.Conn, pending []byte, bytes counter, begin func(head []byte) bool, observe func([]byte), wrote func()) {
 	tick := min(max(t.idle/4, time.Second), 30*time.Second)
 	end := t.started.Add(t.life)
 	if len(pending) > 0 {
-		if begin != nil && !begin(pending[0]) {
+		if begin != nil && !begin(pending) {
 			t.close(closedPaced)
 			return
+		}
+		if observe != nil {
+			observe(pending)
 		}
 		if _, err := dst.Write(pending); err != nil {
 			t.close(closedError)
@@ -433,11 +409,7 @@ func (t *tunnel) pipe(dst, src net.Conn, pending []byte, bytes counter, begin fu
 		n, err := src.Read(first[:])
 		if n == 1 {
 			t.touch()
-			if begin != nil && !begin(first[0]) {
-				t.close(closedPaced)
-				return
-			}
-			moved, bulk, werr := t.drain(dst, raw, first[0])
+			moved, bulk, werr := t.drain(dst, raw, first[0], begin, observe)
 			bytes.Add(float64(moved))
 			if wrote != nil && moved > 0 {
 				wrote()
@@ -488,7 +460,7 @@ type drainError struct{ reason string }
 // borrowed buffers, and returns the bytes written; bulk says the source had
 // more than a buffer's worth. A write that blocks for IdleTimeout (the peer
 // reads nothing) ends the tunnel.
-func (t *tunnel) drain(dst net.Conn, raw syscall.Conn, first byte) (moved int64, bulk bool, _ *drainError) {
+func (t *tunnel) drain(dst net.Conn, raw syscall.Conn, first byte, begin func([]byte) bool, observe func([]byte)) (moved int64, bulk bool, _ *drainError) {
 	bp := buffers.Get().(*[]byte)
 	defer buffers.Put(bp)
 	buf := *bp
@@ -498,6 +470,12 @@ func (t *tunnel) drain(dst net.Conn, raw syscall.Conn, first byte) (moved int64,
 		if n < len(buf) {
 			m := readNow(raw, buf[n:])
 			n += m
+		}
+		if begin != nil && moved == 0 && !begin(buf[:n]) {
+			return moved, false, &drainError{closedPaced}
+		}
+		if observe != nil {
+			observe(buf[:n])
 		}
 		_ = dst.SetWriteDeadline(time.Now().Add(t.idle))
 		if _, err := dst.Write(buf[:n]); err != nil {

@@ -1,0 +1,141 @@
+package gateway
+
+// Turns of a tunnel: a client writes, the site answers, the client writes
+// again. The gateway never decrypts a tunnel, but it sees its turns, and
+// each request after the first one goes on a turn of its own: it is held
+// until a slot of its host's pace, as a lease would be.
+//
+// Over plain HTTP the first turn is the first request. Over TLS the
+// gateway follows the record layer, which travels in clear: the client's
+// first turn is its ClientHello, its second finishes the handshake (a
+// ChangeCipherSpec for compatibility, then its Finished) and often carries
+// the first request with it (any application-data record after the
+// Finished). If it does not, the client's next turn is the first request,
+// whatever the server wrote meanwhile (TLS 1.3 session tickets, TLS 1.2's
+// Finished). Every turn after the first request that begins with a record
+// of application data large enough for a request is paced (an alert, such
+// as the close_notify a client sends after its last answer, is no request,
+// nor is an HTTP/2 settings ack or window update). HTTP/2 sends
+// frames of its own after the server's (settings, window updates), so its
+// turns are at least its requests: paced as tightly, often more. What
+// cannot be told apart is counted as a request: a delay, never a request
+// over the pace.
+
+// TLS record content types the turn counter reads.
+const (
+	recordChangeCipherSpec = 0x14
+	recordAlert            = 0x15
+	recordHandshake        = 0x16
+	recordApplicationData  = 0x17
+	recordHeader           = 5
+)
+
+// Where a tunnel's client is.
+const (
+	turnsStart     = iota // nothing written yet
+	turnsHandshake        // TLS: the ClientHello went, the handshake is on
+	turnsFinishing        // TLS: the turn that finishes the handshake
+	turnsRequests         // the first request went: every new turn is paced
+)
+
+// turnCounter follows one tunnel's client direction. It is not safe for
+// concurrent use: the client's direction alone calls it.
+type turnCounter struct {
+	state int
+	// tls: the client speaks TLS; only a write that begins with an
+	// application-data record can then be a request (an alert such as
+	// close_notify after the last answer is none).
+	tls bool
+	// requestSeen: an application-data record came after the Finished in
+	// the finishing turn (the first request rode along).
+	requestSeen bool
+	// records counts the records since the finishing turn's
+	// ChangeCipherSpec (or since its start, for a client that sends none).
+	records int
+	// hdr gathers a record header across writes; left is what remains of
+	// the current record's body.
+	hdr  [recordHeader]byte
+	hdrN int
+	left int
+}
+
+// turn is called as a client write begins (head is what came at once, and
+// answered says the upstream wrote since the client's last write): whether
+// the write begins a paced turn.
+func (c *turnCounter) turn(head []byte, answered bool) bool {
+	first := head[0]
+	switch c.state {
+	case turnsStart:
+		c.state = turnsRequests
+		if first == recordHandshake {
+			c.state, c.tls = turnsHandshake, true
+		}
+		return false
+	case turnsHandshake:
+		if answered {
+			c.state, c.records = turnsFinishing, 0
+		}
+		return false
+	case turnsFinishing:
+		if !answered {
+			return false // the same turn goes on
+		}
+		c.state = turnsRequests
+		return c.requestSeen && c.request(head) // else this turn is the first request
+	}
+	return answered && c.request(head)
+}
+
+// minRequestRecord is the smallest TLS record that may carry a request:
+// below it are alerts (a TLS 1.3 close_notify is 19 bytes, encrypted) and
+// HTTP/2's small control frames (a settings ack, a window update, a ping).
+const minRequestRecord = 48
+
+// request says whether a write beginning with head may carry a request:
+// anything over plain HTTP; over TLS, a first record of application data
+// large enough to hold one.
+func (c *turnCounter) request(head []byte) bool {
+	if !c.tls {
+		return true
+	}
+	if head[0] != recordApplicationData {
+		return false
+	}
+	return len(head) < recordHeader || int(head[3])<<8|int(head[4]) >= minRequestRecord
+}
+
+// observe reads a client write's bytes: in the finishing turn, whether an
+// application-data record follows the Finished.
+func (c *turnCounter) observe(p []byte) {
+	if c.state != turnsFinishing && c.state != turnsHandshake {
+		return
+	}
+	for len(p) > 0 {
+		if c.left > 0 {
+			n := min(c.left, len(p))
+			c.left -= n
+			p = p[n:]
+			continue
+		}
+		n := copy(c.hdr[c.hdrN:], p)
+		c.hdrN += n
+		p = p[n:]
+		if c.hdrN < recordHeader {
+			return
+		}
+		c.hdrN = 0
+		c.left = int(c.hdr[3])<<8 | int(c.hdr[4])
+		if c.state != turnsFinishing {
+			continue
+		}
+		switch typ := c.hdr[0]; {
+		case typ == recordChangeCipherSpec:
+			c.records = 0
+		case c.records > 0 && typ == recordApplicationData:
+			c.requestSeen = true
+			c.records++
+		default:
+			c.records++ // the first is the Finished
+		}
+	}
+}

@@ -379,9 +379,9 @@ func (b both) Add(n float64) {
 // buffer, reads whatever else is there without waiting, and writes it all.
 // begin, when set, sees what each read brings at once before it goes
 // (false ends the tunnel: closedPaced); observe, when set, sees the bytes
-// that go (not those of a bulk transfer's splice); wrote hears of each
-// write.
-func (t *tunnel) pipe(dst, src net.Conn, pending []byte, bytes counter, begin func(head []byte) bool, observe func([]byte), wrote func()) {
+// that go (not those of a bulk transfer's splice); writing hears of each
+// write before it goes, so the peer's reaction never comes first.
+func (t *tunnel) pipe(dst, src net.Conn, pending []byte, bytes counter, begin func(head []byte) bool, observe func([]byte), writing func()) {
 	tick := min(max(t.idle/4, time.Second), 30*time.Second)
 	end := t.started.Add(t.life)
 	if len(pending) > 0 {
@@ -392,14 +392,14 @@ func (t *tunnel) pipe(dst, src net.Conn, pending []byte, bytes counter, begin fu
 		if observe != nil {
 			observe(pending)
 		}
+		if writing != nil {
+			writing()
+		}
 		if _, err := dst.Write(pending); err != nil {
 			t.close(closedError)
 			return
 		}
 		bytes.Add(float64(len(pending)))
-		if wrote != nil {
-			wrote()
-		}
 	}
 	raw, _ := src.(syscall.Conn)
 	var first [1]byte
@@ -409,11 +409,8 @@ func (t *tunnel) pipe(dst, src net.Conn, pending []byte, bytes counter, begin fu
 		n, err := src.Read(first[:])
 		if n == 1 {
 			t.touch()
-			moved, bulk, werr := t.drain(dst, raw, first[0], begin, observe)
+			moved, bulk, werr := t.drain(dst, raw, first[0], begin, observe, writing)
 			bytes.Add(float64(moved))
-			if wrote != nil && moved > 0 {
-				wrote()
-			}
 			if werr != nil {
 				t.close(werr.reason)
 				return
@@ -460,7 +457,7 @@ type drainError struct{ reason string }
 // borrowed buffers, and returns the bytes written; bulk says the source had
 // more than a buffer's worth. A write that blocks for IdleTimeout (the peer
 // reads nothing) ends the tunnel.
-func (t *tunnel) drain(dst net.Conn, raw syscall.Conn, first byte, begin func([]byte) bool, observe func([]byte)) (moved int64, bulk bool, _ *drainError) {
+func (t *tunnel) drain(dst net.Conn, raw syscall.Conn, first byte, begin func([]byte) bool, observe func([]byte), writing func()) (moved int64, bulk bool, _ *drainError) {
 	bp := buffers.Get().(*[]byte)
 	defer buffers.Put(bp)
 	buf := *bp
@@ -476,6 +473,9 @@ func (t *tunnel) drain(dst net.Conn, raw syscall.Conn, first byte, begin func([]
 		}
 		if observe != nil {
 			observe(buf[:n])
+		}
+		if writing != nil {
+			writing()
 		}
 		_ = dst.SetWriteDeadline(time.Now().Add(t.idle))
 		if _, err := dst.Write(buf[:n]); err != nil {

@@ -118,7 +118,8 @@ func (x *PolicyIndex) exactHosts() []string {
 func PolicyOf(c *crawlv1alpha1.CrawlTarget) Policy {
 	name, window := c.Namespace+"/"+c.Name, c.Window()
 	n := int(max(c.Spec.RequestsPerInterval, 1))
-	p := Policy{Name: name, Host: c.Spec.Host, Pace: lease.Pace{Interval: lease.WindowPace(n, window), Burst: 1}}
+	p := Policy{Name: name, Host: c.Spec.Host, Pace: lease.Pace{Interval: lease.WindowPace(n, window), Burst: 1},
+		ByNetwork: c.Spec.CountBy == crawlv1alpha1.CountByNetwork}
 	if c.Spec.Burst != nil {
 		p.Pace.Interval, p.Pace.Burst = window/time.Duration(n), int(max(*c.Spec.Burst, 1))
 	}

@@ -5,8 +5,11 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	toolscache "k8s.io/client-go/tools/cache"
+	clocktesting "k8s.io/utils/clock/testing"
 
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/lease"
 	"github.com/example/egress-proxies-operator/test/testenv"
 )
@@ -60,4 +63,39 @@ func TestPolicyOfKeepsAReserveOfTheBurst(t *testing.T) {
 	assert.Equal(t, 3, withJitterReserve(p.Pace).Burst)
 	assert.Equal(t, 99, withJitterReserve(p.Pace).FleetBurst)
 	assert.Equal(t, 1, withJitterReserve(lease.Pace{Interval: time.Second, Burst: 1}).Burst, "a burst of one has nothing to spare")
+}
+
+// staticPolicy is one policy for its host, in every namespace.
+type staticPolicy struct{ p Policy }
+
+func (s staticPolicy) ForHost(host string) []Policy {
+	if host == s.p.Host {
+		return []Policy{s.p}
+	}
+	return nil
+}
+
+// TestAPolicyCountedByNetwork: with countBy Network, the proxies whose
+// exit IPs share a /24 (or a /64) share one bucket, and a proxy of another
+// network keeps its own; by IP, each proxy is its own.
+func TestAPolicyCountedByNetwork(t *testing.T) {
+	ct := testenv.CrawlTarget("crawl", "shop", "shop.example", 2, time.Unix(0, 0))
+	ct.Spec.CountBy = crawlv1alpha1.CountByNetwork
+	policy := PolicyOf(ct)
+	require.True(t, policy.ByNetwork)
+	f := &brokerFixture{view: NewView(nil, "operator-ns"), clock: clocktesting.NewFakeClock(time.Unix(0, 0))}
+	f.broker = New(Options{Store: lease.NewMemoryStore(f.clock), View: f.view, Clock: f.clock, Politeness: Politeness{Policies: staticPolicy{policy}}})
+	f.proxy("a", "203.0.113.5")
+	f.proxy("b", "203.0.113.77")
+	f.proxy("c", "198.51.100.1")
+	paceOf := f.broker.paceOf("shop.example")
+	assert.Equal(t, "net:203.0.113.0/24", paceOf("crawl/a").Bucket)
+	assert.Equal(t, paceOf("crawl/a").Bucket, paceOf("crawl/b").Bucket, "one network, one bucket")
+	assert.Equal(t, "net:198.51.100.0/24", paceOf("crawl/c").Bucket)
+	assert.Equal(t, "net:2001:db8:1:2::/64", networkBucket("2001:db8:1:2:3::9"))
+	assert.Empty(t, networkBucket(""), "no address: the proxy's own bucket")
+
+	ct.Spec.CountBy = crawlv1alpha1.CountByIP
+	f.broker.opts.Politeness.Policies = staticPolicy{PolicyOf(ct)}
+	assert.Empty(t, f.broker.paceOf("shop.example")("crawl/a").Bucket, "by IP: each proxy its own")
 }

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -20,6 +21,9 @@ type Policy struct {
 	// Host is the host or wildcard domain ("*.example.com") it declares.
 	Host string     `json:"host"`
 	Pace lease.Pace `json:"-"`
+	// ByNetwork counts Pace's per-IP numbers per network (the /24 or /64
+	// of each proxy's exit IP) instead.
+	ByNetwork bool `json:"-"`
 }
 
 // Policies are the declared politeness policies, by the namespace of the
@@ -39,9 +43,9 @@ type Politeness struct {
 }
 
 // paceOf is req's PaceOf for host: each candidate keeps the policy of its
-// namespace (candidates and policies are namespace/name). Nil when no
-// policy covers the host anywhere, so an unpaced lease keeps the store's
-// fast path.
+// namespace (candidates and policies are namespace/name), counted per its
+// exit IP's network when the policy says so. Nil when no policy covers
+// the host anywhere, so an unpaced lease keeps the store's fast path.
 func (b *Broker) paceOf(host string) func(string) lease.Pace {
 	if b.opts.Politeness.Policies == nil || host == "" {
 		return nil
@@ -50,15 +54,40 @@ func (b *Broker) paceOf(host string) func(string) lease.Pace {
 	if len(policies) == 0 {
 		return nil
 	}
-	byNamespace := make(map[string]lease.Pace, len(policies))
+	byNamespace := make(map[string]Policy, len(policies))
 	for _, p := range policies {
 		ns, _, _ := strings.Cut(p.Name, "/")
-		byNamespace[ns] = withJitterReserve(p.Pace)
+		p.Pace = withJitterReserve(p.Pace)
+		byNamespace[ns] = p
 	}
 	return func(id string) lease.Pace {
 		ns, _, _ := strings.Cut(id, "/")
-		return byNamespace[ns]
+		p := byNamespace[ns]
+		if p.ByNetwork && b.opts.View != nil {
+			p.Pace.Bucket = networkBucket(b.opts.View.exitIP(id))
+		}
+		return p.Pace
 	}
+}
+
+// networkBucket is the bucket of the network a site that counts by
+// network sees ip in: its /24 (IPv4) or /64 (IPv6); "" for no address
+// (the proxy's own bucket then).
+func networkBucket(ip string) string {
+	addr, err := netip.ParseAddr(ip)
+	if err != nil {
+		return ""
+	}
+	addr = addr.Unmap()
+	bits := 64
+	if addr.Is4() {
+		bits = 24
+	}
+	prefix, err := addr.Prefix(bits)
+	if err != nil {
+		return ""
+	}
+	return "net:" + prefix.String()
 }
 
 // withJitterReserve keeps one request of a declared burst in reserve: the

@@ -375,6 +375,21 @@ func (v *View) state(id string) (exists, serving, healthy bool) {
 	return true, e.serving, v.healthy(e)
 }
 
+// exitIP is the address sites see proxy id's requests come from ("" for
+// none known): cheap, for a lease's paces per candidate.
+func (v *View) exitIP(id string) string {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	e, ok := v.entries[id]
+	switch {
+	case !ok:
+		return ""
+	case e.egress != "":
+		return e.egress
+	}
+	return e.ip
+}
+
 // Lookup returns a proxy by id; ok is false once it is deleted.
 func (v *View) Lookup(id string, leases int) (ProxyInfo, bool) {
 	v.mu.RLock()

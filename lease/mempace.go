@@ -42,7 +42,7 @@ func (m *MemoryStore) pickPacedLocked(set *candidateSet, req AcquireRequest, lea
 			causes[CauseConcurrency]++
 			continue
 		}
-		wait := max(gcraWait(m.tats[id+"|"+req.Target], now, p.Interval, p.Burst), m.fleetWaitLocked(p, req.Target, now))
+		wait := max(gcraWait(m.tats[p.BucketOf(id)+"|"+req.Target], now, p.Interval, p.Burst), m.fleetWaitLocked(p, req.Target, now))
 		if wait > req.MaxWait {
 			causes[CausePaced]++
 			soonest = minPositive(soonest, wait)
@@ -59,7 +59,7 @@ func (m *MemoryStore) pickPacedLocked(set *candidateSet, req AcquireRequest, lea
 	if best == nil {
 		return "", 0, false, &NoProxyAvailableError{RetryAfter: soonest, Cause: mostCommon(causes)}
 	}
-	k := best.id + "|" + req.Target
+	k := best.pace.BucketOf(best.id) + "|" + req.Target
 	m.tats[k] = gcraReserve(m.tats[k], now, best.pace.Interval)
 	if best.pace.FleetInterval > 0 {
 		fk := "fleet:" + best.pace.FleetKey + "|" + req.Target
@@ -168,7 +168,7 @@ func (m *MemoryStore) Slot(_ context.Context, proxy, target string, p Pace, adap
 	if adaptive {
 		p = effectivePace(p, m.learnedLocked(target, now).Interval)
 	}
-	k := proxy + "|" + target
+	k := p.BucketOf(proxy) + "|" + target
 	wait := max(gcraWait(m.tats[k], now, p.Interval, p.Burst), m.fleetWaitLocked(p, target, now))
 	if wait > maxWait {
 		return 0, &NoProxyAvailableError{RetryAfter: wait, Cause: CausePaced}

@@ -232,6 +232,10 @@ type Pace struct {
 	Interval      time.Duration
 	Burst         int
 	MaxConcurrent int
+	// Bucket, when set, keys the per-IP bucket in place of the proxy:
+	// every proxy whose pace names the same Bucket (their exit IPs' /24
+	// or /64) shares one, as a site that counts by network sees them.
+	Bucket string
 	// FleetKey names the policy whose fleet-wide cap this is (its
 	// namespace/name); FleetInterval zero: no cap.
 	FleetKey      string
@@ -254,6 +258,14 @@ func WindowPace(n int, interval time.Duration) (spacing time.Duration) {
 // of the interval, at most 50ms (the cost: at most 5% of the rate).
 func WindowJitter(interval time.Duration) time.Duration {
 	return min(interval/20, 50*time.Millisecond)
+}
+
+// BucketOf is the key of proxy's bucket under p: its Bucket, or itself.
+func (p Pace) BucketOf(proxy string) string {
+	if p.Bucket != "" {
+		return p.Bucket
+	}
+	return proxy
 }
 
 // IsZero says whether p limits nothing.

@@ -53,6 +53,15 @@ type CrawlTargetSpec struct {
 	// +kubebuilder:validation:Maximum=10000
 	Burst *int32 `json:"burst,omitempty"`
 
+	// countBy is what the site counts the numbers by: IP (each proxy IP,
+	// the default) or Network (each /24 of IPv4 and /64 of IPv6: the
+	// proxies whose exit IPs share one share requestsPerInterval, as a
+	// site that limits by network sees them).
+	// +optional
+	// +kubebuilder:default=IP
+	// +kubebuilder:validation:Enum=IP;Network
+	CountBy string `json:"countBy,omitempty"`
+
 	// maxConcurrentPerIP bounds each IP's open connections (leases,
 	// tunnels) to the host, 1-1000. Unset: no bound.
 	// +optional
@@ -108,6 +117,12 @@ type CrawlTargetList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []CrawlTarget `json:"items"`
 }
+
+// What a CrawlTarget's numbers are counted by (spec.countBy).
+const (
+	CountByIP      = "IP"
+	CountByNetwork = "Network"
+)
 
 // The CrawlTarget's condition and its reasons.
 const (

@@ -11,7 +11,8 @@ import (
 // The scripts of paces and quotas: a host's learned pace, a tenant's rate
 // and counts.
 
-// slotScript: ARGV[3] proxy, ARGV[4] target, ARGV[5] interval ms,
+// slotScript: ARGV[3] the proxy's bucket (lease.Pace.BucketOf), ARGV[4]
+// target, ARGV[5] interval ms,
 // ARGV[6] burst, ARGV[7] fleet key, ARGV[8] fleet interval ms, ARGV[9]
 // fleet burst, ARGV[10] 1 to apply the target's learned pace, ARGV[11]
 // the longest wait ms. Reserves the slot as the acquire script does, with

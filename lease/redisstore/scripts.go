@@ -228,13 +228,17 @@ end
 local paces, j = {}, 14
 for i = 1, k do
   paces[i] = {interval = tonumber(ARGV[j]), burst = tonumber(ARGV[j + 1]), conc = tonumber(ARGV[j + 2]),
-    fkey = ARGV[j + 3], finterval = tonumber(ARGV[j + 4]), fburst = tonumber(ARGV[j + 5])}
-  j = j + 6
+    fkey = ARGV[j + 3], finterval = tonumber(ARGV[j + 4]), fburst = tonumber(ARGV[j + 5]), bucket = ARGV[j + 6]}
+  j = j + 7
 end
 local learned = 0
 if ARGV[6] == '1' and target ~= '' then learned = learnedAt(target) end
 local paced = target ~= '' and (k > 0 or learned > 0)
-local none = {interval = 0, burst = 0, conc = 0, fkey = '', finterval = 0, fburst = 0}
+local none = {interval = 0, burst = 0, conc = 0, fkey = '', finterval = 0, fburst = 0, bucket = ''}
+local function bucketOf(p, proxy)
+  if p.bucket ~= '' then return p.bucket end
+  return proxy
+end
 local causes = {paced = 0, concurrency = 0, cooling = 0, exclusive = 0}
 local best, bestWait, bestLoad, bestLast, bestPace, soonest, bestBlocked, plain, plainLoad, plainLast
 local records = target ~= '' and redis.call('EXISTS', P .. 'obh:' .. target) == 1
@@ -263,13 +267,13 @@ for i = j, #ARGV, 2 do
   end
   if ok and paced then
     if learned > p.interval then
-      p = {interval = learned, burst = math.max(p.burst, 1), conc = p.conc, fkey = p.fkey, finterval = p.finterval, fburst = p.fburst}
+      p = {interval = learned, burst = math.max(p.burst, 1), conc = p.conc, fkey = p.fkey, finterval = p.finterval, fburst = p.fburst, bucket = p.bucket}
     end
     if p.conc > 0 and redis.call('ZCOUNT', P .. 'hl:' .. proxy .. '|' .. target, '(' .. now, '+inf') >= p.conc then
       ok = false
       causes.concurrency = causes.concurrency + 1
     else
-      wait = gcraWait(P .. 'tat:' .. proxy .. '|' .. target, p.interval, p.burst)
+      wait = gcraWait(P .. 'tat:' .. bucketOf(p, proxy) .. '|' .. target, p.interval, p.burst)
       if p.finterval > 0 then wait = math.max(wait, gcraWait(P .. 'fleet:' .. p.fkey .. '|' .. target, p.finterval, p.fburst)) end
       if wait > maxWait then
         ok = false
@@ -327,7 +331,7 @@ if target ~= '' then
   extend(hkey, ttl)
 end
 if bestPace then
-  gcraReserve(P .. 'tat:' .. best .. '|' .. target, bestPace.interval)
+  gcraReserve(P .. 'tat:' .. bucketOf(bestPace, best) .. '|' .. target, bestPace.interval)
   if bestPace.finterval > 0 then gcraReserve(P .. 'fleet:' .. bestPace.fkey .. '|' .. target, bestPace.finterval) end
 end
 redis.call('SET', P .. 'last:' .. best, now, 'PX', 3600000)

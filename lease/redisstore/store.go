@@ -123,11 +123,11 @@ func (s *Store) acquire(ctx context.Context, req lease.AcquireRequest, ids []str
 	if req.Exclusive {
 		exclusive = "1"
 	}
-	args := make([]any, 0, 11+6*len(paces)+2*len(ids))
+	args := make([]any, 0, 11+7*len(paces)+2*len(ids))
 	args = append(args, req.TTL.Milliseconds(), req.Target, id, adaptive, req.MaxWait.Milliseconds(), len(paces), req.Holder, req.Limit.Key, req.Limit.Max,
 		exclusive, req.Within)
 	for _, p := range paces {
-		args = append(args, p.Interval.Milliseconds(), p.Burst, p.MaxConcurrent, p.FleetKey, p.FleetInterval.Milliseconds(), p.FleetBurst)
+		args = append(args, p.Interval.Milliseconds(), p.Burst, p.MaxConcurrent, p.FleetKey, p.FleetInterval.Milliseconds(), p.FleetBurst, p.Bucket)
 	}
 	for i, c := range ids {
 		args = append(args, c, of[i])
@@ -170,7 +170,7 @@ func flag(b bool) string {
 
 // Slot implements lease.Store.
 func (s *Store) Slot(ctx context.Context, proxy, target string, p lease.Pace, adaptive bool, maxWait time.Duration) (time.Duration, error) {
-	res, err := s.run(ctx, slotScript, proxy, target, p.Interval.Milliseconds(), p.Burst, p.FleetKey, p.FleetInterval.Milliseconds(), p.FleetBurst,
+	res, err := s.run(ctx, slotScript, p.BucketOf(proxy), target, p.Interval.Milliseconds(), p.Burst, p.FleetKey, p.FleetInterval.Milliseconds(), p.FleetBurst,
 		flag(adaptive), maxWait.Milliseconds()).Int64Slice()
 	if err != nil {
 		return 0, fmt.Errorf("slot script: %w", err)

@@ -298,3 +298,26 @@ func slots(t *testing.T, h Harness) {
 	require.NoError(t, err)
 	assert.Zero(t, wait)
 }
+
+// sharedBucket: proxies whose paces name one Bucket (their exit IPs'
+// network, for a site that counts by network) share its slots, for leases
+// and tunnels' requests alike; a proxy of another network does not.
+func sharedBucket(t *testing.T, h Harness) {
+	net := func(bucket string) lease.Pace { return lease.Pace{Interval: time.Second, Burst: 1, Bucket: bucket} }
+	paces := map[string]lease.Pace{"a": net("net:10.0.0.0/24"), "b": net("net:10.0.0.0/24"), "c": net("net:10.0.1.0/24")}
+	acquireFrom := func(c lease.Candidates, maxWait time.Duration) (lease.Lease, error) {
+		return h.Store.Acquire(context.Background(), lease.AcquireRequest{Candidates: c, Target: "shop.example", TTL: time.Minute, MaxWait: maxWait,
+			PaceOf: func(id string) lease.Pace { return paces[id] }})
+	}
+	first, err := acquireFrom(Of("a", "b"), 0)
+	require.NoError(t, err)
+	assert.Zero(t, first.Wait)
+	_, err = acquireFrom(Of("a", "b"), 0)
+	within(t, time.Second, noneAvailable(t, err, lease.CausePaced))
+	other, err := acquireFrom(Of("a", "b", "c"), 0)
+	require.NoError(t, err)
+	assert.Equal(t, "c", other.ProxyID, "another network's slot is free")
+	wait, err := h.Store.Slot(context.Background(), "b", "shop.example", paces["b"], false, 5*time.Second)
+	require.NoError(t, err)
+	within(t, time.Second, wait)
+}

@@ -57,6 +57,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"PacingFleetCap", pacingFleetCap},
 		{"WindowBound", windowBound},
 		{"Slots", slots},
+		{"SharedBucket", sharedBucket},
 		{"LearnedPace", learnedPace},
 		{"PacingConcurrently", pacingConcurrently},
 		{"Limits", limits},

@@ -101,6 +101,10 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: burst
       type:
         scalar: numeric
+    - name: countBy
+      type:
+        scalar: string
+      default: IP
     - name: fleetRequestsPerInterval
       type:
         scalar: numeric

@@ -35,6 +35,11 @@ type CrawlTargetSpecApplyConfiguration struct {
 	// them in reserve for the network's jitter. Unset (the default): the
 	// window bound of requestsPerInterval.
 	Burst *int32 `json:"burst,omitempty"`
+	// countBy is what the site counts the numbers by: IP (each proxy IP,
+	// the default) or Network (each /24 of IPv4 and /64 of IPv6: the
+	// proxies whose exit IPs share one share requestsPerInterval, as a
+	// site that limits by network sees them).
+	CountBy *string `json:"countBy,omitempty"`
 	// maxConcurrentPerIP bounds each IP's open connections (leases,
 	// tunnels) to the host, 1-1000. Unset: no bound.
 	MaxConcurrentPerIP *int32 `json:"maxConcurrentPerIP,omitempty"`
@@ -80,6 +85,14 @@ func (b *CrawlTargetSpecApplyConfiguration) WithInterval(value v1.Duration) *Cra
 // If called multiple times, the Burst field is set to the value of the last call.
 func (b *CrawlTargetSpecApplyConfiguration) WithBurst(value int32) *CrawlTargetSpecApplyConfiguration {
 	b.Burst = &value
+	return b
+}
+
+// WithCountBy sets the CountBy field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the CountBy field is set to the value of the last call.
+func (b *CrawlTargetSpecApplyConfiguration) WithCountBy(value string) *CrawlTargetSpecApplyConfiguration {
+	b.CountBy = &value
 	return b
 }
 

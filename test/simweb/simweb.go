@@ -48,6 +48,10 @@ type Rules struct {
 	// bucket per IP). Zero RatePerSecond: no rate limit.
 	RatePerSecond float64 `json:"ratePerSecond,omitempty"`
 	Burst         int     `json:"burst,omitempty"`
+	// PerWindow requests in any Window per IP, a sliding log as most rate
+	// limiters and WAF rules count: one more is a violation. Zero: none.
+	PerWindow int      `json:"perWindow,omitempty"`
+	Window    Duration `json:"window,omitempty"`
 	// BanAfter violations (requests over the rate or the concurrency
 	// limit) within BanWindow ban the IP for BanFor: every request is
 	// then answered 403, and the IP is burned on this site. Zero: no bans.
@@ -119,6 +123,8 @@ type ipState struct {
 	tokens     float64
 	refilled   time.Time
 	violations []time.Time
+	// sent are the pages of the last Window (a sliding log).
+	sent       []time.Time
 	bannedTill time.Time
 	inFlight   int
 	requests   int
@@ -264,6 +270,14 @@ func (s *Site) admit(ip string) (kind string, retryAfter time.Duration) {
 			retryAfter = time.Duration((1 - st.tokens) / r.RatePerSecond * float64(time.Second))
 		} else {
 			st.tokens--
+		}
+	}
+	if w := time.Duration(r.Window); !violation && r.PerWindow > 0 && w > 0 {
+		st.sent = slices.DeleteFunc(st.sent, func(t time.Time) bool { return now.Sub(t) >= w })
+		if len(st.sent) >= r.PerWindow {
+			violation, retryAfter = true, w-now.Sub(st.sent[0])
+		} else {
+			st.sent = append(st.sent, now)
 		}
 	}
 	if !violation {

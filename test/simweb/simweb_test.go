@@ -139,3 +139,35 @@ func TestOracle(t *testing.T) {
 		})
 	}
 }
+
+// TestSiteCountsASlidingWindow: a site that counts PerWindow in any Window
+// per IP lets that many through at once, refuses one more until the
+// oldest leaves the window (not at the window's start: it slides), and
+// counts each IP apart.
+func TestSiteCountsASlidingWindow(t *testing.T) {
+	clock := time.Unix(1000, 0)
+	var mu sync.Mutex
+	s, err := Start("127.0.40.101", true, Rules{PerWindow: 2, Window: Duration(time.Second)})
+	require.NoError(t, err)
+	defer s.Close()
+	s.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	advance := func(d time.Duration) { mu.Lock(); clock = clock.Add(d); mu.Unlock() }
+
+	a, b := from(s, "127.0.40.5"), from(s, "127.0.40.6")
+	code, _ := fetch(t, a, s.URL+"/1")
+	require.Equal(t, http.StatusOK, code)
+	advance(600 * time.Millisecond)
+	code, _ = fetch(t, a, s.URL+"/2")
+	require.Equal(t, http.StatusOK, code)
+	advance(300 * time.Millisecond)
+	code, _ = fetch(t, a, s.URL+"/3")
+	assert.Equal(t, http.StatusTooManyRequests, code, "three within one second")
+	code, _ = fetch(t, b, s.URL+"/1")
+	assert.Equal(t, http.StatusOK, code, "another IP is counted apart")
+	advance(100 * time.Millisecond)
+	code, _ = fetch(t, a, s.URL+"/3")
+	assert.Equal(t, http.StatusOK, code, "the first left the window: it slides")
+	advance(100 * time.Millisecond)
+	code, _ = fetch(t, a, s.URL+"/4")
+	assert.Equal(t, http.StatusTooManyRequests, code, "the second is still in it")
+}

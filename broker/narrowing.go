@@ -1,7 +1,7 @@
 package broker
 
 import (
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/utils/lru"
@@ -22,8 +22,8 @@ const maxNarrowings = 4096
 // it as it does of the view's.
 type narrowings struct {
 	cache *lru.Cache
-	mu    sync.Mutex
-	next  uint64
+	// versions numbers the narrowed sets.
+	versions atomic.Uint64
 }
 
 // narrowed is one pair's remembered answer.
@@ -54,11 +54,7 @@ func (n *narrowings) get(key string, from uint64, now time.Time) (lease.Candidat
 // put remembers ids as key's set, narrowed from the candidates at version
 // from, until until; it returns the set with its Key and a new Version.
 func (n *narrowings) put(key string, from uint64, until time.Time, ids []string) lease.Candidates {
-	n.mu.Lock()
-	n.next++
-	version := n.next
-	n.mu.Unlock()
-	set := lease.Candidates{Key: "tenant\x00" + key, Version: version, IDs: ids}
+	set := lease.Candidates{Key: "tenant\x00" + key, Version: n.versions.Add(1), IDs: ids}
 	n.cache.Add(key, narrowed{from: from, until: until, set: set})
 	return set
 }

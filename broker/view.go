@@ -54,6 +54,15 @@ type entry struct {
 	hasCreds bool
 }
 
+// exitIP is where sites see e's requests come from: its egress IP when
+// the health engine learnt one, else its own.
+func (e *entry) exitIP() string {
+	if e.egress != "" {
+		return e.egress
+	}
+	return e.ip
+}
+
 // View is the broker's in-memory index of Proxies, fed by the manager's
 // informer: requests read it under a read lock and never reach the API
 // server or deep-copy cached objects.
@@ -272,10 +281,7 @@ type ProxyInfo struct {
 
 func (v *View) info(e *entry, leases int) ProxyInfo {
 	info := ProxyInfo{ID: e.id, IP: e.ip, Port: e.port, Attributes: e.attributes.m, Healthy: v.healthy(e), ActiveLeases: leases,
-		ExitIP: e.ip, creds: e.creds.Value(), hasCreds: e.hasCreds}
-	if e.egress != "" {
-		info.ExitIP = e.egress
-	}
+		ExitIP: e.exitIP(), creds: e.creds.Value(), hasCreds: e.hasCreds}
 	if e.ip != "" && e.port != 0 {
 		info.URL = "http://" + net.JoinHostPort(e.ip, strconv.Itoa(int(e.port)))
 	}
@@ -380,14 +386,10 @@ func (v *View) state(id string) (exists, serving, healthy bool) {
 func (v *View) exitIP(id string) string {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	e, ok := v.entries[id]
-	switch {
-	case !ok:
-		return ""
-	case e.egress != "":
-		return e.egress
+	if e, ok := v.entries[id]; ok {
+		return e.exitIP()
 	}
-	return e.ip
+	return ""
 }
 
 // Lookup returns a proxy by id; ok is false once it is deleted.

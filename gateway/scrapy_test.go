@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -23,37 +24,15 @@ import (
 // site may arrive through the upstream cooling down for it once the report
 // was taken (Scrapy has a few in flight by then: those get 429 too).
 func TestAScrapySpiderCrawlsThroughTheGateway(t *testing.T) {
-	scrapy, err := exec.LookPath("scrapy")
-	require.NoError(t, err, "Scrapy is missing: apt-get install -y python3-scrapy")
 	f := newFixture(t, gateway.Options{})
 	f.sites[0].mu.Lock()
 	f.sites[0].limitFirst = true
 	f.sites[0].mu.Unlock()
 	const pages = 8
-	out := filepath.Join(t.TempDir(), "pages.jsonl")
-	cmd := exec.Command(scrapy, "runspider", filepath.Join("testdata", "spider.py"),
-		"-a", "gateway="+f.proxyURL("spider-1").String(), "-a", "api="+f.api.URL, "-a", "token="+token, "-a", "session=spider-1",
-		"-a", "start="+f.sites[0].srv.URL+"/,"+f.sites[1].srv.URL+"/", "-a", "pages="+strconv.Itoa(pages), "-O", out)
-	cmd.Dir = "."
-	cmd.Env = append(os.Environ(), "HTTP_PROXY=", "HTTPS_PROXY=", "http_proxy=", "https_proxy=", "NO_PROXY=*")
-	logs, err := cmd.CombinedOutput()
-	require.NoError(t, err, "scrapy failed:\n%s", logs)
-
-	file, err := os.Open(out)
-	require.NoError(t, err)
-	defer file.Close()
-	got := map[string]bool{}
-	scanner := bufio.NewScanner(file)
-	for scanner.Scan() {
-		var item struct{ URL, Body string }
-		require.NoError(t, json.Unmarshal(scanner.Bytes(), &item))
-		assert.Contains(t, item.Body, "page /page/")
-		got[item.URL] = true
-	}
-	require.NoError(t, scanner.Err())
+	got, logs := runSpider(t, f, "spider-1", pages, f.sites[0].srv.URL, f.sites[1].srv.URL)
 	for _, s := range f.sites {
 		for i := range pages {
-			assert.True(t, got[s.srv.URL+"/page/"+strconv.Itoa(i)], "page %d of %s did not arrive; spider log:\n%s", i, s.srv.URL, logs)
+			assert.Contains(t, got, s.srv.URL+"/page/"+strconv.Itoa(i), "page %d of %s did not arrive; spider log:\n%s", i, s.srv.URL, logs)
 		}
 	}
 
@@ -84,4 +63,39 @@ func TestAScrapySpiderCrawlsThroughTheGateway(t *testing.T) {
 	f.sites[1].mu.Lock()
 	assert.Empty(t, f.sites[1].limited)
 	f.sites[1].mu.Unlock()
+}
+
+// runSpider runs the Scrapy spider of testdata (Debian's python3-scrapy,
+// with its default kept-alive connections) through f's gateway as session
+// over pages of each site in starts, and returns the bodies of the pages
+// it got, by URL, with its log. Each body must be a page.
+func runSpider(t *testing.T, f *fixture, session string, pages int, starts ...string) (map[string]string, []byte) {
+	t.Helper()
+	scrapy, err := exec.LookPath("scrapy")
+	require.NoError(t, err, "Scrapy is missing: apt-get install -y python3-scrapy")
+	for i := range starts {
+		starts[i] += "/"
+	}
+	out := filepath.Join(t.TempDir(), "pages.jsonl")
+	cmd := exec.Command(scrapy, "runspider", filepath.Join("testdata", "spider.py"),
+		"-a", "gateway="+f.proxyURL(session).String(), "-a", "api="+f.api.URL, "-a", "token="+token, "-a", "session="+session,
+		"-a", "start="+strings.Join(starts, ","), "-a", "pages="+strconv.Itoa(pages), "-O", out)
+	cmd.Dir = "."
+	cmd.Env = append(os.Environ(), "HTTP_PROXY=", "HTTPS_PROXY=", "http_proxy=", "https_proxy=", "NO_PROXY=*")
+	logs, err := cmd.CombinedOutput()
+	require.NoError(t, err, "scrapy failed:\n%s", logs)
+
+	file, err := os.Open(out)
+	require.NoError(t, err)
+	defer file.Close()
+	got := map[string]string{}
+	scanner := bufio.NewScanner(file)
+	for scanner.Scan() {
+		var item struct{ URL, Body string }
+		require.NoError(t, json.Unmarshal(scanner.Bytes(), &item))
+		assert.Contains(t, item.Body, "page /page/")
+		got[item.URL] = item.Body
+	}
+	require.NoError(t, scanner.Err())
+	return got, logs
 }

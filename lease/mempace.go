@@ -42,7 +42,7 @@ func (m *MemoryStore) pickPacedLocked(set *candidateSet, req AcquireRequest, lea
 			causes[CauseConcurrency]++
 			continue
 		}
-		wait := max(gcraWait(m.tats[p.BucketOf(id)+"|"+req.Target], now, p.Interval, p.Burst), m.fleetWaitLocked(p, req.Target, now))
+		wait := m.slotWaitLocked(p, id, req.Target, now)
 		if wait > req.MaxWait {
 			causes[CausePaced]++
 			soonest = minPositive(soonest, wait)
@@ -59,13 +59,7 @@ func (m *MemoryStore) pickPacedLocked(set *candidateSet, req AcquireRequest, lea
 	if best == nil {
 		return "", 0, false, &NoProxyAvailableError{RetryAfter: soonest, Cause: mostCommon(causes)}
 	}
-	k := best.pace.BucketOf(best.id) + "|" + req.Target
-	m.tats[k] = gcraReserve(m.tats[k], now, best.pace.Interval)
-	if best.pace.FleetInterval > 0 {
-		fk := "fleet:" + best.pace.FleetKey + "|" + req.Target
-		m.tats[fk] = gcraReserve(m.tats[fk], now, best.pace.FleetInterval)
-	}
-	m.sweepTATsLocked(now)
+	m.reserveSlotLocked(best.pace, best.id, req.Target, now)
 	return best.id, best.wait, !best.pace.IsZero(), nil
 }
 
@@ -104,11 +98,26 @@ func (c *pacedChoice) before(o *pacedChoice) bool {
 	return leaseFirst(c.it, o.it)
 }
 
-func (m *MemoryStore) fleetWaitLocked(p Pace, target string, now time.Time) time.Duration {
-	if p.FleetInterval <= 0 {
-		return 0
+// slotWaitLocked is how long from now until proxy's next slot for target
+// under p: its bucket's (BucketOf) and the fleet's.
+func (m *MemoryStore) slotWaitLocked(p Pace, proxy, target string, now time.Time) time.Duration {
+	wait := gcraWait(m.tats[p.BucketOf(proxy)+"|"+target], now, p.Interval, p.Burst)
+	if p.FleetInterval > 0 {
+		wait = max(wait, gcraWait(m.tats["fleet:"+p.FleetKey+"|"+target], now, p.FleetInterval, p.FleetBurst))
 	}
-	return gcraWait(m.tats["fleet:"+p.FleetKey+"|"+target], now, p.FleetInterval, p.FleetBurst)
+	return wait
+}
+
+// reserveSlotLocked takes proxy's next slot for target under p, in its
+// bucket and the fleet's.
+func (m *MemoryStore) reserveSlotLocked(p Pace, proxy, target string, now time.Time) {
+	k := p.BucketOf(proxy) + "|" + target
+	m.tats[k] = gcraReserve(m.tats[k], now, p.Interval)
+	if p.FleetInterval > 0 {
+		fk := "fleet:" + p.FleetKey + "|" + target
+		m.tats[fk] = gcraReserve(m.tats[fk], now, p.FleetInterval)
+	}
+	m.sweepTATsLocked(now)
 }
 
 // gcraWait is how long from now until a request conforms to a bucket of
@@ -168,17 +177,11 @@ func (m *MemoryStore) Slot(_ context.Context, proxy, target string, p Pace, adap
 	if adaptive {
 		p = effectivePace(p, m.learnedLocked(target, now).Interval)
 	}
-	k := p.BucketOf(proxy) + "|" + target
-	wait := max(gcraWait(m.tats[k], now, p.Interval, p.Burst), m.fleetWaitLocked(p, target, now))
+	wait := m.slotWaitLocked(p, proxy, target, now)
 	if wait > maxWait {
 		return 0, &NoProxyAvailableError{RetryAfter: wait, Cause: CausePaced}
 	}
-	m.tats[k] = gcraReserve(m.tats[k], now, p.Interval)
-	if p.FleetInterval > 0 {
-		fk := "fleet:" + p.FleetKey + "|" + target
-		m.tats[fk] = gcraReserve(m.tats[fk], now, p.FleetInterval)
-	}
-	m.sweepTATsLocked(now)
+	m.reserveSlotLocked(p, proxy, target, now)
 	return wait, nil
 }
 

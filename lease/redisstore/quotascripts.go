@@ -18,19 +18,15 @@ import (
 // the longest wait ms. Reserves the slot as the acquire script does, with
 // no lease; returns {1, wait ms} or {0, wait ms} when it comes too late.
 var slotScript = redis.NewScript(preamble + pacing + `
-local proxy, target = ARGV[3], ARGV[4]
-local interval, burst = tonumber(ARGV[5]), tonumber(ARGV[6])
-local fkey, finterval, fburst = ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9])
+local bucket, target = ARGV[3], ARGV[4]
+local p = {interval = tonumber(ARGV[5]), burst = tonumber(ARGV[6]), fkey = ARGV[7], finterval = tonumber(ARGV[8]), fburst = tonumber(ARGV[9])}
 if ARGV[10] == '1' then
   local learned = learnedAt(target)
-  if learned > interval then interval, burst = learned, math.max(burst, 1) end
+  if learned > p.interval then p.interval, p.burst = learned, math.max(p.burst, 1) end
 end
-local key, fleet = P .. 'tat:' .. proxy .. '|' .. target, P .. 'fleet:' .. fkey .. '|' .. target
-local wait = gcraWait(key, interval, burst)
-if finterval > 0 then wait = math.max(wait, gcraWait(fleet, finterval, fburst)) end
+local wait = slotWait(bucket, target, p)
 if wait > tonumber(ARGV[11]) then return {0, wait} end
-gcraReserve(key, interval)
-if finterval > 0 then gcraReserve(fleet, finterval) end
+slotReserve(bucket, target, p)
 return {1, wait}
 `)
 

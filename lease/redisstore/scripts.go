@@ -93,8 +93,10 @@ end
 `
 
 // pacing is the preamble's addition for the scripts that pace hosts: a
-// GCRA per key (its theoretical arrival time in ms, expiring once past)
-// and the learned pace per host (lease.LearnedAt, in ms).
+// GCRA per key (its theoretical arrival time in ms, expiring once past), a
+// request's slot in its bucket's and its fleet's (slotWait, slotReserve:
+// a pace p of interval, burst, fkey, finterval, fburst), and the learned
+// pace per host (lease.LearnedAt, in ms).
 var pacing = fmt.Sprintf(`
 local function gcraWait(key, interval, burst)
   if interval <= 0 then return 0 end
@@ -106,6 +108,15 @@ local function gcraReserve(key, interval)
   if interval <= 0 then return end
   local tat = math.max(tonumber(redis.call('GET', key) or '0'), now) + interval
   redis.call('SET', key, tat, 'PX', tat - now + 1000)
+end
+local function slotWait(bucket, target, p)
+  local wait = gcraWait(P .. 'tat:' .. bucket .. '|' .. target, p.interval, p.burst)
+  if p.finterval > 0 then wait = math.max(wait, gcraWait(P .. 'fleet:' .. p.fkey .. '|' .. target, p.finterval, p.fburst)) end
+  return wait
+end
+local function slotReserve(bucket, target, p)
+  gcraReserve(P .. 'tat:' .. bucket .. '|' .. target, p.interval)
+  if p.finterval > 0 then gcraReserve(P .. 'fleet:' .. p.fkey .. '|' .. target, p.finterval) end
 end
 local function learnedAt(host)
   local l = redis.call('HMGET', P .. 'learn:' .. host, 'i', 'since', 'n')
@@ -273,8 +284,7 @@ for i = j, #ARGV, 2 do
       ok = false
       causes.concurrency = causes.concurrency + 1
     else
-      wait = gcraWait(P .. 'tat:' .. bucketOf(p, proxy) .. '|' .. target, p.interval, p.burst)
-      if p.finterval > 0 then wait = math.max(wait, gcraWait(P .. 'fleet:' .. p.fkey .. '|' .. target, p.finterval, p.fburst)) end
+      wait = slotWait(bucketOf(p, proxy), target, p)
       if wait > maxWait then
         ok = false
         causes.paced = causes.paced + 1
@@ -331,8 +341,7 @@ if target ~= '' then
   extend(hkey, ttl)
 end
 if bestPace then
-  gcraReserve(P .. 'tat:' .. bucketOf(bestPace, best) .. '|' .. target, bestPace.interval)
-  if bestPace.finterval > 0 then gcraReserve(P .. 'fleet:' .. bestPace.fkey .. '|' .. target, bestPace.finterval) end
+  slotReserve(bucketOf(bestPace, best), target, bestPace)
 end
 redis.call('SET', P .. 'last:' .. best, now, 'PX', 3600000)
 redis.call('ZREMRANGEBYSCORE', P .. 'leases', '-inf', now)

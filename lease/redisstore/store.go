@@ -119,10 +119,7 @@ func (s *Store) acquire(ctx context.Context, req lease.AcquireRequest, ids []str
 			of[i] = index[p]
 		}
 	}
-	exclusive := "0"
-	if req.Exclusive {
-		exclusive = "1"
-	}
+	exclusive := flag(req.Exclusive)
 	args := make([]any, 0, 11+7*len(paces)+2*len(ids))
 	args = append(args, req.TTL.Milliseconds(), req.Target, id, adaptive, req.MaxWait.Milliseconds(), len(paces), req.Holder, req.Limit.Key, req.Limit.Max,
 		exclusive, req.Within)

@@ -23,6 +23,8 @@ COPY kubeauth/ kubeauth/
 COPY tenant/ tenant/
 COPY intern/ intern/
 COPY client/ client/
+COPY tlsprint/ tlsprint/
+COPY inspect/ inspect/
 RUN CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} go build -trimpath -ldflags "-s -w" -o manager .
 
 FROM gcr.io/distroless/static:nonroot

@@ -36,6 +36,7 @@ import (
 	"github.com/example/egress-proxies-operator/discovery"
 	"github.com/example/egress-proxies-operator/gateway"
 	"github.com/example/egress-proxies-operator/health"
+	"github.com/example/egress-proxies-operator/inspect"
 	"github.com/example/egress-proxies-operator/intern"
 	"github.com/example/egress-proxies-operator/kubeauth"
 	"github.com/example/egress-proxies-operator/lease"
@@ -131,7 +132,7 @@ func (w *wiring) setupBans(outcomes lease.OutcomeMemory, triggers chan<- event.G
 	c := w.opts.bans
 	judge := bans.New(bans.Options{
 		Client: w.mgr.GetClient(), Memory: outcomes, Interval: c.Interval, MaxBlockedShare: c.MaxBlockedShare,
-		BurnRetention: c.BurnRetention, Recorder: w.recorder, Clock: clock.RealClock{}, Notify: triggers,
+		BurnRetention: c.BurnRetention, Recorder: w.recorder, Clock: clock.RealClock{}, Notify: triggers, ReportCooldown: w.opts.discovery.Cooldown,
 	})
 	if err := w.mgr.Add(judge); err != nil {
 		return fmt.Errorf("adding the ban judge: %w", err)
@@ -232,6 +233,9 @@ func (w *wiring) setupDiscovery(ctx context.Context, engine *health.Engine) (*di
 	if err != nil {
 		return nil, err
 	}
+	if w.opts.gateway.Enabled() && w.opts.gateway.Inspect.On {
+		w.opts.gateway.Inspect.Authority = &inspect.Secrets{Reader: w.mgr.GetAPIReader(), Writer: w.mgr.GetClient(), Namespace: operator.Namespace()}
+	}
 	server := discovery.NewServer(discovery.Options{
 		Addr: d.Addr, DefaultTTL: broker.DefaultTTL, MaxTTL: d.MaxTTL, DefaultCooldown: d.Cooldown,
 		Store: store, StoreTimeout: w.opts.leaseStore.Timeout, View: view, Tokens: tokens, WaitForTokens: waitForTokens,
@@ -246,6 +250,7 @@ func (w *wiring) setupDiscovery(ctx context.Context, engine *health.Engine) (*di
 		Clock: clock.RealClock{}, Credentials: credentials.Reader{Client: w.credentialsCache},
 		Politeness: broker.Politeness{Policies: policies, Adaptive: d.AdaptivePacing},
 		Tenants:    tenants, Quotas: quotas, TenantReviewTTL: d.TenantReviewTTL / 2, Ledger: ledger, LedgerRetention: d.LedgerRetention,
+		InspectCA: w.opts.gateway.Inspect.Authority,
 	})
 	if err := register(append(storeMetrics, server.Broker().LearnedPaceCollector(policies, w.opts.leaseStore.Timeout))...); err != nil {
 		return nil, err
@@ -335,7 +340,7 @@ func (c *canaryOutcomes) CanaryOutcome(ctx context.Context, proxy types.Namespac
 	if c.memory == nil {
 		return
 	}
-	o := lease.Outcome{Blocked: blocked, Source: lease.OutcomeCanary}
+	o := lease.Outcome{Blocked: blocked, Source: lease.OutcomeCanary, Client: lease.ClientCanary}
 	if blocked {
 		o.Cooldown = hold
 	}

@@ -52,26 +52,53 @@ func SuspectKey(group, host string) string { return group + "|" + host }
 // about the host.
 const MinSuspectBlocked = 3
 
+// ClientBan is a host that blocks one client (its TLS fingerprint) through
+// a group's proxies while other clients pass through the same ones: the
+// client is banned, not the proxies, and nobody is banned for it.
+type ClientBan struct {
+	Group, Host, Client string
+	// Blocked is how many proxies the host blocked for the client alone,
+	// Passed on how many of them another client passed since; Proxies are
+	// the blocked ones (their ids in the lease store), sorted.
+	Blocked, Passed int
+	Proxies         []string
+}
+
+// MinClientBanPassed is the fewest of a client's blocked proxies another
+// client must pass through for a ClientBan: one pass may be luck.
+const MinClientBanPassed = 2
+
 // Decide decides, from the blocks the outcome memory holds, which subjects
-// are banned and which hosts are suspect. lastSuspect is when each host
+// are banned, which hosts are suspect and which ban a client. lastSuspect is when each host
 // (keyed SuspectKey) was last found suspect for a group: as a group
 // recovers from a host's outage the share falls below the bound before
 // every block of it has aged out, so a block from the suspicion (at or
-// before its last moment) is pardoned, and only a later one counts. Pure:
-// every case is a table row.
-func Decide(subjects []Subject, blocks []lease.Block, now time.Time, maxShare float64, lastSuspect map[string]time.Time) (map[types.NamespacedName]Verdict, []Suspect) {
+// before its last moment) is pardoned, and only a later one counts. A
+// block whose every voice is about one client is that client's; when a
+// host blocks a client on MinSuspectBlocked proxies of a group and another
+// client passed, on a trusted word (Trusted), through MinClientBanPassed
+// of them, the host bans the client (ClientBan), and none of that client's
+// blocks counts against a proxy or toward a suspicion. Pure: every case is
+// a table row.
+func Decide(subjects []Subject, blocks []lease.Block, now time.Time, maxShare float64, lastSuspect map[string]time.Time) (map[types.NamespacedName]Verdict, []Suspect, []ClientBan) {
 	byID := make(map[string]*Subject, len(subjects))
 	serving := map[string]int{}
 	for i := range subjects {
 		byID[subjects[i].ID()] = &subjects[i]
 		serving[subjects[i].Group]++
 	}
+	clientBans := findClientBans(byID, blocks, now)
 	type groupHost struct{ group, host string }
 	blockedBy := map[groupHost]int{}
 	hostsOf := map[types.NamespacedName][]string{}
 	for _, b := range blocks {
 		s, ok := byID[b.Proxy]
 		if !ok || b.At.Before(s.Since) || now.Sub(b.At) > s.window() || !Corroborated(b, s.since(now)) {
+			continue
+		}
+		if c := blockedClient(b, s.since(now)); c != "" && slices.ContainsFunc(clientBans, func(cb ClientBan) bool {
+			return cb.Group == s.Group && cb.Host == b.Host && cb.Client == c
+		}) {
 			continue
 		}
 		blockedBy[groupHost{s.Group, b.Host}]++
@@ -101,7 +128,91 @@ func Decide(subjects []Subject, blocks []lease.Block, now time.Time, maxShare fl
 		slices.Sort(kept)
 		verdicts[key] = Verdict{Hosts: kept, Banned: s.Hosts > 0 && len(kept) >= s.Hosts}
 	}
-	return verdicts, suspects
+	return verdicts, suspects, clientBans
+}
+
+// findClientBans are the hosts that block one client through a group's
+// proxies while another client passes through them.
+func findClientBans(byID map[string]*Subject, blocks []lease.Block, now time.Time) []ClientBan {
+	type key struct{ group, host, client string }
+	found := map[key]*ClientBan{}
+	for _, b := range blocks {
+		s, ok := byID[b.Proxy]
+		if !ok || b.At.Before(s.Since) || now.Sub(b.At) > s.window() {
+			continue
+		}
+		since := s.since(now)
+		c := blockedClient(b, since)
+		if c == "" {
+			continue
+		}
+		k := key{s.Group, b.Host, c}
+		cb := found[k]
+		if cb == nil {
+			cb = &ClientBan{Group: s.Group, Host: b.Host, Client: c}
+			found[k] = cb
+		}
+		cb.Blocked++
+		cb.Proxies = append(cb.Proxies, b.Proxy)
+		if passedOther(b.Passes, c, since) {
+			cb.Passed++
+		}
+	}
+	var out []ClientBan
+	for _, cb := range found {
+		if cb.Blocked >= MinSuspectBlocked && cb.Passed >= MinClientBanPassed {
+			slices.Sort(cb.Proxies)
+			out = append(out, *cb)
+		}
+	}
+	slices.SortFunc(out, func(a, b ClientBan) int {
+		return cmp.Or(cmp.Compare(a.Group, b.Group), cmp.Compare(a.Host, b.Host), cmp.Compare(a.Client, b.Client))
+	})
+	return out
+}
+
+// blockedClient is the one client whose requests b's voices since then
+// were about ("" when any voice's client is unknown, or they differ).
+func blockedClient(b lease.Block, since time.Time) string {
+	client := ""
+	for _, v := range b.Voices {
+		if v.At.Before(since) {
+			continue
+		}
+		if v.Client == "" || (client != "" && v.Client != client) {
+			return ""
+		}
+		client = v.Client
+	}
+	return client
+}
+
+// passedOther says whether another client than c passed since then on a
+// trusted word: the operator's canary, the platform, or two tenants
+// (MinTenantVoices) with other clients, so that one tenant cannot pardon
+// the blocks of another's client by claiming successes.
+func passedOther(passes []lease.Pass, c string, since time.Time) bool {
+	tenants := map[string]bool{}
+	for _, p := range passes {
+		if p.Client == c || p.At.Before(since) {
+			continue
+		}
+		if Trusted(p.Who) {
+			return true
+		}
+		tenants[p.Who] = true
+	}
+	return len(tenants) >= MinTenantVoices
+}
+
+// Trusted says whether who's word alone is enough: the operator's canary
+// (""), the platform's token, or an API without tenants.
+func Trusted(who string) bool {
+	switch who {
+	case "", tenant.PlatformName, tenant.Anonymous.Name:
+		return true
+	}
+	return false
 }
 
 // MinTenantVoices is how many tenants must report a host's block of a
@@ -125,8 +236,7 @@ func Corroborated(b lease.Block, since time.Time) bool {
 		if v.At.Before(since) {
 			continue
 		}
-		switch v.Who {
-		case "", tenant.PlatformName, tenant.Anonymous.Name:
+		if Trusted(v.Who) {
 			return true
 		}
 		tenants++

@@ -1,6 +1,7 @@
 package bans
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -126,7 +127,7 @@ func TestDecide(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			verdicts, suspects := Decide(c.subjects, c.blocks, now, DefaultMaxBlockedShare, c.pardon)
+			verdicts, suspects, _ := Decide(c.subjects, c.blocks, now, DefaultMaxBlockedShare, c.pardon)
 			var banned []string
 			for key, v := range verdicts {
 				if v.Banned {
@@ -140,6 +141,87 @@ func TestDecide(t *testing.T) {
 				got = append(got, s.Group+" "+s.Host)
 			}
 			assert.ElementsMatch(t, c.wantSuspect, got)
+		})
+	}
+}
+
+// clientBlocks are blocks of name by hosts a minute ago, reported by the
+// platform about client, with passes of other clients.
+func clientBlocks(name, client string, passes []lease.Pass, hosts ...string) []lease.Block {
+	out := blocked(name, time.Minute, hosts...)
+	for i := range out {
+		out[i].Voices[0].Client = client
+		out[i].Passes = passes
+	}
+	return out
+}
+
+func TestDecideClientBans(t *testing.T) {
+	const banned, other = "t13d1516h2_aaaaaaaaaaaa_bbbbbbbbbbbb", "t13d1311h2_cccccccccccc_dddddddddddd"
+	fleet := make([]Subject, 0, 10)
+	for i := range 10 {
+		fleet = append(fleet, subject(string(rune('a'+i)), "crawl/eu"))
+	}
+	canary := []lease.Pass{{Client: lease.ClientCanary, At: now.Add(-30 * time.Second)}}
+	cases := []struct {
+		name       string
+		blocks     []lease.Block
+		wantBanned []string
+		wantClient []string
+		wantSusp   int
+	}{
+		{name: "three hosts block one client through four proxies while the canary passes: a client ban each, nobody banned",
+			blocks: concat(clientBlocks("a", banned, canary, "x.example", "y.example", "z.example"), clientBlocks("b", banned, canary, "x.example", "y.example", "z.example"),
+				clientBlocks("c", banned, canary, "x.example", "y.example", "z.example"), clientBlocks("d", banned, nil, "x.example", "y.example", "z.example")),
+			wantClient: []string{"x.example " + banned, "y.example " + banned, "z.example " + banned}},
+		{name: "no other client passed: blocks of one client are blocks of the proxies",
+			blocks:     concat(clientBlocks("a", banned, nil, "x.example", "y.example", "z.example")),
+			wantBanned: []string{"a"}},
+		{name: "another client passed on too few proxies",
+			blocks: concat(clientBlocks("a", banned, canary, "x.example", "y.example", "z.example"), clientBlocks("b", banned, nil, "x.example"),
+				clientBlocks("c", banned, nil, "x.example")),
+			wantBanned: []string{"a"}},
+		{name: "one tenant's claimed successes pardon no other's client",
+			blocks: concat(clientBlocks("a", banned, []lease.Pass{{Client: other, Who: teamA, At: now}}, "x.example", "y.example", "z.example"),
+				clientBlocks("b", banned, []lease.Pass{{Client: other, Who: teamA, At: now}}, "x.example"),
+				clientBlocks("c", banned, []lease.Pass{{Client: other, Who: teamA, At: now}}, "x.example")),
+			wantBanned: []string{"a"}, wantSusp: 0},
+		{name: "two tenants' successes do",
+			blocks: concat(clientBlocks("a", banned, []lease.Pass{{Client: other, Who: teamA, At: now}, {Client: "third", Who: teamB, At: now}}, "x.example"),
+				clientBlocks("b", banned, []lease.Pass{{Client: other, Who: teamA, At: now}, {Client: "third", Who: teamB, At: now}}, "x.example"),
+				clientBlocks("c", banned, nil, "x.example")),
+			wantClient: []string{"x.example " + banned}},
+		{name: "a pass of the blocked client itself is none",
+			blocks: concat(clientBlocks("a", banned, []lease.Pass{{Client: banned, At: now}}, "x.example", "y.example", "z.example"),
+				clientBlocks("b", banned, []lease.Pass{{Client: banned, At: now}}, "x.example"), clientBlocks("c", banned, nil, "x.example")),
+			wantBanned: []string{"a"}},
+		{name: "a block that names two clients, or an unknown one, is the proxy's",
+			blocks: concat(clientBlocks("b", banned, canary, "x.example"), clientBlocks("c", banned, canary, "x.example"), clientBlocks("d", banned, canary, "x.example"),
+				func() []lease.Block {
+					b := clientBlocks("a", banned, canary, "x.example")
+					b[0].Voices = append(b[0].Voices, lease.Voice{Who: teamA, Client: other, At: now.Add(-time.Minute)})
+					return b
+				}(), clientBlocks("a", "", canary, "y.example", "z.example")),
+			wantClient: []string{"x.example " + banned}, wantBanned: []string{"a"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			verdicts, suspects, clientBans := Decide(slices.Clone(fleet), c.blocks, now, DefaultMaxBlockedShare, nil)
+			var gotBanned []string
+			for key, v := range verdicts {
+				if v.Banned {
+					gotBanned = append(gotBanned, key.Name)
+				}
+			}
+			assert.ElementsMatch(t, c.wantBanned, gotBanned)
+			var got []string
+			for _, cb := range clientBans {
+				got = append(got, cb.Host+" "+cb.Client)
+				assert.Equal(t, "crawl/eu", cb.Group)
+				assert.GreaterOrEqual(t, cb.Blocked, MinSuspectBlocked)
+			}
+			assert.ElementsMatch(t, c.wantClient, got)
+			assert.Len(t, suspects, c.wantSusp, "a client's ban makes no host suspect: %v", suspects)
 		})
 	}
 }

@@ -33,6 +33,8 @@ import (
 type Memory interface {
 	Blocks(ctx context.Context, since time.Time) ([]lease.Block, error)
 	BurnIP(ctx context.Context, scope, ip string, retention time.Duration) error
+	MarkClientBan(ctx context.Context, host, client string, retention time.Duration) error
+	EndCooldown(ctx context.Context, proxy, host string, notAfter time.Time) error
 }
 
 // Defaults of the judge's flags.
@@ -46,6 +48,7 @@ const (
 const (
 	EventBanned      = "Banned"
 	EventHostSuspect = "BlockingHostSuspect"
+	EventClientBan   = "ClientFingerprintBanned"
 )
 
 // Options wire a Judge.
@@ -66,6 +69,10 @@ type Options struct {
 	// Notify tells the Proxy reconciler of a new ban at once (nil: its
 	// watch of the status does).
 	Notify chan<- event.GenericEvent
+	// ReportCooldown is the cooldown a blocked report starts (the
+	// discovery API's --discovery-cooldown): a client ban ends those the
+	// banned client's reports started.
+	ReportCooldown time.Duration
 }
 
 // Judge passes judgement every Interval on the leader.
@@ -81,6 +88,9 @@ type Judge struct {
 	// errs toward banning over keeping, as the Proxy reconciler's memory
 	// of a probe target's outage does.
 	lastSuspect map[string]time.Time
+	// clientBanned are the client bans found at the last pass (keyed
+	// group|host|client), so the Event goes out once per ban.
+	clientBanned map[string]bool
 }
 
 // New returns a judge.
@@ -88,7 +98,7 @@ func New(opts Options) *Judge {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
-	return &Judge{opts: opts, suspected: map[string]bool{}, lastSuspect: map[string]time.Time{}}
+	return &Judge{opts: opts, suspected: map[string]bool{}, lastSuspect: map[string]time.Time{}, clientBanned: map[string]bool{}}
 }
 
 // NeedLeaderElection is true: one judge writes the condition.
@@ -137,7 +147,7 @@ func (j *Judge) Pass(ctx context.Context) error {
 		}
 	}
 	j.mu.Lock()
-	verdicts, suspects := Decide(subjects, blocks, now, j.opts.MaxBlockedShare, j.lastSuspect)
+	verdicts, suspects, clientBans := Decide(subjects, blocks, now, j.opts.MaxBlockedShare, j.lastSuspect)
 	for _, s := range suspects {
 		j.lastSuspect[SuspectKey(s.Group, s.Host)] = now
 	}
@@ -151,6 +161,9 @@ func (j *Judge) Pass(ctx context.Context) error {
 	// proxies for them is over.
 	defer j.tellSuspects(ctx, suspects, poolOf)
 	var errs []error
+	if err := j.markClientBans(ctx, clientBans, poolOf); err != nil {
+		errs = append(errs, err)
+	}
 	for i := range proxies.Items {
 		p := &proxies.Items[i]
 		key := client.ObjectKeyFromObject(p)
@@ -282,7 +295,59 @@ func (j *Judge) tellSuspects(ctx context.Context, suspects []Suspect, poolOf map
 	j.suspected = now
 }
 
+// markClientBans marks each host that bans a client (MarkClientBans) and
+// sets the gauge; a pool hears of each new one by an Event.
+func (j *Judge) markClientBans(ctx context.Context, found []ClientBan, poolOf map[types.NamespacedName]*crawlv1alpha1.ProxyPool) error {
+	clientBansGauge.Set(float64(len(found)))
+	err := MarkClientBans(ctx, j.opts.Memory, found, j.opts.Clock.Now(), j.opts.ReportCooldown)
+	now := map[string]bool{}
+	for _, cb := range found {
+		k := cb.Group + "|" + cb.Host + "|" + cb.Client
+		now[k] = true
+		if j.clientBanned[k] {
+			continue
+		}
+		logf.FromContext(ctx).Info("host bans a client, not the proxies: nobody is banned for it", "group", cb.Group, "host", cb.Host,
+			"client", cb.Client, "blocked", cb.Blocked, "passed", cb.Passed)
+		ns, name, isPool := strings.Cut(cb.Group, "/")
+		if pool := poolOf[types.NamespacedName{Namespace: ns, Name: name}]; isPool && pool != nil && j.opts.Recorder != nil {
+			j.opts.Recorder.Eventf(pool, nil, corev1.EventTypeWarning, EventClientBan, "Judge",
+				"host %s blocks the TLS client %s through %d members while other clients pass through %d of them: the client's fingerprint is banned, not the members; none is recycled for it",
+				cb.Host, cb.Client, cb.Blocked, cb.Passed)
+		}
+	}
+	j.mu.Lock()
+	j.clientBanned = now
+	j.mu.Unlock()
+	return err
+}
+
+// MarkClientBans marks, in the outcome memory, each host that bans a
+// client, for every replica's gateway to tell the client and its reports
+// to cool nothing more, and ends the cooldowns the client's blocks put on
+// the proxies (those ending within reportCooldown of now: a site's longer
+// Retry-After stays).
+func MarkClientBans(ctx context.Context, memory Memory, found []ClientBan, now time.Time, reportCooldown time.Duration) error {
+	var errs []error
+	for _, cb := range found {
+		if err := memory.MarkClientBan(ctx, cb.Host, cb.Client, lease.OutcomeRetention); err != nil {
+			errs = append(errs, fmt.Errorf("marking %s's ban of client %s: %w", cb.Host, cb.Client, err))
+			continue
+		}
+		for _, proxy := range cb.Proxies {
+			if err := memory.EndCooldown(ctx, proxy, cb.Host, now.Add(reportCooldown)); err != nil {
+				errs = append(errs, fmt.Errorf("ending the cooldown of %s for %s: %w", proxy, cb.Host, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
 var (
+	clientBansGauge = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: operator.MetricsNamespace, Subsystem: "bans", Name: "client_bans",
+		Help: "Hosts found at the last pass blocking one TLS client fingerprint through a pool's members while other clients pass: nobody is banned for them.",
+	})
 	bansTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: operator.MetricsNamespace, Subsystem: "bans", Name: "total",
 		Help: "Proxies the ban judge found blocked on enough hosts (their exit IPs burned), by provider instance.",
@@ -294,7 +359,7 @@ var (
 )
 
 func init() {
-	ctrlmetrics.Registry.MustRegister(bansTotal, suspectHosts)
+	ctrlmetrics.Registry.MustRegister(bansTotal, suspectHosts, clientBansGauge)
 }
 
 // Config is the judge's flags.

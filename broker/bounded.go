@@ -122,9 +122,9 @@ func (b boundedStore) SetRoute(ctx context.Context, session, host string, set le
 	return b.do(ctx, "set_route", func(ctx context.Context) error { return b.store.SetRoute(ctx, session, host, set) })
 }
 
-func (b boundedStore) ReportSession(ctx context.Context, session, reporter, result, target string, cooldown, window time.Duration) (proxy string, err error) {
+func (b boundedStore) ReportSession(ctx context.Context, r lease.SessionReport) (proxy string, err error) {
 	err = b.do(ctx, "report_session", func(ctx context.Context) error {
-		proxy, err = b.store.ReportSession(ctx, session, reporter, result, target, cooldown, window)
+		proxy, err = b.store.ReportSession(ctx, r)
 		return err
 	})
 	return proxy, err
@@ -188,6 +188,15 @@ func (b boundedStore) ForgetProxy(ctx context.Context, proxy string) error {
 
 func (b boundedStore) BurnIP(ctx context.Context, scope, ip string, retention time.Duration) error {
 	return b.do(ctx, "burn_ip", func(ctx context.Context) error { return b.store.BurnIP(ctx, scope, ip, retention) })
+}
+
+func (b boundedStore) MarkClientBan(ctx context.Context, host, client string, retention time.Duration) error {
+	return b.do(ctx, "mark_client_ban", func(ctx context.Context) error { return b.store.MarkClientBan(ctx, host, client, retention) })
+}
+
+func (b boundedStore) ClientBans(ctx context.Context) (bans []lease.ClientBan, err error) {
+	err = b.do(ctx, "client_bans", func(ctx context.Context) error { bans, err = b.store.ClientBans(ctx); return err })
+	return bans, err
 }
 
 func (b boundedStore) BurnedUntil(ctx context.Context, scope, ip string) (t time.Time, err error) {

@@ -78,6 +78,8 @@ type Broker struct {
 	revoker *revoker
 	// narrowed remembers tenants' narrowed candidates.
 	narrowed *narrowings
+	// clients are the sessions' TLS fingerprints and the client bans.
+	clients *clients
 }
 
 // New builds a broker; Run starts its revoker.
@@ -88,7 +90,7 @@ func New(opts Options) *Broker {
 	if opts.StoreTimeout <= 0 {
 		opts.StoreTimeout = lease.DefaultStoreTimeout
 	}
-	b := &Broker{opts: opts, store: boundedStore{store: opts.Store, timeout: opts.StoreTimeout}, narrowed: newNarrowings()}
+	b := &Broker{opts: opts, store: boundedStore{store: opts.Store, timeout: opts.StoreTimeout}, narrowed: newNarrowings(), clients: newClients()}
 	b.revoker = newRevoker(opts.Clock.Now, func(id string) bool {
 		if opts.View == nil {
 			return false

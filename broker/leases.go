@@ -132,14 +132,23 @@ func (b *Broker) Report(ctx context.Context, who *tenant.Tenant, id, result, tar
 }
 
 // ReportSession records the outcome of who's gateway session's requests
-// to target, as Report does for a lease, and tells the gateway (its
-// listeners) so it closes the session's open tunnels to a rate-limited
-// host. lease.ErrSessionNotFound when the session has not tunnelled
+// to target, as Report does for a lease, with the TLS fingerprint of the
+// session's client when this replica's gateway saw it, and tells the
+// gateway (its listeners) so it closes the session's open tunnels to a
+// rate-limited host. A report about a client the host bans everywhere
+// cools no proxy. lease.ErrSessionNotFound when the session has not tunnelled
 // lately.
 func (b *Broker) ReportSession(ctx context.Context, who *tenant.Tenant, session, result, target string, cooldown, retryAfter time.Duration) error {
 	target = NormalizeTarget(target)
 	key := SessionKey(who, session)
-	proxy, err := b.store.ReportSession(ctx, key, who.Name, result, target, cooldown, SessionReportWindow)
+	client := b.clientOf(key, target)
+	if client != "" && b.ClientBanned(ctx, target, client) {
+		// The host bans the client, not the proxy: the block is kept
+		// (with its client) but keeps nobody else off the proxy.
+		cooldown = 0
+	}
+	proxy, err := b.store.ReportSession(ctx, lease.SessionReport{Session: key, Reporter: who.Name, Result: result, Target: target,
+		Client: client, Cooldown: cooldown, Window: SessionReportWindow})
 	if err != nil {
 		return err
 	}

@@ -116,6 +116,11 @@ type Upstream struct {
 	// Session is the session's key (SessionKey: the tenant's own
 	// namespace of session names; "" rotates), as session reports name it.
 	Session string
+	// BannedClient is the TLS fingerprint of the session's client (the
+	// tenant's last, for a rotating tunnel) when the host bans it through
+	// every proxy (a lease.ClientBan): a new IP will not help, another
+	// client will. "": none known.
+	BannedClient string
 }
 
 // Why a strict session failed (SessionLostError.Cause).
@@ -189,10 +194,16 @@ func (b *Broker) Tunnel(ctx context.Context, req TunnelRequest) (Upstream, error
 			return Upstream{}, err
 		}
 	}
+	var up Upstream
 	if req.Strict && p.route.Own != "" && !req.Restart {
-		return p.strict(ctx)
+		up, err = p.strict(ctx)
+	} else {
+		up, err = p.soft(ctx)
 	}
-	return p.soft(ctx)
+	if err == nil {
+		up.BannedClient = b.bannedClient(ctx, who, p.session, host)
+	}
+	return up, err
 }
 
 // Turn takes the slot of a request inside a tunnel through proxy to host
@@ -223,16 +234,20 @@ func (b *Broker) PushBack(ctx context.Context, host string, retryAfter time.Dura
 }
 
 // Refused records, in the outcome memory, that host refused proxy a
-// request of who's through the gateway: the site's own plain-HTTP 403
-// blocks it, its 429 (limited) pushes back. who is the block's reporter:
-// the site may be one who runs, so it weighs as who's report would.
-// A store that does not answer loses the outcome, and says so in the log.
-func (b *Broker) Refused(ctx context.Context, who *tenant.Tenant, proxy, host string, limited bool) {
+// request of who's through the gateway (a plain-HTTP or inspected one): the
+// site's own 403 or block page blocks it, its 429 (limited) pushes back,
+// and its Retry-After, when it gave one, keeps the proxy away from the
+// host that long for every tenant (at most the default cooldown). who is
+// the block's reporter: the site may be one who runs, so it weighs as
+// who's report would. A store that does not answer loses the outcome, and
+// says so in the log.
+func (b *Broker) Refused(ctx context.Context, who *tenant.Tenant, proxy, host string, limited bool, retryAfter time.Duration) {
 	host = NormalizeTarget(host)
 	if who == nil {
 		who = tenant.Anonymous
 	}
-	if err := b.store.RecordOutcome(ctx, proxy, host, lease.Outcome{Blocked: true, Limited: limited, Source: lease.OutcomeGateway, Reporter: who.Name}); err != nil {
+	o := lease.Outcome{Blocked: true, Limited: limited, Source: lease.OutcomeGateway, Reporter: who.Name, Cooldown: min(max(retryAfter, 0), b.opts.DefaultCooldown)}
+	if err := b.store.RecordOutcome(ctx, proxy, host, o); err != nil {
 		logf.FromContext(ctx).Error(err, "recording a blocked outcome", "proxy", proxy, "host", host)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/example/egress-proxies-operator/broker"
+	"github.com/example/egress-proxies-operator/inspect"
 	"github.com/example/egress-proxies-operator/lease"
 )
 
@@ -112,6 +113,9 @@ type Options struct {
 	// keeps them for LedgerRetention (DefaultLedgerRetention when 0).
 	Ledger          lease.LedgerSink
 	LedgerRetention time.Duration
+	// InspectCA is each tenant's inspecting CA (the gateway's -inspect);
+	// GET /v1/inspect/ca hands a tenant its certificate. Nil: off.
+	InspectCA inspect.Authority
 }
 
 // withheldUnauthenticated: why an open API shows no credentials.
@@ -171,6 +175,7 @@ func NewServer(opts Options) *Server {
 	r.POST("/v1/sessions/:session/report", s.authed("/v1/sessions/:session/report", s.reportSession))
 	r.GET("/v1/targets/:host", s.authed("/v1/targets/:host", s.getTarget))
 	r.GET("/v1/attribution", s.authed("/v1/attribution", s.getAttribution))
+	r.GET("/v1/inspect/ca", s.authed("/v1/inspect/ca", s.getInspectCA))
 	r.HandleMethodNotAllowed = true
 	r.MethodNotAllowed = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		// httprouter has set the Allow header.

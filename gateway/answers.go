@@ -52,6 +52,16 @@ const (
 	CauseUpstreamFailed   = "upstream_failed"    // 502: every upstream tried failed or refused the tunnel
 	CauseSessionLost      = "session_lost"       // 502: a strict session's proxy or exit IP is gone
 	CauseSessionEnded     = "session_ended"      // 502: a strict session's lifetime is over
+	// CauseClientBanned is no refusal: the details of a carried tunnel's
+	// 200 when its host bans the session's TLS client everywhere.
+	CauseClientBanned = "client_banned"
+	// CauseInspectOff (400): the username asks for -inspect on a gateway
+	// without --gateway-inspect; CauseInspectUnavailable (503): the
+	// tenant's CA could not be read; CauseInspecting is no refusal: the
+	// details of an inspected tunnel's 200.
+	CauseInspectOff         = "inspect_off"
+	CauseInspectUnavailable = "inspect_unavailable"
+	CauseInspecting         = "inspecting"
 )
 
 // answer is a response the gateway itself gives instead of the site's.
@@ -105,9 +115,15 @@ func (a answer) proxyStatus() string {
 }
 
 // servedStatus is the Proxy-Status of an answer the gateway carried: no
-// error, and the upstream that carried it.
+// error, and the upstream that carried it; when the host bans the
+// session's TLS client everywhere, details say so (CauseClientBanned).
 func servedStatus(up broker.Upstream) string {
-	return ProxyStatusName + "; next-hop=" + sfString(up.ProxyID)
+	s := ProxyStatusName + "; next-hop=" + sfString(up.ProxyID)
+	if up.BannedClient != "" {
+		s += "; details=" + sfString(CauseClientBanned+": the host blocks the TLS client "+up.BannedClient+
+			" through every proxy while other clients pass; another IP will not help, another client (TLS fingerprint) will")
+	}
+	return s
 }
 
 // sfString is s as a Structured Field string (RFC 8941): quoted, with '"'

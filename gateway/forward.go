@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -63,13 +64,27 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, id Identity) {
 	defer g.freeSlot()
 	out := r.Clone(ctx)
 	out.RequestURI = ""
+	g.carryRequest(w, r, out, id, g.forwarder, false)
+}
+
+// carryRequest carries out (the client's request r, made ready to go)
+// through an upstream picked for its host: each request takes its own
+// lease, so its host's pace gives it a slot of its own. A request without
+// a body is retried on another upstream when one cannot be reached or
+// refuses our credentials and, when inspecting, once when the site refuses
+// the IP (a 403 or a block page to a GET or HEAD). The site's push-backs and
+// refusals are recorded as outcomes; Squid's own answers are not.
+func (g *Gateway) carryRequest(w http.ResponseWriter, r, out *http.Request, id Identity, rt http.RoundTripper, inspecting bool) {
+	ctx := r.Context()
+	host := out.URL.Hostname()
 	stripHop(out.Header)
 	retryable := r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0
+	idempotent := retryable && (r.Method == http.MethodGet || r.Method == http.MethodHead)
 	var avoid []string
 	var last *failure
-	restart := false
-	for attempt := range g.opts.Attempts {
-		req := g.tunnelRequest(id, r.URL.Hostname(), avoid)
+	restart, retriedBan := false, false
+	for attempt := 0; attempt < g.opts.Attempts+1; attempt++ {
+		req := g.tunnelRequest(id, host, avoid)
 		req.Restart = restart
 		up, err := g.pick(ctx, req)
 		if err != nil {
@@ -80,7 +95,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, id Identity) {
 			g.opts.Upstreams.ReleaseTunnel(context.WithoutCancel(ctx), up.LeaseID, id.Session, 0)
 			return
 		}
-		resp, err := g.forwarder.RoundTrip(out.WithContext(context.WithValue(ctx, upstreamKey{}, up)))
+		resp, err := rt.RoundTrip(out.WithContext(context.WithValue(ctx, upstreamKey{}, up)))
 		var f *failure
 		switch {
 		case err != nil:
@@ -90,17 +105,18 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, id Identity) {
 			f = &failure{proxy: up.ProxyID, reason: failAuth, status: resp.StatusCode, err: errors.New("the upstream refused our credentials (407)")}
 		}
 		if f == nil {
-			// Squid marks the answers it makes itself (a denied
-			// destination, a site it cannot reach): those say nothing of
-			// how the site sees the proxy.
-			fromSite := resp.Header.Get(squidErrorHeader) == ""
-			if fromSite && (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable) {
-				// The site pushed back: the host's pace learns from it.
-				retryAfter, _ := client.ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
-				g.opts.Upstreams.PushBack(context.WithoutCancel(ctx), r.URL.Hostname(), retryAfter)
-			}
-			if fromSite && (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusForbidden) {
-				g.opts.Upstreams.Refused(context.WithoutCancel(ctx), id.Tenant, up.ProxyID, r.URL.Hostname(), resp.StatusCode == http.StatusTooManyRequests)
+			refusal := g.judgeAnswer(ctx, id, up, host, resp)
+			// An idempotent request the site refused the IP is tried once
+			// more on another, when the gateway inspects: it saw the
+			// answer before the client did.
+			if inspecting && refusal == refusalBlocked && idempotent && !id.Strict && !retriedBan && attempt+1 < g.opts.Attempts+1 {
+				_ = resp.Body.Close()
+				g.opts.Upstreams.ReleaseTunnel(context.WithoutCancel(ctx), up.LeaseID, id.Session, 0)
+				inspectRetries.Inc()
+				logf.FromContext(ctx).V(1).Info("the site refused an inspected request's IP; trying another once", "proxy", up.ProxyID, "host", host)
+				retriedBan, restart = true, true
+				avoid = append(avoid, up.ProxyID)
+				continue
 			}
 			n := g.relay(w, resp, up) + max(r.ContentLength, 0)
 			g.opts.Upstreams.ReleaseTunnel(context.WithoutCancel(ctx), up.LeaseID, id.Session, n)
@@ -111,7 +127,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, id Identity) {
 		}
 		upstreamFailures.WithLabelValues(f.reason).Inc()
 		g.opts.Upstreams.ReleaseTunnel(context.WithoutCancel(ctx), up.LeaseID, id.Session, 0)
-		if !retryable || attempt+1 == g.opts.Attempts {
+		if !retryable || attempt+1 >= g.opts.Attempts {
 			f.answer().write(w, r)
 			return
 		}
@@ -120,6 +136,74 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, id Identity) {
 		last = f
 		restart = up.Fresh
 	}
+}
+
+// What a site's answer was, as judgeAnswer reads it.
+const (
+	refusalNone    = iota // a page, or an answer of Squid's
+	refusalLimited        // a 429 (or a 503 with Retry-After): a push-back
+	refusalBlocked        // a 403, or a block page (BlockMarkers)
+)
+
+// judgeAnswer reads a site's answer to a request through up and records
+// what it says: a push-back slows the host's learned pace and, with a
+// Retry-After, cools the proxy for the host that long for everyone; a
+// refusal of the IP is a blocked outcome. A block page is told by
+// BlockMarkers in the first bytes of an HTML body, which stay in resp.
+func (g *Gateway) judgeAnswer(ctx context.Context, id Identity, up broker.Upstream, host string, resp *http.Response) int {
+	// Squid marks the answers it makes itself (a denied destination, a
+	// site it cannot reach): those say nothing of how the site sees the
+	// proxy.
+	if resp.Header.Get(squidErrorHeader) != "" {
+		return refusalNone
+	}
+	ctx = context.WithoutCancel(ctx)
+	retryAfter, _ := client.ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
+	refusal := refusalNone
+	switch {
+	case resp.StatusCode == http.StatusTooManyRequests || (resp.StatusCode == http.StatusServiceUnavailable && retryAfter > 0):
+		refusal = refusalLimited
+	case resp.StatusCode == http.StatusForbidden, g.blockPage(resp):
+		refusal = refusalBlocked
+	}
+	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
+		// The site pushed back: the host's pace learns from it.
+		g.opts.Upstreams.PushBack(ctx, host, retryAfter)
+	}
+	if refusal != refusalNone {
+		g.opts.Upstreams.Refused(ctx, id.Tenant, up.ProxyID, host, refusal == refusalLimited, retryAfter)
+	}
+	return refusal
+}
+
+// blockPageScan is how much of an HTML body the gateway reads for a block
+// marker.
+const blockPageScan = 64 << 10
+
+// blockPage says whether resp is a 200 block page: an HTML body whose
+// first blockPageScan bytes hold one of BlockMarkers. What it read stays
+// at the front of resp.Body.
+func (g *Gateway) blockPage(resp *http.Response) bool {
+	if len(g.opts.BlockMarkers) == 0 || resp.StatusCode != http.StatusOK || !strings.Contains(resp.Header.Get("Content-Type"), "html") ||
+		resp.Header.Get("Content-Encoding") != "" {
+		return false
+	}
+	head, err := io.ReadAll(io.LimitReader(resp.Body, blockPageScan))
+	resp.Body = readCloser{Reader: io.MultiReader(bytes.NewReader(head), resp.Body), Closer: resp.Body}
+	if err != nil {
+		return false
+	}
+	for _, m := range g.opts.BlockMarkers {
+		if bytes.Contains(head, []byte(m)) {
+			return true
+		}
+	}
+	return false
+}
+
+type readCloser struct {
+	io.Reader
+	io.Closer
 }
 
 // relay writes an upstream's response back to the client, and returns

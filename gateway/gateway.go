@@ -38,6 +38,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/example/egress-proxies-operator/broker"
+	"github.com/example/egress-proxies-operator/inspect"
 	"github.com/example/egress-proxies-operator/lease"
 	"github.com/example/egress-proxies-operator/tenant"
 )
@@ -108,6 +109,12 @@ type Options struct {
 	// Destinations are the ports and addresses the fleet's proxies take;
 	// the gateway refuses the rest before it picks a proxy.
 	Destinations Destinations
+	// Inspect is the opt-in inspecting mode (off without an Authority).
+	Inspect Inspect
+	// BlockMarkers are strings whose presence in the first 64 KiB of a
+	// 200 HTML answer the gateway sees (plain HTTP, inspected) makes it a
+	// block page: a blocked outcome, as a 403 is.
+	BlockMarkers []string
 }
 
 func (o *Options) defaults() {
@@ -145,6 +152,10 @@ type Gateway struct {
 
 	mu      sync.Mutex
 	tunnels map[*tunnel]struct{}
+	// inspector carries inspected requests; minter mints their sites'
+	// certificates.
+	inspector *http.Transport
+	minter    inspect.Minter
 }
 
 // New builds a gateway; Start serves it.
@@ -159,6 +170,7 @@ func New(opts Options) *Gateway {
 		MaxIdleConnsPerHost:   8,
 		DisableCompression:    true, // the client's Accept-Encoding goes through as sent
 	}
+	g.inspector = inspectTransport(opts)
 	return g
 }
 
@@ -374,6 +386,9 @@ func (g *Gateway) renewLeases(ctx context.Context, log logr.Logger) {
 		}
 		holds := map[string]bool{}
 		for _, t := range g.open() {
+			if t.inspected {
+				continue // each of its requests holds a lease of its own, while it goes
+			}
 			g.meter(ctx, t, 1)
 			recorded, err := g.opts.Upstreams.RenewTunnel(ctx, t.up.LeaseID, t.name, g.opts.LeaseTTL, t.ledgerUntil)
 			t.ledgerUntil = recorded

@@ -29,6 +29,7 @@ import (
 	"github.com/example/egress-proxies-operator/discovery"
 	"github.com/example/egress-proxies-operator/gateway"
 	"github.com/example/egress-proxies-operator/lease"
+	"github.com/example/egress-proxies-operator/test/simweb"
 	"github.com/example/egress-proxies-operator/test/squid"
 	"github.com/example/egress-proxies-operator/test/testenv"
 )
@@ -68,6 +69,10 @@ type site struct {
 	// sets it to the first upstream that comes.
 	limited    string
 	limitFirst bool
+	// forbidden answers 403 to requests through this upstream;
+	// forbidFirst sets it to the first upstream that comes.
+	forbidden   string
+	forbidFirst bool
 	// reportedAt is len(seen) when the first session report for the site
 	// was taken (and the gateway had closed the tunnels it concerns); -1
 	// before.
@@ -196,7 +201,15 @@ func (f *fixture) startSite(t testing.TB, ip string, https bool) *site {
 			s.limited = up
 		}
 		limited := s.limited != "" && s.limited == up
+		if s.forbidFirst && s.forbidden == "" {
+			s.forbidden = up
+		}
+		forbidden := s.forbidden != "" && s.forbidden == up
 		s.mu.Unlock()
+		if forbidden {
+			http.Error(w, "this IP is banned here", http.StatusForbidden)
+			return
+		}
 		if limited {
 			w.Header().Set("Retry-After", "600")
 			w.Header().Set("Connection", "close")
@@ -215,6 +228,11 @@ func (f *fixture) startSite(t testing.TB, ip string, https bool) *site {
 	require.NoError(t, err)
 	s.srv.Listener = lis
 	if https {
+		// A certificate for the site's own address, which a client that
+		// verifies (the inspecting gateway) checks.
+		cert, err := simweb.SelfSigned(net.ParseIP(ip), "gateway test site "+ip)
+		require.NoError(t, err)
+		s.srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 		s.srv.StartTLS()
 	} else {
 		s.srv.Start()

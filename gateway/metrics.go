@@ -13,6 +13,7 @@ import (
 const (
 	kindConnect = "connect"
 	kindHTTP    = "http"
+	kindInspect = "inspect" // a CONNECT the gateway inspects (its requests count as http)
 
 	outcomeOK             = "ok"
 	outcomeQuota          = "quota"           // the tenant is at a TenantQuota limit: 429
@@ -73,9 +74,21 @@ var (
 		Namespace: operator.MetricsNamespace, Subsystem: "gateway", Name: "paced_turns_total",
 		Help: "Requests inside kept-alive tunnels to a paced host (a client's turn after the site answered), by outcome: sent (at once or after waiting for the slot) or refused (no slot within the pace wait: the tunnel closed).",
 	}, []string{"outcome"})
+	clientHellos = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: operator.MetricsNamespace, Subsystem: "gateway", Name: "client_hellos_total",
+		Help: "Tunnels by what their client's first bytes were: read (a ClientHello, its JA4 fingerprint kept beside the session's outcomes), not_tls, or unreadable (cut short or too large).",
+	}, []string{"result"})
+	inspectRetries = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: operator.MetricsNamespace, Subsystem: "gateway", Name: "inspect_retries_total",
+		Help: "Inspected idempotent requests the site refused the IP (a 403 or a block page), tried once more on another upstream.",
+	})
+	bannedClientTunnels = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: operator.MetricsNamespace, Subsystem: "gateway", Name: "banned_client_tunnels_total",
+		Help: "Tunnels whose client's TLS fingerprint their host bans through every proxy (the ban judge's client bans): the CONNECT answer's Proxy-Status says so.",
+	})
 )
 
 func init() {
 	ctrlmetrics.Registry.MustRegister(requestsTotal, errorsTotal, tunnelsOpen, tunnelsClosed, tunnelDuration, connectDuration, bytesTotal, upstreamFailures,
-		turnsPaced)
+		turnsPaced, clientHellos, bannedClientTunnels, inspectRetries)
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -31,7 +32,35 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.Var((*prefixList)(&o.Destinations.Denied), "gateway-denied-destinations",
 		"Address ranges (CIDRs, comma-separated) no proxy reaches: a CONNECT or request to an IP literal in one is refused by the gateway itself (403). Empty denies none.")
 	fs.DurationVar(&o.PacedTunnelLifetime, "gateway-paced-tunnel-lifetime", DefaultPacedTunnelLifetime,
-		"A tunnel to a paced host is closed at this age: the gateway paces tunnels, not the requests a keep-alive tunnel carries.")
+		"A tunnel to a paced host is closed at this age, whatever requests it still carries (each of them takes a slot of the host's pace too).")
+	fs.BoolVar(&o.Inspect.On, "gateway-inspect", false,
+		"Let crawler teams opt into the inspecting mode (the username flag -inspect): the gateway terminates their TLS with a CA per tenant, kept in a Secret of the operator's namespace (GET /v1/inspect/ca hands a team its certificate), to pace each request exactly and record the sites' refusals itself. Off: -inspect is refused. See docs/inspecting.md.")
+	fs.StringVar(&o.Inspect.RootCAsFile, "gateway-inspect-root-cas", "",
+		"PEM file of CAs an inspected site's certificate may chain to, besides the system's.")
+	fs.Var((*markerList)(&o.BlockMarkers), "gateway-block-markers",
+		"Strings, comma-separated, whose presence in the first 64 KiB of a 200 HTML answer the gateway sees (plain HTTP, inspected tunnels) makes it a block page: recorded as a block, as a 403 is, and retried once on another IP when inspected. Empty: none.")
+}
+
+// markerList is --gateway-block-markers: comma-separated strings.
+type markerList []string
+
+// String is the flag's value as --help shows it.
+func (m *markerList) String() string {
+	if m == nil {
+		return ""
+	}
+	return strings.Join(*m, ",")
+}
+
+// Set reads the flag's value.
+func (m *markerList) Set(s string) error {
+	*m = nil
+	for v := range strings.SplitSeq(s, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			*m = append(*m, v)
+		}
+	}
+	return nil
 }
 
 // Enabled says whether the flags ask for a gateway.
@@ -62,6 +91,12 @@ func (o *Options) Validate() error {
 		if d.value <= 0 {
 			errs = append(errs, fmt.Errorf("--%s must be positive, got %s", d.flag, d.value))
 		}
+	}
+	if o.Inspect.RootCAsFile != "" && !o.Inspect.On {
+		errs = append(errs, errors.New("--gateway-inspect-root-cas needs --gateway-inspect"))
+	}
+	if err := o.Inspect.LoadRootCAs(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

@@ -70,6 +70,18 @@ type tunnel struct {
 	answered atomic.Bool
 	turns    turnCounter
 	pace     func() bool
+	// hello reads the client's ClientHello (the client's direction alone).
+	hello hello
+	// inspected: the gateway terminates the client's TLS and carries each
+	// request on a lease of its own (inspect.go); the tunnel holds none.
+	inspected bool
+}
+
+// observeClient reads what the client sends: its turns, and its
+// ClientHello.
+func (t *tunnel) observeClient(p []byte) {
+	t.turns.observe(p)
+	t.hello.observe(p)
 }
 
 // clientTurn is called as a read of the client's bytes begins (head is
@@ -91,6 +103,10 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 	if err != nil || host == "" || port == "" {
 		answer{status: http.StatusBadRequest, errType: psHTTPRequestError, cause: CauseBadRequest,
 			msg: fmt.Sprintf("CONNECT needs host:port, got %q", hostport)}.write(w, r)
+		return
+	}
+	if id.Inspect {
+		g.inspectTunnel(w, r, id, hostport)
 		return
 	}
 	if !g.takeSlot(ctx) {
@@ -144,6 +160,10 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 	if up.Paced {
 		t.pace = func() bool { return g.paceTurn(bg, t) }
 	}
+	if up.BannedClient != "" {
+		bannedClientTunnels.Inc()
+	}
+	t.hello.saw = func(client string) { g.opts.Upstreams.SawClient(id.Tenant, up.Session, t.host, client) }
 	t.touch()
 	g.register(t)
 	// The handler returns: net/http's connection state, its buffers and
@@ -330,7 +350,7 @@ func (t *tunnel) run(early, pendingDown []byte) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t.pipe(up, t.client, early, both{bytesTotal.WithLabelValues(directionUp), &t.moved, t.account}, t.clientTurn, t.turns.observe, nil)
+		t.pipe(up, t.client, early, both{bytesTotal.WithLabelValues(directionUp), &t.moved, t.account}, t.clientTurn, t.observeClient, nil)
 	}()
 	t.pipe(t.client, up, pendingDown, both{bytesTotal.WithLabelValues(directionDown), &t.moved, t.account}, nil, nil, func() { t.answered.Store(true) })
 	<-done

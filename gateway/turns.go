@@ -1,5 +1,11 @@
 package gateway
 
+import (
+	"errors"
+
+	"github.com/example/egress-proxies-operator/tlsprint"
+)
+
 // Turns of a tunnel: a client writes, the site answers, the client writes
 // again. The gateway never decrypts a tunnel, but it sees its turns, and
 // each request after the first one goes on a turn of its own: it is held
@@ -138,4 +144,51 @@ func (c *turnCounter) observe(p []byte) {
 			c.records++ // the first is the Finished
 		}
 	}
+}
+
+// hello reads a tunnel's ClientHello from the client's first bytes (they
+// travel in clear) and hands its JA4 fingerprint on once. It is not safe
+// for concurrent use: the client's direction alone calls it.
+type hello struct {
+	buf  []byte
+	done bool
+	saw  func(client string)
+}
+
+// observe reads a client write's bytes until the ClientHello is whole, or
+// turns out to be none.
+func (h *hello) observe(p []byte) {
+	if h.done || len(p) == 0 {
+		return
+	}
+	if h.buf == nil {
+		if p[0] != recordHandshake {
+			h.done = true
+			clientHellos.WithLabelValues("not_tls").Inc()
+			return
+		}
+		// Most ClientHellos come whole in the first write: no copy.
+		if fp, err := tlsprint.FromBytes(p); !errors.Is(err, tlsprint.ErrIncomplete) {
+			h.finish(fp, err)
+			return
+		}
+	}
+	h.buf = append(h.buf, p[:min(len(p), tlsprint.MaxHello-len(h.buf))]...)
+	fp, err := tlsprint.FromBytes(h.buf)
+	if errors.Is(err, tlsprint.ErrIncomplete) && len(h.buf) >= tlsprint.MaxHello {
+		err = tlsprint.ErrNotTLS
+	}
+	if !errors.Is(err, tlsprint.ErrIncomplete) {
+		h.finish(fp, err)
+	}
+}
+
+func (h *hello) finish(fp string, err error) {
+	h.done, h.buf = true, nil
+	if err != nil {
+		clientHellos.WithLabelValues("unreadable").Inc()
+		return
+	}
+	clientHellos.WithLabelValues("read").Inc()
+	h.saw(fp)
 }

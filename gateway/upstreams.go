@@ -26,11 +26,12 @@ type Upstreams interface {
 	// its Retry-After, so the host's learned pace slows.
 	PushBack(ctx context.Context, host string, retryAfter time.Duration)
 	// Refused records that host refused proxy a request of who's (the
-	// outcome memory): the site's own plain-HTTP 403 blocks it, its 429
-	// (limited) pushes back. A proxy's own refusal (a CONNECT answered
-	// other than 200, an answer Squid marks X-Squid-Error) never comes
-	// here: it says nothing of the site.
-	Refused(ctx context.Context, who *tenant.Tenant, proxy, host string, limited bool)
+	// outcome memory): the site's own 403 or block page blocks it, its 429
+	// (limited) pushes back, and its Retry-After cools the proxy for the
+	// host. A proxy's own refusal (a CONNECT answered other than 200, an
+	// answer Squid marks X-Squid-Error) never comes here: it says nothing
+	// of the site.
+	Refused(ctx context.Context, who *tenant.Tenant, proxy, host string, limited bool, retryAfter time.Duration)
 	// Admit checks a tenant's tunnels-per-second and bytes-per-day quota
 	// before a tunnel or request (a *broker.QuotaError when over).
 	Admit(ctx context.Context, who *tenant.Tenant) error
@@ -38,4 +39,9 @@ type Upstreams interface {
 	// adds bytes to who's day and says whether the day's are spent.
 	MetersBytes(who *tenant.Tenant) bool
 	CountBytes(ctx context.Context, who *tenant.Tenant, n int64) (spent bool)
+	// SawClient tells that a tunnel of who's to host on session (its key;
+	// "" rotating) came from the TLS client whose JA4 fingerprint is
+	// client: the session's reports are about that client, and its next
+	// tunnel's Upstream.BannedClient says when the host bans it.
+	SawClient(who *tenant.Tenant, session, host, client string)
 }

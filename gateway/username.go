@@ -22,6 +22,9 @@ type Identity struct {
 	Exclusive bool
 	// Selector restricts the upstreams, as a lease's selector does.
 	Selector broker.Selector
+	// Inspect asks the gateway to inspect the client's tunnels (terminate
+	// their TLS with the tenant's CA: Options.Inspect); never the default.
+	Inspect bool
 	// Tenant is who the password names (set by the gateway, not the
 	// username): tunnels go only through proxies it may lease.
 	Tenant *tenant.Tenant
@@ -53,13 +56,14 @@ var (
 const (
 	flagStrict    = "strict"
 	flagExclusive = "exclusive"
+	flagInspect   = "inspect"
 )
 
 // ParseUsername reads a proxy username in either of two forms.
 //
 // The provider grammar, the one commercial proxy providers use:
 //
-//	[<anything>-]session-<id>[-sesstime-<minutes>][-strict][-exclusive][-<key>-<value>…]
+//	[<anything>-]session-<id>[-sesstime-<minutes>][-strict][-exclusive][-inspect][-<key>-<value>…]
 //
 //	session-7                          session "session-7"
 //	brd-customer-acme-zone-res-session-7-country-us
@@ -79,6 +83,7 @@ const (
 //	crawler-7.pool-eu-fleet       session crawler-7, members of ProxyPool eu-fleet
 //	crawler-7.geo-eu.tier=premium two terms
 //	.geo-eu  (or an empty username) no session: every tunnel rotates
+//	crawler-7.inspect             session crawler-7, inspected (Options.Inspect)
 //
 // A term is key=value, or key-value split at its first '-' (so a key with
 // a '-' needs the '=' form, and keys with a '.' cannot be selected here).
@@ -98,6 +103,10 @@ func ParseUsername(username string) (Identity, error) {
 		return Identity{}, fmt.Errorf("session %q (the username before the first '.') must be 1-64 letters, digits, '-' or '_'", id.Session)
 	}
 	for _, term := range parts[1:] {
+		if term == flagInspect {
+			id.Inspect = true
+			continue
+		}
 		key, value, ok := strings.Cut(term, "=")
 		if !ok {
 			key, value, ok = strings.Cut(term, "-")
@@ -158,6 +167,9 @@ func (id *Identity) parseProvider(tokens []string, at int) error {
 			continue
 		case flagExclusive:
 			id.Exclusive = true
+			continue
+		case flagInspect:
+			id.Inspect = true
 			continue
 		case "":
 			return fmt.Errorf("username %q has an empty term (two '-' in a row)", strings.Join(tokens, "-"))

@@ -9,14 +9,14 @@ import (
 
 // outcomeOf is the outcome reporter's result records, if any: an error
 // says nothing of the host's view of the proxy.
-func outcomeOf(result, reporter string) (Outcome, bool) {
+func outcomeOf(result, reporter, client string) (Outcome, bool) {
 	switch result {
 	case ResultOK:
-		return Outcome{Source: OutcomeReport, Reporter: reporter}, true
+		return Outcome{Source: OutcomeReport, Reporter: reporter, Client: client}, true
 	case ResultRateLimited:
-		return Outcome{Blocked: true, Limited: true, Source: OutcomeReport, Reporter: reporter}, true
+		return Outcome{Blocked: true, Limited: true, Source: OutcomeReport, Reporter: reporter, Client: client}, true
 	case ResultBlocked:
-		return Outcome{Blocked: true, Source: OutcomeReport, Reporter: reporter}, true
+		return Outcome{Blocked: true, Source: OutcomeReport, Reporter: reporter, Client: client}, true
 	}
 	return Outcome{}, false
 }
@@ -29,11 +29,14 @@ type memOutcomes struct {
 	// lease for a host that refused no proxy skips the tie-break.
 	blockedHosts map[string]int
 	burned       map[string]time.Time
-	writes       int
+	// clientBans are the marks by ClientBan, with their ends.
+	clientBans map[ClientBan]time.Time
+	writes     int
 }
 
 func (o *memOutcomes) init() {
 	o.records, o.blockedHosts, o.burned = map[string]map[string]HostRecord{}, map[string]int{}, map[string]time.Time{}
+	o.clientBans = map[ClientBan]time.Time{}
 }
 
 // recordLocked adds out to proxy's record with host at now.
@@ -147,7 +150,7 @@ func (m *MemoryStore) Blocks(_ context.Context, since time.Time) ([]Block, error
 	for proxy, hosts := range m.outcomes.records {
 		for host, r := range hosts {
 			if !r.LastBlocked.IsZero() && !r.LastBlocked.Before(since) {
-				out = append(out, Block{Proxy: proxy, Host: host, At: r.LastBlocked, By: r.LastBlockedBy, Voices: slices.Clone(r.Voices)})
+				out = append(out, Block{Proxy: proxy, Host: host, At: r.LastBlocked, By: r.LastBlockedBy, Voices: slices.Clone(r.Voices), Passes: slices.Clone(r.Passes)})
 			}
 		}
 	}
@@ -209,4 +212,46 @@ func laterOf(a, b time.Time) time.Time {
 		return a
 	}
 	return b
+}
+
+// MarkClientBan implements Store.
+func (m *MemoryStore) MarkClientBan(_ context.Context, host, client string, retention time.Duration) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.clock.Now()
+	until := now.Add(retention)
+	bans := m.outcomes.clientBans
+	for k, end := range bans {
+		if !now.Before(end) {
+			delete(bans, k)
+		}
+	}
+	k := ClientBan{Host: host, Client: client}
+	if _, ok := bans[k]; !ok && len(bans) >= MaxClientBans {
+		var first ClientBan
+		for b, end := range bans {
+			if first.Host == "" || end.Before(bans[first]) {
+				first = b
+			}
+		}
+		delete(bans, first)
+	}
+	if until.After(bans[k]) {
+		bans[k] = until
+	}
+	return nil
+}
+
+// ClientBans implements Store.
+func (m *MemoryStore) ClientBans(context.Context) ([]ClientBan, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.clock.Now()
+	out := make([]ClientBan, 0, len(m.outcomes.clientBans))
+	for k, end := range m.outcomes.clientBans {
+		if now.Before(end) {
+			out = append(out, ClientBan{Host: k.Host, Client: k.Client, Until: end})
+		}
+	}
+	return out, nil
 }

@@ -3,7 +3,6 @@ package lease
 import (
 	"container/heap"
 	"context"
-	"time"
 )
 
 // The memory store's gateway sessions: each session's route per host, and
@@ -55,7 +54,8 @@ func (m *MemoryStore) SetRoute(_ context.Context, session, host string, set Rout
 }
 
 // ReportSession implements Store.
-func (m *MemoryStore) ReportSession(_ context.Context, session, reporter, result, target string, cooldown, window time.Duration) (string, error) {
+func (m *MemoryStore) ReportSession(_ context.Context, r SessionReport) (string, error) {
+	session, result, target := r.Session, r.Result, r.Target
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.expireLocked()
@@ -71,18 +71,20 @@ func (m *MemoryStore) ReportSession(_ context.Context, session, reporter, result
 		return "", ErrSessionNotFound
 	}
 	if !cools(result) {
-		if out, ok := outcomeOf(result, reporter); ok {
+		if out, ok := outcomeOf(result, r.Reporter, r.Client); ok {
 			m.recordLocked(proxy, target, out, now)
 		}
 		return proxy, nil
 	}
-	if last, ok := sess.reported[target]; ok && now.Sub(last.at) < window {
+	if last, ok := sess.reported[target]; ok && now.Sub(last.at) < r.Window {
 		return last.proxy, nil
 	}
 	sess.reported[target] = sessionReport{at: now, proxy: proxy}
-	sweep(sess.reported, &sess.reportedSweep, minSessionReports, func(r sessionReport) bool { return now.Sub(r.at) >= window })
-	m.coolLocked(proxy, target, now.Add(cooldown))
-	out, _ := outcomeOf(result, reporter)
+	sweep(sess.reported, &sess.reportedSweep, minSessionReports, func(rep sessionReport) bool { return now.Sub(rep.at) >= r.Window })
+	if r.Cooldown > 0 {
+		m.coolLocked(proxy, target, now.Add(r.Cooldown))
+	}
+	out, _ := outcomeOf(result, r.Reporter, r.Client)
 	m.recordLocked(proxy, target, out, now)
 	return proxy, nil
 }

@@ -30,7 +30,18 @@ type Outcome struct {
 	// operator's own canary. A block's reporter is kept as a Voice, so
 	// the ban judge can tell one tenant's word from a fleet's.
 	Reporter string
+	// Client is the TLS fingerprint (JA4, package tlsprint) of the client
+	// whose request it was, when the gateway saw its ClientHello
+	// (ClientCanary for the operator's canaries; "" unknown). A block
+	// keeps it in its Voice and a success among the record's Passes, so
+	// the ban judge can tell a host that blocks a client everywhere from
+	// one that blocks the proxy.
+	Client string
 }
+
+// ClientCanary is the Client of the operator's canary probes: another
+// client than any crawler's.
+const ClientCanary = "canary"
 
 // Voice is one reporter's last block of a proxy by a host: the ban judge
 // weighs blocks by who saw them (a canary, the platform, or several
@@ -38,20 +49,44 @@ type Outcome struct {
 type Voice struct {
 	Who string    `json:"who"`
 	At  time.Time `json:"at"`
+	// Client is the fingerprint of the client whose request was blocked
+	// ("" unknown).
+	Client string `json:"client,omitempty"`
+}
+
+// Pass is the last success of one client (Outcome.Client) with a host
+// through a proxy, and who reported it (Outcome.Reporter).
+type Pass struct {
+	Client string    `json:"client"`
+	At     time.Time `json:"at"`
+	Who    string    `json:"who,omitempty"`
 }
 
 // MaxVoices bounds the reporters a record keeps: the latest block of each,
 // the oldest forgotten first. A few are enough to tell one from many.
 const MaxVoices = 4
 
-// withVoice is voices after who blocked at now: who's entry moves to the
-// front, and the oldest beyond MaxVoices go.
-func withVoice(voices []Voice, who string, now time.Time) []Voice {
+// withVoice is voices after who blocked client at now: who's entry moves
+// to the front, and the oldest beyond MaxVoices go.
+func withVoice(voices []Voice, who, client string, now time.Time) []Voice {
 	out := make([]Voice, 0, min(len(voices)+1, MaxVoices))
-	out = append(out, Voice{Who: who, At: now})
+	out = append(out, Voice{Who: who, At: now, Client: client})
 	for _, v := range voices {
 		if v.Who != who && len(out) < MaxVoices {
 			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// withPass is passes after client succeeded at now, as who reported: its
+// entry moves to the front, and the oldest beyond MaxVoices go.
+func withPass(passes []Pass, client, who string, now time.Time) []Pass {
+	out := make([]Pass, 0, min(len(passes)+1, MaxVoices))
+	out = append(out, Pass{Client: client, At: now, Who: who})
+	for _, p := range passes {
+		if p.Client != client && len(out) < MaxVoices {
+			out = append(out, p)
 		}
 	}
 	return out
@@ -83,6 +118,8 @@ type HostRecord struct {
 	LastBlockedBy string    `json:"lastBlockedBy,omitempty"`
 	// Voices are the reporters of its blocks, the latest first.
 	Voices []Voice `json:"voices,omitempty"`
+	// Passes are the known clients it served, the latest first.
+	Passes []Pass `json:"passes,omitempty"`
 	// At is the last outcome of either kind.
 	At time.Time `json:"at"`
 }
@@ -94,7 +131,21 @@ type Block struct {
 	At          time.Time
 	By          string
 	Voices      []Voice
+	// Passes are the clients the host served through the proxy lately
+	// (HostRecord.Passes).
+	Passes []Pass
 }
+
+// ClientBan is a host that blocks one client, by its TLS fingerprint,
+// whatever the proxy: a fingerprint ban, for which no proxy is banned.
+type ClientBan struct {
+	Host, Client string
+	Until        time.Time
+}
+
+// MaxClientBans bounds the marks a store keeps: past it, the one that ends
+// first goes.
+const MaxClientBans = 1024
 
 // The outcome memory's bounds: both stores keep them so.
 const (
@@ -128,9 +179,12 @@ func (r HostRecord) Recorded(o Outcome, now time.Time) HostRecord {
 	case o.Blocked:
 		r.Blocked++
 		r.LastBlocked, r.LastBlockedBy = now, o.Source
-		r.Voices = withVoice(r.Voices, o.Reporter, now)
+		r.Voices = withVoice(r.Voices, o.Reporter, o.Client, now)
 	default:
 		r.Served++
+		if o.Client != "" {
+			r.Passes = withPass(r.Passes, o.Client, o.Reporter, now)
+		}
 	}
 	r.At = now
 	return r
@@ -193,6 +247,12 @@ type OutcomeMemory interface {
 	// than notAfter: the hold a canary put there (and any shorter one it
 	// covered), not a longer one a site's Retry-After asked for.
 	EndCooldown(ctx context.Context, proxy, host string, notAfter time.Time) error
+	// MarkClientBan remembers, for retention from now, that host blocks
+	// client (a TLS fingerprint) through every proxy (a ClientBan); a
+	// later end already marked is kept.
+	MarkClientBan(ctx context.Context, host, client string, retention time.Duration) error
+	// ClientBans is every mark not yet ended, in no order.
+	ClientBans(ctx context.Context) ([]ClientBan, error)
 	// ForgetProxy drops proxy's cooldowns and outcome records: they were
 	// about the address it had, and it has moved (a replacement, a new
 	// address). Its leases stay.

@@ -99,6 +99,17 @@ type RouteSet struct {
 	Idle time.Duration
 }
 
+// SessionReport is a report on a gateway session's requests to Target:
+// Result (ResultOK, ResultRateLimited, ResultBlocked), from Reporter (the
+// session's tenant, Outcome.Reporter), about the requests of Client (their
+// TLS fingerprint, Outcome.Client; "" unknown). A rate_limited or blocked
+// one cools the proxy for Cooldown (zero: not at all); one within Window
+// of the last is the same burst of refusals.
+type SessionReport struct {
+	Session, Reporter, Result, Target, Client string
+	Cooldown, Window                          time.Duration
+}
+
 // Limit caps the live leases taken under one key (a tenant's leases, or
 // its tunnels): with Max of them live, Acquire answers
 // *QuotaExceededError.
@@ -400,7 +411,8 @@ type Store interface {
 	// proxy, or Fresh) records Since, IP and Hold anew; the same proxy
 	// keeps them.
 	SetRoute(ctx context.Context, session, host string, set RouteSet) error
-	// ReportSession records the outcome of a session's requests to target:
+	// ReportSession records the outcome of a session's requests to target
+	// (SessionReport):
 	// rate_limited puts the proxy they went through (target's detour, else
 	// the session's own) in cooldown for target, as Report does. A
 	// rate_limited report within window of the last one for the session and
@@ -408,7 +420,7 @@ type Store interface {
 	// first report came): it cools nothing more, and returns the proxy the
 	// first one did. reporter is the session's tenant (Outcome.Reporter).
 	// It returns that proxy, or ErrSessionNotFound.
-	ReportSession(ctx context.Context, session, reporter, result, target string, cooldown, window time.Duration) (string, error)
+	ReportSession(ctx context.Context, r SessionReport) (string, error)
 	// Slot reserves proxy's next request slot for target under p (its
 	// pace per (proxy, host) and the fleet's, slowed to target's learned
 	// pace when adaptive) when it comes within maxWait, and says how long

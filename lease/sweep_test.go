@@ -35,7 +35,7 @@ func TestHostKeyedMapsAreSwept(t *testing.T) {
 
 	require.NoError(t, m.SetRoute(ctx, "s1", "h0.example", RouteSet{Proxy: "crawl/eu-1", Own: true, Idle: 24 * time.Hour}))
 	for i := range 1000 {
-		_, err := m.ReportSession(ctx, "s1", "team-a", ResultRateLimited, fmt.Sprintf("r%d.example", i), time.Minute, 10*time.Second)
+		_, err := m.ReportSession(ctx, SessionReport{Session: "s1", Reporter: "team-a", Result: ResultRateLimited, Target: fmt.Sprintf("r%d.example", i), Cooldown: time.Minute, Window: 10 * time.Second})
 		require.NoError(t, err)
 		clk.Step(time.Second)
 	}

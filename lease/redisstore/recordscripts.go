@@ -43,7 +43,8 @@ return {r[2] or '', r[3] or '', r[4] or '', r[5] or '', r[6] or ''}
 
 // reportSessionScript: ARGV[3] the session, ARGV[4] result, ARGV[5]
 // target, ARGV[6] cooldown ms, ARGV[7] the same-burst window ms, ARGV[8]
-// the reporter (the session's tenant). Returns
+// the reporter (the session's tenant), ARGV[9] the client's fingerprint.
+// Returns
 // the proxy the session's requests to target went through, or an empty
 // string for an unknown session.
 var reportSessionScript = redis.NewScript(preamble + cool + outcomes + `
@@ -53,7 +54,7 @@ if not r[1] or tonumber(r[1]) <= now then return '' end
 local proxy = r[3] or r[2]
 if not proxy then return '' end
 if ARGV[4] ~= 'rate_limited' and ARGV[4] ~= 'blocked' then
-  if ARGV[4] == 'ok' then recordOutcome(proxy, ARGV[5], false, 'report', false, ARGV[8]) end
+  if ARGV[4] == 'ok' then recordOutcome(proxy, ARGV[5], false, 'report', false, ARGV[8], ARGV[9]) end
   return proxy
 end
 if r[4] then
@@ -63,8 +64,8 @@ if r[4] then
   end
 end
 redis.call('HSET', key, 'r:' .. ARGV[5], now .. '|' .. proxy)
-cool(proxy, ARGV[5], tonumber(ARGV[6]))
-recordOutcome(proxy, ARGV[5], true, 'report', ARGV[4] == 'rate_limited', ARGV[8])
+if tonumber(ARGV[6]) > 0 then cool(proxy, ARGV[5], tonumber(ARGV[6])) end
+recordOutcome(proxy, ARGV[5], true, 'report', ARGV[4] == 'rate_limited', ARGV[8], ARGV[9])
 return proxy
 `)
 
@@ -100,15 +101,17 @@ return ms
 
 // recordOutcomeScript: ARGV[3] proxy, ARGV[4] host, ARGV[5] 1 for blocked,
 // ARGV[6] its source, ARGV[7] the cooldown ms a blocked outcome sets (0:
-// none), ARGV[8] 1 for a push-back, ARGV[9] its reporter.
+// none), ARGV[8] 1 for a push-back, ARGV[9] its reporter, ARGV[10] its
+// client's fingerprint.
 var recordOutcomeScript = redis.NewScript(preamble + cool + outcomes + `
-recordOutcome(ARGV[3], ARGV[4], ARGV[5] == '1', ARGV[6], ARGV[8] == '1', ARGV[9])
+recordOutcome(ARGV[3], ARGV[4], ARGV[5] == '1', ARGV[6], ARGV[8] == '1', ARGV[9], ARGV[10])
 if ARGV[5] == '1' and tonumber(ARGV[7]) > 0 then cool(ARGV[3], ARGV[4], tonumber(ARGV[7])) end
 return 1
 `)
 
 // outcomesScript: ARGV[3] proxy. Returns host, served, blocked (as
-// strings, decayed to now), at, last blocked, by, voices, for each record.
+// strings, decayed to now), at, last blocked, by, voices, passes, for
+// each record.
 var outcomesScript = redis.NewScript(preamble + outcomes + `
 local all, out = redis.call('HGETALL', P .. 'out:' .. ARGV[3]), {}
 for i = 1, #all, 2 do
@@ -122,13 +125,14 @@ for i = 1, #all, 2 do
     out[#out + 1] = tonumber(f[4])
     out[#out + 1] = f[5]
     out[#out + 1] = f[6] or ''
+    out[#out + 1] = f[7] or ''
   end
 end
 return out
 `)
 
 // blocksScript: ARGV[3] since ms. Returns "<proxy>|<host>", its last block
-// ms, what saw it and its voices, for each block since.
+// ms, what saw it, its voices and its passes, for each block since.
 var blocksScript = redis.NewScript(preamble + outcomes + `
 local since = math.max(tonumber(ARGV[3]), now - OR)
 local z, out = redis.call('ZRANGEBYSCORE', P .. 'blocks', since, '+inf', 'WITHSCORES'), {}
@@ -136,15 +140,16 @@ for i = 1, #z, 2 do
   local m = z[i]
   local sep = string.find(m, '|', 1, true)
   local raw = redis.call('HGET', P .. 'out:' .. string.sub(m, 1, sep - 1), string.sub(m, sep + 1))
-  local by, voices = '', ''
+  local by, voices, passes = '', '', ''
   if raw then
     local f = splitRecord(raw)
-    by, voices = f[5], f[6] or ''
+    by, voices, passes = f[5], f[6] or '', f[7] or ''
   end
   out[#out + 1] = m
   out[#out + 1] = tonumber(z[i + 1])
   out[#out + 1] = by
   out[#out + 1] = voices
+  out[#out + 1] = passes
 end
 return out
 `)
@@ -195,4 +200,23 @@ for _, h in ipairs(redis.call('HKEYS', P .. 'out:' .. proxy)) do
 end
 redis.call('DEL', P .. 'out:' .. proxy)
 return 1
+`)
+
+// markClientBanScript: ARGV[3] "<host>|<client>", ARGV[4] its retention
+// (ms).
+// Ended marks go; past lease.MaxClientBans the one that ends first goes.
+var markClientBanScript = redis.NewScript(preamble + fmt.Sprintf(`
+local key = P .. 'clientbans'
+redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+redis.call('ZADD', key, 'GT', now + tonumber(ARGV[4]), ARGV[3])
+local extra = redis.call('ZCARD', key) - %d
+if extra > 0 then redis.call('ZPOPMIN', key, extra) end
+redis.call('PEXPIREAT', key, redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
+return 1
+`, lease.MaxClientBans))
+
+// clientBansScript: returns "<host>|<client>" and its end (ms) for each
+// mark not yet ended.
+var clientBansScript = redis.NewScript(preamble + `
+return redis.call('ZRANGEBYSCORE', P .. 'clientbans', '(' .. now, '+inf', 'WITHSCORES')
 `)

@@ -149,8 +149,9 @@ local function splitRecord(raw)
     i = j + 1
   end
 end
-local function withVoice(voices, who)
+local function withVoice(voices, who, client)
   local out, n = who .. '@' .. now, 1
+  if client ~= '' then out = out .. '!' .. client end
   for v in string.gmatch(voices or '', '[^;]+') do
     local at = string.find(v, '@[^@]*$')
     if n < VMAX and string.sub(v, 1, at - 1) ~= who then
@@ -159,14 +160,24 @@ local function withVoice(voices, who)
   end
   return out
 end
-local function recordOutcome(proxy, host, blocked, by, limited, who)
+local function withPass(passes, client, who)
+  local out, n = client .. '@' .. now .. '~' .. who, 1
+  for v in string.gmatch(passes or '', '[^;]+') do
+    local at = string.find(v, '@', 1, true)
+    if n < VMAX and string.sub(v, 1, at - 1) ~= client then
+      out, n = out .. ';' .. v, n + 1
+    end
+  end
+  return out
+end
+local function recordOutcome(proxy, host, blocked, by, limited, who, client)
   local key = P .. 'out:' .. proxy
   local raw = redis.call('HGET', key, host)
-  local served, bl, lb, lby, voices = 0, 0, 0, '', ''
+  local served, bl, lb, lby, voices, passes = 0, 0, 0, '', '', ''
   if raw then
     local f = splitRecord(raw)
     served, bl = decayed(tonumber(f[1]), tonumber(f[3])), decayed(tonumber(f[2]), tonumber(f[3]))
-    lb, lby, voices = tonumber(f[4]), f[5], f[6] or ''
+    lb, lby, voices, passes = tonumber(f[4]), f[5], f[6] or '', f[7] or ''
   elseif redis.call('HLEN', key) >= OMAX then
     local all, oldest, oldestAt = redis.call('HGETALL', key), nil, nil
     for i = 1, #all, 2 do
@@ -178,18 +189,19 @@ local function recordOutcome(proxy, host, blocked, by, limited, who)
   if blocked and limited then
     bl = bl + 1
   elseif blocked then
-    bl, lb, lby, voices = bl + 1, now, by, withVoice(voices, who)
+    bl, lb, lby, voices = bl + 1, now, by, withVoice(voices, who, client)
     redis.call('ZREMRANGEBYSCORE', P .. 'blocks', '-inf', now - OR)
     redis.call('ZADD', P .. 'blocks', now, proxy .. '|' .. host)
     redis.call('PEXPIRE', P .. 'blocks', OR)
   else
     served = served + 1
+    if client ~= '' then passes = withPass(passes, client, who) end
   end
   if bl > 0 then
     redis.call('HSET', P .. 'obh:' .. host, proxy, bl .. '|' .. now)
     redis.call('PEXPIRE', P .. 'obh:' .. host, OR)
   end
-  redis.call('HSET', key, host, served .. '|' .. bl .. '|' .. now .. '|' .. lb .. '|' .. lby .. '|' .. voices)
+  redis.call('HSET', key, host, served .. '|' .. bl .. '|' .. now .. '|' .. lb .. '|' .. lby .. '|' .. voices .. '|' .. passes)
   redis.call('PEXPIRE', key, OR)
 end
 local function blockedWeight(proxy, host)
@@ -431,7 +443,7 @@ local l = live(ARGV[3])
 if not l then return 0 end
 local blocked = ARGV[4] == 'rate_limited' or ARGV[4] == 'blocked'
 if blocked then cool(l[1], ARGV[5], tonumber(ARGV[6])) end
-if ARGV[5] ~= '' and (blocked or ARGV[4] == 'ok') then recordOutcome(l[1], ARGV[5], blocked, 'report', ARGV[4] == 'rate_limited', l[5] or '') end
+if ARGV[5] ~= '' and (blocked or ARGV[4] == 'ok') then recordOutcome(l[1], ARGV[5], blocked, 'report', ARGV[4] == 'rate_limited', l[5] or '', '') end
 return 1
 `)
 

@@ -313,8 +313,8 @@ func (s *Store) SetRoute(ctx context.Context, session, host string, set lease.Ro
 }
 
 // ReportSession implements lease.Store.
-func (s *Store) ReportSession(ctx context.Context, session, reporter, result, target string, cooldown, window time.Duration) (string, error) {
-	proxy, err := s.run(ctx, reportSessionScript, session, result, target, cooldown.Milliseconds(), window.Milliseconds(), reporter).Text()
+func (s *Store) ReportSession(ctx context.Context, r lease.SessionReport) (string, error) {
+	proxy, err := s.run(ctx, reportSessionScript, r.Session, r.Result, r.Target, r.Cooldown.Milliseconds(), r.Window.Milliseconds(), r.Reporter, r.Client).Text()
 	if err != nil {
 		return "", fmt.Errorf("report session script: %w", err)
 	}

@@ -187,11 +187,11 @@ func reportsRecordOutcomes(t *testing.T, h Harness) {
 	noneAvailable(t, err, lease.CauseCooling)
 
 	require.NoError(t, h.Store.SetRoute(ctx, "s1", "news.example", lease.RouteSet{Proxy: "b", Own: true, Idle: time.Minute}))
-	_, err = h.Store.ReportSession(ctx, "s1", "team-b", lease.ResultOK, "news.example", time.Minute, time.Second)
+	_, err = h.Store.ReportSession(ctx, lease.SessionReport{Session: "s1", Reporter: "team-b", Result: lease.ResultOK, Target: "news.example", Cooldown: time.Minute, Window: time.Second})
 	require.NoError(t, err)
-	_, err = h.Store.ReportSession(ctx, "s1", "team-b", lease.ResultRateLimited, "news.example", time.Minute, time.Second)
+	_, err = h.Store.ReportSession(ctx, lease.SessionReport{Session: "s1", Reporter: "team-b", Result: lease.ResultRateLimited, Target: "news.example", Cooldown: time.Minute, Window: time.Second})
 	require.NoError(t, err)
-	_, err = h.Store.ReportSession(ctx, "s1", "team-b", lease.ResultRateLimited, "news.example", time.Minute, time.Second)
+	_, err = h.Store.ReportSession(ctx, lease.SessionReport{Session: "s1", Reporter: "team-b", Result: lease.ResultRateLimited, Target: "news.example", Cooldown: time.Minute, Window: time.Second})
 	require.NoError(t, err)
 	r, ok = recordOf(t, h, "b", "news.example")
 	require.True(t, ok)
@@ -237,7 +237,7 @@ func voices(t *testing.T, h Harness) {
 	require.Len(t, blocks[0].Voices, lease.MaxVoices)
 
 	require.NoError(t, h.Store.SetRoute(ctx, "team-h/s1", "news.example", lease.RouteSet{Proxy: "b", Own: true, Idle: time.Minute}))
-	_, err = h.Store.ReportSession(ctx, "team-h/s1", "team-h", lease.ResultBlocked, "news.example", time.Minute, time.Second)
+	_, err = h.Store.ReportSession(ctx, lease.SessionReport{Session: "team-h/s1", Reporter: "team-h", Result: lease.ResultBlocked, Target: "news.example", Cooldown: time.Minute, Window: time.Second})
 	require.NoError(t, err)
 	r, _ = recordOf(t, h, "b", "news.example")
 	assert.Equal(t, []string{"team-h"}, whos(r.Voices), "a session's report is its tenant's voice")
@@ -290,4 +290,79 @@ func burnedIPs(t *testing.T, h Harness) {
 	gone, err := h.Store.BurnedUntil(ctx, "gcp-eu", "203.0.113.7")
 	require.NoError(t, err)
 	assert.True(t, gone.IsZero(), "retention over")
+}
+
+// clients: a block keeps the fingerprint of the client whose request it
+// was in its voice, a success keeps it among the record's passes (the
+// latest of each client first, at most MaxVoices), and Blocks carries
+// both to the ban judge; a session's report carries its client, read from
+// either replica.
+func clients(t *testing.T, h Harness) {
+	ctx := context.Background()
+	const banned, other = "t13d1516h2_aaaaaaaaaaaa_bbbbbbbbbbbb", "t13d1311h2_cccccccccccc_dddddddddddd"
+	stores := h.replicas()
+	require.NoError(t, stores[0].RecordOutcome(ctx, "a", "shop.example", lease.Outcome{Source: lease.OutcomeReport, Reporter: "team-a", Client: banned}))
+	h.Advance(time.Second)
+	require.NoError(t, stores[1].RecordOutcome(ctx, "a", "shop.example", lease.Outcome{Source: lease.OutcomeCanary, Client: lease.ClientCanary}))
+	require.NoError(t, stores[0].RecordOutcome(ctx, "a", "shop.example", lease.Outcome{Source: lease.OutcomeReport, Reporter: "team-b"}))
+	h.Advance(time.Second)
+	require.NoError(t, stores[0].SetRoute(ctx, "team-a/s1", "shop.example", lease.RouteSet{Proxy: "a", Own: true, Idle: time.Minute}))
+	_, err := stores[1].ReportSession(ctx, lease.SessionReport{Session: "team-a/s1", Reporter: "team-a", Result: lease.ResultBlocked,
+		Target: "shop.example", Client: banned, Cooldown: time.Minute, Window: time.Second})
+	require.NoError(t, err)
+	h.Advance(time.Second)
+	require.NoError(t, stores[1].RecordOutcome(ctx, "a", "shop.example", lease.Outcome{Source: lease.OutcomeReport, Reporter: "team-c", Client: other}))
+
+	r, ok := recordOf(t, h, "a", "shop.example")
+	require.True(t, ok)
+	require.Len(t, r.Voices, 1)
+	assert.Equal(t, banned, r.Voices[0].Client, "the block's voice names its client")
+	var passed []string
+	for _, p := range r.Passes {
+		passed = append(passed, p.Client)
+	}
+	assert.Equal(t, []string{other, lease.ClientCanary, banned}, passed, "the latest success of each known client first; an unknown client is none")
+	assert.WithinDuration(t, r.Voices[0].At.Add(time.Second), r.Passes[0].At, 50*time.Millisecond)
+	assert.Equal(t, []string{"team-c", "", "team-a"}, []string{r.Passes[0].Who, r.Passes[1].Who, r.Passes[2].Who}, "each pass names its reporter")
+
+	blocks, err := stores[1].Blocks(ctx, time.Time{})
+	require.NoError(t, err)
+	require.Len(t, blocks, 1)
+	assert.Equal(t, r.Voices, blocks[0].Voices)
+	assert.Equal(t, r.Passes, blocks[0].Passes)
+
+	for i := range lease.MaxVoices + 1 {
+		require.NoError(t, stores[i%2].RecordOutcome(ctx, "b", "shop.example", lease.Outcome{Source: lease.OutcomeReport, Client: fmt.Sprintf("client-%d", i)}))
+	}
+	r, _ = recordOf(t, h, "b", "shop.example")
+	assert.Len(t, r.Passes, lease.MaxVoices, "at most MaxVoices passes")
+	assert.Equal(t, fmt.Sprintf("client-%d", lease.MaxVoices), r.Passes[0].Client)
+}
+
+// clientBans: a host's mark on a client is seen from either replica until
+// it ends; a later end is kept, an earlier one changes nothing.
+func clientBans(t *testing.T, h Harness) {
+	ctx := context.Background()
+	stores := h.replicas()
+	bans := func(s lease.Store) map[string]time.Time {
+		got, err := s.ClientBans(ctx)
+		require.NoError(t, err)
+		out := map[string]time.Time{}
+		for _, b := range got {
+			out[b.Host+"|"+b.Client] = b.Until
+		}
+		return out
+	}
+	assert.Empty(t, bans(stores[0]))
+	require.NoError(t, stores[0].MarkClientBan(ctx, "shop.example", "fp1", 10*time.Minute))
+	require.NoError(t, stores[1].MarkClientBan(ctx, "shop.example", "fp1", 5*time.Minute))
+	require.NoError(t, stores[1].MarkClientBan(ctx, "news.example", "fp2", 20*time.Minute))
+	got := bans(stores[1])
+	require.Len(t, got, 2)
+	assert.WithinDuration(t, got["shop.example|fp1"].Add(10*time.Minute), got["news.example|fp2"], 100*time.Millisecond,
+		"the shop's later end is kept")
+	h.Advance(15 * time.Minute)
+	got = bans(stores[0])
+	assert.Len(t, got, 1, "the shop's mark ended")
+	assert.Contains(t, got, "news.example|fp2")
 }

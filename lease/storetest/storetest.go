@@ -68,6 +68,8 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"OutcomeMemory", outcomeMemory},
 		{"OutcomeCooldown", outcomeCooldown},
 		{"ForgetProxy", forgetProxy},
+		{"Clients", clients},
+		{"ClientBans", clientBans},
 		{"EndCooldown", endCooldown},
 		{"ReportsRecordOutcomes", reportsRecordOutcomes},
 		{"Voices", voices},
@@ -417,7 +419,7 @@ func sessions(t *testing.T, h Harness) {
 		return r
 	}
 	assert.Equal(t, lease.Route{}, hops(route("s1", "shop.example")), "unknown session")
-	_, err := h.Store.ReportSession(ctx, "s1", "platform", lease.ResultRateLimited, "shop.example", time.Minute, time.Second)
+	_, err := h.Store.ReportSession(ctx, lease.SessionReport{Session: "s1", Reporter: "platform", Result: lease.ResultRateLimited, Target: "shop.example", Cooldown: time.Minute, Window: time.Second})
 	require.ErrorIs(t, err, lease.ErrSessionNotFound)
 
 	require.NoError(t, h.Store.SetRoute(ctx, "s1", "shop.example", lease.RouteSet{Proxy: "p1", Own: true, Idle: 10 * time.Minute}))
@@ -426,7 +428,7 @@ func sessions(t *testing.T, h Harness) {
 	assert.Equal(t, lease.Route{}, hops(route("s2", "shop.example")), "per session")
 
 	// shop.example rate-limits s1 through p1: p1 cools for that host only.
-	proxy, err := h.Store.ReportSession(ctx, "s1", "platform", lease.ResultRateLimited, "shop.example", 5*time.Minute, time.Second)
+	proxy, err := h.Store.ReportSession(ctx, lease.SessionReport{Session: "s1", Reporter: "platform", Result: lease.ResultRateLimited, Target: "shop.example", Cooldown: 5 * time.Minute, Window: time.Second})
 	require.NoError(t, err)
 	assert.Equal(t, "p1", proxy)
 	_, err = acquire(h, Of("p1"), "shop.example", time.Minute)
@@ -438,7 +440,7 @@ func sessions(t *testing.T, h Harness) {
 	// The detour for shop.example is p2; a second report at once is the
 	// same burst: it cools nothing more.
 	require.NoError(t, h.Store.SetRoute(ctx, "s1", "shop.example", lease.RouteSet{Proxy: "p2", Own: false, Idle: 10 * time.Minute}))
-	proxy, err = h.Store.ReportSession(ctx, "s1", "platform", lease.ResultRateLimited, "shop.example", 5*time.Minute, time.Minute)
+	proxy, err = h.Store.ReportSession(ctx, lease.SessionReport{Session: "s1", Reporter: "platform", Result: lease.ResultRateLimited, Target: "shop.example", Cooldown: 5 * time.Minute, Window: time.Minute})
 	require.NoError(t, err)
 	assert.Equal(t, "p1", proxy, "the burst's proxy")
 	l, err = acquire(h, Of("p2"), "shop.example", time.Minute)
@@ -447,7 +449,7 @@ func sessions(t *testing.T, h Harness) {
 	h.Advance(2 * time.Minute)
 	assert.Equal(t, lease.Route{Own: "p1", Detour: "p2"}, hops(route("s1", "shop.example")))
 	assert.Equal(t, lease.Route{Own: "p1"}, hops(route("s1", "news.example")))
-	proxy, err = h.Store.ReportSession(ctx, "s1", "platform", lease.ResultOK, "shop.example", 0, time.Second)
+	proxy, err = h.Store.ReportSession(ctx, lease.SessionReport{Session: "s1", Reporter: "platform", Result: lease.ResultOK, Target: "shop.example", Cooldown: 0, Window: time.Second})
 	require.NoError(t, err)
 	assert.Equal(t, "p2", proxy, "ok is recorded against the detour, and cools nothing")
 	_, err = acquire(h, Of("p2"), "shop.example", time.Minute)
@@ -464,6 +466,6 @@ func sessions(t *testing.T, h Harness) {
 	assert.Equal(t, lease.Route{Own: "p3"}, hops(route("s1", "shop.example")), "extended by the last route")
 	h.Advance(2 * time.Minute)
 	assert.Equal(t, lease.Route{}, hops(route("s1", "shop.example")), "idle for 11 minutes")
-	_, err = h.Store.ReportSession(ctx, "s1", "platform", lease.ResultRateLimited, "shop.example", time.Minute, time.Second)
+	_, err = h.Store.ReportSession(ctx, lease.SessionReport{Session: "s1", Reporter: "platform", Result: lease.ResultRateLimited, Target: "shop.example", Cooldown: time.Minute, Window: time.Second})
 	require.ErrorIs(t, err, lease.ErrSessionNotFound)
 }

@@ -82,6 +82,7 @@ type product struct {
 	api    *httptest.Server
 	gwAddr string
 	client *client.Client
+	store  lease.Store
 }
 
 func startProduct(t testing.TB, w *web, politeness broker.Politeness) *product {
@@ -97,7 +98,7 @@ func startReplica(t testing.TB, w *web, politeness broker.Politeness, store leas
 	for i, ip := range w.proxies {
 		p := &crawlv1alpha1.Proxy{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "crawl", Name: fmt.Sprintf("p%02d", i)},
-			Spec: crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeExternal, Attributes: map[string]string{"fleet": "bench"},
+			Spec: crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeExternal, Attributes: map[string]string{"fleet": "bench", "id": fmt.Sprintf("p%02d", i)},
 				External: &crawlv1alpha1.ExternalEndpoint{Address: ip}},
 			Status: crawlv1alpha1.ProxyStatus{Phase: crawlv1alpha1.PhaseReady, IP: ip, Port: 3128},
 		}
@@ -115,7 +116,7 @@ func startViewProduct(t testing.TB, view *broker.View, politeness broker.Politen
 		DefaultTTL: broker.DefaultTTL, MaxTTL: broker.DefaultMaxTTL, DefaultCooldown: broker.DefaultCooldown,
 		Politeness: politeness,
 	})
-	p := &product{api: httptest.NewServer(server.Handler())}
+	p := &product{api: httptest.NewServer(server.Handler()), store: store}
 	t.Cleanup(p.api.Close)
 	// The simulated sites listen on loopback addresses and any port.
 	gw := gateway.New(gateway.Options{Upstreams: server.Tunnels(), Destinations: gateway.Destinations{ConnectPorts: []int{0}, HTTPPorts: []int{0}}})

@@ -166,7 +166,7 @@ func (f *recyclingFleet) recycle(ctx context.Context) error {
 		subjects[i] = bans.Subject{Key: types.NamespacedName{Namespace: "crawl", Name: s.name}, Group: "crawl/bench",
 			Hosts: crawlv1alpha1.DefaultBanHosts, Window: time.Minute, Since: s.since}
 	}
-	verdicts, _ := bans.Decide(subjects, blocks, now, bans.DefaultMaxBlockedShare, nil)
+	verdicts, _, _ := bans.Decide(subjects, blocks, now, bans.DefaultMaxBlockedShare, nil)
 	for _, s := range f.slots {
 		if !verdicts[types.NamespacedName{Namespace: "crawl", Name: s.name}].Banned {
 			continue

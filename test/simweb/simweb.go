@@ -32,6 +32,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/example/egress-proxies-operator/tlsprint"
 )
 
 // RulesPath is where every site publishes its Rules as JSON.
@@ -63,6 +65,10 @@ type Rules struct {
 	MaxConcurrent int `json:"maxConcurrent,omitempty"`
 	// Blocked IPs are answered 403 from their first request.
 	Blocked []string `json:"blocked,omitempty"`
+	// BlockedClients are TLS clients, by JA4 fingerprint (package
+	// tlsprint), answered 403 from any IP, as sites and WAFs block a
+	// client they take for a bot: the IP is not banned for it.
+	BlockedClients []string `json:"blockedClients,omitempty"`
 	// SoftBlocked IPs are answered 200 with a block page.
 	SoftBlocked []string `json:"softBlocked,omitempty"`
 	// SoftViolations answers a violation with a 200 block page instead of
@@ -100,6 +106,7 @@ const (
 	AnswerBanned    = "banned"     // 403: the IP is banned here
 	AnswerBlocked   = "blocked"    // 403: the IP is on the block list
 	AnswerSoftBlock = "soft_block" // 200 with a block page
+	AnswerClient    = "client"     // 403: the TLS client is blocked, whatever its IP
 )
 
 // Site is one simulated web site.
@@ -112,7 +119,12 @@ type Site struct {
 	cert      *x509.Certificate
 	now       func() time.Time
 
+	// clients are the JA4 fingerprints of the TLS connections, by the
+	// client's address.
+	clients sync.Map
+
 	mu        sync.Mutex
+	seen      map[string]bool // every TLS client's fingerprint
 	ips       map[string]*ipState
 	answers   map[string]int
 	bannedIPs []string
@@ -148,9 +160,14 @@ func StartOn(addr string, https bool, rules Rules) (*Site, error) {
 	if err != nil {
 		return nil, fmt.Errorf("site on %s: %w", addr, err)
 	}
-	s := &Site{Host: ip, Rules: rules, now: time.Now, ips: map[string]*ipState{}, answers: map[string]int{}}
+	s := &Site{Host: ip, Rules: rules, now: time.Now, ips: map[string]*ipState{}, answers: map[string]int{}, seen: map[string]bool{}}
 	s.srv = httptest.NewUnstartedServer(s)
 	s.srv.Listener = lis
+	s.srv.Config.ConnState = func(c net.Conn, st http.ConnState) {
+		if st == http.StateClosed || st == http.StateHijacked {
+			s.clients.Delete(c.RemoteAddr().String())
+		}
+	}
 	if !https {
 		s.srv.Start()
 		s.URL = s.srv.URL
@@ -163,7 +180,17 @@ func StartOn(addr string, https bool, rules Rules) (*Site, error) {
 	}
 	pool := x509.NewCertPool()
 	pool.AddCert(cert.Leaf)
-	s.srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	s.srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12,
+		GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+			fp := tlsprint.JA4(h)
+			s.clients.Store(h.Conn.RemoteAddr().String(), fp)
+			s.mu.Lock()
+			s.seen[fp] = true
+			s.mu.Unlock()
+			return nil, nil
+		}}
+	// Sites speak HTTP/2 to the clients that offer it, as real ones do.
+	s.srv.EnableHTTP2 = true
 	s.srv.StartTLS()
 	s.URL, s.roots, s.cert = s.srv.URL, pool, cert.Leaf
 	return s, nil
@@ -217,7 +244,11 @@ func (s *Site) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ip, _, _ := net.SplitHostPort(r.RemoteAddr)
-	kind, retryAfter := s.admit(ip)
+	client := ""
+	if fp, ok := s.clients.Load(r.RemoteAddr); ok {
+		client = fp.(string)
+	}
+	kind, retryAfter := s.admit(ip, client)
 	defer s.done(ip, kind)
 	switch kind {
 	case AnswerLimited:
@@ -227,6 +258,8 @@ func (s *Site) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, ip+" is banned from this site", http.StatusForbidden)
 	case AnswerBlocked:
 		http.Error(w, ip+" is blocked", http.StatusForbidden)
+	case AnswerClient:
+		http.Error(w, "your client is blocked", http.StatusForbidden)
 	case AnswerSoftBlock:
 		_, _ = fmt.Fprintf(w, "<html><head><title>Just a moment</title></head><body class=%q>Please prove you are human.</body></html>\n", BlockPageMarker)
 	default:
@@ -238,7 +271,7 @@ func (s *Site) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // admit decides one request's answer and counts it in flight.
-func (s *Site) admit(ip string) (kind string, retryAfter time.Duration) {
+func (s *Site) admit(ip, client string) (kind string, retryAfter time.Duration) {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -250,6 +283,8 @@ func (s *Site) admit(ip string) (kind string, retryAfter time.Duration) {
 	st.requests++
 	st.inFlight++
 	switch {
+	case client != "" && slices.Contains(s.Rules.BlockedClients, client):
+		return AnswerClient, 0
 	case slices.Contains(s.Rules.Blocked, ip):
 		return AnswerBlocked, 0
 	case now.Before(st.bannedTill):
@@ -298,6 +333,27 @@ func (s *Site) admit(ip string) (kind string, retryAfter time.Duration) {
 		return AnswerSoftBlock, 0
 	}
 	return AnswerLimited, retryAfter
+}
+
+// BlockClients has the site block these TLS clients (Rules.BlockedClients)
+// from now on.
+func (s *Site) BlockClients(fingerprints ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.Rules.BlockedClients = append(s.Rules.BlockedClients, fingerprints...)
+}
+
+// Clients are the JA4 fingerprints of every TLS client the site has seen,
+// sorted.
+func (s *Site) Clients() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, 0, len(s.seen))
+	for fp := range s.seen {
+		out = append(out, fp)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // done counts a finished request.

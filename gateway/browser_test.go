@@ -16,7 +16,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/example/egress-proxies-operator/broker"
+	"github.com/example/egress-proxies-operator/discovery"
 	"github.com/example/egress-proxies-operator/gateway"
+	"github.com/example/egress-proxies-operator/test/simweb"
 )
 
 // chromium is Debian's headless-capable browser, or the test fails with
@@ -181,4 +184,55 @@ func TestChromiumThroughTheGateway(t *testing.T) {
 	ip, err = visit(b, shopURL("/b2"))
 	require.NoError(t, err)
 	assert.Equal(t, exitB, ip, "the other session keeps its exit IP")
+}
+
+// A real headless Chromium crawls a site that allows each IP 2 requests in
+// any second and bans it after three violations, with a policy declaring
+// just that. One context navigates page after page over one kept-alive
+// HTTP/2 tunnel, which the gateway paces turn by turn; another opts into
+// the inspecting mode and loads pages of six images each, multiplexed over
+// HTTP/2, which the gateway paces request by request. Every page and image
+// loads, the site answers no 429, and it bans no IP.
+func TestChromiumKeepsASlidingWindowThroughTheGateway(t *testing.T) {
+	bin := chromium(t)
+	const perSecond = 2
+	site, err := simweb.Start("127.0.0.87", true, simweb.Rules{PerWindow: perSecond, Window: simweb.Duration(time.Second),
+		BanAfter: 3, BanWindow: simweb.Duration(30 * time.Second), BanFor: simweb.Duration(time.Hour)})
+	require.NoError(t, err)
+	t.Cleanup(site.Close)
+	host := site.Host
+	f, _ := inspectFixture(t, func(o *discovery.Options) {
+		o.Politeness = broker.Politeness{Policies: lazyPolicy{host: &host, n: perSecond}}
+	}, site.Certificate())
+
+	alloc, cancel := chromedp.NewExecAllocator(context.Background(), append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(bin),
+		chromedp.NoSandbox, // CI runs as root
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.ProxyServer("http://"+f.gwAddr),
+		chromedp.Flag("proxy-bypass-list", "<-loopback>"),
+		// The site's test certificate, and the team's inspecting CA.
+		chromedp.Flag("ignore-certificate-errors", true),
+	)...)
+	t.Cleanup(cancel)
+	browser, cancelBrowser := chromedp.NewContext(alloc)
+	t.Cleanup(cancelBrowser)
+	require.NoError(t, chromedp.Do(browser), "starting %s", bin)
+
+	tunnelled := browserContext(browser, t, "browser-pages")
+	for i := range 8 {
+		ctx, cancel := context.WithTimeout(tunnelled, 30*time.Second)
+		require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(fmt.Sprintf("%s/page/%d", site.URL, i))), "page %d", i)
+		cancel()
+	}
+	inspected := browserContext(browser, t, "browser-gallery.inspect")
+	for i := range 3 {
+		ctx, cancel := context.WithTimeout(inspected, 60*time.Second)
+		require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(fmt.Sprintf("%s/gallery/%d?images=6", site.URL, i))), "gallery %d", i)
+		cancel()
+	}
+	st := site.Stats()
+	assert.Equal(t, 8+3*7, st.Pages(), "every page and image was served")
+	assert.Zero(t, st.Answers[simweb.AnswerLimited], "the site answered no 429")
+	assert.Empty(t, st.Banned, "the site banned no IP")
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"strings"
 	"time"
@@ -91,11 +92,18 @@ func (g *Gateway) carryRequest(w http.ResponseWriter, r, out *http.Request, id I
 			pickAnswer(err, last).write(w, r)
 			return
 		}
-		if !waitForSlot(ctx, up) {
+		// The request waits for its slot once its connection is ready
+		// (a new one takes a CONNECT and a TLS handshake first), so the
+		// site sees it at its slot, not a handshake later than the last.
+		slot := time.Now().Add(up.Wait)
+		resp, err := rt.RoundTrip(atSlot(out.WithContext(context.WithValue(ctx, upstreamKey{}, up)), slot))
+		if ctx.Err() != nil {
+			if err == nil {
+				_ = resp.Body.Close()
+			}
 			g.opts.Upstreams.ReleaseTunnel(context.WithoutCancel(ctx), up.LeaseID, id.Session, 0)
 			return
 		}
-		resp, err := rt.RoundTrip(out.WithContext(context.WithValue(ctx, upstreamKey{}, up)))
 		var f *failure
 		switch {
 		case err != nil:
@@ -136,6 +144,18 @@ func (g *Gateway) carryRequest(w http.ResponseWriter, r, out *http.Request, id I
 		last = f
 		restart = up.Fresh
 	}
+}
+
+// atSlot holds r, once the transport has its connection, until slot; a
+// request whose client went away meanwhile is never sent (its connection
+// is closed instead).
+func atSlot(r *http.Request, slot time.Time) *http.Request {
+	ctx := r.Context()
+	return r.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
+		if !sleep(ctx, time.Until(slot)) {
+			_ = info.Conn.Close()
+		}
+	}}))
 }
 
 // What a site's answer was, as judgeAnswer reads it.

@@ -353,10 +353,6 @@ func (g *Gateway) pick(ctx context.Context, req broker.TunnelRequest) (broker.Up
 	}
 }
 
-// waitForSlot waits out a paced upstream's reserved slot; false when the
-// client went away first.
-func waitForSlot(ctx context.Context, up broker.Upstream) bool { return sleep(ctx, up.Wait) }
-
 // sleep waits d, or less when ctx ends first (then false).
 func sleep(ctx context.Context, d time.Duration) bool {
 	if d <= 0 {

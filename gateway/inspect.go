@@ -69,13 +69,15 @@ func (i *Inspect) LoadRootCAs() error {
 func (i Inspect) Enabled() bool { return i.Authority != nil }
 
 // inspectTransport is the transport of inspected requests: HTTPS through
-// the picked upstream (upstreamOf), HTTP/2 to the sites that speak it.
+// the picked upstream (upstreamOf), over HTTP/1.1 kept alive, so that each
+// request has a connection of its own when it is held for its slot
+// (atSlot); the client's side may multiplex over HTTP/2.
 func inspectTransport(opts Options) *http.Transport {
 	return &http.Transport{
 		Proxy:                 upstreamOf,
 		DialContext:           (&net.Dialer{Timeout: opts.ConnectTimeout}).DialContext,
 		TLSClientConfig:       &tls.Config{RootCAs: opts.Inspect.RootCAs, MinVersion: tls.VersionTLS12},
-		ForceAttemptHTTP2:     true,
+		TLSNextProto:          map[string]func(string, *tls.Conn) http.RoundTripper{},
 		TLSHandshakeTimeout:   opts.ConnectTimeout,
 		ResponseHeaderTimeout: opts.MaxTunnelLifetime,
 		IdleConnTimeout:       opts.IdleTimeout,

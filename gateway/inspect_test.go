@@ -24,8 +24,9 @@ import (
 )
 
 // inspectFixture is the fixture with the inspecting mode on: one CA for
-// every tenant, and the sites' certificates trusted by the gateway.
-func inspectFixture(t *testing.T, policy func(o *discovery.Options)) (*fixture, *x509.CertPool) {
+// every tenant, and the sites' certificates (the fixture's, and
+// otherSites') trusted by the gateway.
+func inspectFixture(t *testing.T, policy func(o *discovery.Options), otherSites ...*x509.Certificate) (*fixture, *x509.CertPool) {
 	t.Helper()
 	ca, err := inspect.NewCA("test inspecting CA", time.Now())
 	require.NoError(t, err)
@@ -40,6 +41,9 @@ func inspectFixture(t *testing.T, policy func(o *discovery.Options)) (*fixture, 
 		})
 	for _, s := range f.sites {
 		sitesCAs.AddCert(s.srv.Certificate())
+	}
+	for _, c := range otherSites {
+		sitesCAs.AddCert(c)
 	}
 	// The crawler trusts what GET /v1/inspect/ca hands its tenant.
 	req, err := http.NewRequest(http.MethodGet, f.api.URL+"/v1/inspect/ca", nil)

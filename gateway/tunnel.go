@@ -63,13 +63,19 @@ type tunnel struct {
 	lastActive atomic.Int64
 	closeOnce  sync.Once
 	reason     string
-	// answered says the upstream wrote to the client since the client last
-	// wrote; turns follows the client's turns (turns.go: the client's
+	// answers counts the upstream's writes to the client, and seenAnswers
+	// how many of them the client's last turn followed (the client's
+	// direction alone uses it): the client writing after more is a new
+	// turn. turns follows the client's turns (turns.go: the client's
 	// direction alone uses it); pace takes a paced turn's slot (nil: the
 	// host is not paced).
-	answered atomic.Bool
-	turns    turnCounter
-	pace     func() bool
+	answers     atomic.Int64
+	seenAnswers int64
+	turns       turnCounter
+	pace        func() bool
+	// firstSlot is when the client's first request may reach the site:
+	// the slot its lease took.
+	firstSlot time.Time
 	// hello reads the client's ClientHello (the client's direction alone).
 	hello hello
 	// inspected: the gateway terminates the client's TLS and carries each
@@ -88,10 +94,27 @@ func (t *tunnel) observeClient(p []byte) {
 // what came at once): a paced turn waits for its slot. False: the host's
 // pace gives it none within PaceWait, and the tunnel ends.
 func (t *tunnel) clientTurn(head []byte) bool {
-	if !t.turns.turn(head, t.answered.Swap(false)) || t.pace == nil {
-		return true
+	answers := t.answers.Load()
+	kind, consumed := t.turns.turn(head, answers > t.seenAnswers)
+	if consumed {
+		// A write that is no turn of its own (an HTTP/2 window update, an
+		// alert) leaves the answer for the client's next write.
+		t.seenAnswers = answers
 	}
-	return t.pace()
+	switch kind {
+	case turnFirst:
+		// The turn that may carry the first request waits for its
+		// lease's slot: the handshake went before it, so the site sees
+		// the request at its slot, not a handshake later.
+		if d := time.Until(t.firstSlot); d > 0 {
+			time.Sleep(d)
+		}
+	case turnPaced:
+		if t.pace != nil {
+			return t.pace()
+		}
+	}
+	return true
 }
 
 // tunnel serves a CONNECT: an upstream that takes the tunnel (retrying
@@ -157,6 +180,7 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 		started: time.Now(), idle: g.opts.IdleTimeout, life: life, who: id.Tenant, metered: g.opts.Upstreams.MetersBytes(id.Tenant)}
 	t.account = func(least int64) { g.meter(bg, t, least) }
 	t.ledgerUntil = up.LedgerUntil
+	t.firstSlot = upstream.slot
 	if up.Paced {
 		t.pace = func() bool { return g.paceTurn(bg, t) }
 	}
@@ -238,12 +262,13 @@ func (g *Gateway) connectAny(ctx context.Context, id Identity, host, hostport st
 		if err != nil {
 			return dialed{}, broker.Upstream{}, last, err
 		}
-		if !waitForSlot(ctx, up) {
-			g.opts.Upstreams.ReleaseTunnel(context.WithoutCancel(ctx), up.LeaseID, id.Session, 0)
-			return dialed{}, broker.Upstream{}, last, ctx.Err()
-		}
+		// The slot is the first request's: the tunnel opens (and the
+		// client's handshake goes) meanwhile, and the client's turn that
+		// may carry the request waits for it (tunnel.clientTurn).
+		slot := time.Now().Add(up.Wait)
 		d, f := g.connect(ctx, up, hostport)
 		if f == nil {
+			d.slot = slot
 			return d, up, nil, nil
 		}
 		// A CONNECT answer always comes from the proxy, never from the
@@ -278,6 +303,8 @@ const (
 type dialed struct {
 	conn    net.Conn
 	pending []byte
+	// slot is when the tunnel's first request may go (its lease's slot).
+	slot time.Time
 }
 
 // connect opens a tunnel through one upstream: a CONNECT with the
@@ -352,7 +379,7 @@ func (t *tunnel) run(early, pendingDown []byte) {
 		defer close(done)
 		t.pipe(up, t.client, early, both{bytesTotal.WithLabelValues(directionUp), &t.moved, t.account}, t.clientTurn, t.observeClient, nil)
 	}()
-	t.pipe(t.client, up, pendingDown, both{bytesTotal.WithLabelValues(directionDown), &t.moved, t.account}, nil, nil, func() { t.answered.Store(true) })
+	t.pipe(t.client, up, pendingDown, both{bytesTotal.WithLabelValues(directionDown), &t.moved, t.account}, nil, nil, func() { t.answers.Add(1) })
 	<-done
 	t.close(closedDone)
 }

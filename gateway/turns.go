@@ -65,49 +65,80 @@ type turnCounter struct {
 	left int
 }
 
+// What a client write begins, for the tunnel's pacing.
+const (
+	turnNone  = iota // nothing to hold: the handshake, or the same turn going on
+	turnFirst        // the turn that may carry the first request: it waits for the lease's slot
+	turnPaced        // a later request's turn: it takes a slot of its own
+)
+
 // turn is called as a client write begins (head is what came at once, and
-// answered says the upstream wrote since the client's last write): whether
-// the write begins a paced turn.
-func (c *turnCounter) turn(head []byte, answered bool) bool {
+// answered says the upstream wrote since the client's last turn): what the
+// write begins, and whether it used up the answer (a write that is no turn,
+// such as an HTTP/2 window update after a response, leaves it for the next
+// one). The first request goes on the lease's slot: over plain HTTP it is
+// the first write; over TLS it cannot come before the turn that finishes
+// the handshake, which is held until the slot whether or not the request
+// rides along (a request in its own next turn then comes later still, and
+// takes no slot).
+func (c *turnCounter) turn(head []byte, answered bool) (kind int, consumed bool) {
 	first := head[0]
 	switch c.state {
 	case turnsStart:
 		c.state = turnsRequests
 		if first == recordHandshake {
 			c.state, c.tls = turnsHandshake, true
+			return turnNone, true
 		}
-		return false
+		return turnFirst, true
 	case turnsHandshake:
 		if answered {
 			c.state, c.records = turnsFinishing, 0
+			return turnFirst, true
 		}
-		return false
+		return turnNone, false
 	case turnsFinishing:
 		if !answered {
-			return false // the same turn goes on
+			return turnNone, false // the same turn goes on
 		}
 		c.state = turnsRequests
-		return c.requestSeen && c.request(head) // else this turn is the first request
+		if !c.requestSeen {
+			return turnNone, true // this turn is the first request
+		}
 	}
-	return answered && c.request(head)
+	if answered && c.request(head) {
+		return turnPaced, true
+	}
+	return turnNone, false
 }
 
 // minRequestRecord is the smallest TLS record that may carry a request:
 // below it are alerts (a TLS 1.3 close_notify is 19 bytes, encrypted) and
-// HTTP/2's small control frames (a settings ack, a window update, a ping).
-const minRequestRecord = 48
+// HTTP/2's small control frames in TLS 1.3 (a settings ack is 26 bytes, a
+// window update or a stream reset 30, a ping 34). An HTTP/2 request whose
+// headers HPACK shrank to a few bytes can be as small as 40: anything from
+// here up is counted as a request, a delay at worst.
+const minRequestRecord = 35
 
 // request says whether a write beginning with head may carry a request:
-// anything over plain HTTP; over TLS, a first record of application data
-// large enough to hold one.
+// anything over plain HTTP; over TLS, an application-data record large
+// enough to hold one among the records that came at once (an HTTP/2
+// client may write a window update and its next request together).
 func (c *turnCounter) request(head []byte) bool {
 	if !c.tls {
 		return true
 	}
-	if head[0] != recordApplicationData {
-		return false
+	for off := 0; off < len(head); {
+		if len(head)-off < recordHeader {
+			return head[off] == recordApplicationData // cut short: it may be one
+		}
+		n := int(head[off+3])<<8 | int(head[off+4])
+		if head[off] == recordApplicationData && n >= minRequestRecord {
+			return true
+		}
+		off += recordHeader + n
 	}
-	return len(head) < recordHeader || int(head[3])<<8|int(head[4]) >= minRequestRecord
+	return false
 }
 
 // observe reads a client write's bytes: in the finishing turn, whether an

@@ -266,7 +266,17 @@ func (s *Site) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if d := time.Duration(s.Rules.Latency); d > 0 {
 			time.Sleep(d)
 		}
-		_, _ = fmt.Fprintf(w, "<html><head><title>%s%s</title></head><body>page %s of %s</body></html>\n", s.Host, r.URL.Path, r.URL.Path, s.Host)
+		// ?images=N: the page shows N images of the site's, as a
+		// browser's page loads its subresources.
+		images := ""
+		if n, err := strconv.Atoi(r.URL.Query().Get("images")); err == nil {
+			for i := range min(n, 64) {
+				images += fmt.Sprintf(`<img src="%s-image-%d" alt="">`, r.URL.Path, i)
+			}
+		}
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		_, _ = fmt.Fprintf(w, "<html><head><title>%s%s</title><link rel=\"icon\" href=\"data:,\"></head><body>page %s of %s%s</body></html>\n",
+			s.Host, r.URL.Path, r.URL.Path, s.Host, images)
 	}
 }
 

@@ -96,7 +96,7 @@ test: verify-generated envtest ## Run unit and envtest suites with -race (builds
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test $(GO_TEST_FLAGS) ./...
 
 # -p 1: one package's benchmarks at a time, so none measures another's load.
-BENCH_FLAGS ?= -run '^$$' -bench . -benchtime 1x -count 1 -p 1 -timeout 30m
+BENCH_FLAGS ?= -run '^$$' -bench . -benchtime 1x -count 1 -p 1 -timeout 45m
 BENCH_RESULTS ?= bench/results
 
 .PHONY: bench

@@ -309,7 +309,20 @@ func (s *Server) decodeReport(w http.ResponseWriter, r *http.Request) (req repor
 	if err != nil {
 		return req, 0, http.StatusBadRequest, CodeInvalidRequest, err
 	}
-	return req, max(s.opts.DefaultCooldown, time.Duration(req.RetryAfterSeconds)*time.Second), 0, "", nil
+	return req, reportCooldown(req, s.opts.DefaultCooldown, s.opts.Politeness.Adaptive), 0, "", nil
+}
+
+// reportCooldown is how long a report keeps its proxy off its target:
+// with adaptive pacing, a push-back for as long as the site's Retry-After
+// said, when it said (the host's learned pace slows every proxy
+// meanwhile); otherwise, and for a block, the default cooldown, or the
+// Retry-After if longer (nothing else would slow the host).
+func reportCooldown(req reportRequest, def time.Duration, adaptive bool) time.Duration {
+	retryAfter := time.Duration(req.RetryAfterSeconds) * time.Second
+	if adaptive && req.Result == lease.ResultRateLimited && retryAfter > 0 {
+		return retryAfter
+	}
+	return max(def, retryAfter)
 }
 
 // leaseView shows a lease with its proxy as it is now; a proxy deleted since

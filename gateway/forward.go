@@ -117,12 +117,12 @@ func (g *Gateway) carryRequest(w http.ResponseWriter, r, out *http.Request, id I
 			// An idempotent request the site refused the IP is tried once
 			// more on another, when the gateway inspects: it saw the
 			// answer before the client did.
-			if inspecting && refusal == refusalBlocked && idempotent && !id.Strict && !retriedBan && attempt+1 < g.opts.Attempts+1 {
+			if inspecting && refusal == refusalBlocked && idempotent && !id.Strict && !retriedBan {
 				_ = resp.Body.Close()
 				g.opts.Upstreams.ReleaseTunnel(context.WithoutCancel(ctx), up.LeaseID, id.Session, 0)
 				inspectRetries.Inc()
 				logf.FromContext(ctx).V(1).Info("the site refused an inspected request's IP; trying another once", "proxy", up.ProxyID, "host", host)
-				retriedBan, restart = true, true
+				retriedBan, restart = true, up.Fresh
 				avoid = append(avoid, up.ProxyID)
 				continue
 			}

@@ -56,10 +56,11 @@ const (
 	// DefaultPaceWait is how long a tunnel or request may wait for its
 	// host's next paced slot before the client is told 429.
 	DefaultPaceWait = 5 * time.Second
-	// DefaultPacedTunnelLifetime bounds a tunnel to a paced host: the
-	// gateway paces tunnels, never the requests inside them, so a
-	// keep-alive tunnel's requests are paced only by its lifetime.
-	DefaultPacedTunnelLifetime = 10 * time.Second
+	// DefaultPacedTunnelLifetime bounds a tunnel to a paced host, so its
+	// session's tunnels follow the host's pace to other proxies now and
+	// then. Its requests are paced one by one; closing it cuts what it
+	// carries (an HTTP/2 client loses every stream in flight), so rarely.
+	DefaultPacedTunnelLifetime = 10 * time.Minute
 )
 
 // ProxyStatusName names the gateway in the Proxy-Status header (RFC 9209).

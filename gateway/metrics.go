@@ -72,7 +72,7 @@ var (
 	}, []string{"reason"})
 	turnsPaced = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: operator.MetricsNamespace, Subsystem: "gateway", Name: "paced_turns_total",
-		Help: "Requests inside kept-alive tunnels to a paced host (a client's turn after the site answered), by outcome: sent (at once or after waiting for the slot) or refused (no slot within the pace wait: the tunnel closed).",
+		Help: "Requests inside tunnels to a paced host after their first (a TLS record that may hold one; a plain-HTTP turn), by outcome: sent (at once or after waiting for the slot) or refused (no slot within the tunnel's idle timeout: the tunnel closed).",
 	}, []string{"outcome"})
 	clientHellos = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: operator.MetricsNamespace, Subsystem: "gateway", Name: "client_hellos_total",

@@ -33,7 +33,7 @@ const (
 	closedShutdown  = "shutdown"   // the gateway stopped
 	closedQuota     = "quota"      // its tenant's bytes for the day are spent
 	closedLeaseLost = "lease_lost" // its lease ran out (renewals failed)
-	closedPaced     = "paced"      // its host's pace allowed its next request no slot within PaceWait
+	closedPaced     = "paced"      // its host's pace allowed its next request no slot within IdleTimeout
 )
 
 // tunnel is one client's CONNECT, spliced to its upstream.
@@ -63,6 +63,10 @@ type tunnel struct {
 	lastActive atomic.Int64
 	closeOnce  sync.Once
 	reason     string
+	// closed ends when the tunnel closes: a request waiting for its slot
+	// stops waiting.
+	closed context.Context
+	cancel context.CancelFunc
 	// answers counts the upstream's writes to the client, and seenAnswers
 	// how many of them the client's last turn followed (the client's
 	// direction alone uses it): the client writing after more is a new
@@ -83,38 +87,36 @@ type tunnel struct {
 	inspected bool
 }
 
-// observeClient reads what the client sends: its turns, and its
-// ClientHello.
-func (t *tunnel) observeClient(p []byte) {
-	t.turns.observe(p)
+// clientCuts reads a client write: where in it requests begin that must
+// wait (turns.go).
+func (t *tunnel) clientCuts(p []byte) []cut {
 	t.hello.observe(p)
-}
-
-// clientTurn is called as a read of the client's bytes begins (head is
-// what came at once): a paced turn waits for its slot. False: the host's
-// pace gives it none within PaceWait, and the tunnel ends.
-func (t *tunnel) clientTurn(head []byte) bool {
 	answers := t.answers.Load()
-	kind, consumed := t.turns.turn(head, answers > t.seenAnswers)
+	cuts, consumed := t.turns.cuts(p, answers > t.seenAnswers)
 	if consumed {
-		// A write that is no turn of its own (an HTTP/2 window update, an
-		// alert) leaves the answer for the client's next write.
+		// A write that is no turn of its own (an alert, a plain-HTTP
+		// client's second write of one request) leaves the answer for the
+		// client's next write.
 		t.seenAnswers = answers
 	}
-	switch kind {
-	case turnFirst:
-		// The turn that may carry the first request waits for its
-		// lease's slot: the handshake went before it, so the site sees
-		// the request at its slot, not a handshake later.
+	return cuts
+}
+
+// await holds a request of the client's until its slot: the first until
+// the lease's, each later one until a slot of the host's pace of its own.
+// False: the host's pace gives it none within PaceWait, and the tunnel
+// ends.
+func (t *tunnel) await(c cut) bool {
+	if c.first {
 		if d := time.Until(t.firstSlot); d > 0 {
 			time.Sleep(d)
 		}
-	case turnPaced:
-		if t.pace != nil {
-			return t.pace()
-		}
+		return true
 	}
-	return true
+	if t.pace == nil {
+		return true
+	}
+	return t.pace()
 }
 
 // tunnel serves a CONNECT: an upstream that takes the tunnel (retrying
@@ -181,8 +183,9 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 	t.account = func(least int64) { g.meter(bg, t, least) }
 	t.ledgerUntil = up.LedgerUntil
 	t.firstSlot = upstream.slot
+	t.closed, t.cancel = context.WithCancel(bg)
 	if up.Paced {
-		t.pace = func() bool { return g.paceTurn(bg, t) }
+		t.pace = func() bool { return g.paceTurn(t.closed, t) }
 	}
 	if up.BannedClient != "" {
 		bannedClientTunnels.Inc()
@@ -196,17 +199,30 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 	go g.carry(bg, t, early, upstream.pending)
 }
 
-// paceTurn holds a paced turn of t until its slot (Upstreams.Turn); false
-// when the host's pace gives it none within PaceWait, or the store cannot
-// say: a request over the pace is what the fleet never sends.
+// paceTurn holds a request inside t until a slot of its host's pace
+// (Upstreams.Turn). A request inside a tunnel cannot be answered 429, and
+// closing the tunnel would cut every other request it carries (an HTTP/2
+// client's streams), so one that gets no slot within PaceWait asks again
+// until the tunnel's IdleTimeout has passed; false then, or when the store
+// cannot say, or the tunnel closed: a request over the pace is what the
+// fleet never sends.
 func (g *Gateway) paceTurn(ctx context.Context, t *tunnel) bool {
-	wait, err := g.opts.Upstreams.Turn(ctx, t.up.ProxyID, t.host, max(g.opts.PaceWait, 0))
-	if err != nil {
-		turnsPaced.WithLabelValues("refused").Inc()
-		return false
+	deadline := time.Now().Add(t.idle)
+	for {
+		wait, err := g.opts.Upstreams.Turn(ctx, t.up.ProxyID, t.host, max(g.opts.PaceWait, 0))
+		var none *lease.NoProxyAvailableError
+		switch {
+		case err == nil:
+			turnsPaced.WithLabelValues("sent").Inc()
+			return sleep(ctx, wait)
+		case !errors.As(err, &none) || !time.Now().Add(none.RetryAfter).Before(deadline):
+			turnsPaced.WithLabelValues("refused").Inc()
+			return false
+		}
+		if !sleep(ctx, max(none.RetryAfter-max(g.opts.PaceWait, 0), 10*time.Millisecond)) {
+			return false
+		}
 	}
-	turnsPaced.WithLabelValues("sent").Inc()
-	return sleep(ctx, wait)
 }
 
 // connectReply is the gateway's 200 to a CONNECT: the upstream that
@@ -377,9 +393,9 @@ func (t *tunnel) run(early, pendingDown []byte) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t.pipe(up, t.client, early, both{bytesTotal.WithLabelValues(directionUp), &t.moved, t.account}, t.clientTurn, t.observeClient, nil)
+		t.pipe(up, t.client, early, both{bytesTotal.WithLabelValues(directionUp), &t.moved, t.account}, true, nil)
 	}()
-	t.pipe(t.client, up, pendingDown, both{bytesTotal.WithLabelValues(directionDown), &t.moved, t.account}, nil, nil, func() { t.answers.Add(1) })
+	t.pipe(t.client, up, pendingDown, both{bytesTotal.WithLabelValues(directionDown), &t.moved, t.account}, false, func() { t.answers.Add(1) })
 	<-done
 	t.close(closedDone)
 }
@@ -389,6 +405,9 @@ func (t *tunnel) touch() { t.lastActive.Store(time.Now().UnixNano()) }
 // close ends the tunnel once, for reason.
 func (t *tunnel) close(reason string) {
 	t.closeOnce.Do(func() {
+		if t.cancel != nil {
+			t.cancel()
+		}
 		t.reason = reason
 		_ = t.client.Close()
 		_ = t.upstr.Close()
@@ -424,29 +443,21 @@ func (b both) Add(n float64) {
 // fails, or the tunnel is idle or too old. It waits on a one-byte read, so
 // an idle direction holds no buffer; once a byte arrives it borrows a
 // buffer, reads whatever else is there without waiting, and writes it all.
-// begin, when set, sees what each read brings at once before it goes
-// (false ends the tunnel: closedPaced); observe, when set, sees the bytes
-// that go (not those of a bulk transfer's splice); writing hears of each
-// write before it goes, so the peer's reaction never comes first.
-func (t *tunnel) pipe(dst, src net.Conn, pending []byte, bytes counter, begin func(head []byte) bool, observe func([]byte), writing func()) {
+// A gated direction (the client's) holds each request in what it writes
+// until its slot (clientCuts, await): a request with no slot within
+// PaceWait ends the tunnel (closedPaced); it never splices, so that every
+// record is seen. writing hears of each write before it goes, so the
+// peer's reaction never comes first.
+func (t *tunnel) pipe(dst, src net.Conn, pending []byte, bytes counter, gated bool, writing func()) {
 	tick := min(max(t.idle/4, time.Second), 30*time.Second)
 	end := t.started.Add(t.life)
 	if len(pending) > 0 {
-		if begin != nil && !begin(pending) {
-			t.close(closedPaced)
+		moved, werr := t.send(dst, pending, gated, writing)
+		bytes.Add(float64(moved))
+		if werr != nil {
+			t.close(werr.reason)
 			return
 		}
-		if observe != nil {
-			observe(pending)
-		}
-		if writing != nil {
-			writing()
-		}
-		if _, err := dst.Write(pending); err != nil {
-			t.close(closedError)
-			return
-		}
-		bytes.Add(float64(len(pending)))
 	}
 	raw, _ := src.(syscall.Conn)
 	var first [1]byte
@@ -456,7 +467,7 @@ func (t *tunnel) pipe(dst, src net.Conn, pending []byte, bytes counter, begin fu
 		n, err := src.Read(first[:])
 		if n == 1 {
 			t.touch()
-			moved, bulk, werr := t.drain(dst, raw, first[0], begin, observe, writing)
+			moved, bulk, werr := t.drain(dst, raw, first[0], gated, writing)
 			bytes.Add(float64(moved))
 			if werr != nil {
 				t.close(werr.reason)
@@ -465,7 +476,7 @@ func (t *tunnel) pipe(dst, src net.Conn, pending []byte, bytes counter, begin fu
 			// A metered tunnel's bulk goes a few buffers at a time, each
 			// counted toward its tenant's quota; a splice would count it
 			// only once the transfer paused.
-			if bulk && !t.metered {
+			if bulk && !t.metered && !gated {
 				moved, err = t.stream(dst, src, end)
 				bytes.Add(float64(moved))
 			}
@@ -504,7 +515,7 @@ type drainError struct{ reason string }
 // borrowed buffers, and returns the bytes written; bulk says the source had
 // more than a buffer's worth. A write that blocks for IdleTimeout (the peer
 // reads nothing) ends the tunnel.
-func (t *tunnel) drain(dst net.Conn, raw syscall.Conn, first byte, begin func([]byte) bool, observe func([]byte), writing func()) (moved int64, bulk bool, _ *drainError) {
+func (t *tunnel) drain(dst net.Conn, raw syscall.Conn, first byte, gated bool, writing func()) (moved int64, bulk bool, _ *drainError) {
 	bp := buffers.Get().(*[]byte)
 	defer buffers.Put(bp)
 	buf := *bp
@@ -515,24 +526,11 @@ func (t *tunnel) drain(dst net.Conn, raw syscall.Conn, first byte, begin func([]
 			m := readNow(raw, buf[n:])
 			n += m
 		}
-		if begin != nil && moved == 0 && !begin(buf[:n]) {
-			return moved, false, &drainError{closedPaced}
+		sent, werr := t.send(dst, buf[:n], gated, writing)
+		moved += sent
+		if werr != nil {
+			return moved, false, werr
 		}
-		if observe != nil {
-			observe(buf[:n])
-		}
-		if writing != nil {
-			writing()
-		}
-		_ = dst.SetWriteDeadline(time.Now().Add(t.idle))
-		if _, err := dst.Write(buf[:n]); err != nil {
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				return moved, false, &drainError{closedIdle}
-			}
-			return moved, false, &drainError{closedError}
-		}
-		moved += int64(n)
-		t.touch()
 		if n < len(buf) {
 			return moved, false, nil // src had no more for now
 		}
@@ -541,6 +539,47 @@ func (t *tunnel) drain(dst net.Conn, raw syscall.Conn, first byte, begin func([]
 		}
 		n = 0
 	}
+}
+
+// send writes p to dst. A gated direction first holds each request that
+// begins in p until its slot, writing what comes before it meanwhile.
+func (t *tunnel) send(dst net.Conn, p []byte, gated bool, writing func()) (moved int64, _ *drainError) {
+	start := 0
+	if gated {
+		for _, c := range t.clientCuts(p) {
+			if c.at > start {
+				if err := t.write(dst, p[start:c.at], writing); err != nil {
+					return moved, err
+				}
+				moved += int64(c.at - start)
+				start = c.at
+			}
+			if !t.await(c) {
+				return moved, &drainError{closedPaced}
+			}
+		}
+	}
+	if err := t.write(dst, p[start:], writing); err != nil {
+		return moved, err
+	}
+	return moved + int64(len(p)-start), nil
+}
+
+// write writes p to dst, telling writing first; a write that blocks for
+// IdleTimeout (the peer reads nothing) ends the tunnel.
+func (t *tunnel) write(dst net.Conn, p []byte, writing func()) *drainError {
+	if writing != nil {
+		writing()
+	}
+	_ = dst.SetWriteDeadline(time.Now().Add(t.idle))
+	if _, err := dst.Write(p); err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return &drainError{closedIdle}
+		}
+		return &drainError{closedError}
+	}
+	t.touch()
+	return nil
 }
 
 // stream carries a bulk transfer with io.Copy, which splices socket to

@@ -6,28 +6,30 @@ import (
 	"github.com/example/egress-proxies-operator/tlsprint"
 )
 
-// Turns of a tunnel: a client writes, the site answers, the client writes
-// again. The gateway never decrypts a tunnel, but it sees its turns, and
-// each request after the first one goes on a turn of its own: it is held
-// until a slot of its host's pace, as a lease would be.
+// Requests inside a tunnel. The gateway never decrypts a tunnel, but the
+// TLS record layer travels in clear, and each request a client sends after
+// the handshake goes in records of its own: over HTTP/1.1 kept alive, one
+// request a write; over HTTP/2, one HEADERS frame a record, however many
+// streams are in flight at once. So each application-data record large
+// enough to hold a request is held until a slot of its host's pace, as a
+// lease would be, and the records before it go on.
 //
-// Over plain HTTP the first turn is the first request. Over TLS the
-// gateway follows the record layer, which travels in clear: the client's
-// first turn is its ClientHello, its second finishes the handshake (a
-// ChangeCipherSpec for compatibility, then its Finished) and often carries
-// the first request with it (any application-data record after the
-// Finished). If it does not, the client's next turn is the first request,
-// whatever the server wrote meanwhile (TLS 1.3 session tickets, TLS 1.2's
-// Finished). Every turn after the first request that begins with a record
-// of application data large enough for a request is paced (an alert, such
-// as the close_notify a client sends after its last answer, is no request,
-// nor is an HTTP/2 settings ack or window update). HTTP/2 sends
-// frames of its own after the server's (settings, window updates), so its
-// turns are at least its requests: paced as tightly, often more. What
-// cannot be told apart is counted as a request: a delay, never a request
-// over the pace.
+// The first request goes on the slot the tunnel's lease took. Over TLS it
+// cannot come before the client's turn that finishes the handshake (a
+// ChangeCipherSpec for compatibility, then its Finished, after the
+// server's flight): that turn waits for the lease's slot, and the first
+// request record after the Finished (in that turn or later: TLS 1.3
+// session tickets, TLS 1.2's Finished from the server) takes no other.
+// Records too small for a request are not counted: alerts (a TLS 1.3
+// close_notify is 19 bytes, encrypted) and HTTP/2's control frames (a
+// settings ack, a window update, a ping). What cannot be told apart is
+// counted as a request: a delay, never a request over the pace.
+//
+// Over plain HTTP the gateway sees no records: the first write is the
+// first request, and each later one is the client writing again after the
+// upstream answered (a turn), which paces keep-alive, not pipelining.
 
-// TLS record content types the turn counter reads.
+// TLS record content types the counter reads.
 const (
 	recordChangeCipherSpec = 0x14
 	recordAlert            = 0x15
@@ -36,27 +38,37 @@ const (
 	recordHeader           = 5
 )
 
+// minRequestRecord is the smallest TLS record that may carry a request:
+// below it are alerts and HTTP/2's small control frames in TLS 1.3 (a
+// settings ack is 26 bytes, a window update or a stream reset 30, a ping
+// 34). An HTTP/2 request whose headers HPACK shrank to a few bytes is 40
+// or more.
+const minRequestRecord = 35
+
 // Where a tunnel's client is.
 const (
 	turnsStart     = iota // nothing written yet
 	turnsHandshake        // TLS: the ClientHello went, the handshake is on
-	turnsFinishing        // TLS: the turn that finishes the handshake
-	turnsRequests         // the first request went: every new turn is paced
+	turnsFinishing        // TLS: the client finished the handshake; its first request is next
+	turnsRequests         // the first request went: every later one is paced
 )
+
+// cut is where a request begins in a client write, and what it waits for.
+type cut struct {
+	at int
+	// first: the first request's, or the turn that may carry it: it waits
+	// for the lease's slot; else a slot of its own.
+	first bool
+}
 
 // turnCounter follows one tunnel's client direction. It is not safe for
 // concurrent use: the client's direction alone calls it.
 type turnCounter struct {
 	state int
-	// tls: the client speaks TLS; only a write that begins with an
-	// application-data record can then be a request (an alert such as
-	// close_notify after the last answer is none).
-	tls bool
-	// requestSeen: an application-data record came after the Finished in
-	// the finishing turn (the first request rode along).
-	requestSeen bool
+	tls   bool
 	// records counts the records since the finishing turn's
-	// ChangeCipherSpec (or since its start, for a client that sends none).
+	// ChangeCipherSpec (or since its start, for a client that sends none):
+	// the first is the Finished.
 	records int
 	// hdr gathers a record header across writes; left is what remains of
 	// the current record's body.
@@ -65,115 +77,77 @@ type turnCounter struct {
 	left int
 }
 
-// What a client write begins, for the tunnel's pacing.
-const (
-	turnNone  = iota // nothing to hold: the handshake, or the same turn going on
-	turnFirst        // the turn that may carry the first request: it waits for the lease's slot
-	turnPaced        // a later request's turn: it takes a slot of its own
-)
-
-// turn is called as a client write begins (head is what came at once, and
-// answered says the upstream wrote since the client's last turn): what the
-// write begins, and whether it used up the answer (a write that is no turn,
-// such as an HTTP/2 window update after a response, leaves it for the next
-// one). The first request goes on the lease's slot: over plain HTTP it is
-// the first write; over TLS it cannot come before the turn that finishes
-// the handshake, which is held until the slot whether or not the request
-// rides along (a request in its own next turn then comes later still, and
-// takes no slot).
-func (c *turnCounter) turn(head []byte, answered bool) (kind int, consumed bool) {
-	first := head[0]
+// cuts reads a client write p and says where in it requests begin that
+// must wait (in order), given whether the upstream wrote since the client's
+// last turn (answered); consumed says the write used that answer up.
+func (c *turnCounter) cuts(p []byte, answered bool) (out []cut, consumed bool) {
+	if len(p) == 0 {
+		return nil, false
+	}
 	switch c.state {
 	case turnsStart:
-		c.state = turnsRequests
-		if first == recordHandshake {
-			c.state, c.tls = turnsHandshake, true
-			return turnNone, true
+		if p[0] != recordHandshake {
+			c.state = turnsRequests
+			return []cut{{at: 0, first: true}}, true
 		}
-		return turnFirst, true
+		c.state, c.tls = turnsHandshake, true
+		consumed = true
 	case turnsHandshake:
 		if answered {
+			// The server's flight came: this turn finishes the handshake
+			// and may carry the first request.
 			c.state, c.records = turnsFinishing, 0
-			return turnFirst, true
+			out, consumed = append(out, cut{at: 0, first: true}), true
 		}
-		return turnNone, false
-	case turnsFinishing:
-		if !answered {
-			return turnNone, false // the same turn goes on
-		}
-		c.state = turnsRequests
-		if !c.requestSeen {
-			return turnNone, true // this turn is the first request
+	case turnsRequests:
+		if !c.tls {
+			if answered {
+				return []cut{{at: 0}}, true
+			}
+			return nil, false
 		}
 	}
-	if answered && c.request(head) {
-		return turnPaced, true
-	}
-	return turnNone, false
+	c.scan(p, func(at, typ, n int) {
+		switch c.state {
+		case turnsFinishing:
+			switch {
+			case typ == recordChangeCipherSpec:
+				c.records = 0
+			case c.records > 0 && typ == recordApplicationData && n >= minRequestRecord:
+				c.state = turnsRequests // the first request: on the lease's slot
+			default:
+				c.records++ // the first is the Finished
+			}
+		case turnsRequests:
+			if typ == recordApplicationData && n >= minRequestRecord {
+				out = append(out, cut{at: at})
+			}
+		}
+	})
+	return out, consumed
 }
 
-// minRequestRecord is the smallest TLS record that may carry a request:
-// below it are alerts (a TLS 1.3 close_notify is 19 bytes, encrypted) and
-// HTTP/2's small control frames in TLS 1.3 (a settings ack is 26 bytes, a
-// window update or a stream reset 30, a ping 34). An HTTP/2 request whose
-// headers HPACK shrank to a few bytes can be as small as 40: anything from
-// here up is counted as a request, a delay at worst.
-const minRequestRecord = 35
-
-// request says whether a write beginning with head may carry a request:
-// anything over plain HTTP; over TLS, an application-data record large
-// enough to hold one among the records that came at once (an HTTP/2
-// client may write a window update and its next request together).
-func (c *turnCounter) request(head []byte) bool {
-	if !c.tls {
-		return true
-	}
-	for off := 0; off < len(head); {
-		if len(head)-off < recordHeader {
-			return head[off] == recordApplicationData // cut short: it may be one
-		}
-		n := int(head[off+3])<<8 | int(head[off+4])
-		if head[off] == recordApplicationData && n >= minRequestRecord {
-			return true
-		}
-		off += recordHeader + n
-	}
-	return false
-}
-
-// observe reads a client write's bytes: in the finishing turn, whether an
-// application-data record follows the Finished.
-func (c *turnCounter) observe(p []byte) {
-	if c.state != turnsFinishing && c.state != turnsHandshake {
-		return
-	}
-	for len(p) > 0 {
+// scan walks the records in p, across writes, calling found at each
+// record's start (at is its offset in p, 0 when its header began in an
+// earlier write) with its type and length.
+func (c *turnCounter) scan(p []byte, found func(at, typ, n int)) {
+	for off := 0; off < len(p); {
 		if c.left > 0 {
-			n := min(c.left, len(p))
+			n := min(c.left, len(p)-off)
 			c.left -= n
-			p = p[n:]
+			off += n
 			continue
 		}
-		n := copy(c.hdr[c.hdrN:], p)
+		start := off - c.hdrN
+		n := copy(c.hdr[c.hdrN:], p[off:])
 		c.hdrN += n
-		p = p[n:]
+		off += n
 		if c.hdrN < recordHeader {
 			return
 		}
 		c.hdrN = 0
 		c.left = int(c.hdr[3])<<8 | int(c.hdr[4])
-		if c.state != turnsFinishing {
-			continue
-		}
-		switch typ := c.hdr[0]; {
-		case typ == recordChangeCipherSpec:
-			c.records = 0
-		case c.records > 0 && typ == recordApplicationData:
-			c.requestSeen = true
-			c.records++
-		default:
-			c.records++ // the first is the Finished
-		}
+		found(max(start, 0), int(c.hdr[0]), c.left)
 	}
 }
 

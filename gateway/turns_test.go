@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -19,11 +21,14 @@ func concat(parts ...[]byte) []byte {
 	return out
 }
 
-// TestTurns: the turn that may carry the first request waits for the
-// lease's slot and takes no other, and every later request takes one of
-// its own, over plain HTTP, TLS 1.3 with the request riding along the
-// Finished or after a session ticket, and TLS 1.2 without False Start.
-func TestTurns(t *testing.T) {
+// TestCuts: the turn that may carry the first request waits for the
+// lease's slot, the first request takes no other, and every later request
+// record (every later turn, over plain HTTP) waits for a slot of its own,
+// at the offset where it begins, whatever shares its write: over plain
+// HTTP, TLS 1.3 with the request riding along the Finished or after a
+// session ticket, TLS 1.2 without False Start, and HTTP/2 with its control
+// frames and multiplexed requests.
+func TestCuts(t *testing.T) {
 	type write struct {
 		bytes    []byte
 		answered bool // the upstream wrote before it
@@ -32,52 +37,62 @@ func TestTurns(t *testing.T) {
 	ccs := record(recordChangeCipherSpec, 1)
 	finished13 := record(recordApplicationData, 53)
 	request := record(recordApplicationData, 300)
+	windowUpdate := record(recordApplicationData, 30)
+	smallRequest := record(recordApplicationData, 40)
 	for _, tc := range []struct {
 		name   string
 		writes []write
-		// turns: what each write begins: '-' nothing, 'F' the turn that
-		// may carry the first request (held until the lease's slot), 'P'
-		// a later request's turn (a slot of its own).
-		turns string
+		// cuts: each write's, space-separated within it, '|' between
+		// writes: F<at> waits for the lease's slot, P<at> for one of its
+		// own.
+		cuts string
 	}{
 		{"plain HTTP, kept alive", []write{{[]byte("GET / HTTP/1.1\r\n\r\n"), false}, {[]byte("GET /2 HTTP/1.1\r\n\r\n"), true}, {[]byte("GET /3"), true}, {[]byte(" HTTP/1.1\r\n\r\n"), false}},
-			"FPP-"},
+			"F0|P0|P0|"},
 		{"TLS 1.3, the request with the Finished", []write{{hello, false}, {concat(ccs, finished13, request), true}, {request, true}, {request, true}},
-			"-FPP"},
+			"|F0|P0|P0"},
 		{"TLS 1.3, the request after a session ticket", []write{{hello, false}, {concat(ccs, finished13), true}, {request, true}, {request, true}},
-			"-F-P"},
+			"|F0||P0"},
 		{"TLS 1.3, Finished and request written apart in one turn", []write{{hello, false}, {ccs, true}, {finished13, false}, {request, false}, {request, true}},
-			"-F--P"},
+			"|F0|||P0"},
 		{"TLS 1.2 without False Start", []write{{hello, false}, {concat(record(recordHandshake, 70), ccs, record(recordHandshake, 40)), true}, {request, true}, {request, true}},
-			"-F-P"},
-		{"a record split across writes", []write{{hello, false}, {concat(ccs, finished13, request[:3]), true}, {request[3:], false}, {request, true}},
-			"-F-P"},
+			"|F0||P0"},
+		{"a record split across writes", []write{{hello, false}, {concat(ccs, finished13, request[:3]), true}, {request[3:], false}, {request[:2], true}, {request[2:], false}},
+			"|F0|||P0"},
 		{"TLS 1.2, close_notify after the last answer", []write{{hello, false}, {concat(ccs, finished13, request), true}, {record(recordAlert, 26), true}},
-			"-F-"},
+			"|F0|"},
 		{"TLS 1.3, close_notify (encrypted) after the last answer", []write{{hello, false}, {concat(ccs, finished13, request), true}, {record(recordApplicationData, 19), true}},
-			"-F-"},
-		{"HTTP/2: a window update after an answer is no turn, and leaves the answer to the next request", []write{{hello, false},
-			{concat(ccs, finished13, request), true}, {record(recordApplicationData, 30), true}, {record(recordApplicationData, 40), false}},
-			"-F-P"},
-		{"HTTP/2: a window update and the next request in one write", []write{{hello, false},
-			{concat(ccs, finished13, request), true}, {concat(record(recordApplicationData, 30), record(recordApplicationData, 40)), true}},
-			"-FP"},
-		{"TLS, close_notify after a ticket and the answer", []write{{hello, false}, {concat(ccs, finished13), true}, {request, true}, {record(recordAlert, 19), true}},
-			"-F--"},
+			"|F0|"},
+		{"HTTP/2: a window update is no request, the next one is", []write{{hello, false}, {concat(ccs, finished13, request), true}, {windowUpdate, true}, {smallRequest, false}},
+			"|F0||P0"},
+		{"HTTP/2: a window update and a request in one write", []write{{hello, false}, {concat(ccs, finished13, request), true}, {concat(windowUpdate, smallRequest), true}},
+			"|F0|P35"},
+		{"HTTP/2: requests multiplexed in one write, each on its own slot", []write{{hello, false}, {concat(ccs, finished13, request), true}, {concat(request, windowUpdate, request, request), false}},
+			"|F0|P0 P340 P645"},
+		{"HTTP/2: the preface and settings first, a request behind them", []write{{hello, false}, {concat(ccs, finished13, record(recordApplicationData, 60), record(recordApplicationData, 80)), true}},
+			"|F0 P129"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var c turnCounter
-			got, pending := "", false
+			var got []string
+			pending := false
 			for _, w := range tc.writes {
 				pending = pending || w.answered
-				kind, consumed := c.turn(w.bytes, pending)
+				cuts, consumed := c.cuts(w.bytes, pending)
 				if consumed {
 					pending = false
 				}
-				got += string("-FP"[kind])
-				c.observe(w.bytes)
+				var these []string
+				for _, cut := range cuts {
+					kind := "P"
+					if cut.first {
+						kind = "F"
+					}
+					these = append(these, fmt.Sprintf("%s%d", kind, cut.at))
+				}
+				got = append(got, strings.Join(these, " "))
 			}
-			assert.Equal(t, tc.turns, got)
+			assert.Equal(t, tc.cuts, strings.Join(got, "|"))
 		})
 	}
 }

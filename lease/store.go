@@ -266,9 +266,9 @@ func WindowPace(n int, interval time.Duration) (spacing time.Duration) {
 }
 
 // WindowJitter is the allowance WindowPace keeps for the way's jitter: 5%
-// of the interval, at most 50ms (the cost: at most 5% of the rate).
+// of the interval, at most 100ms (the cost: at most 5% of the rate).
 func WindowJitter(interval time.Duration) time.Duration {
-	return min(interval/20, 50*time.Millisecond)
+	return min(interval/20, 100*time.Millisecond)
 }
 
 // BucketOf is the key of proxy's bucket under p: its Bucket, or itself.

@@ -27,7 +27,7 @@ type CrawlTargetSpec struct {
 	// the host in any window of interval, 1-10000: a hard bound, as a
 	// site's sliding or fixed window counts, whatever the window's start.
 	// The fleet spaces an IP's requests evenly, keeping 5% of the interval
-	// (at most 50ms) for the network's jitter.
+	// (at most 100ms) for the network's jitter.
 	// +required
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=10000

@@ -32,6 +32,9 @@ type Options struct {
 	Timeout   time.Duration
 	Redis     redisstore.Connection
 	KeyPrefix string
+	// WaitReplicas is --redis-wait-replicas: how many replicas the writes
+	// a failover must not lose wait for.
+	WaitReplicas int
 
 	// fs is where the flags were registered, so Validate can tell a Redis
 	// flag given with the memory store.
@@ -46,7 +49,22 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.Timeout, "lease-store-timeout", lease.DefaultStoreTimeout,
 		"Bound on each lease store call: with the store away, discovery answers 503 store_unavailable within it. Reads of a span of records (an attribution query's ledger, the ban judge's blocks) get ten times as long, 5s at least.")
 	fs.StringVar(&o.Redis.Address, "redis-address", "",
-		"host:port of the Redis server (standalone or primary; not Redis Cluster), with --lease-store=redis.")
+		"host:port of the Redis server (standalone or primary; not Redis Cluster), with --lease-store=redis; or --redis-sentinel-addresses.")
+	fs.Func("redis-sentinel-addresses", "Comma-separated host:port of the Redis Sentinels that watch the primary (instead of --redis-address): the operator follows the primary they name, through a failover.",
+		func(v string) error {
+			o.Redis.SentinelAddresses = nil
+			for a := range strings.SplitSeq(v, ",") {
+				if a = strings.TrimSpace(a); a != "" {
+					o.Redis.SentinelAddresses = append(o.Redis.SentinelAddresses, a)
+				}
+			}
+			return nil
+		})
+	fs.StringVar(&o.Redis.SentinelMaster, "redis-sentinel-master", "", "The primary's name in the Sentinels' configuration (sentinel monitor <name> ...), with --redis-sentinel-addresses.")
+	fs.StringVar(&o.Redis.SentinelPasswordFile, "redis-sentinel-password-file", "",
+		"File holding the Sentinels' own password, when they have one (read at startup).")
+	fs.IntVar(&o.WaitReplicas, "redis-wait-replicas", 0,
+		"Replicas that must have each write a failover must not lose (exclusive holds, burned IPs, client bans, ledger records) before it counts (WAIT, within half of --lease-store-timeout); 0 waits for none. With Sentinel and one replica: 1.")
 	fs.StringVar(&o.Redis.Username, "redis-username", "", "Redis ACL user; empty: the default user.")
 	fs.StringVar(&o.Redis.PasswordFile, "redis-password-file", "",
 		"File holding the Redis password (a mounted Secret key), read again for every new connection so a rotated Secret needs no restart.")
@@ -80,8 +98,11 @@ func (o *Options) Validate() error {
 		}
 	case Redis:
 		var errs []error
-		if o.Redis.Address == "" {
-			errs = append(errs, errors.New("--lease-store=redis needs --redis-address host:port"))
+		if o.Redis.Address == "" && len(o.Redis.SentinelAddresses) == 0 {
+			errs = append(errs, errors.New("--lease-store=redis needs --redis-address host:port, or --redis-sentinel-addresses and --redis-sentinel-master"))
+		}
+		if o.WaitReplicas < 0 {
+			errs = append(errs, fmt.Errorf("--redis-wait-replicas must not be negative, got %d", o.WaitReplicas))
 		}
 		if o.KeyPrefix == "" {
 			errs = append(errs, errors.New("--redis-key-prefix must not be empty"))
@@ -106,6 +127,6 @@ func (o *Options) Open() (lease.Store, []prometheus.Collector, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	store := redisstore.New(redisstore.Options{Client: client, KeyPrefix: o.KeyPrefix})
+	store := redisstore.New(redisstore.Options{Client: client, KeyPrefix: o.KeyPrefix, DurableReplicas: o.WaitReplicas, DurableTimeout: o.Timeout / 2})
 	return store, store.Collectors(o.Timeout), nil
 }

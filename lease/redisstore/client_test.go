@@ -114,6 +114,10 @@ func TestConnection(t *testing.T) {
 			{redisstore.Connection{Address: "redis:6379", Timeout: time.Second, DB: -1}, "--redis-db"},
 			{redisstore.Connection{Address: "redis:6379", Timeout: time.Second, CAFile: "/etc/ca.pem"}, "--redis-tls"},
 			{redisstore.Connection{Address: "redis:6379", Timeout: time.Second, PasswordFile: "/nonexistent"}, "--redis-password-file"},
+			{redisstore.Connection{Address: "redis:6379", SentinelAddresses: []string{"s1:26379"}, SentinelMaster: "leases", Timeout: time.Second}, "exclude each other"},
+			{redisstore.Connection{SentinelAddresses: []string{"s1:26379"}, Timeout: time.Second}, "--redis-sentinel-master"},
+			{redisstore.Connection{SentinelAddresses: []string{"s1"}, SentinelMaster: "leases", Timeout: time.Second}, "--redis-sentinel-addresses"},
+			{redisstore.Connection{Address: "redis:6379", SentinelMaster: "leases", Timeout: time.Second}, "need --redis-sentinel-addresses"},
 		} {
 			_, err := redisstore.NewClient(tc.c)
 			assert.ErrorContains(t, err, tc.want)

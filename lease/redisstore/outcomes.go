@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -114,7 +115,8 @@ func parsePasses(raw string) []lease.Pass {
 
 // MarkClientBan implements lease.Store.
 func (s *Store) MarkClientBan(ctx context.Context, host, client string, retention time.Duration) error {
-	if err := s.run(ctx, markClientBanScript, host+"|"+client, retention.Milliseconds()).Err(); err != nil {
+	cmd, durable := s.runDurable(ctx, markClientBanScript, host+"|"+client, retention.Milliseconds())
+	if err := errors.Join(cmd.Err(), durable); err != nil {
 		return fmt.Errorf("mark-client-ban script: %w", err)
 	}
 	return nil
@@ -156,7 +158,8 @@ func (s *Store) EndCooldown(ctx context.Context, proxy, host string, notAfter ti
 
 // BurnIP implements lease.Store.
 func (s *Store) BurnIP(ctx context.Context, scope, ip string, retention time.Duration) error {
-	if err := s.run(ctx, burnIPScript, scope, ip, retention.Milliseconds()).Err(); err != nil {
+	cmd, durable := s.runDurable(ctx, burnIPScript, scope, ip, retention.Milliseconds())
+	if err := errors.Join(cmd.Err(), durable); err != nil {
 		return fmt.Errorf("burn-ip script: %w", err)
 	}
 	return nil

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -21,7 +22,8 @@ func (s *Store) AppendLedger(ctx context.Context, e lease.LedgerEntry, retention
 	if err != nil {
 		return fmt.Errorf("encoding a ledger record: %w", err)
 	}
-	if err := s.run(ctx, appendLedgerScript, string(raw), retention.Milliseconds()).Err(); err != nil {
+	cmd, durable := s.runDurable(ctx, appendLedgerScript, string(raw), retention.Milliseconds())
+	if err := errors.Join(cmd.Err(), durable); err != nil {
 		return fmt.Errorf("append-ledger script: %w", err)
 	}
 	return nil

@@ -27,6 +27,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/example/egress-proxies-operator/lease"
+	"github.com/example/egress-proxies-operator/operator"
 )
 
 // SampleSize is how many candidates Acquire weighs at most in one script.
@@ -46,6 +47,12 @@ type Options struct {
 	// TimeOffset, when set, is added to the Redis server's TIME: tests move
 	// the store's clock with it. Nil in production.
 	TimeOffset func() time.Duration
+	// DurableReplicas is how many replicas must have the writes a failover
+	// must not lose (exclusive holds, burned IPs, client bans, the ledger)
+	// before they count: each waits for them (WAIT) up to DurableTimeout.
+	// Zero: none waits (a standalone Redis).
+	DurableReplicas int
+	DurableTimeout  time.Duration
 }
 
 // Store is the Redis lease store.
@@ -53,13 +60,20 @@ type Store struct {
 	client redis.UniversalClient
 	prefix string
 	offset func() time.Duration
+	// replicas and waitFor are Options.DurableReplicas and
+	// DurableTimeout.
+	replicas int
+	waitFor  time.Duration
 }
 
 var _ lease.Store = (*Store)(nil)
 
 // New returns a store over opts.Client; it does not connect until used.
 func New(opts Options) *Store {
-	s := &Store{client: opts.Client, prefix: opts.KeyPrefix, offset: opts.TimeOffset}
+	s := &Store{client: opts.Client, prefix: opts.KeyPrefix, offset: opts.TimeOffset, replicas: opts.DurableReplicas, waitFor: opts.DurableTimeout}
+	if s.waitFor <= 0 {
+		s.waitFor = DefaultDurableTimeout
+	}
 	if s.prefix == "" {
 		s.prefix = DefaultKeyPrefix
 	}
@@ -72,6 +86,43 @@ func New(opts Options) *Store {
 // run runs a script with the preamble's arguments first.
 func (s *Store) run(ctx context.Context, script *redis.Script, args ...any) *redis.Cmd {
 	return script.Run(ctx, s.client, nil, s.scriptArgs(args...)...)
+}
+
+// DefaultDurableTimeout is how long a durable write waits for its
+// replicas by default.
+const DefaultDurableTimeout = 500 * time.Millisecond
+
+// ErrNotReplicated says a write that must survive a failover did not
+// reach its replicas in time: it may be lost if the primary is, so it does
+// not count (the caller retries, or refuses).
+var ErrNotReplicated = errors.New("the write did not reach its replicas in time")
+
+// runDurable runs a script whose writes a failover must not lose and, on
+// the same connection, waits until DurableReplicas replicas have them
+// (WAIT counts what the connection wrote). The script goes whole (EVAL):
+// a pipeline cannot fall back from EVALSHA, and a primary that took over
+// has no script cache. err is the wait's; the script's own is in cmd.
+func (s *Store) runDurable(ctx context.Context, script *redis.Script, args ...any) (cmd *redis.Cmd, err error) {
+	if s.replicas <= 0 {
+		return s.run(ctx, script, args...), nil
+	}
+	pipe := s.client.Pipeline()
+	cmd = script.Eval(ctx, pipe, nil, s.scriptArgs(args...)...)
+	wait := pipe.Do(ctx, "WAIT", s.replicas, s.waitFor.Milliseconds())
+	_, _ = pipe.Exec(ctx)
+	if cmd.Err() != nil {
+		return cmd, nil
+	}
+	switch got, werr := wait.Int64(); {
+	case werr != nil:
+		durableWrites.WithLabelValues("unknown").Inc()
+		return cmd, fmt.Errorf("waiting for %d replicas: %w", s.replicas, werr)
+	case got < int64(s.replicas):
+		durableWrites.WithLabelValues("unreplicated").Inc()
+		return cmd, fmt.Errorf("%w: %d of %d replicas within %s", ErrNotReplicated, got, s.replicas, s.waitFor)
+	}
+	durableWrites.WithLabelValues("replicated").Inc()
+	return cmd, nil
 }
 
 // scriptArgs are the preamble's arguments (the key prefix, the time
@@ -129,9 +180,23 @@ func (s *Store) acquire(ctx context.Context, req lease.AcquireRequest, ids []str
 	for i, c := range ids {
 		args = append(args, c, of[i])
 	}
-	res, err := s.run(ctx, acquireScript, args...).Slice()
+	var cmd *redis.Cmd
+	var durable error
+	if req.Exclusive {
+		// An exclusive hold a failover lost could be granted twice.
+		cmd, durable = s.runDurable(ctx, acquireScript, args...)
+	} else {
+		cmd = s.run(ctx, acquireScript, args...)
+	}
+	res, err := cmd.Slice()
 	if err != nil {
 		return lease.Lease{}, fmt.Errorf("acquire script: %w", err)
+	}
+	if durable != nil && len(res) == 8 {
+		// Not held where a failover would keep it: give it back (if the
+		// primary still has it) and refuse, as with a store that is away.
+		_ = s.Release(context.WithoutCancel(ctx), id)
+		return lease.Lease{}, fmt.Errorf("%w: an exclusive hold: %w", lease.ErrStoreUnavailable, durable)
 	}
 	if len(res) == 3 {
 		wait, _ := res[1].(int64)
@@ -446,9 +511,15 @@ func (s *Store) Counts(ctx context.Context) (leases, cooldowns int, err error) {
 // (bounded by timeout); a scrape while Redis is away reports them invalid
 // rather than zero.
 func (s *Store) Collectors(timeout time.Duration) []prometheus.Collector {
-	return lease.CountCollectors(func() (int, int, error) {
+	return append(lease.CountCollectors(func() (int, int, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
 		return s.Counts(ctx)
-	})
+	}), durableWrites)
 }
+
+// durableWrites counts the writes that waited for their replicas.
+var durableWrites = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Namespace: operator.MetricsNamespace, Subsystem: "lease_store", Name: "durable_writes_total",
+	Help: "Writes a Redis failover must not lose (exclusive holds, burned IPs, client bans, ledger records), by outcome: replicated (--redis-wait-replicas had them in time), unreplicated (refused or retried), unknown (the wait failed).",
+}, []string{"outcome"})

@@ -33,6 +33,7 @@ import (
 	"github.com/example/egress-proxies-operator/client"
 	"github.com/example/egress-proxies-operator/discovery"
 	"github.com/example/egress-proxies-operator/gateway"
+	"github.com/example/egress-proxies-operator/inspect"
 	"github.com/example/egress-proxies-operator/lease"
 	"github.com/example/egress-proxies-operator/test/simweb"
 	"github.com/example/egress-proxies-operator/test/squid"
@@ -83,6 +84,9 @@ type product struct {
 	gwAddr string
 	client *client.Client
 	store  lease.Store
+	// inspectCA is the CA the inspecting mode mints the sites'
+	// certificates from, for every tenant.
+	inspectCA *x509.Certificate
 }
 
 func startProduct(t testing.TB, w *web, politeness broker.Politeness) *product {
@@ -105,21 +109,26 @@ func startReplica(t testing.TB, w *web, politeness broker.Politeness, store leas
 		testenv.SetHealth(p, metav1.ConditionTrue, "ProbeSucceeded")
 		view.Handler().OnAdd(p, false)
 	}
-	return startViewProduct(t, view, politeness, store)
+	return startViewProduct(t, view, politeness, store, w.tls.RootCAs)
 }
 
 // startViewProduct is discovery and the gateway over view's proxies.
-func startViewProduct(t testing.TB, view *broker.View, politeness broker.Politeness, store lease.Store) *product {
+func startViewProduct(t testing.TB, view *broker.View, politeness broker.Politeness, store lease.Store, sitesTrust *x509.CertPool) *product {
 	t.Helper()
+	ca, err := inspect.NewCA("crawl-yield inspecting CA", time.Now())
+	require.NoError(t, err)
+	authority := inspect.Static{Cert: &ca}
 	server := discovery.NewServer(discovery.Options{
 		Store: store, View: view, Tokens: discovery.StaticToken(token),
 		DefaultTTL: broker.DefaultTTL, MaxTTL: broker.DefaultMaxTTL, DefaultCooldown: broker.DefaultCooldown,
-		Politeness: politeness,
+		Politeness: politeness, InspectCA: authority,
 	})
-	p := &product{api: httptest.NewServer(server.Handler()), store: store}
+	p := &product{api: httptest.NewServer(server.Handler()), store: store, inspectCA: ca.Leaf}
 	t.Cleanup(p.api.Close)
-	// The simulated sites listen on loopback addresses and any port.
-	gw := gateway.New(gateway.Options{Upstreams: server.Tunnels(), Destinations: gateway.Destinations{ConnectPorts: []int{0}, HTTPPorts: []int{0}}})
+	// The simulated sites listen on loopback addresses and any port; the
+	// inspecting gateway trusts their certificates.
+	gw := gateway.New(gateway.Options{Upstreams: server.Tunnels(), Destinations: gateway.Destinations{ConnectPorts: []int{0}, HTTPPorts: []int{0}},
+		Inspect: gateway.Inspect{Authority: authority, RootCAs: sitesTrust}})
 	server.Broker().OnSessionReport(gw.OnSessionReport)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -364,10 +373,16 @@ func throughLeases(w *web, p *product, workers int) (fetcher, func()) {
 		}
 }
 
-// policyOf is a declared pace equal to a site's published rules.
+// policyOf is a declared pace equal to a site's published rules, as a
+// team reads them into a CrawlTarget: a window's count as its numbers
+// (requestsPerInterval per interval), a token bucket's with its burst,
+// and the site's way of counting (countBy).
 func policyOf(name, host string, r simweb.Rules) broker.Policy {
-	p := broker.Policy{Name: name, Host: host, Pace: lease.Pace{MaxConcurrent: r.MaxConcurrent}}
-	if r.RatePerSecond > 0 {
+	p := broker.Policy{Name: name, Host: host, Pace: lease.Pace{MaxConcurrent: r.MaxConcurrent}, ByNetwork: r.CountBy == simweb.CountByNetwork}
+	switch {
+	case r.PerWindow > 0 && r.Window > 0:
+		p.Pace.Interval, p.Pace.Burst = lease.WindowPace(r.PerWindow, time.Duration(r.Window)), 1
+	case r.RatePerSecond > 0:
 		p.Pace.Interval = time.Duration(float64(time.Second) / r.RatePerSecond)
 		p.Pace.Burst = max(r.Burst, 1)
 	}
@@ -409,6 +424,7 @@ func policiesUnder(t testing.TB, w *web, share float64) staticPolicies {
 		if share < 1 {
 			r.RatePerSecond *= share
 			r.Burst = max(r.Burst-1, 1)
+			r.PerWindow = max(int(float64(r.PerWindow)*share), 1)
 		}
 		out[s.Host] = policyOf("crawl/"+s.Host, s.Host, r)
 	}

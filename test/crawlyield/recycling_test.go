@@ -238,7 +238,7 @@ func BenchmarkCrawlYieldRecycling(b *testing.B) {
 	// by far (connections, TLS, the runtime), and no way should pay for it.
 	{
 		store, view := lease.NewMemoryStore(nil), broker.NewView(nil, "operator-ns")
-		p := startViewProduct(b, view, broker.Politeness{Policies: publishedPolicies(b, w), Adaptive: true}, store)
+		p := startViewProduct(b, view, broker.Politeness{Policies: publishedPolicies(b, w), Adaptive: true}, store, w.tls.RootCAs)
 		startFleet(b, newCloud(block+2), store, view, proxies, false)
 		crawl(w, urls, workers, 3*time.Second, throughGateway(w, p, workers, false))
 	}
@@ -252,7 +252,7 @@ func BenchmarkCrawlYieldRecycling(b *testing.B) {
 			for b.Loop() {
 				store := lease.NewMemoryStore(nil)
 				view := broker.NewView(nil, "operator-ns")
-				p := startViewProduct(b, view, broker.Politeness{Policies: publishedPolicies(b, w), Adaptive: true}, store)
+				p := startViewProduct(b, view, broker.Politeness{Policies: publishedPolicies(b, w), Adaptive: true}, store, w.tls.RootCAs)
 				f = startFleet(b, newCloud(block), store, view, proxies, way.memory)
 				ctx, cancel := context.WithCancel(context.Background())
 				var judged sync.WaitGroup

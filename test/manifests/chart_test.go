@@ -654,6 +654,18 @@ func TestChartHighAvailability(t *testing.T) {
 	assert.Equal(t, "1", pdb.Spec.MaxUnavailable.String())
 	assert.Contains(t, r.notes, "shared by 3 replica(s)")
 
+	sentinel := chartInstall{set: map[string]any{"replicaCount": 2, "leaseStore": map[string]any{"type": "redis", "redis": map[string]any{
+		"sentinel": map[string]any{"addresses": []any{"redis-sentinel-0.data:26379", "redis-sentinel-1.data:26379"}, "master": "leases"}, "waitReplicas": 1,
+	}}}}.mustRender(t)
+	require.True(t, sentinel.objects.one(t, "Deployment", &deploy))
+	assert.Equal(t, "redis-sentinel-0.data:26379,redis-sentinel-1.data:26379", managerArg(t, deploy, "--redis-sentinel-addresses"))
+	assert.Equal(t, "leases", managerArg(t, deploy, "--redis-sentinel-master"))
+	assert.Equal(t, "1", managerArg(t, deploy, "--redis-wait-replicas"))
+	assert.False(t, hasArg(deploy, "--redis-address"), "the Sentinels say where the primary is")
+	_, err := chartInstall{set: map[string]any{"leaseStore": map[string]any{"type": "redis", "redis": map[string]any{
+		"sentinel": map[string]any{"addresses": []any{"s:26379"}}}}}}.render(t)
+	require.Error(t, err, "Sentinels without the primary's name")
+
 	one := chartInstall{set: map[string]any{"leaseStore": map[string]any{"type": "redis", "redis": map[string]any{"address": "redis:6379"}}}}.mustRender(t)
 	assert.Empty(t, one.objects.ofKind("PodDisruptionBudget"), "one replica: nothing to budget")
 	require.True(t, one.objects.one(t, "Deployment", &deploy))

@@ -44,7 +44,13 @@ type Server struct {
 	// CertFile and KeyFile, when set, make the server speak TLS only (no
 	// client certificates asked for).
 	CertFile, KeyFile string
-	dir               string
+	// ReplicaOf, when set, makes the server a replica of that primary
+	// (host:port).
+	ReplicaOf string
+	// Sentinel, when set, makes the process a Sentinel watching
+	// Sentinel.Primary under Sentinel.Name (redis-server --sentinel).
+	Sentinel *SentinelConfig
+	dir      string
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -101,6 +107,22 @@ func (s *Server) Start() error {
 	host, port, _ := net.SplitHostPort(s.Addr)
 	args := []string{"--bind", host, "--port", port, "--save", "", "--appendonly", "no",
 		"--dir", s.dir, "--logfile", filepath.Join(s.dir, "redis.log"), "--daemonize", "no"}
+	if s.ReplicaOf != "" {
+		primaryHost, primaryPort, _ := net.SplitHostPort(s.ReplicaOf)
+		args = append(args, "--replicaof", primaryHost, primaryPort)
+	}
+	if s.Sentinel != nil {
+		// A Sentinel rewrites its configuration file: it needs one.
+		conf := filepath.Join(s.dir, "sentinel.conf")
+		primaryHost, primaryPort, _ := net.SplitHostPort(s.Sentinel.Primary)
+		text := fmt.Sprintf("sentinel monitor %s %s %s 1\nsentinel down-after-milliseconds %s %d\nsentinel failover-timeout %s %d\n",
+			s.Sentinel.Name, primaryHost, primaryPort, s.Sentinel.Name, s.Sentinel.DownAfter.Milliseconds(), s.Sentinel.Name, (4 * s.Sentinel.DownAfter).Milliseconds())
+		if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
+			return fmt.Errorf("writing the Sentinel's configuration: %w", err)
+		}
+		args = append([]string{conf, "--sentinel"}, args[:4]...)
+		args = append(args, "--dir", s.dir, "--logfile", filepath.Join(s.dir, "redis.log"), "--daemonize", "no")
+	}
 	if s.CertFile != "" {
 		args = append(args, "--port", "0", "--tls-port", port, "--tls-cert-file", s.CertFile, "--tls-key-file", s.KeyFile, "--tls-auth-clients", "no")
 	}
@@ -132,6 +154,40 @@ func (s *Server) Start() error {
 	}
 	s.Stop()
 	return fmt.Errorf("redis-server did not answer on %s within 15s: %s", s.Addr, s.log())
+}
+
+// SentinelConfig is what a Sentinel watches.
+type SentinelConfig struct {
+	// Name is the primary's name (the failover client's MasterName);
+	// Primary its first address. DownAfter is how long it must not answer
+	// before the Sentinel fails it over (a quorum of one: this Sentinel).
+	Name, Primary string
+	DownAfter     time.Duration
+}
+
+// StartReplica starts a replica of primary (host:port), answering once it
+// is up; it is killed when the test ends.
+func StartReplica(t testing.TB, primary string) *Server {
+	t.Helper()
+	s, err := (&Server{ReplicaOf: primary}).startIn(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// StartSentinel starts a Sentinel watching primary under name, which fails
+// it over once it has not answered for downAfter; it is killed when the
+// test ends.
+func StartSentinel(t testing.TB, name, primary string, downAfter time.Duration) *Server {
+	t.Helper()
+	s, err := (&Server{Sentinel: &SentinelConfig{Name: name, Primary: primary, DownAfter: downAfter}}).startIn(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	return s
 }
 
 // Stop kills the server (SIGKILL: everything in it is lost) and waits for

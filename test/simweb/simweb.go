@@ -27,6 +27,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -54,6 +55,13 @@ type Rules struct {
 	// limiters and WAF rules count: one more is a violation. Zero: none.
 	PerWindow int      `json:"perWindow,omitempty"`
 	Window    Duration `json:"window,omitempty"`
+	// FixedWindow counts PerWindow in aligned windows (each Window from a
+	// multiple of it) instead of a sliding log, as many rate limiters do.
+	FixedWindow bool `json:"fixedWindow,omitempty"`
+	// CountBy "network" applies every per-IP number (rates, windows,
+	// concurrency, bans) to the IP's /24 (an IPv6 address's /64)
+	// instead, as sites that limit a whole range do; "" counts per IP.
+	CountBy string `json:"countBy,omitempty"`
 	// BanAfter violations (requests over the rate or the concurrency
 	// limit) within BanWindow ban the IP for BanFor: every request is
 	// then answered 403, and the IP is burned on this site. Zero: no bans.
@@ -135,11 +143,14 @@ type ipState struct {
 	tokens     float64
 	refilled   time.Time
 	violations []time.Time
-	// sent are the pages of the last Window (a sliding log).
-	sent       []time.Time
-	bannedTill time.Time
-	inFlight   int
-	requests   int
+	// sent are the pages of the last Window (a sliding log); inWindow
+	// those of the fixed window that began at windowStart.
+	sent        []time.Time
+	windowStart time.Time
+	inWindow    int
+	bannedTill  time.Time
+	inFlight    int
+	requests    int
 }
 
 // Start serves a site with rules on a free port of ip (a loopback
@@ -244,12 +255,13 @@ func (s *Site) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ip, _, _ := net.SplitHostPort(r.RemoteAddr)
+	key := s.countKey(ip)
 	client := ""
 	if fp, ok := s.clients.Load(r.RemoteAddr); ok {
 		client = fp.(string)
 	}
-	kind, retryAfter := s.admit(ip, client)
-	defer s.done(ip, kind)
+	kind, retryAfter := s.admit(key, ip, client)
+	defer s.done(key, kind)
 	switch kind {
 	case AnswerLimited:
 		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(retryAfter.Seconds()))))
@@ -280,15 +292,37 @@ func (s *Site) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// admit decides one request's answer and counts it in flight.
-func (s *Site) admit(ip, client string) (kind string, retryAfter time.Duration) {
+// countKey is what the site counts ip under: itself, or its network
+// (CountBy "network").
+func (s *Site) countKey(ip string) string {
+	if s.Rules.CountBy != CountByNetwork {
+		return ip
+	}
+	addr, err := netip.ParseAddr(ip)
+	if err != nil {
+		return ip
+	}
+	bits := 24
+	if addr.Is6() && !addr.Is4In6() {
+		bits = 64
+	}
+	p, _ := addr.Unmap().Prefix(bits)
+	return p.String()
+}
+
+// CountByNetwork is Rules.CountBy for a site that counts per network.
+const CountByNetwork = "network"
+
+// admit decides one request's answer (key is what the site counts ip
+// under) and counts it in flight.
+func (s *Site) admit(key, ip, client string) (kind string, retryAfter time.Duration) {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := s.ips[ip]
+	st := s.ips[key]
 	if st == nil {
 		st = &ipState{tokens: float64(max(s.Rules.Burst, 1)), refilled: now}
-		s.ips[ip] = st
+		s.ips[key] = st
 	}
 	st.requests++
 	st.inFlight++
@@ -317,7 +351,16 @@ func (s *Site) admit(ip, client string) (kind string, retryAfter time.Duration) 
 			st.tokens--
 		}
 	}
-	if w := time.Duration(r.Window); !violation && r.PerWindow > 0 && w > 0 {
+	if w := time.Duration(r.Window); !violation && r.PerWindow > 0 && w > 0 && r.FixedWindow {
+		if start := now.Truncate(w); !start.Equal(st.windowStart) {
+			st.windowStart, st.inWindow = start, 0
+		}
+		if st.inWindow >= r.PerWindow {
+			violation, retryAfter = true, st.windowStart.Add(w).Sub(now)
+		} else {
+			st.inWindow++
+		}
+	} else if !violation && r.PerWindow > 0 && w > 0 {
 		st.sent = slices.DeleteFunc(st.sent, func(t time.Time) bool { return now.Sub(t) >= w })
 		if len(st.sent) >= r.PerWindow {
 			violation, retryAfter = true, w-now.Sub(st.sent[0])
@@ -334,8 +377,8 @@ func (s *Site) admit(ip, client string) (kind string, retryAfter time.Duration) 
 		if len(st.violations) >= r.BanAfter {
 			st.bannedTill = now.Add(time.Duration(r.BanFor))
 			st.violations = nil
-			if !slices.Contains(s.bannedIPs, ip) {
-				s.bannedIPs = append(s.bannedIPs, ip)
+			if !slices.Contains(s.bannedIPs, key) {
+				s.bannedIPs = append(s.bannedIPs, key)
 			}
 		}
 	}
@@ -367,10 +410,10 @@ func (s *Site) Clients() []string {
 }
 
 // done counts a finished request.
-func (s *Site) done(ip, kind string) {
+func (s *Site) done(key, kind string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.ips[ip].inFlight--
+	s.ips[key].inFlight--
 	s.answers[kind]++
 }
 
@@ -378,7 +421,8 @@ func (s *Site) done(ip, kind string) {
 type Stats struct {
 	// Answers counts answers by kind (AnswerPage, AnswerLimited...).
 	Answers map[string]int
-	// Banned are the IPs the site banned, in the order it banned them.
+	// Banned are the IPs (the networks, when it counts by network) the
+	// site banned, in the order it banned them.
 	Banned []string
 }
 
@@ -417,26 +461,36 @@ func (s *Site) Reset() {
 // IsBlockPage says whether a 200's body is a soft block.
 func IsBlockPage(body []byte) bool { return strings.Contains(string(body), BlockPageMarker) }
 
-// Oracle is the most pages rules allow from ips in d: each IP that is
-// neither blocked nor soft-blocked sends its burst, then its rate, and at
-// most MaxConcurrent requests of Latency each at a time; no more than
-// demand in all. Zero RatePerSecond and MaxConcurrent: demand.
+// Oracle is the most pages rules allow from ips in d: each IP (each
+// network, when the site counts by network) that is neither blocked nor
+// soft-blocked sends its burst, then its rate; at most PerWindow in each
+// Window (a fixed window's count may start anew right after the crawl
+// begins: one window more); and at most MaxConcurrent requests of Latency
+// each at a time; no more than demand in all. No limit at all: demand.
 func Oracle(rules Rules, ips []string, d time.Duration, demand int) int {
-	usable := 0
+	s := &Site{Rules: rules}
+	counted := map[string]bool{}
 	for _, ip := range ips {
 		if !slices.Contains(rules.Blocked, ip) && !slices.Contains(rules.SoftBlocked, ip) {
-			usable++
+			counted[s.countKey(ip)] = true
 		}
 	}
-	perIP := math.Inf(1)
+	perKey := math.Inf(1)
 	if rules.RatePerSecond > 0 {
-		perIP = float64(max(rules.Burst, 1)) + rules.RatePerSecond*d.Seconds()
+		perKey = float64(max(rules.Burst, 1)) + rules.RatePerSecond*d.Seconds()
+	}
+	if w := time.Duration(rules.Window); rules.PerWindow > 0 && w > 0 {
+		windows := math.Ceil(d.Seconds() / w.Seconds())
+		if rules.FixedWindow {
+			windows++
+		}
+		perKey = min(perKey, float64(rules.PerWindow)*windows)
 	}
 	if rules.MaxConcurrent > 0 && rules.Latency > 0 {
-		perIP = min(perIP, float64(rules.MaxConcurrent)*d.Seconds()/time.Duration(rules.Latency).Seconds())
+		perKey = min(perKey, float64(rules.MaxConcurrent)*d.Seconds()/time.Duration(rules.Latency).Seconds())
 	}
-	if math.IsInf(perIP, 1) {
+	if math.IsInf(perKey, 1) {
 		return demand
 	}
-	return min(demand, int(math.Floor(perIP))*usable)
+	return min(demand, int(math.Floor(perKey))*len(counted))
 }

@@ -122,6 +122,8 @@ func TestSiteLimitsConcurrencyAndHidesViolations(t *testing.T) {
 
 func TestOracle(t *testing.T) {
 	ips := []string{"a", "b", "c", "d"}
+	nets := []string{"127.0.1.1", "127.0.1.2", "127.0.2.1"}
+	assert.Equal(t, 2*(1+20), Oracle(Rules{RatePerSecond: 2, CountBy: CountByNetwork}, nets, 10*time.Second, 1000), "per network: two /24s")
 	for _, tc := range []struct {
 		name   string
 		rules  Rules
@@ -133,6 +135,8 @@ func TestOracle(t *testing.T) {
 		{"burst then rate, per usable IP", Rules{RatePerSecond: 2, Burst: 4, Blocked: []string{"a"}, SoftBlocked: []string{"b"}}, 10 * time.Second, 1000, 2 * (4 + 20)},
 		{"the demand bounds it", Rules{RatePerSecond: 2, Burst: 4}, 10 * time.Second, 50, 50},
 		{"concurrency over latency bounds it", Rules{RatePerSecond: 100, MaxConcurrent: 1, Latency: Duration(500 * time.Millisecond)}, 10 * time.Second, 1000, 4 * 20},
+		{"a sliding window: PerWindow in each", Rules{PerWindow: 3, Window: Duration(2 * time.Second)}, 10 * time.Second, 1000, 4 * 15},
+		{"a fixed window may start anew at once: one more", Rules{PerWindow: 3, Window: Duration(2 * time.Second), FixedWindow: true}, 10 * time.Second, 1000, 4 * 18},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			assert.Equal(t, tc.want, Oracle(tc.rules, ips, tc.d, tc.demand))
@@ -170,4 +174,34 @@ func TestSiteCountsASlidingWindow(t *testing.T) {
 	advance(100 * time.Millisecond)
 	code, _ = fetch(t, a, s.URL+"/4")
 	assert.Equal(t, http.StatusTooManyRequests, code, "the second is still in it")
+}
+
+// TestSiteCountsFixedWindowsAndNetworks: a fixed window lets PerWindow
+// through from its start, refuses one more until the next window begins
+// (it does not slide), and a site that counts by network counts a /24's
+// IPs as one.
+func TestSiteCountsFixedWindowsAndNetworks(t *testing.T) {
+	clock := time.Unix(1000, 0)
+	var mu sync.Mutex
+	s, err := Start("127.0.40.102", true, Rules{PerWindow: 2, Window: Duration(time.Second), FixedWindow: true, CountBy: CountByNetwork})
+	require.NoError(t, err)
+	defer s.Close()
+	s.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	advance := func(d time.Duration) { mu.Lock(); clock = clock.Add(d); mu.Unlock() }
+
+	a, b, other := from(s, "127.0.40.7"), from(s, "127.0.40.8"), from(s, "127.0.41.7")
+	advance(900 * time.Millisecond)
+	code, _ := fetch(t, a, s.URL+"/1")
+	require.Equal(t, http.StatusOK, code)
+	code, _ = fetch(t, b, s.URL+"/1")
+	require.Equal(t, http.StatusOK, code)
+	code, _ = fetch(t, a, s.URL+"/2")
+	assert.Equal(t, http.StatusTooManyRequests, code, "the /24's two in this window are spent, whichever IP sent them")
+	code, _ = fetch(t, other, s.URL+"/1")
+	assert.Equal(t, http.StatusOK, code, "another /24 is counted apart")
+	advance(100 * time.Millisecond)
+	for _, c := range []*http.Client{a, b} {
+		code, _ = fetch(t, c, s.URL+"/3")
+		assert.Equal(t, http.StatusOK, code, "a new window: two more at once (a fixed window does not slide)")
+	}
 }

@@ -23,7 +23,7 @@ type CrawlTargetSpecApplyConfiguration struct {
 	// the host in any window of interval, 1-10000: a hard bound, as a
 	// site's sliding or fixed window counts, whatever the window's start.
 	// The fleet spaces an IP's requests evenly, keeping 5% of the interval
-	// (at most 50ms) for the network's jitter.
+	// (at most 100ms) for the network's jitter.
 	RequestsPerInterval *int32 `json:"requestsPerInterval,omitempty"`
 	// interval is the period requestsPerInterval is counted over, 1ms to
 	// 24h.

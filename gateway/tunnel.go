@@ -103,9 +103,9 @@ func (t *tunnel) clientCuts(p []byte) []cut {
 }
 
 // await holds a request of the client's until its slot: the first until
-// the lease's, each later one until a slot of the host's pace of its own.
-// False: the host's pace gives it none within PaceWait, and the tunnel
-// ends.
+// the lease's, each later one until a slot of the host's pace of its own
+// (paceTurn). False: the host's pace gives it none within the tunnel's
+// IdleTimeout, and the tunnel ends.
 func (t *tunnel) await(c cut) bool {
 	if c.first {
 		if d := time.Until(t.firstSlot); d > 0 {
@@ -280,7 +280,7 @@ func (g *Gateway) connectAny(ctx context.Context, id Identity, host, hostport st
 		}
 		// The slot is the first request's: the tunnel opens (and the
 		// client's handshake goes) meanwhile, and the client's turn that
-		// may carry the request waits for it (tunnel.clientTurn).
+		// may carry the request waits for it (tunnel.await).
 		slot := time.Now().Add(up.Wait)
 		d, f := g.connect(ctx, up, hostport)
 		if f == nil {
@@ -445,8 +445,8 @@ func (b both) Add(n float64) {
 // buffer, reads whatever else is there without waiting, and writes it all.
 // A gated direction (the client's) holds each request in what it writes
 // until its slot (clientCuts, await): a request with no slot within
-// PaceWait ends the tunnel (closedPaced); it never splices, so that every
-// record is seen. writing hears of each write before it goes, so the
+// IdleTimeout ends the tunnel (closedPaced); it never splices, so that
+// every record is seen. writing hears of each write before it goes, so the
 // peer's reaction never comes first.
 func (t *tunnel) pipe(dst, src net.Conn, pending []byte, bytes counter, gated bool, writing func()) {
 	tick := min(max(t.idle/4, time.Second), 30*time.Second)

@@ -80,17 +80,22 @@ func TestKeptAliveTunnelsArePacedPerRequest(t *testing.T) {
 }
 
 // lazyPolicy paces *host (set once the site is up) at n requests in any
-// second per IP.
+// window of per (a second when zero) per IP.
 type lazyPolicy struct {
 	host *string
 	n    int
+	per  time.Duration
 }
 
 func (l lazyPolicy) ForHost(host string) []broker.Policy {
 	if host != *l.host {
 		return nil
 	}
-	return []broker.Policy{{Name: "crawl/site", Host: host, Pace: lease.Pace{Interval: lease.WindowPace(l.n, time.Second), Burst: 1}}}
+	per := l.per
+	if per == 0 {
+		per = time.Second
+	}
+	return []broker.Policy{{Name: "crawl/site", Host: host, Pace: lease.Pace{Interval: lease.WindowPace(l.n, per), Burst: 1}}}
 }
 
 // connectDialer dials through the gateway at proxy with a CONNECT of its

@@ -285,14 +285,23 @@ func (j *Judge) tellSuspects(ctx context.Context, suspects []Suspect, poolOf map
 			continue
 		}
 		logf.FromContext(ctx).Info("blocking host suspect: nobody is banned for it", "group", s.Group, "host", s.Host, "blocked", s.Blocked, "serving", s.Serving)
-		ns, name, isPool := strings.Cut(s.Group, "/")
-		if pool := poolOf[types.NamespacedName{Namespace: ns, Name: name}]; isPool && pool != nil && j.opts.Recorder != nil {
+		if pool := poolOfGroup(s.Group, poolOf); pool != nil && j.opts.Recorder != nil {
 			j.opts.Recorder.Eventf(pool, nil, corev1.EventTypeWarning, EventHostSuspect, "Judge",
 				"host %s blocked %d of the %d serving members at once: suspecting the host, not the members; none is recycled for it",
 				s.Host, s.Blocked, s.Serving)
 		}
 	}
 	j.suspected = now
+}
+
+// poolOfGroup is the ProxyPool a judged group names (namespace/pool), nil
+// for a namespace's stand-alone Proxies or a pool gone.
+func poolOfGroup(group string, poolOf map[types.NamespacedName]*crawlv1alpha1.ProxyPool) *crawlv1alpha1.ProxyPool {
+	ns, name, isPool := strings.Cut(group, "/")
+	if !isPool {
+		return nil
+	}
+	return poolOf[types.NamespacedName{Namespace: ns, Name: name}]
 }
 
 // markClientBans marks each host that bans a client (MarkClientBans) and
@@ -309,8 +318,7 @@ func (j *Judge) markClientBans(ctx context.Context, found []ClientBan, poolOf ma
 		}
 		logf.FromContext(ctx).Info("host bans a client, not the proxies: nobody is banned for it", "group", cb.Group, "host", cb.Host,
 			"client", cb.Client, "blocked", cb.Blocked, "passed", cb.Passed)
-		ns, name, isPool := strings.Cut(cb.Group, "/")
-		if pool := poolOf[types.NamespacedName{Namespace: ns, Name: name}]; isPool && pool != nil && j.opts.Recorder != nil {
+		if pool := poolOfGroup(cb.Group, poolOf); pool != nil && j.opts.Recorder != nil {
 			j.opts.Recorder.Eventf(pool, nil, corev1.EventTypeWarning, EventClientBan, "Judge",
 				"host %s blocks the TLS client %s through %d members while other clients pass through %d of them: the client's fingerprint is banned, not the members; none is recycled for it",
 				cb.Host, cb.Client, cb.Blocked, cb.Passed)

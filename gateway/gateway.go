@@ -171,7 +171,7 @@ func New(opts Options) *Gateway {
 		MaxIdleConnsPerHost:   8,
 		DisableCompression:    true, // the client's Accept-Encoding goes through as sent
 	}
-	g.inspector = inspectTransport(opts)
+	g.inspector = inspectTransport(g.forwarder, opts)
 	return g
 }
 

@@ -68,22 +68,17 @@ func (i *Inspect) LoadRootCAs() error {
 // Enabled says whether the gateway inspects the tunnels that ask.
 func (i Inspect) Enabled() bool { return i.Authority != nil }
 
-// inspectTransport is the transport of inspected requests: HTTPS through
-// the picked upstream (upstreamOf), over HTTP/1.1 kept alive, so that each
-// request has a connection of its own when it is held for its slot
-// (atSlot); the client's side may multiplex over HTTP/2.
-func inspectTransport(opts Options) *http.Transport {
-	return &http.Transport{
-		Proxy:                 upstreamOf,
-		DialContext:           (&net.Dialer{Timeout: opts.ConnectTimeout}).DialContext,
-		TLSClientConfig:       &tls.Config{RootCAs: opts.Inspect.RootCAs, MinVersion: tls.VersionTLS12},
-		TLSNextProto:          map[string]func(string, *tls.Conn) http.RoundTripper{},
-		TLSHandshakeTimeout:   opts.ConnectTimeout,
-		ResponseHeaderTimeout: opts.MaxTunnelLifetime,
-		IdleConnTimeout:       opts.IdleTimeout,
-		MaxIdleConnsPerHost:   8,
-		DisableCompression:    true,
-	}
+// inspectTransport is the transport of inspected requests: the plain-HTTP
+// forwarder's (through the picked upstream, upstreamOf), speaking HTTPS to
+// the sites over HTTP/1.1 kept alive, so that each request has a
+// connection of its own when it is held for its slot (atSlot); the
+// client's side may multiplex over HTTP/2.
+func inspectTransport(forwarder *http.Transport, opts Options) *http.Transport {
+	t := forwarder.Clone()
+	t.TLSClientConfig = &tls.Config{RootCAs: opts.Inspect.RootCAs, MinVersion: tls.VersionTLS12}
+	t.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+	t.TLSHandshakeTimeout = opts.ConnectTimeout
+	return t
 }
 
 // inspectTunnel serves a CONNECT that asked to be inspected.

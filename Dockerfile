@@ -25,6 +25,7 @@ COPY intern/ intern/
 COPY client/ client/
 COPY tlsprint/ tlsprint/
 COPY inspect/ inspect/
+COPY shard/ shard/
 RUN CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} go build -trimpath -ldflags "-s -w" -o manager .
 
 FROM gcr.io/distroless/static:nonroot

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"maps"
+	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -13,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientset "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
@@ -43,6 +45,7 @@ import (
 	"github.com/example/egress-proxies-operator/operator"
 	"github.com/example/egress-proxies-operator/providers"
 	"github.com/example/egress-proxies-operator/providers/kubernetes"
+	"github.com/example/egress-proxies-operator/shard"
 	"github.com/example/egress-proxies-operator/tenant"
 )
 
@@ -102,6 +105,14 @@ func newWiring(ctx context.Context, opts options, providersConfig providers.Conf
 // verdict change, and the metrics that read it.
 func (w *wiring) setupHealth(roots *x509.CertPool, triggers chan<- event.GenericEvent, outcomes health.OutcomeSink) (*health.Engine, error) {
 	prober := health.NewHTTPProber(roots)
+	var member health.Shard
+	if w.opts.health.ShardProbes {
+		m, err := w.setupShard(operator.Name() + "-probes")
+		if err != nil {
+			return nil, err
+		}
+		member = m
+	}
 	engine := health.NewEngine(health.Options{
 		Cache:                w.mgr.GetCache(),
 		Client:               w.mgr.GetClient(),
@@ -119,11 +130,34 @@ func (w *wiring) setupHealth(roots *x509.CertPool, triggers chan<- event.Generic
 		Notify:               triggers,
 		Credentials:          credentials.Reader{Client: w.credentialsCache},
 		CredentialsNamespace: w.opts.identity.CredentialsNamespace,
+		Shard:                member,
+		Elected:              w.mgr.Elected(),
 	})
 	if err := w.mgr.Add(engine); err != nil {
 		return nil, fmt.Errorf("adding the health engine: %w", err)
 	}
 	return engine, register(health.ProxiesCollector{Reader: w.mgr.GetClient()}, engine.LastProbeCollector())
+}
+
+// setupShard adds this replica's membership of group, a shard of the
+// replicas in the operator's namespace, on every replica.
+func (w *wiring) setupShard(group string) (*shard.Member, error) {
+	typed, err := clientset.NewForConfigAndClient(w.restConfig, w.mgr.GetHTTPClient())
+	if err != nil {
+		return nil, fmt.Errorf("creating the Lease client for the shard %s: %w", group, err)
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		return nil, fmt.Errorf("naming this replica in the shard %s: %w", group, err)
+	}
+	member, err := shard.New(shard.Options{Leases: typed.CoordinationV1(), Namespace: operator.Namespace(), Group: group, Identity: shard.NewIdentity(host)})
+	if err != nil {
+		return nil, fmt.Errorf("the shard %s: %w", group, err)
+	}
+	if err := w.mgr.Add(member); err != nil {
+		return nil, fmt.Errorf("adding the shard %s: %w", group, err)
+	}
+	return member, nil
 }
 
 // setupBans adds the ban judge on the leader: it reads the outcome memory
@@ -359,8 +393,10 @@ func (c *canaryOutcomes) EndCanaryHold(ctx context.Context, proxy types.Namespac
 }
 
 // engineHealth lets discovery and the reconciler read the health engine's
-// verdicts. On a replica that is not the leader the engine probes nothing,
-// so nothing is known and discovery goes by the recorded status.
+// verdicts. Without --health-shard-probes, on a replica that is not the
+// leader the engine probes nothing, so nothing is known and discovery goes
+// by the recorded status; with it, every replica's engine knows its share
+// by its probes and the others' by their status.
 type engineHealth struct{ engine *health.Engine }
 
 func (e engineHealth) Healthy(key types.NamespacedName, address string) (healthy, known bool) {

@@ -88,6 +88,24 @@ type Options struct {
 	// probe that passes asks it (every EgressRecheck) to learn the proxy's
 	// exit IP, recorded as status.egressIP when it differs from its IP.
 	EchoURL string
+	// Shard, if set, divides the fleet among the replicas: the engine runs
+	// on every replica, probes and records only the proxies Shard says are
+	// its own, and follows the others' verdicts in their status (for
+	// discovery and the reconciler). Nil: it probes every proxy, on the
+	// leader only.
+	Shard Shard
+	// Elected is closed once this replica leads (the manager's Elected()).
+	// With a Shard, verdict changes go to Notify only then: only the
+	// leader's reconciler reads it. Nil: always.
+	Elected <-chan struct{}
+}
+
+// Shard says which proxies this replica probes (shard.Member).
+type Shard interface {
+	// Owns says whether key (namespace/name) is this replica's to probe.
+	Owns(key string) bool
+	// Changes receives a value whenever what Owns answers may have changed.
+	Changes() <-chan struct{}
 }
 
 // CredentialsLookup reads a proxy's credentials (credentials.Reader).
@@ -139,9 +157,10 @@ func NewEngine(opts Options) *Engine {
 	}
 }
 
-// NeedLeaderElection makes the engine run on the leader only: one prober
-// per proxy, one writer of its Healthy condition.
-func (e *Engine) NeedLeaderElection() bool { return true }
+// NeedLeaderElection makes an engine without a Shard run on the leader
+// only: one prober per proxy, one writer of its Healthy condition. With a
+// Shard every replica runs one, each the only prober of its share.
+func (e *Engine) NeedLeaderElection() bool { return e.opts.Shard == nil }
 
 // Start follows Proxies through the cache and probes until ctx ends.
 func (e *Engine) Start(ctx context.Context) error {
@@ -154,8 +173,61 @@ func (e *Engine) Start(ctx context.Context) error {
 		return fmt.Errorf("watching Proxies: %w", err)
 	}
 	defer func() { _ = informer.RemoveEventHandler(reg) }()
+	if e.opts.Shard != nil {
+		go e.followShard(ctx)
+	}
 	e.runWorkers(ctx)
 	return nil
+}
+
+// followShard takes up the proxies this replica gains and drops those it
+// loses, whenever the shard's members change, until ctx ends.
+func (e *Engine) followShard(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-e.opts.Shard.Changes():
+			e.rebalance()
+		}
+	}
+}
+
+// rebalance brings each proxy's ownership up to what the shard says now:
+// a proxy gained is probed within the jitter (its last probe was another
+// replica's); a proxy lost has its probe in flight cancelled and its
+// verdict followed from its status from now on.
+func (e *Engine) rebalance() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	gained, lost := 0, 0
+	for key, t := range e.targets {
+		owned := e.owns(key)
+		switch {
+		case owned && !t.owned:
+			t.owned = true
+			gained++
+			due := e.spread(t.settings.Value().Interval)
+			if t.tracker.verdict == Unknown {
+				due = 0 // not Ready until its first verdict
+			}
+			e.queue.AddAfter(probeItem{key: key}, due)
+		case !owned && t.owned:
+			t.owned = false
+			lost++
+			t.probedAt, t.lastProbe = time.Time{}, time.Time{}
+			if t.cancelProbe != nil {
+				t.cancelProbe()
+			}
+		}
+	}
+	shardChanges.WithLabelValues("gained").Add(float64(gained))
+	shardChanges.WithLabelValues("lost").Add(float64(lost))
+}
+
+// owns says whether key is this replica's to probe and record.
+func (e *Engine) owns(key types.NamespacedName) bool {
+	return e.opts.Shard == nil || e.opts.Shard.Owns(key.String())
 }
 
 // runWorkers probes with Workers goroutines until ctx ends.
@@ -179,36 +251,45 @@ func (e *Engine) work(ctx context.Context) bool {
 		return false
 	}
 	defer e.queue.Done(item)
-	if item.settle {
+	switch {
+	case item.settle:
 		e.settle(ctx, item.key)
 		return true
+	case item.notify:
+		return e.notify(ctx, item.key)
 	}
 	key := item.key
 
 	start := e.opts.Clock.Now()
+	probeCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	e.mu.Lock()
 	t, ok := e.targets[key]
+	ok = ok && t.owned && e.owns(key)
 	var identity string
 	var pt probeTarget
 	var echo bool
 	if ok {
 		identity, pt = t.identity, t.probeTarget
-		t.lastProbe = start
+		t.lastProbe, t.cancelProbe = start, cancel
 		echo = e.opts.EchoURL != "" && (t.egressCheckedAt.IsZero() || start.Sub(t.egressCheckedAt) >= EgressRecheck)
 	}
 	e.mu.Unlock()
 	if !ok {
-		return true // forgotten while it waited
+		return true // forgotten while it waited, or another replica's now
 	}
 
-	result := e.probe(ctx, key, pt, echo)
+	result := e.probe(probeCtx, key, pt, echo)
 	observeProbe(result, e.opts.Clock.Since(start))
 
 	e.mu.Lock()
 	t, ok = e.targets[key]
-	if !ok || t.identity != identity {
+	if ok && t.identity == identity {
+		t.cancelProbe = nil
+	}
+	if !ok || t.identity != identity || !t.owned {
 		e.mu.Unlock()
-		return true // deleted or replaced during the probe: the result is stale
+		return true // deleted, replaced or handed over during the probe: the result is stale
 	}
 	t.probedAt = e.opts.Clock.Now()
 	settings := pt.settings.Value()
@@ -258,7 +339,7 @@ func (e *Engine) nextProbe(settings Settings, verdict Verdict) time.Duration {
 // notify tells the reconciler to look at a Proxy now (Options.Notify); it
 // returns false if ctx ended first.
 func (e *Engine) notify(ctx context.Context, key types.NamespacedName) bool {
-	if e.opts.Notify == nil {
+	if e.opts.Notify == nil || !e.leading() {
 		return true
 	}
 	obj := &crawlv1alpha1.Proxy{}
@@ -267,6 +348,20 @@ func (e *Engine) notify(ctx context.Context, key types.NamespacedName) bool {
 	case e.opts.Notify <- event.GenericEvent{Object: obj}:
 		return true
 	case <-ctx.Done():
+		return false
+	}
+}
+
+// leading says whether Notify has a reader: always without a Shard (the
+// engine runs on the leader only), else once this replica leads.
+func (e *Engine) leading() bool {
+	if e.opts.Shard == nil || e.opts.Elected == nil {
+		return true
+	}
+	select {
+	case <-e.opts.Elected:
+		return true
+	default:
 		return false
 	}
 }

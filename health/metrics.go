@@ -28,6 +28,10 @@ var (
 		Namespace: operator.MetricsNamespace, Subsystem: "healthcheck", Name: "status_writes_total",
 		Help: "Proxy status writes by the health engine: a verdict change, a canary's verdict or exit IP learnt, or a recorded verdict or Ready that no longer holds (a new address, an instance that stopped serving).",
 	})
+	shardChanges = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: operator.MetricsNamespace, Subsystem: "healthcheck", Name: "shard_proxies_moved_total",
+		Help: "Proxies this replica took up (gained) or handed over (lost) as the shard's members changed (--health-shard-probes).",
+	}, []string{"direction"})
 	canaryChecks = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: operator.MetricsNamespace, Subsystem: "canary", Name: "checks_total",
 		Help: "Canary fetches through proxies (spec.healthCheck.targets), by canary name and verdict (Allowed, Blocked, Unknown).",
@@ -35,7 +39,7 @@ var (
 )
 
 func init() {
-	ctrlmetrics.Registry.MustRegister(probesTotal, probeDuration, statusWrites, canaryChecks)
+	ctrlmetrics.Registry.MustRegister(probesTotal, probeDuration, statusWrites, shardChanges, canaryChecks)
 }
 
 func observeProbe(r Result, took time.Duration) {

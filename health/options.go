@@ -22,6 +22,8 @@ type Config struct {
 	CanaryInterval     time.Duration
 	CanaryHostInterval time.Duration
 	EchoURL            string
+	// ShardProbes divides probing among the replicas (Options.Shard).
+	ShardProbes bool
 }
 
 // AddFlags registers the engine's flags.
@@ -41,6 +43,8 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 		"The least time between two canaries to one host, across the whole fleet.")
 	fs.StringVar(&c.EchoURL, "egress-echo-url", "",
 		"An http(s) URL that answers with the address a request came from (a bare IP, or JSON with \"ip\" or \"origin\"): probes that pass ask it through the proxy, every 10m, and record status.egressIP when it differs from the proxy's IP. Empty: not asked.")
+	fs.BoolVar(&c.ShardProbes, "health-shard-probes", false,
+		"Divide probing among the operator's replicas: each holds a coordination.k8s.io Lease in the operator's namespace and probes the proxies a rendezvous hash gives it; a replica that dies hands its share over within 18s. Off: the leader probes every proxy.")
 	fs.StringVar(&c.CABundle, "health-ca-bundle", "",
 		"PEM file of CAs trusted for probe targets, added to the system roots (for private probe targets).")
 }

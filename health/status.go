@@ -22,6 +22,9 @@ import (
 type probeItem struct {
 	key    types.NamespacedName
 	settle bool
+	// notify: tell the reconciler of a verdict change another replica
+	// recorded (Options.Notify), from a worker rather than the informer.
+	notify bool
 }
 
 // settleRetry is how soon a status write that failed is tried again.
@@ -152,6 +155,9 @@ func (part healthPart) apply(p *crawlv1alpha1.Proxy) *acv1alpha1.ProxyApplyConfi
 // fields, and applies them alone, so a write never conflicts with the
 // reconciler's.
 func (e *Engine) settle(ctx context.Context, key types.NamespacedName) {
+	if !e.owns(key) {
+		return // another replica's to record
+	}
 	var p crawlv1alpha1.Proxy
 	if err := e.opts.Client.Get(ctx, key, &p); err != nil {
 		if client.IgnoreNotFound(err) != nil {

@@ -1,6 +1,7 @@
 package health
 
 import (
+	"context"
 	"net"
 	"slices"
 	"strconv"
@@ -57,6 +58,11 @@ type target struct {
 	probedAt time.Time
 	// counted is the contribution to byURL now: url, and whether Unhealthy.
 	counted *countedAs
+	// owned: this replica probes the proxy (always without a Shard);
+	// otherwise its verdict is what its status records. cancelProbe
+	// cancels the probe in flight, if any, when it is handed over.
+	owned       bool
+	cancelProbe context.CancelFunc
 	// egressIP is the instance's exit IP when it differs from its address
 	// ("" otherwise, or unknown), as the echo URL last said at
 	// egressCheckedAt.
@@ -116,6 +122,9 @@ func (e *Engine) track(p *crawlv1alpha1.Proxy) {
 		}
 		if old != nil {
 			t.counted = old.counted // recountLocked moves it
+			t.owned, t.cancelProbe = old.owned, old.cancelProbe
+		} else {
+			t.owned = e.owns(key)
 		}
 		e.targets[key] = t
 		e.generation.Add(1)
@@ -124,6 +133,20 @@ func (e *Engine) track(p *crawlv1alpha1.Proxy) {
 	t.probeTarget = probeTargetOf(p, settings, e.opts.CredentialsNamespace)
 	t.managed = p.Spec.Mode == crawlv1alpha1.ModeManaged
 	t.setCanaries(canariesOf(p))
+	if !t.owned {
+		// Another replica probes it: its verdict is what that one records.
+		followed := t.followRecorded(p)
+		e.recountLocked(t, false)
+		managed := t.managed
+		e.mu.Unlock()
+		if followed {
+			e.generation.Add(1)
+			if managed {
+				e.queue.Add(probeItem{key: key, notify: true})
+			}
+		}
+		return
+	}
 	e.recountLocked(t, false)
 	// Decided under the lock: a probe worker may be changing the verdict
 	// and the last probe's time as soon as it is released.
@@ -139,6 +162,25 @@ func (e *Engine) track(p *crawlv1alpha1.Proxy) {
 	if _, stale := healthPartFor(p, &known, now); stale {
 		e.queue.Add(probeItem{key: key, settle: true})
 	}
+}
+
+// followRecorded takes the verdict p's status records about t's instance,
+// as recorded by the replica that probes it, and says whether it changed.
+func (t *target) followRecorded(p *crawlv1alpha1.Proxy) bool {
+	recorded, since, at := recordedVerdict(p)
+	if recorded == t.tracker.verdict && at.Equal(t.decidedAt) {
+		return false
+	}
+	changed := recorded != t.tracker.verdict
+	t.tracker = tracker{verdict: recorded}
+	t.written, t.decidedAt, t.unhealthySince = recorded, at, time.Time{}
+	if recorded == Unhealthy {
+		t.unhealthySince = since
+	}
+	if p.Status.HealthCheckedInstance == t.identity {
+		t.egressIP = p.Status.EgressIP
+	}
+	return changed
 }
 
 // tracked is what track knows of a proxy it just took up or updated.

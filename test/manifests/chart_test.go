@@ -653,6 +653,11 @@ func TestChartHighAvailability(t *testing.T) {
 	assert.Equal(t, deploy.Spec.Selector.MatchLabels, pdb.Spec.Selector.MatchLabels)
 	assert.Equal(t, "1", pdb.Spec.MaxUnavailable.String())
 	assert.Contains(t, r.notes, "shared by 3 replica(s)")
+	assert.True(t, hasArg(deploy, "--health-shard-probes"), "several replicas divide the probing")
+	ha["operator"] = map[string]any{"health": map[string]any{"shardProbes": false}}
+	leaderProbes := chartInstall{set: ha}.mustRender(t)
+	require.True(t, leaderProbes.objects.one(t, "Deployment", &deploy))
+	assert.False(t, hasArg(deploy, "--health-shard-probes"), "shardProbes: false keeps probing on the leader")
 
 	sentinel := chartInstall{set: map[string]any{"replicaCount": 2, "leaseStore": map[string]any{"type": "redis", "redis": map[string]any{
 		"sentinel": map[string]any{"addresses": []any{"redis-sentinel-0.data:26379", "redis-sentinel-1.data:26379"}, "master": "leases"}, "waitReplicas": 1,
@@ -671,6 +676,7 @@ func TestChartHighAvailability(t *testing.T) {
 	require.True(t, one.objects.one(t, "Deployment", &deploy))
 	assert.Nil(t, deploy.Spec.Template.Spec.Affinity)
 	assert.False(t, hasArg(deploy, "--redis-password-file"), "no password Secret named: no password")
+	assert.False(t, hasArg(deploy, "--health-shard-probes"), "one replica probes every proxy")
 
 	def := chartInstall{}.mustRender(t)
 	require.True(t, def.objects.one(t, "Deployment", &deploy))
@@ -687,6 +693,7 @@ func TestChartHighAvailability(t *testing.T) {
 		assert.Equal(t, appsv1.RollingUpdateDeploymentStrategyType, deploy.Spec.Strategy.Type)
 		assert.Equal(t, "redis", managerArg(t, deploy, "--lease-store"))
 		assert.Equal(t, "redis:6379", managerArg(t, deploy, "--redis-address"))
+		assert.True(t, hasArg(deploy, "--health-shard-probes"))
 		assertMountedSecretFile(t, deploy, managerArg(t, deploy, "--redis-password-file"), "redis-password", "password")
 		require.NotNil(t, deploy.Spec.Template.Spec.Affinity)
 		assert.Empty(t, restrictedViolations(deploy.Spec.Template.Spec))

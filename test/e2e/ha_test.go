@@ -13,7 +13,10 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/example/egress-proxies-operator/shard"
 
 	"github.com/example/egress-proxies-operator/test/cluster"
 	"github.com/example/egress-proxies-operator/test/redisserver"
@@ -54,7 +57,8 @@ func (r *replica) start(t *testing.T) {
 	r.op = op
 }
 
-// testSharedLeases: two operator processes share one real Redis. A lease
+// testSharedLeases: two operator processes share one real Redis and
+// divide the probing, each holding its shard Lease. A lease
 // made through one is renewed and released through the other; a cooldown
 // reported to one holds on the other; SIGKILL of either loses no lease or
 // cooldown while the other keeps answering; with Redis stopped both answer
@@ -78,7 +82,8 @@ func testSharedLeases(t *testing.T) {
 		pair[i] = &replica{name: fmt.Sprintf("replica-%d", i), opts: cluster.OperatorOptions{
 			DiscoveryAddr: cluster.FreeAddr(), ProbeAddr: cluster.FreeAddr(),
 			ExtraArgs: []string{"--leader-elect", "--lease-store=redis", "--redis-address=" + redis.Addr,
-				"--redis-password-file=" + passwordFile, "--lease-store-timeout=300ms", "--rate-limit-cooldown=1s"},
+				"--redis-password-file=" + passwordFile, "--lease-store-timeout=300ms", "--rate-limit-cooldown=1s",
+				"--health-shard-probes"},
 		}}
 		pair[i].start(t)
 		r := pair[i]
@@ -90,6 +95,11 @@ func testSharedLeases(t *testing.T) {
 	proxy := managed(ns, "shared")
 	require.NoError(t, c.Create(ctx, proxy))
 	waitProxy(t, client.ObjectKeyFromObject(proxy), "Ready and Healthy", readyAndHealthy)
+	require.Eventually(t, func() bool {
+		var leases coordinationv1.LeaseList
+		err := c.List(ctx, &leases, client.MatchingLabels{shard.LabelGroup: "egress-proxies-operator-probes"})
+		return err == nil && len(leases.Items) == 2
+	}, waitFor, poll, "each replica holds its shard Lease")
 	selector := fmt.Sprintf(`{"selector":{"suite":%q},"target":"shop.example","ttlSeconds":60}`, ns)
 	// Every replica serves from its own view: wait until b's has the proxy.
 	require.Eventually(t, func() bool {

@@ -125,6 +125,7 @@ func TestParseFlags(t *testing.T) {
 			"--providers-config=/etc/providers.yaml", "--cluster-id=prod-eu_1",
 			"--zap-log-level=debug", "--kubeconfig=/tmp/kubeconfig",
 			"--max-concurrent-reconciles=16", "--kube-api-qps=200", "--kube-api-burst=300",
+			"--health-shard-probes", "--health-shard-lease-duration=5s",
 		}, &bytes.Buffer{})
 		require.NoError(t, err)
 		assert.Equal(t, 16, o.controllers.MaxConcurrentReconciles)
@@ -134,6 +135,8 @@ func TestParseFlags(t *testing.T) {
 		assert.Equal(t, "/etc/providers.yaml", o.providers.ConfigPath)
 		assert.True(t, o.manager.LeaderElect)
 		assert.Equal(t, "/tmp/kubeconfig", o.manager.Kubeconfig)
+		assert.True(t, o.health.ShardProbes)
+		assert.Equal(t, 5*time.Second, o.health.ShardLeaseDuration)
 	})
 
 	bad := []struct {
@@ -157,6 +160,8 @@ func TestParseFlags(t *testing.T) {
 		{"plain-http probe URL", []string{"--health-probe-url=http://example.com/"}, "--health-probe-url"},
 		{"zero failure threshold", []string{"--health-failure-threshold=0"}, "--health-failure-threshold"},
 		{"negative interval", []string{"--health-interval=-1s"}, "--health-interval"},
+		{"a shard handover longer than the probe interval", []string{"--health-shard-probes", "--health-shard-lease-duration=20s"}, "--health-shard-lease-duration"},
+		{"a shard lease of part seconds", []string{"--health-shard-probes", "--health-shard-lease-duration=2500ms"}, "--health-shard-lease-duration"},
 		{"no reconcile workers", []string{"--max-concurrent-reconciles=0"}, "--max-concurrent-reconciles"},
 		{"zero QPS", []string{"--kube-api-qps=0"}, "--kube-api-qps"},
 		{"zero burst", []string{"--kube-api-burst=0"}, "--kube-api-burst"},

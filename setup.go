@@ -150,7 +150,9 @@ func (w *wiring) setupShard(group string) (*shard.Member, error) {
 	if err != nil {
 		return nil, fmt.Errorf("naming this replica in the shard %s: %w", group, err)
 	}
-	member, err := shard.New(shard.Options{Leases: typed.CoordinationV1(), Namespace: operator.Namespace(), Group: group, Identity: shard.NewIdentity(host)})
+	member, err := shard.New(shard.Options{Leases: typed.CoordinationV1(), Namespace: operator.Namespace(), Group: group, Identity: shard.NewIdentity(host),
+		LeaseDuration: w.opts.health.ShardLeaseDuration,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("the shard %s: %w", group, err)
 	}

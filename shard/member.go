@@ -24,12 +24,14 @@ import (
 const LabelGroup = "crawl.example.com/shard-group"
 
 // Defaults: a replica that dies hands its share over within
-// LeaseDuration + RenewInterval + HandoverDelay (18 s), under the health
-// engine's 30 s probe interval.
+// LeaseDuration, two RenewIntervals (its last renewal is listed up to one
+// late, its expiry up to one late) and the HandoverDelay: 18 s, under the
+// health engine's 30 s probe interval. The renew deadline is 7/10 of the
+// duration and the renew interval 1/5, whatever the duration.
 const (
 	DefaultLeaseDuration = 10 * time.Second
-	DefaultRenewDeadline = 7 * time.Second
-	DefaultRenewInterval = 2 * time.Second
+	DefaultRenewDeadline = DefaultLeaseDuration / 10 * 7
+	DefaultRenewInterval = DefaultLeaseDuration / 5
 )
 
 // Options configure a Member.
@@ -51,7 +53,9 @@ type Options struct {
 	// take its share. RenewInterval is how often the Lease is renewed and
 	// the group listed. HandoverDelay is how long a change of members
 	// stands before this replica takes up what it gains (default: two
-	// RenewIntervals, so that every member has listed the change).
+	// RenewIntervals, so that every member has listed the change). Only
+	// LeaseDuration set, the others keep the defaults' proportions to it:
+	// a replica that dies hands its share over within 1.8 LeaseDurations.
 	LeaseDuration, RenewDeadline, RenewInterval, HandoverDelay time.Duration
 	Clock                                                      clock.WithTicker
 }
@@ -98,11 +102,12 @@ func New(opts Options) (*Member, error) {
 	if opts.LeaseDuration <= 0 {
 		opts.LeaseDuration = DefaultLeaseDuration
 	}
+	// Unset, the others keep the defaults' proportions to the duration.
 	if opts.RenewDeadline <= 0 {
-		opts.RenewDeadline = DefaultRenewDeadline
+		opts.RenewDeadline = opts.LeaseDuration / 10 * 7
 	}
 	if opts.RenewInterval <= 0 {
-		opts.RenewInterval = DefaultRenewInterval
+		opts.RenewInterval = opts.LeaseDuration / 5
 	}
 	if opts.HandoverDelay <= 0 {
 		opts.HandoverDelay = 2 * opts.RenewInterval
@@ -119,6 +124,9 @@ func New(opts Options) (*Member, error) {
 
 func (o Options) validate() error {
 	var errs []error
+	if o.LeaseDuration%time.Second != 0 {
+		errs = append(errs, fmt.Errorf("the lease duration (%s) must be whole seconds: a Lease records it so", o.LeaseDuration))
+	}
 	if o.Leases == nil || o.Namespace == "" || o.Group == "" || o.Identity == "" {
 		errs = append(errs, errors.New("a shard member needs a Leases client, a namespace, a group and an identity"))
 	}

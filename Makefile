@@ -103,6 +103,8 @@ BENCH_RESULTS ?= bench/results
 bench: envtest squid ## Run every benchmark; print the table of figures beside their baselines and write it under bench/results.
 	set -o pipefail; KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test $(BENCH_FLAGS) ./... | tee $(BIN)/bench-output.txt
 	go run ./hack/benchtable -out $(BENCH_RESULTS) < $(BIN)/bench-output.txt
+	if grep -q '^BenchmarkFleet/' $(BIN)/bench-output.txt; then \
+		go run ./hack/benchplot -in "$$(ls -t $(BENCH_RESULTS)/*.md | head -1)" -out docs/images/fleet-curves.svg; fi
 
 SOAK_DURATION ?= 6m
 SOAK_FLAGS ?=

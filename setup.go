@@ -124,6 +124,7 @@ func (w *wiring) setupHealth(roots *x509.CertPool, triggers chan<- event.Generic
 		EchoURL:              w.opts.health.EchoURL,
 		Defaults:             w.opts.health.Defaults,
 		Workers:              w.opts.health.Workers,
+		MaxProbesPerSecond:   w.opts.health.MaxProbesPerSecond,
 		Clock:                clock.RealClock{},
 		Jitter:               health.DefaultJitter,
 		Recorder:             w.recorder,

@@ -30,11 +30,11 @@ const (
 	benchListens = 8 // in-process CONNECT proxies the 10,000 Proxies share
 )
 
-// connectProxy starts an in-process CONNECT proxy on loopback for the
-// benchmark's life.
-func connectProxy(b *testing.B) string {
+// connectProxy starts an in-process CONNECT proxy on the loopback address
+// addr for the benchmark's life.
+func connectProxy(b *testing.B, addr string) string {
 	b.Helper()
-	p, err := cluster.StartConnectProxy("127.0.0.1:0")
+	p, err := cluster.StartConnectProxy(addr)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func BenchmarkProbes10k(b *testing.B) {
 	roots.AddCert(target.Certificate())
 	proxies := make([]string, benchListens)
 	for i := range proxies {
-		proxies[i] = connectProxy(b)
+		proxies[i] = connectProxy(b, "127.0.0.1:0")
 	}
 
 	var engineTime, bareTime, engineCPU, bareCPU time.Duration

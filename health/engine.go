@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/time/rate"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
@@ -94,6 +95,12 @@ type Options struct {
 	// discovery and the reconciler). Nil: it probes every proxy, on the
 	// leader only.
 	Shard Shard
+	// MaxProbesPerSecond bounds the probes this replica starts each second
+	// (0: no bound). Each probe opens a connection from this replica's
+	// node, which stays in the node's connection-tracking table for about
+	// 120 s after it closes: the bound holds those entries under
+	// 120 s × the bound (× 2 for proxies also checked for being open).
+	MaxProbesPerSecond float64
 	// Elected is closed once this replica leads (the manager's Elected()).
 	// With a Shard, verdict changes go to Notify only then: only the
 	// leader's reconciler reads it. Nil: always.
@@ -130,6 +137,8 @@ type Engine struct {
 	generation atomic.Uint64
 	// pacer spaces the canaries to each host across the fleet.
 	pacer hostPacer
+	// probeRate enforces MaxProbesPerSecond (nil: no bound).
+	probeRate *rate.Limiter
 }
 
 // NewEngine builds an engine; Start runs it.
@@ -146,11 +155,16 @@ func NewEngine(opts Options) *Engine {
 	if opts.CanaryHostInterval <= 0 {
 		opts.CanaryHostInterval = DefaultCanaryHostInterval
 	}
+	var probeRate *rate.Limiter
+	if opts.MaxProbesPerSecond > 0 {
+		probeRate = rate.NewLimiter(rate.Limit(opts.MaxProbesPerSecond), max(1, int(opts.MaxProbesPerSecond/10)))
+	}
 	return &Engine{
-		opts:    opts,
-		pacer:   hostPacer{interval: opts.CanaryHostInterval},
-		targets: map[types.NamespacedName]*target{},
-		byURL:   map[string]*urlCount{},
+		opts:      opts,
+		probeRate: probeRate,
+		pacer:     hostPacer{interval: opts.CanaryHostInterval},
+		targets:   map[types.NamespacedName]*target{},
+		byURL:     map[string]*urlCount{},
 		queue: workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[probeItem]{
 			Name: "health", Clock: opts.Clock,
 		}),
@@ -213,16 +227,23 @@ func (e *Engine) rebalance() {
 			}
 			e.queue.AddAfter(probeItem{key: key}, due)
 		case !owned && t.owned:
-			t.owned = false
+			t.handOver()
 			lost++
-			t.probedAt, t.lastProbe = time.Time{}, time.Time{}
-			if t.cancelProbe != nil {
-				t.cancelProbe()
-			}
 		}
 	}
 	shardChanges.WithLabelValues("gained").Add(float64(gained))
 	shardChanges.WithLabelValues("lost").Add(float64(lost))
+}
+
+// handOver stops probing t here: its probe in flight is cancelled, and its
+// verdict is followed from its status from now on. The caller holds the
+// engine's lock.
+func (t *target) handOver() {
+	t.owned = false
+	t.probedAt, t.lastProbe = time.Time{}, time.Time{}
+	if t.cancelProbe != nil {
+		t.cancelProbe()
+	}
 }
 
 // owns says whether key is this replica's to probe and record.
@@ -260,12 +281,23 @@ func (e *Engine) work(ctx context.Context) bool {
 	}
 	key := item.key
 
+	if e.probeRate != nil {
+		if err := e.probeRate.Wait(ctx); err != nil {
+			return true // shutting down
+		}
+	}
 	start := e.opts.Clock.Now()
 	probeCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	e.mu.Lock()
 	t, ok := e.targets[key]
-	ok = ok && t.owned && e.owns(key)
+	if ok && t.owned && !e.owns(key) {
+		// The shard lapsed (this replica's Lease is past its renew
+		// deadline) before it said so: handed over now, so that the
+		// rebalance that takes it up again schedules it.
+		t.handOver()
+	}
+	ok = ok && t.owned
 	var identity string
 	var pt probeTarget
 	var echo bool
@@ -287,9 +319,11 @@ func (e *Engine) work(ctx context.Context) bool {
 	if ok && t.identity == identity {
 		t.cancelProbe = nil
 	}
-	if !ok || t.identity != identity || !t.owned {
+	if !ok || t.identity != identity || !t.owned || probeCtx.Err() != nil && ctx.Err() == nil {
+		// Deleted, replaced or handed over during the probe (perhaps
+		// taken up again since, and scheduled then): the result is stale.
 		e.mu.Unlock()
-		return true // deleted, replaced or handed over during the probe: the result is stale
+		return true
 	}
 	t.probedAt = e.opts.Clock.Now()
 	settings := pt.settings.Value()
@@ -406,6 +440,17 @@ func (e *Engine) credentialsFor(ctx context.Context, key types.NamespacedName, p
 
 // UndecidedRetry is how soon a proxy without a verdict is probed again.
 const UndecidedRetry = 2 * time.Second
+
+// spreadOver is a random delay up to the whole interval (none without
+// Jitter): when the engine starts with a fleet it did not probe, so that
+// its probes start at the rate they keep, not in a burst (50,000 proxies
+// known at a restart would otherwise all be due within the jitter).
+func (e *Engine) spreadOver(interval time.Duration) time.Duration {
+	if e.opts.Jitter <= 0 {
+		return 0
+	}
+	return time.Duration(rand.Float64() * float64(interval))
+}
 
 // spread is a random delay up to Jitter of interval.
 func (e *Engine) spread(interval time.Duration) time.Duration {

@@ -26,6 +26,8 @@ type Config struct {
 	// ShardLeaseDuration is each replica's Lease's (shard.Options).
 	ShardProbes        bool
 	ShardLeaseDuration time.Duration
+	// MaxProbesPerSecond is Options'.
+	MaxProbesPerSecond float64
 }
 
 // AddFlags registers the engine's flags.
@@ -39,6 +41,8 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Defaults.SuccessThreshold, "health-success-threshold", DefaultSuccessThreshold,
 		"Consecutive successful probes that make a proxy Healthy.")
 	fs.IntVar(&c.Workers, "health-workers", DefaultWorkers, "Probes running at once.")
+	fs.Float64Var(&c.MaxProbesPerSecond, "health-max-probes-per-second", 0,
+		"Probes this replica starts each second at most (0: no bound). Each opens a connection that stays in the node's connection-tracking table for about 120s after it closes: the bound holds this replica's entries under 120 × it (twice that for Managed proxies, which are also checked for being open). Probes beyond it wait, and the last-probe metric shows them late.")
 	fs.DurationVar(&c.CanaryInterval, "canary-interval", DefaultCanaryInterval,
 		"How often each canary (spec.healthCheck.targets) is fetched through each proxy that passes its probes.")
 	fs.DurationVar(&c.CanaryHostInterval, "canary-host-interval", DefaultCanaryHostInterval,
@@ -71,6 +75,9 @@ func (c *Config) Validate() error {
 	if c.ShardProbes && (c.ShardLeaseDuration < 2*time.Second || c.ShardLeaseDuration%time.Second != 0 || 9*c.ShardLeaseDuration/5 >= c.Defaults.Interval) {
 		errs = append(errs, fmt.Errorf("--health-shard-lease-duration must be whole seconds, at least 2s, and 1.8 times it (the longest handover) under --health-interval (%s), got %s",
 			c.Defaults.Interval, c.ShardLeaseDuration))
+	}
+	if c.MaxProbesPerSecond < 0 {
+		errs = append(errs, fmt.Errorf("--health-max-probes-per-second must not be negative, got %g", c.MaxProbesPerSecond))
 	}
 	if c.EchoURL != "" {
 		if u, err := url.Parse(c.EchoURL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {

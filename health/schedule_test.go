@@ -1,10 +1,15 @@
 package health
 
 import (
+	"context"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/utils/clock"
 )
 
 // TestFirstProbeDue: when track schedules a proxy's next probe, from what
@@ -22,7 +27,7 @@ func TestFirstProbeDue(t *testing.T) {
 	}{
 		{"replaced: at once", tracked{exists: true, replaced: true, verdict: Healthy}, 0, true},
 		{"new, never probed: at once", tracked{}, 0, true},
-		{"new to this engine, probed before: spread (none without jitter)", tracked{everProbed: true}, 0, true},
+		{"new to this engine, probed before: spread over the interval (none without jitter)", tracked{everProbed: true}, 0, true},
 		{"new settings: an interval after the last probe", tracked{exists: true, resettle: true, lastProbe: now.Add(-5 * time.Second)}, 25 * time.Second, true},
 		{"new settings, never probed here: at once", tracked{exists: true, resettle: true}, 0, true},
 		{"nothing changed: the schedule stands", tracked{exists: true, lastProbe: now.Add(-5 * time.Second), verdict: Healthy}, 0, false},
@@ -33,5 +38,51 @@ func TestFirstProbeDue(t *testing.T) {
 			assert.Equal(t, c.schedule, schedule)
 			assert.Equal(t, c.due, due)
 		})
+	}
+}
+
+// startLog records when each probe started.
+type startLog struct {
+	mu     sync.Mutex
+	starts []time.Time
+}
+
+func (s *startLog) Probe(context.Context, ProbeRequest) Result {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.starts = append(s.starts, time.Now())
+	return pass
+}
+
+func (s *startLog) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.starts)
+}
+
+// TestProbesKeepToTheirRate: sixty proxies all due at once, with a bound
+// of 30 probes a second, are probed no faster than the bound allows (after
+// its burst of 3): each probe starts at least (n-3)/30 s after the first,
+// however many workers are free.
+func TestProbesKeepToTheirRate(t *testing.T) {
+	const proxies, perSecond, burst = 60, 30.0, 3
+	probes := &startLog{}
+	e := NewEngine(Options{Prober: probes, Workers: 16, Clock: clock.RealClock{}, MaxProbesPerSecond: perSecond,
+		Defaults: Settings{URL: "https://127.0.0.1/", Interval: time.Hour, Timeout: time.Second, FailureThreshold: 3, SuccessThreshold: 1}})
+	for i := range proxies {
+		e.track(benchProxy(i, "127.0.0.1:3128"))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { e.runWorkers(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	require.Eventually(t, func() bool { return probes.count() == proxies }, 10*time.Second, 10*time.Millisecond)
+	probes.mu.Lock()
+	defer probes.mu.Unlock()
+	slices.SortFunc(probes.starts, func(a, b time.Time) int { return a.Compare(b) })
+	first := probes.starts[0]
+	for n, at := range probes.starts {
+		earliest := time.Duration(float64(max(0, n-burst)) / perSecond * float64(time.Second))
+		require.GreaterOrEqual(t, at.Sub(first), earliest-5*time.Millisecond, "probe %d started %s after the first", n, at.Sub(first))
 	}
 }

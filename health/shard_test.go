@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/utils/clock"
+	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
@@ -278,4 +279,56 @@ func TestShardedReplicasProbeEachProxyOnce(t *testing.T) {
 			}
 		}
 	}
+}
+
+// toggleShard owns everything or nothing, as a test says, and tells of a
+// change only when the test sends one: a Lease that lapses between two
+// renewals stops owning before the member has said so.
+type toggleShard struct {
+	owns    atomic.Bool
+	changes chan struct{}
+}
+
+func (s *toggleShard) Owns(string) bool         { return s.owns.Load() }
+func (s *toggleShard) Changes() <-chan struct{} { return s.changes }
+func (s *toggleShard) announce()                { s.changes <- struct{}{} }
+
+// TestALapsedShareIsTakenUpAgain: a proxy whose probe comes due while this
+// replica's share has lapsed, unannounced, is not probed; once the share
+// is back and announced, it is probed again rather than forgotten.
+func TestALapsedShareIsTakenUpAgain(t *testing.T) {
+	sh := &toggleShard{changes: make(chan struct{}, 1)}
+	sh.owns.Store(true)
+	probes := &startLog{}
+	clk := clocktesting.NewFakeClock(time.Now())
+	e := NewEngine(Options{Prober: probes, Workers: 2, Clock: clk, Shard: sh,
+		Defaults: Settings{URL: "https://127.0.0.1/", Interval: 30 * time.Second, Timeout: time.Second, FailureThreshold: 3, SuccessThreshold: 1}})
+	p := benchProxy(0, "127.0.0.1:3128")
+	key := client.ObjectKeyFromObject(p)
+	e.track(p)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { e.runWorkers(ctx) })
+	wg.Go(func() { e.followShard(ctx) })
+	defer func() { cancel(); wg.Wait() }()
+	require.Eventually(t, func() bool { return probes.count() == 1 }, 5*time.Second, time.Millisecond, "a new proxy is probed at once")
+
+	owned := func() bool {
+		e.mu.RLock()
+		defer e.mu.RUnlock()
+		return e.targets[key].owned
+	}
+	sh.owns.Store(false) // lapsed, unannounced
+	require.Eventually(t, func() bool {
+		clk.Step(time.Second)
+		return !owned()
+	}, 5*time.Second, time.Millisecond, "the probe that came due finds the share lapsed and hands the proxy over")
+	require.Equal(t, 1, probes.count(), "no probe while the share is lapsed")
+
+	sh.owns.Store(true)
+	sh.announce()
+	require.Eventually(t, func() bool {
+		clk.Step(time.Second)
+		return probes.count() == 2
+	}, 5*time.Second, time.Millisecond, "taken up again, the proxy is probed")
 }

@@ -206,8 +206,9 @@ func (e *Engine) firstProbeDue(t tracked, settings Settings, now time.Time) (due
 		return 0, true
 	case !t.exists:
 		// Known before this engine started (a restart, a new leader):
-		// spread over the interval, so thousands are not probed at once.
-		return e.spread(settings.Interval), true
+		// spread over the whole interval, so the fleet is probed at the
+		// rate it keeps rather than all at once.
+		return e.spreadOver(settings.Interval), true
 	case t.resettle:
 		// New settings take effect at the next probe, due by the new
 		// interval; the queue keeps whichever time comes first.

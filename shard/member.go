@@ -72,8 +72,10 @@ type Member struct {
 	// the last list that stood for HandoverDelay. Both sorted.
 	latest, settled []string
 	latestSince     time.Time
-	// renewedAt is when this replica's Lease was last renewed (zero: never).
+	// renewedAt is when this replica's Lease was last renewed (zero: never);
+	// live is whether it stood at the last step.
 	renewedAt time.Time
+	live      bool
 	// seen is each Lease listed: its renew time, and when this replica
 	// first saw that renew time (clocks differ between nodes; the time a
 	// renewal was seen does not depend on the other's clock).
@@ -199,6 +201,10 @@ func (m *Member) Start(ctx context.Context) error {
 // step renews, lists, and works out what changed.
 func (m *Member) step(ctx context.Context) {
 	log := logf.FromContext(ctx)
+	// A call that hangs must not hold up the next step: the renew
+	// deadline is judged at every one.
+	ctx, cancel := context.WithTimeout(ctx, m.opts.RenewDeadline/2)
+	defer cancel()
 	renewed, err := m.renew(ctx)
 	if err != nil {
 		log.Error(err, "renewing this replica's shard Lease; it owns nothing once the renew deadline passes", "lease", m.leaseName)
@@ -209,11 +215,12 @@ func (m *Member) step(ctx context.Context) {
 	}
 	now := m.opts.Clock.Now()
 	m.mu.Lock()
-	wasLive := m.liveLocked(now)
 	if renewed {
 		m.renewedAt = now
 	}
-	changed := wasLive != m.liveLocked(now)
+	live := m.liveLocked(now)
+	changed := live != m.live
+	m.live = live
 	var stale []coordinationv1.Lease
 	if err == nil {
 		var members []string

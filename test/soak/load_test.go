@@ -207,14 +207,15 @@ func (l *load) use(rng *rand.Rand, lease leaseAnswer, target string, granted tim
 	if rng.IntN(10) < 3 {
 		result := []string{"ok", "error", "rate_limited"}[rng.IntN(3)]
 		sent := time.Now()
+		retryAfter := rng.IntN(10)
 		status, _ := l.do("report", http.MethodPost, path+"/report",
-			fmt.Sprintf(`{"result":%q,"target":%q,"retryAfterSeconds":%d}`, result, target, rng.IntN(10)))
+			fmt.Sprintf(`{"result":%q,"target":%q,"retryAfterSeconds":%d}`, result, target, retryAfter))
 		switch {
 		case l.w.second == nil:
 		case status == http.StatusNotFound:
 			l.shared.lostLease("report", lease.LeaseID, time.Now(), lease.ExpiresAt)
 		case status == http.StatusNoContent && result == "rate_limited":
-			l.shared.reported(lease.Proxy.ID+"@"+lease.Proxy.IP, target, sent, time.Now())
+			l.shared.reported(lease.Proxy.ID+"@"+lease.Proxy.IP, target, sent, time.Now(), time.Duration(retryAfter)*time.Second)
 		}
 	}
 	if rng.IntN(5) == 0 {

@@ -3,13 +3,19 @@
 package soak
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/test/cluster"
 )
 
@@ -116,15 +122,21 @@ type cooldownSeen struct {
 const cooldownSlack = time.Second
 
 // reported notes a rate_limited report the API acknowledged at acked,
-// sent at sent: the proxy cools for target until sent+cooldown at least.
-func (s *sharedState) reported(proxy, target string, sent, acked time.Time) {
+// sent at sent with retryAfter: the proxy cools for target until
+// sent+retryAfter at least, the site's own word with adaptive pacing (the
+// default), or sent+cooldown when the report names none.
+func (s *sharedState) reported(proxy, target string, sent, acked time.Time, retryAfter time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cooling == nil {
 		s.cooling = map[[2]string]cooldownSeen{}
 	}
 	key := [2]string{proxy, target}
-	if until := sent.Add(cooldown); until.After(s.cooling[key].until) {
+	hold := cooldown
+	if retryAfter > 0 {
+		hold = retryAfter
+	}
+	if until := sent.Add(hold); until.After(s.cooling[key].until) {
 		s.cooling[key] = cooldownSeen{acked: acked, until: until}
 	}
 }
@@ -153,4 +165,115 @@ func (s *sharedState) lostLease(route, id string, at, expiresAt time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.lost = append(s.lost, fmt.Sprintf("%s of lease %s answered 404 at %s, %s before it expires", route, id, at.Format(time.RFC3339Nano), expiresAt.Sub(at).Round(time.Millisecond)))
+}
+
+// probeAges watches, in the two-replica soak (which divides probing among
+// the replicas), how long ago each Ready proxy was last probed by either:
+// each replica exports its own share's last probes, and a replica that
+// dies takes its figures with it, so the watch keeps the latest it has
+// seen of each proxy. A dead replica's share must be taken up within one
+// probe interval: no Ready proxy's last probe older than two intervals.
+type probeAges struct {
+	mu   sync.Mutex
+	last map[string]time.Time
+	// ages are the ages of the Ready proxies' last probes, one per proxy
+	// per sample; stale lists the worst offences.
+	ages  []time.Duration
+	stale []string
+}
+
+// probeAgeBound is the oldest a Ready proxy's last probe may be: an
+// interval and its jitter, the handover (1.8 shard lease durations), the
+// jitter again on the new owner, and the sampling period.
+const probeAgeBound = 2*healthInterval + time.Second
+
+// shardLeaseDuration is the two-replica soak's --health-shard-lease-duration:
+// a handover of 3.6 s inside the 5 s probe interval.
+const shardLeaseDuration = 2 * time.Second
+
+func (a *probeAges) watch(ctx context.Context, w *world) {
+	ticker := time.NewTicker(time.Second)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+			a.sample(ctx, w)
+		}
+	}
+}
+
+// sample scrapes the replicas that are up and judges every Ready proxy.
+func (a *probeAges) sample(ctx context.Context, w *world) {
+	addrs := []string{}
+	if w.operatorUp.Load() {
+		addrs = append(addrs, w.metricsAddr)
+	}
+	if w.second.up.Load() {
+		addrs = append(addrs, w.second.metricsAddr)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.last == nil {
+		a.last = map[string]time.Time{}
+	}
+	for _, addr := range addrs {
+		families, err := cluster.ScrapeMetrics("http://" + addr + "/metrics")
+		if err != nil {
+			continue // killed since: its share is the other's to take up
+		}
+		for _, m := range families["proxy_operator_healthcheck_last_timestamp_seconds"].GetMetric() {
+			var ns, name string
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "namespace":
+					ns = l.GetValue()
+				case "name":
+					name = l.GetValue()
+				}
+			}
+			at := time.Unix(0, int64(m.GetGauge().GetValue()*1e9))
+			if key := ns + "/" + name; at.After(a.last[key]) {
+				a.last[key] = at
+			}
+		}
+	}
+	var proxies crawlv1alpha1.ProxyList
+	if err := w.cluster.Env.Client.List(ctx, &proxies); err != nil {
+		return
+	}
+	now := time.Now()
+	for i := range proxies.Items {
+		p := &proxies.Items[i]
+		ready := meta.FindStatusCondition(p.Status.Conditions, crawlv1alpha1.ConditionReady)
+		last, ok := a.last[p.Namespace+"/"+p.Name]
+		// Ready for a whole bound at least: a proxy that just came back
+		// was probed by whoever made it Ready, perhaps before this watch
+		// scraped it.
+		if ready == nil || ready.Status != metav1.ConditionTrue || now.Sub(ready.LastTransitionTime.Time) < probeAgeBound || !ok {
+			continue
+		}
+		age := now.Sub(last)
+		a.ages = append(a.ages, age)
+		if age > probeAgeBound && len(a.stale) < 20 {
+			a.stale = append(a.stale, fmt.Sprintf("%s/%s last probed %s ago at %s", p.Namespace, p.Name, age.Round(100*time.Millisecond), now.Format(time.RFC3339)))
+		}
+	}
+}
+
+// summary is the ages' p50, p99 and maximum.
+func (a *probeAges) summary() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.ages) == 0 {
+		return "no Ready proxy judged"
+	}
+	sorted := slices.Clone(a.ages)
+	slices.Sort(sorted)
+	at := func(q float64) time.Duration {
+		return sorted[int(q*float64(len(sorted)-1))].Round(100 * time.Millisecond)
+	}
+	return fmt.Sprintf("%d samples of Ready proxies, p50 %s, p99 %s, max %s (bound %s); older than the bound: %d",
+		len(sorted), at(0.5), at(0.99), at(1), probeAgeBound, len(a.stale))
 }

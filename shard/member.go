@@ -24,9 +24,9 @@ import (
 const LabelGroup = "crawl.example.com/shard-group"
 
 // Defaults: a replica that dies hands its share over within
-// LeaseDuration, two RenewIntervals (its last renewal is listed up to one
-// late, its expiry up to one late) and the HandoverDelay: 18 s, under the
-// health engine's 30 s probe interval. The renew deadline is 7/10 of the
+// LeaseDuration and two RenewIntervals (its last renewal is listed up to
+// one late, its expiry up to one late): 14 s, under the health engine's
+// 30 s probe interval. The renew deadline is 7/10 of the
 // duration and the renew interval 1/5, whatever the duration.
 const (
 	DefaultLeaseDuration = 10 * time.Second
@@ -55,7 +55,7 @@ type Options struct {
 	// stands before this replica takes up what it gains (default: two
 	// RenewIntervals, so that every member has listed the change). Only
 	// LeaseDuration set, the others keep the defaults' proportions to it:
-	// a replica that dies hands its share over within 1.8 LeaseDurations.
+	// a replica that dies hands its share over within 1.4 LeaseDurations.
 	LeaseDuration, RenewDeadline, RenewInterval, HandoverDelay time.Duration
 	Clock                                                      clock.WithTicker
 }
@@ -162,7 +162,11 @@ func (m *Member) Members() []string {
 
 // Owns says whether key is this replica's now: its Lease is renewed, key
 // is its by the latest members, and, until they have stood for the
-// handover delay, by the settled members too.
+// handover delay, it was its by the settled members too, or their owner of
+// key is gone. A member that is gone stopped at its renew deadline, before
+// its Lease expired here; a member that joined waits the handover delay
+// itself, by when this one has seen it: so a key gone with its owner is
+// taken at once, even while the members keep changing.
 func (m *Member) Owns(key string) bool {
 	now := m.opts.Clock.Now()
 	m.mu.RLock()
@@ -170,7 +174,11 @@ func (m *Member) Owns(key string) bool {
 	if !m.liveLocked(now) || Owner(m.latest, key) != m.opts.Identity {
 		return false
 	}
-	return now.Sub(m.latestSince) >= m.opts.HandoverDelay || Owner(m.settled, key) == m.opts.Identity
+	if now.Sub(m.latestSince) >= m.opts.HandoverDelay {
+		return true
+	}
+	was := Owner(m.settled, key)
+	return was == m.opts.Identity || was != "" && !slices.Contains(m.latest, was)
 }
 
 // liveLocked says whether this replica's Lease still stands by its renew
@@ -201,9 +209,9 @@ func (m *Member) Start(ctx context.Context) error {
 // step renews, lists, and works out what changed.
 func (m *Member) step(ctx context.Context) {
 	log := logf.FromContext(ctx)
-	// A call that hangs must not hold up the next step: the renew
-	// deadline is judged at every one.
-	ctx, cancel := context.WithTimeout(ctx, m.opts.RenewDeadline/2)
+	// A call that hangs must not hold the loop past the renew deadline,
+	// which is judged at every step.
+	ctx, cancel := context.WithTimeout(ctx, m.opts.RenewDeadline)
 	defer cancel()
 	renewed, err := m.renew(ctx)
 	if err != nil {

@@ -63,9 +63,9 @@ func TestOwnerMovesOnlyTheChangedShare(t *testing.T) {
 
 // TestNoKeyHasTwoOwners runs three replicas on one fake clock, each
 // renewing at its own phase: a fourth joins, then one dies without
-// resigning. At every instant no key is owned twice; once a change has had
-// LeaseDuration + RenewInterval + HandoverDelay to settle, every key is
-// owned by exactly one live replica.
+// resigning. At every instant no key is owned twice; a joiner's share is
+// its own once the change has stood for the handover delay, and a dead
+// replica's is taken up as soon as its Lease is seen to expire.
 func TestNoKeyHasTwoOwners(t *testing.T) {
 	cs := fake.NewClientset()
 	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
@@ -137,15 +137,17 @@ func TestNoKeyHasTwoOwners(t *testing.T) {
 	assert.Equal(t, []string{"a_1", "b_2", "c_3", "d_4"}, replicas[0].m.Members())
 
 	// b dies without resigning: it owns nothing from its renew deadline,
-	// and the others take its share once its Lease expires.
+	// and the others take its share as soon as they see its Lease expire,
+	// with no handover delay: it has no owner left to wait for.
 	replicas[1].dead = true
 	advance(DefaultRenewDeadline)
 	for _, k := range ks {
 		require.False(t, replicas[1].m.Owns(k), "a replica past its renew deadline owns nothing")
 	}
-	advance(settle - DefaultRenewDeadline)
+	advance(DefaultLeaseDuration + 2*DefaultRenewInterval + tick - DefaultRenewDeadline)
 	covered(3)
 	assert.Equal(t, []string{"a_1", "c_3", "d_4"}, replicas[0].m.Members())
+
 }
 
 // TestAReplicaThatCannotRenewOwnsNothing: the API server refuses its

@@ -183,12 +183,12 @@ type probeAges struct {
 }
 
 // probeAgeBound is the oldest a Ready proxy's last probe may be: an
-// interval and its jitter, the handover (1.8 shard lease durations), the
+// interval and its jitter, the handover (1.4 shard lease durations), the
 // jitter again on the new owner, and the sampling period.
 const probeAgeBound = 2*healthInterval + time.Second
 
 // shardLeaseDuration is the two-replica soak's --health-shard-lease-duration:
-// a handover of 3.6 s inside the 5 s probe interval.
+// a handover of 2.8 s inside the 5 s probe interval.
 const shardLeaseDuration = 2 * time.Second
 
 func (a *probeAges) watch(ctx context.Context, w *world) {

@@ -654,10 +654,12 @@ func TestChartHighAvailability(t *testing.T) {
 	assert.Equal(t, "1", pdb.Spec.MaxUnavailable.String())
 	assert.Contains(t, r.notes, "shared by 3 replica(s)")
 	assert.True(t, hasArg(deploy, "--health-shard-probes"), "several replicas divide the probing")
-	ha["operator"] = map[string]any{"health": map[string]any{"shardProbes": false}}
+	assert.False(t, hasArg(deploy, "--health-max-probes-per-second"), "no bound unless asked")
+	ha["operator"] = map[string]any{"health": map[string]any{"shardProbes": false, "maxProbesPerSecond": 400}}
 	leaderProbes := chartInstall{set: ha}.mustRender(t)
 	require.True(t, leaderProbes.objects.one(t, "Deployment", &deploy))
 	assert.False(t, hasArg(deploy, "--health-shard-probes"), "shardProbes: false keeps probing on the leader")
+	assert.Equal(t, "400", managerArg(t, deploy, "--health-max-probes-per-second"))
 
 	sentinel := chartInstall{set: map[string]any{"replicaCount": 2, "leaseStore": map[string]any{"type": "redis", "redis": map[string]any{
 		"sentinel": map[string]any{"addresses": []any{"redis-sentinel-0.data:26379", "redis-sentinel-1.data:26379"}, "master": "leases"}, "waitReplicas": 1,

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/credentials"
@@ -203,6 +204,30 @@ func (e *Engine) followShard(ctx context.Context) {
 			return
 		case <-e.opts.Shard.Changes():
 			e.rebalance()
+			e.settleUntracked(ctx)
+		}
+	}
+}
+
+// settleUntracked queues a settle of every Proxy this replica owns now
+// but does not probe (it does not serve): one that stopped serving while
+// its owner was gone may still say Ready, and nothing else would correct
+// it until its next change. A settle writes only what is stale.
+func (e *Engine) settleUntracked(ctx context.Context) {
+	if e.opts.Client == nil {
+		return
+	}
+	var list crawlv1alpha1.ProxyList
+	if err := e.opts.Client.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
+		logf.FromContext(ctx).Error(err, "listing Proxies to settle those gained that do not serve")
+		return
+	}
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	for i := range list.Items {
+		key := client.ObjectKeyFromObject(&list.Items[i])
+		if _, tracked := e.targets[key]; !tracked && e.owns(key) {
+			e.queue.Add(probeItem{key: key, settle: true})
 		}
 	}
 }

@@ -332,3 +332,45 @@ func TestALapsedShareIsTakenUpAgain(t *testing.T) {
 		return probes.count() == 2
 	}, 5*time.Second, time.Millisecond, "taken up again, the proxy is probed")
 }
+
+// TestAGainedProxyThatStoppedServingIsSettled: a proxy that stops serving
+// while another replica owns it keeps the Ready its owner recorded until
+// its new owner takes it up: then the new owner writes what is true
+// (Healthy Unknown, not serving; Ready False), though it has nothing to
+// probe.
+func TestAGainedProxyThatStoppedServingIsSettled(t *testing.T) {
+	env := testenv.Shared(t)
+	ns := env.Namespace(t)
+	p := readyExternal(t, env.Client, ns, "gone-owner", "127.0.3.201", 3128)
+	key := client.ObjectKeyFromObject(p)
+	updateProxy(t, env.Client, key, func(p *crawlv1alpha1.Proxy) error {
+		testenv.SetHealth(p, metav1.ConditionTrue, ReasonProbeSucceeded)
+		p.Status.Phase = crawlv1alpha1.PhaseReplacing // its instance is going; its owner is gone
+		return env.Client.Status().Update(context.Background(), p)
+	})
+	sh := &toggleShard{changes: make(chan struct{}, 1)}
+	e := NewEngine(Options{Client: env.Client, Prober: &startLog{}, Workers: 2, Clock: clock.RealClock{}, Shard: sh,
+		Defaults: Settings{URL: "https://127.0.0.1/", Interval: 30 * time.Second, Timeout: time.Second, FailureThreshold: 3, SuccessThreshold: 1}})
+	e.track(get(t, env.Client, key))
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { e.runWorkers(ctx) })
+	wg.Go(func() { e.followShard(ctx) })
+	defer func() { cancel(); wg.Wait() }()
+	require.True(t, meta.IsStatusConditionTrue(get(t, env.Client, key).Status.Conditions, crawlv1alpha1.ConditionReady), "not its to settle yet")
+
+	sh.owns.Store(true)
+	sh.announce()
+	require.Eventually(t, func() bool {
+		got := get(t, env.Client, key)
+		return meta.IsStatusConditionFalse(got.Status.Conditions, crawlv1alpha1.ConditionReady) &&
+			meta.FindStatusCondition(got.Status.Conditions, crawlv1alpha1.ConditionHealthy).Reason == crawlv1alpha1.ReasonNotServing
+	}, 10*time.Second, 20*time.Millisecond, "the new owner records that it does not serve")
+}
+
+func get(t *testing.T, c client.Client, key types.NamespacedName) *crawlv1alpha1.Proxy {
+	t.Helper()
+	var p crawlv1alpha1.Proxy
+	require.NoError(t, c.Get(context.Background(), key, &p))
+	return &p
+}

@@ -709,6 +709,21 @@ func TestChartHighAvailability(t *testing.T) {
 			assert.True(t, hasArg(deploy, a), "the base's %s is kept", a)
 		}
 	})
+
+	t.Run("the kustomize component on Sentinel", func(t *testing.T) {
+		objs := kindWithComponent(t, "redis-sentinel-ha")
+		var deploy appsv1.Deployment
+		require.True(t, objs.one(t, "Deployment", &deploy))
+		assert.Equal(t, int32(2), *deploy.Spec.Replicas, "the same replicas as redis-ha")
+		assert.Equal(t, "redis", managerArg(t, deploy, "--lease-store"))
+		assert.Equal(t, "redis-sentinel:26379", managerArg(t, deploy, "--redis-sentinel-addresses"))
+		assert.Equal(t, "leases", managerArg(t, deploy, "--redis-sentinel-master"))
+		assert.Equal(t, "1", managerArg(t, deploy, "--redis-wait-replicas"))
+		assert.False(t, hasArg(deploy, "--redis-address"), "the Sentinels say where the primary is")
+		assert.True(t, hasArg(deploy, "--health-shard-probes"))
+		assertMountedSecretFile(t, deploy, managerArg(t, deploy, "--redis-password-file"), "redis-password", "password")
+		require.Len(t, objs.ofKind("PodDisruptionBudget"), 1)
+	})
 }
 
 // kindWithComponent builds the kind overlay with one of config/components

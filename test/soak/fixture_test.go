@@ -213,8 +213,10 @@ func (w *world) operatorArgs(metricsAddr string) []string {
 		"--ban-check-interval=2s",
 	}
 	if w.redis != nil {
-		args = append(args, "--leader-elect", "--lease-store=redis", "--redis-address="+w.redis.Addr, "--lease-store-timeout=500ms",
-			"--health-shard-probes", "--health-shard-lease-duration="+shardLeaseDuration.String())
+		args = append(args, "--leader-elect", "--lease-store=redis", "--redis-address="+w.redis.Addr, "--lease-store-timeout=500ms")
+		if *soakShardProbes {
+			args = append(args, "--health-shard-probes", "--health-shard-lease-duration="+shardLeaseDuration.String())
+		}
 	} else {
 		// The memory store's ledger fills up to MaxMemoryLedger records by
 		// design; a short retention keeps it from filling during the

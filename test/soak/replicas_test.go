@@ -22,6 +22,9 @@ import (
 var soakReplicas = flag.Int("soak.replicas", 1,
 	"operator processes: 2 runs them leader-elected on a shared real Redis (--lease-store=redis), the crawlers use both, and the chaos kills the second again and again")
 
+var soakShardProbes = flag.Bool("soak.shard-probes", true,
+	"with two replicas, divide the probing between them (--health-shard-probes) and check each Ready proxy's probe age; false: the leader probes every proxy")
+
 // secondKillEvery is how often, at random within [1, 2]×, the chaos kills
 // the second replica in the two-replica soak.
 const secondKillEvery = 20 * time.Second

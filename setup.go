@@ -106,14 +106,16 @@ func newWiring(ctx context.Context, opts options, providersConfig providers.Conf
 func (w *wiring) setupHealth(roots *x509.CertPool, triggers chan<- event.GenericEvent, outcomes health.OutcomeSink) (*health.Engine, error) {
 	prober := health.NewHTTPProber(roots)
 	var member health.Shard
+	var engine *health.Engine
 	if w.opts.health.ShardProbes {
-		m, err := w.setupShard(operator.Name() + "-probes")
+		// The replica joins once its engine knows the fleet.
+		m, err := w.setupShard(operator.Name()+"-probes", func(ctx context.Context) bool { return engine.WaitSynced(ctx) })
 		if err != nil {
 			return nil, err
 		}
 		member = m
 	}
-	engine := health.NewEngine(health.Options{
+	engine = health.NewEngine(health.Options{
 		Cache:                w.mgr.GetCache(),
 		Client:               w.mgr.GetClient(),
 		Prober:               prober,
@@ -141,8 +143,9 @@ func (w *wiring) setupHealth(roots *x509.CertPool, triggers chan<- event.Generic
 }
 
 // setupShard adds this replica's membership of group, a shard of the
-// replicas in the operator's namespace, on every replica.
-func (w *wiring) setupShard(group string) (*shard.Member, error) {
+// replicas in the operator's namespace, on every replica; it joins once
+// ready returns true.
+func (w *wiring) setupShard(group string, ready func(context.Context) bool) (*shard.Member, error) {
 	typed, err := clientset.NewForConfigAndClient(w.restConfig, w.mgr.GetHTTPClient())
 	if err != nil {
 		return nil, fmt.Errorf("creating the Lease client for the shard %s: %w", group, err)
@@ -152,7 +155,7 @@ func (w *wiring) setupShard(group string) (*shard.Member, error) {
 		return nil, fmt.Errorf("naming this replica in the shard %s: %w", group, err)
 	}
 	member, err := shard.New(shard.Options{Leases: typed.CoordinationV1(), Namespace: operator.Namespace(), Group: group, Identity: shard.NewIdentity(host),
-		LeaseDuration: w.opts.health.ShardLeaseDuration,
+		LeaseDuration: w.opts.health.ShardLeaseDuration, WaitReady: ready,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("the shard %s: %w", group, err)

@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/time/rate"
 	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
@@ -140,6 +141,8 @@ type Engine struct {
 	pacer hostPacer
 	// probeRate enforces MaxProbesPerSecond (nil: no bound).
 	probeRate *rate.Limiter
+	// synced is closed once the engine knows every Proxy (Synced).
+	synced chan struct{}
 }
 
 // NewEngine builds an engine; Start runs it.
@@ -163,6 +166,7 @@ func NewEngine(opts Options) *Engine {
 	return &Engine{
 		opts:      opts,
 		probeRate: probeRate,
+		synced:    make(chan struct{}),
 		pacer:     hostPacer{interval: opts.CanaryHostInterval},
 		targets:   map[types.NamespacedName]*target{},
 		byURL:     map[string]*urlCount{},
@@ -191,8 +195,26 @@ func (e *Engine) Start(ctx context.Context) error {
 	if e.opts.Shard != nil {
 		go e.followShard(ctx)
 	}
+	go func() {
+		if toolscache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
+			close(e.synced)
+		}
+	}()
 	e.runWorkers(ctx)
 	return nil
+}
+
+// WaitSynced returns true once the engine has taken up every Proxy the
+// cache held when it started, false if ctx ends first: a shard member
+// joins only then, so that it never takes a share it cannot probe yet
+// (shard.Options.WaitReady).
+func (e *Engine) WaitSynced(ctx context.Context) bool {
+	select {
+	case <-e.synced:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // followShard takes up the proxies this replica gains and drops those it

@@ -58,6 +58,11 @@ type Options struct {
 	// a replica that dies hands its share over within 1.4 LeaseDurations.
 	LeaseDuration, RenewDeadline, RenewInterval, HandoverDelay time.Duration
 	Clock                                                      clock.WithTicker
+	// WaitReady, if set, returns once this replica can do its share's
+	// work (true), or ctx ended first (false): it joins only then. A
+	// replica that joined before, while its caches still filled, would
+	// take its share from the others and leave it undone meanwhile.
+	WaitReady func(ctx context.Context) bool
 }
 
 // Member is one replica's membership of a group, and its answer to "is
@@ -193,6 +198,9 @@ func (m *Member) liveLocked(now time.Time) bool {
 func (m *Member) Start(ctx context.Context) error {
 	log := logf.FromContext(ctx).WithValues("group", m.opts.Group, "identity", m.opts.Identity)
 	ctx = logf.IntoContext(ctx, log)
+	if m.opts.WaitReady != nil && !m.opts.WaitReady(ctx) {
+		return nil
+	}
 	ticker := m.opts.Clock.NewTicker(m.opts.RenewInterval)
 	defer ticker.Stop()
 	for {

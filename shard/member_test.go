@@ -225,3 +225,38 @@ func TestOptionsAreChecked(t *testing.T) {
 	_, err = New(Options{Namespace: ns})
 	require.ErrorContains(t, err, "needs a Leases client")
 }
+
+// TestAReplicaJoinsOnceReady: a member whose replica cannot work yet holds
+// no Lease (so the others keep its share), and joins once it can.
+func TestAReplicaJoinsOnceReady(t *testing.T) {
+	cs := fake.NewClientset()
+	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
+	waiting, ready := make(chan struct{}), make(chan struct{})
+	m, err := New(Options{Leases: cs.CoordinationV1(), Namespace: ns, Group: "probes", Identity: "late_1", Clock: clk,
+		WaitReady: func(ctx context.Context) bool {
+			close(waiting)
+			select {
+			case <-ready:
+				return true
+			case <-ctx.Done():
+				return false
+			}
+		}})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- m.Start(ctx) }()
+	defer func() { cancel(); require.NoError(t, <-done) }()
+
+	<-waiting
+	list, err := cs.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{})
+	require.NoError(t, err)
+	assert.Empty(t, list.Items, "no Lease while the replica cannot work")
+	assert.False(t, m.Owns("team/proxy"))
+
+	close(ready)
+	require.Eventually(t, func() bool {
+		list, err := cs.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{})
+		return err == nil && len(list.Items) == 1
+	}, 5*time.Second, 10*time.Millisecond, "it joins once ready")
+}

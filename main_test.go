@@ -160,7 +160,7 @@ func TestParseFlags(t *testing.T) {
 		{"plain-http probe URL", []string{"--health-probe-url=http://example.com/"}, "--health-probe-url"},
 		{"zero failure threshold", []string{"--health-failure-threshold=0"}, "--health-failure-threshold"},
 		{"negative interval", []string{"--health-interval=-1s"}, "--health-interval"},
-		{"a shard handover longer than the probe interval", []string{"--health-shard-probes", "--health-shard-lease-duration=25s"}, "--health-shard-lease-duration"},
+		{"a shard lease under 2s", []string{"--health-shard-probes", "--health-shard-lease-duration=1s"}, "--health-shard-lease-duration"},
 		{"a shard lease of part seconds", []string{"--health-shard-probes", "--health-shard-lease-duration=2500ms"}, "--health-shard-lease-duration"},
 		{"no reconcile workers", []string{"--max-concurrent-reconciles=0"}, "--max-concurrent-reconciles"},
 		{"zero QPS", []string{"--kube-api-qps=0"}, "--kube-api-qps"},

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
@@ -131,6 +133,9 @@ func New(opts Options) (*Member, error) {
 
 func (o Options) validate() error {
 	var errs []error
+	if bad := validation.IsValidLabelValue(o.Group); o.Group != "" && len(bad) > 0 {
+		errs = append(errs, fmt.Errorf("the group %q names the members' Leases by a label: %s", o.Group, strings.Join(bad, "; ")))
+	}
 	if o.LeaseDuration%time.Second != 0 {
 		errs = append(errs, fmt.Errorf("the lease duration (%s) must be whole seconds: a Lease records it so", o.LeaseDuration))
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -224,6 +225,8 @@ func TestOptionsAreChecked(t *testing.T) {
 	require.ErrorContains(t, err, "must exceed the renew deadline")
 	_, err = New(Options{Namespace: ns})
 	require.ErrorContains(t, err, "needs a Leases client")
+	_, err = New(Options{Leases: cs.CoordinationV1(), Namespace: ns, Group: strings.Repeat("release", 9) + "-probes", Identity: "i"})
+	require.ErrorContains(t, err, "names the members' Leases by a label", "a release name too long for a label is refused at start")
 }
 
 // TestAReplicaJoinsOnceReady: a member whose replica cannot work yet holds

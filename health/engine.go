@@ -225,7 +225,8 @@ func (e *Engine) followShard(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-e.opts.Shard.Changes():
-			e.rebalance()
+			gained, lost := e.rebalance()
+			logf.FromContext(ctx).Info("this replica's share of the probing changed", "gained", gained, "lost", lost)
 			e.settleUntracked(ctx)
 		}
 	}
@@ -257,11 +258,11 @@ func (e *Engine) settleUntracked(ctx context.Context) {
 // rebalance brings each proxy's ownership up to what the shard says now:
 // a proxy gained is probed within the jitter (its last probe was another
 // replica's); a proxy lost has its probe in flight cancelled and its
-// verdict followed from its status from now on.
-func (e *Engine) rebalance() {
+// verdict followed from its status from now on. It says how many proxies
+// it took up and handed over.
+func (e *Engine) rebalance() (gained, lost int) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	gained, lost := 0, 0
 	for key, t := range e.targets {
 		owned := e.owns(key)
 		switch {
@@ -280,6 +281,7 @@ func (e *Engine) rebalance() {
 	}
 	shardChanges.WithLabelValues("gained").Add(float64(gained))
 	shardChanges.WithLabelValues("lost").Add(float64(lost))
+	return gained, lost
 }
 
 // handOver stops probing t here: its probe in flight is cancelled, and its
@@ -401,11 +403,13 @@ func (e *Engine) work(ctx context.Context) bool {
 	if (verdict != written && verdict != Unknown) || recordChanged {
 		e.settle(ctx, key)
 	}
-	e.queue.AddAfter(probeItem{key: key}, e.nextProbe(settings, verdict))
+	// Due from this probe's start: its length, its canaries and its status
+	// write do not stretch the interval a verdict's age is bounded by.
+	e.queue.AddAfter(probeItem{key: key}, max(0, start.Add(e.nextProbe(settings, verdict)).Sub(e.opts.Clock.Now())))
 	return true
 }
 
-// nextProbe is how long after a probe the next is due.
+// nextProbe is how long after a probe starts the next is due.
 func (e *Engine) nextProbe(settings Settings, verdict Verdict) time.Duration {
 	next := settings.Interval + e.spread(settings.Interval)
 	if verdict == Unknown {

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/utils/clock"
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
 // TestFirstProbeDue: when track schedules a proxy's next probe, from what
@@ -85,4 +86,45 @@ func TestProbesKeepToTheirRate(t *testing.T) {
 		earliest := time.Duration(float64(max(0, n-burst)) / perSecond * float64(time.Second))
 		require.GreaterOrEqual(t, at.Sub(first), earliest-5*time.Millisecond, "probe %d started %s after the first", n, at.Sub(first))
 	}
+}
+
+// slowProber takes length of the engine's clock to answer, and records
+// when (by that clock) each probe started.
+type slowProber struct {
+	clock  *clocktesting.FakeClock
+	length time.Duration
+	startLog
+}
+
+func (s *slowProber) Probe(context.Context, ProbeRequest) Result {
+	s.mu.Lock()
+	s.starts = append(s.starts, s.clock.Now())
+	s.mu.Unlock()
+	s.clock.Step(s.length)
+	return pass
+}
+
+// TestIntervalRunsFromProbeStart: a probe that takes 3 s of a 10 s
+// interval does not push the next one to 13 s: the next is due 10 s after
+// the last started, so a verdict's age stays within an interval and one
+// probe's length, however slow the proxy, its canaries or the status write.
+func TestIntervalRunsFromProbeStart(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	probes := &slowProber{clock: clk, length: 3 * time.Second}
+	e := NewEngine(Options{Prober: probes, Workers: 1, Clock: clk,
+		Defaults: Settings{URL: "https://127.0.0.1/", Interval: 10 * time.Second, Timeout: 5 * time.Second, FailureThreshold: 3, SuccessThreshold: 1}})
+	e.track(benchProxy(0, "127.0.0.1:3128"))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { e.runWorkers(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	require.Eventually(t, func() bool { return probes.count() == 1 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, clk.HasWaiters, 5*time.Second, time.Millisecond, "the next probe is scheduled")
+	clk.Step(7 * time.Second) // 10 s after the first probe started
+	require.Eventually(t, func() bool { return probes.count() == 2 }, 5*time.Second, time.Millisecond,
+		"the second probe starts an interval after the first started, not after it ended")
+	probes.mu.Lock()
+	defer probes.mu.Unlock()
+	assert.Equal(t, 10*time.Second, probes.starts[1].Sub(probes.starts[0]))
 }

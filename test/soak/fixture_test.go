@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -51,6 +52,7 @@ const (
 	// dead Squid is seen within seconds, leases short enough that many
 	// expire during the run, and a GC that runs several times.
 	healthInterval   = 5 * time.Second
+	healthTimeout    = 2 * time.Second
 	failureThreshold = 3
 	cooldown         = 20 * time.Second
 	leaseMaxTTL      = 30 * time.Second
@@ -119,9 +121,31 @@ func (w *world) burnedSince() time.Time {
 	return w.restartedAt
 }
 
+// keepLogs copies, when the soak failed, every operator's log out of dir
+// (which the test removes) and says where: a soak takes twenty minutes to
+// replay, and its figures alone seldom tell why.
+func keepLogs(t *testing.T, dir string) {
+	if !t.Failed() {
+		return
+	}
+	logs, _ := filepath.Glob(filepath.Join(dir, "operator-*.log"))
+	kept, err := os.MkdirTemp("", "soak-logs-")
+	if err != nil {
+		t.Logf("keeping the operators' logs: %v", err)
+		return
+	}
+	for _, log := range logs {
+		if err := os.Rename(log, filepath.Join(kept, filepath.Base(log))); err != nil {
+			t.Logf("keeping %s: %v", log, err)
+		}
+	}
+	t.Logf("the operators' logs are kept in %s", kept)
+}
+
 func newWorld(t *testing.T) *world {
 	t.Helper()
 	dir := t.TempDir()
+	t.Cleanup(func() { keepLogs(t, dir) })
 	fake := fakecompute.New(clock.RealClock{}, fakecompute.Timings{Provisioning: time.Second, Staging: time.Second, Stopping: 2 * time.Second})
 	t.Cleanup(fake.Close)
 	ec2 := fakeec2.New()
@@ -205,7 +229,7 @@ func newWorld(t *testing.T) *world {
 func (w *world) operatorArgs(metricsAddr string) []string {
 	args := []string{
 		"--metrics-bind-address=" + metricsAddr, "--metrics-secure=false",
-		"--health-interval=" + healthInterval.String(), "--health-timeout=2s",
+		"--health-interval=" + healthInterval.String(), "--health-timeout=" + healthTimeout.String(),
 		"--health-failure-threshold=" + strconv.Itoa(failureThreshold),
 		"--rate-limit-cooldown=" + cooldown.String(), "--lease-max-ttl=" + leaseMaxTTL.String(),
 		"--gc-interval=" + gcInterval.String(), "--gc-grace-period=" + gcGracePeriod.String(),

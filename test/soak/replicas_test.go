@@ -175,7 +175,7 @@ func (s *sharedState) lostLease(route, id string, at, expiresAt time.Time) {
 // each replica exports its own share's last probes, and a replica that
 // dies takes its figures with it, so the watch keeps the latest it has
 // seen of each proxy. A dead replica's share must be taken up within one
-// probe interval: no Ready proxy's last probe older than two intervals.
+// probe interval: no Ready proxy's last probe older than probeAgeBound.
 type probeAges struct {
 	mu   sync.Mutex
 	last map[string]time.Time
@@ -185,10 +185,12 @@ type probeAges struct {
 	stale []string
 }
 
-// probeAgeBound is the oldest a Ready proxy's last probe may be: an
-// interval and its jitter, the handover (1.4 shard lease durations), the
-// jitter again on the new owner, and the sampling period.
-const probeAgeBound = 2*healthInterval + time.Second
+// probeAgeBound is the oldest a Ready proxy's last probe may be when a
+// dead replica's share is taken up within one interval: its previous
+// owner's interval and jitter, one interval to take it up, the new
+// probe's own length (an age runs from a probe's end) and the sampling
+// period.
+const probeAgeBound = healthInterval*21/10 + healthTimeout + time.Second
 
 // shardLeaseDuration is the two-replica soak's --health-shard-lease-duration:
 // a handover of 2.8 s inside the 5 s probe interval.

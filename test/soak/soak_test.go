@@ -301,7 +301,7 @@ bans: %s
 		}
 		if *soakShardProbes {
 			fmt.Fprintf(os.Stdout, "last probe of each Ready proxy, across both replicas: %s\n", ages.summary())
-			report(t, "a Ready proxy's last probe was older than two intervals (a dead replica's share not taken up within one)", ages.stale)
+			report(t, "a Ready proxy's last probe was older than probeAgeBound (a dead replica's share not taken up within one interval)", ages.stale)
 			if len(ages.ages) == 0 {
 				t.Error("no Ready proxy's probe age was judged: the handover went unchecked")
 			}

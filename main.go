@@ -19,9 +19,11 @@ import (
 
 	"github.com/example/egress-proxies-operator/bans"
 	"github.com/example/egress-proxies-operator/controllers"
+	"github.com/example/egress-proxies-operator/controllers/geo"
 	"github.com/example/egress-proxies-operator/controllers/pool"
 	"github.com/example/egress-proxies-operator/discovery"
 	"github.com/example/egress-proxies-operator/gateway"
+	"github.com/example/egress-proxies-operator/geoip"
 	"github.com/example/egress-proxies-operator/health"
 	"github.com/example/egress-proxies-operator/lease"
 	"github.com/example/egress-proxies-operator/lease/leasestore"
@@ -80,6 +82,7 @@ type options struct {
 	providers   providers.Options
 	controllers controllers.Options
 	pools       pool.Options
+	geo         geo.Options
 	health      health.Config
 	discovery   discovery.Config
 	leaseStore  leasestore.Options
@@ -96,7 +99,7 @@ type component interface {
 
 // components are the options that register flags and validate alike.
 func (o *options) components() []component {
-	return []component{&o.manager, &o.identity, &o.controllers, &o.pools, &o.health, &o.discovery, &o.leaseStore, &o.gateway, &o.bans}
+	return []component{&o.manager, &o.identity, &o.controllers, &o.pools, &o.geo, &o.health, &o.discovery, &o.leaseStore, &o.gateway, &o.bans}
 }
 
 // parseFlags turns the command line into options, rejecting anything the
@@ -176,6 +179,12 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 	if err != nil {
 		return err
 	}
+	var geoDB *geoip.Database
+	if opts.geo.Enabled() {
+		if geoDB, err = geoip.Open(opts.geo.Databases); err != nil {
+			return err
+		}
+	}
 	w, err := newWiring(ctx, opts, providersConfig)
 	if err != nil {
 		return err
@@ -211,6 +220,11 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 	}
 	if err := w.setupPools(demand); err != nil {
 		return err
+	}
+	if geoDB != nil {
+		if err := w.setupGeo(geoDB); err != nil {
+			return err
+		}
 	}
 	ctrl.Log.WithName("setup").Info("starting manager", "clusterID", w.opts.identity.ClusterID, "operatorID", w.opts.identity.OperatorID,
 		"namespaces", w.opts.identity.Scope.String(), "providers", w.providers.Names())

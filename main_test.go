@@ -185,6 +185,7 @@ func TestParseFlags(t *testing.T) {
 		{"negative pace wait", []string{"--gateway-bind-address=:3128", "--gateway-pace-wait=-1s"}, "gateway-pace-wait: must not be negative"},
 		{"zero paced tunnel lifetime", []string{"--gateway-bind-address=:3128", "--gateway-paced-tunnel-lifetime=0"}, "--gateway-paced-tunnel-lifetime"},
 		{"adaptive pacing not a bool", []string{"--adaptive-pacing=sometimes"}, "adaptive-pacing"},
+		{"zero geo refresh", []string{"--geoip-database=/var/lib/geoip/city.mmdb", "--geoip-refresh-interval=0"}, "--geoip-refresh-interval"},
 	}
 	for _, tc := range bad {
 		t.Run(tc.name, func(t *testing.T) {
@@ -231,6 +232,26 @@ func TestRunRejectsABadProvidersConfigBeforeConnecting(t *testing.T) {
 	assert.Contains(t, err.Error(), `providers[0] "gcp-eu" (type gcp): settings.project is required`)
 	assert.Contains(t, err.Error(), `providers[1] "kind-local" (type kubernetes): settings.allowedSourceRanges[0]`)
 	assert.NotContains(t, err.Error(), "kubeconfig", "the config error, not a connection error")
+}
+
+// TestRunRejectsABadGeoDatabaseBeforeConnecting: a geo database that is
+// missing or no database stops the operator at start, naming the file,
+// before any connection; several files are taken from one flag or many.
+func TestRunRejectsABadGeoDatabaseBeforeConnecting(t *testing.T) {
+	t.Setenv("KUBECONFIG", filepath.Join(t.TempDir(), "absent"))
+	providersConfig := filepath.Join(t.TempDir(), "providers.yaml")
+	require.NoError(t, os.WriteFile(providersConfig, []byte("providers: []\n"), 0o600))
+	junk := filepath.Join(t.TempDir(), "city.mmdb")
+	require.NoError(t, os.WriteFile(junk, []byte("not a database"), 0o600))
+	err := run(context.Background(), []string{"--providers-config=" + providersConfig, "--geoip-database=" + junk}, &bytes.Buffer{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), junk)
+	assert.Contains(t, err.Error(), "not a MaxMind-format database")
+	assert.NotContains(t, err.Error(), "kubeconfig", "the file's error, not a connection error")
+
+	o, err := parseFlags([]string{"--geoip-database=/a/city.mmdb, /a/asn.mmdb", "--geoip-database=/b/extra.mmdb"}, &bytes.Buffer{})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"/a/city.mmdb", "/a/asn.mmdb", "/b/extra.mmdb"}, o.geo.Databases)
 }
 
 // TestRunRejectsUnknownProviderTypesAndSettings points the operator at a real

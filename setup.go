@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -33,10 +34,12 @@ import (
 	"github.com/example/egress-proxies-operator/bans"
 	"github.com/example/egress-proxies-operator/broker"
 	"github.com/example/egress-proxies-operator/controllers"
+	"github.com/example/egress-proxies-operator/controllers/geo"
 	"github.com/example/egress-proxies-operator/controllers/pool"
 	"github.com/example/egress-proxies-operator/credentials"
 	"github.com/example/egress-proxies-operator/discovery"
 	"github.com/example/egress-proxies-operator/gateway"
+	"github.com/example/egress-proxies-operator/geoip"
 	"github.com/example/egress-proxies-operator/health"
 	"github.com/example/egress-proxies-operator/inspect"
 	"github.com/example/egress-proxies-operator/intern"
@@ -222,6 +225,23 @@ func (w *wiring) setupPools(demand pool.DemandSource) error {
 	pools := &pool.Reconciler{Client: w.mgr.GetClient(), Recorder: w.recorder, AutoscaleInterval: w.opts.pools.AutoscaleInterval, Demand: demand}
 	if err := pools.SetupWithManager(w.mgr); err != nil {
 		return fmt.Errorf("setting up the ProxyPool controller: %w", err)
+	}
+	return nil
+}
+
+// setupGeo adds, on the leader, the geo controller and the refresh of its
+// database's files.
+func (w *wiring) setupGeo(db *geoip.Database) error {
+	r := &geo.Reconciler{Client: w.mgr.GetClient(), Database: db, Recorder: w.recorder}
+	if err := r.SetupWithManager(w.mgr); err != nil {
+		return fmt.Errorf("setting up the geo controller: %w", err)
+	}
+	refresh := manager.RunnableFunc(func(ctx context.Context) error {
+		db.Run(ctx, w.opts.geo.RefreshInterval, logf.FromContext(ctx).WithName("geoip"))
+		return nil
+	})
+	if err := w.mgr.Add(refresh); err != nil {
+		return fmt.Errorf("adding the geo database's refresh: %w", err)
 	}
 	return nil
 }

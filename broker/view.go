@@ -5,6 +5,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"unique"
@@ -202,7 +203,23 @@ const (
 	// attrPool is the name of the ProxyPool a member belongs to, so
 	// crawlers lease from a pool by name.
 	attrPool = "pool"
+	// Where the geo database places the exit IP (status.geo), unless the
+	// spec declares them: country in lower case, as the username grammar
+	// selects it.
+	attrCountry = "country"
+	attrCity    = "city"
+	attrASN     = "asn"
+	attrASNOrg  = "asnOrg"
 )
+
+// exitIPOf is where sites see p's requests come from: status.egressIP,
+// else its address.
+func exitIPOf(p *crawlv1alpha1.Proxy) string {
+	if p.Status.EgressIP != "" {
+		return p.Status.EgressIP
+	}
+	return p.Status.IP
+}
 
 func entryOf(p *crawlv1alpha1.Proxy, sets *attributeSets, clouds map[string]string) *entry {
 	attrs := make(map[string]string, len(p.Spec.Attributes)+6)
@@ -218,6 +235,22 @@ func entryOf(p *crawlv1alpha1.Proxy, sets *attributeSets, clouds map[string]stri
 		if cloud := clouds[p.Spec.Provider]; cloud != "" {
 			attrs[attrCloud] = cloud
 		}
+	}
+	if g := p.Status.Geo; g != nil && g.IP == exitIPOf(p) {
+		// Where the geo database places the exit IP, for what the spec
+		// does not declare (a declared value is the user's word; a
+		// contradiction is in status.geo.mismatch).
+		fill := func(key, value string) {
+			if _, declared := attrs[key]; !declared && value != "" {
+				attrs[key] = value
+			}
+		}
+		fill(attrCountry, strings.ToLower(g.Country))
+		fill(attrCity, g.City)
+		if g.ASN != 0 {
+			fill(attrASN, strconv.FormatInt(g.ASN, 10))
+		}
+		fill(attrASNOrg, g.ASNOrg)
 	}
 	if pl := p.Spec.Placement; pl != nil {
 		if pl.Zone != "" {

@@ -132,6 +132,9 @@ func shareProxy(p *crawlv1alpha1.Proxy, maps *StringMaps) {
 	for i := range st.Conditions {
 		shareCondition(&st.Conditions[i])
 	}
+	if g := st.Geo; g != nil {
+		g.Country, g.City, g.ASNOrg, g.Mismatch = String(g.Country), String(g.City), String(g.ASNOrg), String(g.Mismatch)
+	}
 }
 
 func shareMeta(m *metav1.ObjectMeta, maps *StringMaps) {

@@ -79,6 +79,12 @@ type ProxyStatus struct {
 	// +kubebuilder:validation:MaxLength=64
 	EgressIP string `json:"egressIP,omitempty"`
 
+	// geo is where the geo database places the exit IP (egressIP, else ip),
+	// when the operator runs with one (--geoip-database). Written by the
+	// geo controller.
+	// +optional
+	Geo *ProxyGeo `json:"geo,omitempty"`
+
 	// canaries are the last verdicts of spec.healthCheck.targets, one per
 	// canary. Written by the health engine.
 	// +optional
@@ -115,4 +121,34 @@ type ProxyStatus struct {
 	// message is a short human-readable account of the current phase.
 	// +optional
 	Message string `json:"message,omitempty"`
+}
+
+// ProxyGeo is where the geo database places a proxy's exit IP: what the
+// sites it crawls see, whatever its placement says.
+type ProxyGeo struct {
+	// ip is the exit IP looked up.
+	// +kubebuilder:validation:MaxLength=64
+	IP string `json:"ip"`
+	// country is the ISO 3166-1 alpha-2 code, as the database gives it
+	// (the discovery attribute country is the same in lower case).
+	// +optional
+	// +kubebuilder:validation:MaxLength=8
+	Country string `json:"country,omitempty"`
+	// city is the city's English name.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	City string `json:"city,omitempty"`
+	// asn is the autonomous system the address is announced from, and
+	// asnOrg the organization holding it.
+	// +optional
+	ASN int64 `json:"asn,omitempty"`
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	ASNOrg string `json:"asnOrg,omitempty"`
+	// mismatch says which of the proxy's declared attributes (country,
+	// asn) or its cloud region's country the database contradicts; empty
+	// when none does. A Warning Event GeoMismatch says so too.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Mismatch string `json:"mismatch,omitempty"`
 }

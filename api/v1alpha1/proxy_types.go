@@ -407,6 +407,8 @@ const (
 // +kubebuilder:printcolumn:name="IP",type=string,JSONPath=`.status.ip`
 // +kubebuilder:printcolumn:name="Healthy",type=string,JSONPath=`.status.conditions[?(@.type=="Healthy")].status`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,priority=1
+// +kubebuilder:printcolumn:name="Country",type=string,JSONPath=`.status.geo.country`,priority=1
+// +kubebuilder:printcolumn:name="ASN",type=integer,JSONPath=`.status.geo.asn`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Proxy struct {
 	metav1.TypeMeta   `json:",inline"`

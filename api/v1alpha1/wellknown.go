@@ -85,6 +85,8 @@ const (
 	// FieldManagerBans owns a Proxy's Banned condition and
 	// bannedInstance (the ban judge).
 	FieldManagerBans = "egress-proxies-operator/ban-judge"
+	// FieldManagerGeo owns a Proxy's status.geo.
+	FieldManagerGeo = "egress-proxies-operator/geo-controller"
 	// FieldManagerPool owns a ProxyPool's status.
 	FieldManagerPool = "egress-proxies-operator/pool-controller"
 	// FieldManagerCrawlTarget owns a CrawlTarget's status.

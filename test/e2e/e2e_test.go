@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -26,6 +27,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
+	"github.com/example/egress-proxies-operator/geoip"
+	"github.com/example/egress-proxies-operator/geoip/geoiptest"
 	"github.com/example/egress-proxies-operator/test/cluster"
 	"github.com/example/egress-proxies-operator/test/squid"
 )
@@ -76,8 +79,15 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 	world.gateway = cluster.FreeAddr()
+	// A geo database that places every loopback exit IP in Frankfurt, on a
+	// documentation ASN: testExternal reads it back.
+	geoDB := filepath.Join(dir, "geo.mmdb")
+	if err := geoiptest.Write(geoDB, map[string]geoip.Location{"127.0.0.0/8": e2eLocation}); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: writing the geo database:", err)
+		return 1
+	}
 	world.opts = cluster.OperatorOptions{DiscoveryAddr: cluster.FreeAddr(), ProbeAddr: cluster.FreeAddr(),
-		ExtraArgs: []string{"--pool-autoscale-interval=1s", "--ban-check-interval=1s", "--canary-interval=10s", "--canary-host-interval=0s", "--gateway-bind-address=" + world.gateway, "--tenant-review-ttl=1s"}}
+		ExtraArgs: []string{"--geoip-database=" + geoDB, "--pool-autoscale-interval=1s", "--ban-check-interval=1s", "--canary-interval=10s", "--canary-host-interval=0s", "--gateway-bind-address=" + world.gateway, "--tenant-review-ttl=1s"}}
 	world.discovery = "http://" + world.opts.DiscoveryAddr
 	if world.operator, err = world.cluster.StartOperator(world.bin, world.opts); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
@@ -362,6 +372,9 @@ func hasEvent(t *testing.T, ns, name, reason string) bool {
 	return false
 }
 
+// e2eLocation is where the suite's geo database places every exit IP.
+var e2eLocation = geoip.Location{Country: "DE", City: "Frankfurt am Main", ASN: 64500, ASNOrg: "E2E-LOOPBACK"}
+
 func testExternal(t *testing.T) {
 	ctx := context.Background()
 	c := world.cluster.Env.Client
@@ -389,6 +402,7 @@ func testExternal(t *testing.T) {
 		}
 	}
 	good, bad := external("squid", sq.Addr), external("black-hole", hole.Addr().String())
+	good.Spec.Attributes = map[string]string{"suite": ns, "country": "fr"} // the database says DE
 	require.NoError(t, c.Create(ctx, good))
 	require.NoError(t, c.Create(ctx, bad))
 
@@ -399,6 +413,23 @@ func testExternal(t *testing.T) {
 	cond := meta.FindStatusCondition(unhealthy.Status.Conditions, crawlv1alpha1.ConditionHealthy)
 	assert.Equal(t, "Timeout", cond.Reason)
 	assert.Empty(t, proxyPods(t, ns), "External proxies are never provisioned")
+
+	// Where the geo database places its exit IP: in status, as attributes
+	// discovery selects by, and a Warning Event for the country it
+	// declares against the database's word.
+	located := waitProxy(t, client.ObjectKeyFromObject(good), "located", func(p *crawlv1alpha1.Proxy) bool { return p.Status.Geo != nil })
+	assert.Equal(t, e2eLocation.Country, located.Status.Geo.Country)
+	assert.Equal(t, int64(e2eLocation.ASN), located.Status.Geo.ASN)
+	assert.Equal(t, "country fr is declared; the database places the exit IP in DE", located.Status.Geo.Mismatch)
+	require.Eventually(t, func() bool { return hasEvent(t, ns, good.Name, "GeoMismatch") }, 10*time.Second, 100*time.Millisecond)
+	var items []any
+	require.Eventually(t, func() bool {
+		list := api(t, "GET", "/v1/proxies?asn=64500&asnOrg=E2E-LOOPBACK&city=Frankfurt%20am%20Main&country=fr&healthy=true&suite="+ns, "")
+		require.Equal(t, http.StatusOK, list.status)
+		items = list.body["proxies"].([]any)
+		return len(items) == 1
+	}, 10*time.Second, 100*time.Millisecond, "selected by the database's asn and city, and the country it declares (discovery follows the status)")
+	assert.Equal(t, ns+"/squid", items[0].(map[string]any)["id"])
 }
 
 func testRestart(t *testing.T) {

@@ -34,6 +34,7 @@ import (
 	"github.com/example/egress-proxies-operator/broker"
 	"github.com/example/egress-proxies-operator/controllers"
 	"github.com/example/egress-proxies-operator/gateway"
+	"github.com/example/egress-proxies-operator/geoip"
 	"github.com/example/egress-proxies-operator/health"
 	"github.com/example/egress-proxies-operator/operator"
 	"github.com/example/egress-proxies-operator/providers/aws"
@@ -921,4 +922,50 @@ func TestChartAuth(t *testing.T) {
 
 	_, err := chartInstall{set: map[string]any{"discovery": map[string]any{"auth": "off"}}}.render(t)
 	assert.ErrorContains(t, err, "/discovery/auth", "the schema refuses anything but required and none")
+}
+
+// TestChartGeoIP: geoip.files mounts geoip.volume and names each file to
+// the operator, in order; files without a volume are refused with a
+// message that says what is missing; nothing set, no geo flag at all.
+func TestChartGeoIP(t *testing.T) {
+	var deploy appsv1.Deployment
+	require.True(t, chartInstall{}.mustRender(t).objects.one(t, "Deployment", &deploy))
+	for _, a := range deploy.Spec.Template.Spec.Containers[0].Args {
+		assert.NotContains(t, a, "--geoip", "no database, no geo")
+	}
+
+	on := map[string]any{"geoip": map[string]any{
+		"volume": map[string]any{"persistentVolumeClaim": map[string]any{"claimName": "geoip"}},
+		"files":  []any{"GeoLite2-City.mmdb", "GeoLite2-ASN.mmdb"},
+	}}
+	require.True(t, chartInstall{set: on}.mustRender(t).objects.one(t, "Deployment", &deploy))
+	var databases []string
+	for _, a := range deploy.Spec.Template.Spec.Containers[0].Args {
+		if v, ok := strings.CutPrefix(a, "--geoip-database="); ok {
+			databases = append(databases, v)
+		}
+	}
+	assert.Equal(t, []string{"/var/lib/egress-proxies-operator/geoip/GeoLite2-City.mmdb", "/var/lib/egress-proxies-operator/geoip/GeoLite2-ASN.mmdb"}, databases)
+	refresh, err := time.ParseDuration(managerArg(t, deploy, "--geoip-refresh-interval"))
+	require.NoError(t, err)
+	assert.Equal(t, geoip.DefaultRefreshInterval, refresh, "the chart's default is the operator's")
+	var volume *corev1.Volume
+	for i, v := range deploy.Spec.Template.Spec.Volumes {
+		if v.Name == "geoip" {
+			volume = &deploy.Spec.Template.Spec.Volumes[i]
+		}
+	}
+	require.NotNil(t, volume, "the volume is mounted")
+	require.NotNil(t, volume.PersistentVolumeClaim)
+	assert.Equal(t, "geoip", volume.PersistentVolumeClaim.ClaimName)
+	mounted := false
+	for _, m := range deploy.Spec.Template.Spec.Containers[0].VolumeMounts {
+		mounted = mounted || m.Name == "geoip" && m.MountPath == "/var/lib/egress-proxies-operator/geoip" && m.ReadOnly
+	}
+	assert.True(t, mounted)
+
+	_, err = chartInstall{set: map[string]any{"geoip": map[string]any{"files": []any{"GeoLite2-City.mmdb"}}}}.render(t)
+	require.ErrorContains(t, err, "geoip.volume must say where geoip.files are")
+	_, err = chartInstall{set: map[string]any{"geoip": map[string]any{"files": []any{"/etc/passwd"}}}}.render(t)
+	require.Error(t, err, "a file is a name in the volume, not a path")
 }

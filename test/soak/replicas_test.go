@@ -255,8 +255,10 @@ func (a *probeAges) sample(ctx context.Context, w *world) {
 		last, ok := a.last[p.Namespace+"/"+p.Name]
 		// Ready for a whole bound at least: a proxy that just came back
 		// was probed by whoever made it Ready, perhaps before this watch
-		// scraped it.
-		if ready == nil || ready.Status != metav1.ConditionTrue || now.Sub(ready.LastTransitionTime.Time) < probeAgeBound || !ok {
+		// scraped it. Ready by the rule too (IsReady): a proxy being
+		// deleted (a pool member retired) serves nobody and is probed no
+		// more, though the Ready condition it will go with still says True.
+		if !p.IsReady() || ready == nil || ready.Status != metav1.ConditionTrue || now.Sub(ready.LastTransitionTime.Time) < probeAgeBound || !ok {
 			continue
 		}
 		age := now.Sub(last)

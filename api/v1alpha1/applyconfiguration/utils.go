@@ -52,6 +52,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.PoolStrategyApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("Proxy"):
 		return &apiv1alpha1.ProxyApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("ProxyGeo"):
+		return &apiv1alpha1.ProxyGeoApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ProxyPool"):
 		return &apiv1alpha1.ProxyPoolApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ProxyPoolSpec"):

@@ -288,6 +288,27 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: status
       type:
         namedType: com.github.example.egress-proxies-operator.api.v1alpha1.ProxyStatus
+- name: com.github.example.egress-proxies-operator.api.v1alpha1.ProxyGeo
+  map:
+    fields:
+    - name: asn
+      type:
+        scalar: numeric
+    - name: asnOrg
+      type:
+        scalar: string
+    - name: city
+      type:
+        scalar: string
+    - name: country
+      type:
+        scalar: string
+    - name: ip
+      type:
+        scalar: string
+    - name: mismatch
+      type:
+        scalar: string
 - name: com.github.example.egress-proxies-operator.api.v1alpha1.ProxyMode
   scalar: string
 - name: com.github.example.egress-proxies-operator.api.v1alpha1.ProxyPhase
@@ -458,6 +479,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: egressIP
       type:
         scalar: string
+    - name: geo
+      type:
+        namedType: com.github.example.egress-proxies-operator.api.v1alpha1.ProxyGeo
     - name: healthCheckedInstance
       type:
         scalar: string

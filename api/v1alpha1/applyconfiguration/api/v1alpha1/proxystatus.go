@@ -44,6 +44,10 @@ type ProxyStatusApplyConfiguration struct {
 	// come from, when it differs from ip (NAT, a provider's gateway in
 	// front of an External proxy). Written by the health engine.
 	EgressIP *string `json:"egressIP,omitempty"`
+	// geo is where the geo database places the exit IP (egressIP, else ip),
+	// when the operator runs with one (--geoip-database). Written by the
+	// geo controller.
+	Geo *ProxyGeoApplyConfiguration `json:"geo,omitempty"`
 	// canaries are the last verdicts of spec.healthCheck.targets, one per
 	// canary. Written by the health engine.
 	Canaries []CanaryStatusApplyConfiguration `json:"canaries,omitempty"`
@@ -138,6 +142,14 @@ func (b *ProxyStatusApplyConfiguration) WithHealthCheckedInstance(value string) 
 // If called multiple times, the EgressIP field is set to the value of the last call.
 func (b *ProxyStatusApplyConfiguration) WithEgressIP(value string) *ProxyStatusApplyConfiguration {
 	b.EgressIP = &value
+	return b
+}
+
+// WithGeo sets the Geo field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Geo field is set to the value of the last call.
+func (b *ProxyStatusApplyConfiguration) WithGeo(value *ProxyGeoApplyConfiguration) *ProxyStatusApplyConfiguration {
+	b.Geo = value
 	return b
 }
 

@@ -27,6 +27,7 @@ COPY tlsprint/ tlsprint/
 COPY inspect/ inspect/
 COPY shard/ shard/
 COPY geoip/ geoip/
+COPY tracing/ tracing/
 RUN CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} go build -trimpath -ldflags "-s -w" -o manager .
 
 FROM gcr.io/distroless/static:nonroot

@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"runtime/debug"
+	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -32,6 +33,7 @@ import (
 	"github.com/example/egress-proxies-operator/providers/aws"
 	"github.com/example/egress-proxies-operator/providers/gcp"
 	"github.com/example/egress-proxies-operator/providers/kubernetes"
+	"github.com/example/egress-proxies-operator/tracing"
 )
 
 // RBAC the manager itself needs; each component declares its own next to
@@ -83,6 +85,7 @@ type options struct {
 	controllers controllers.Options
 	pools       pool.Options
 	geo         geo.Options
+	tracing     tracing.Options
 	health      health.Config
 	discovery   discovery.Config
 	leaseStore  leasestore.Options
@@ -99,7 +102,7 @@ type component interface {
 
 // components are the options that register flags and validate alike.
 func (o *options) components() []component {
-	return []component{&o.manager, &o.identity, &o.controllers, &o.pools, &o.geo, &o.health, &o.discovery, &o.leaseStore, &o.gateway, &o.bans}
+	return []component{&o.manager, &o.identity, &o.controllers, &o.pools, &o.geo, &o.tracing, &o.health, &o.discovery, &o.leaseStore, &o.gateway, &o.bans}
 }
 
 // parseFlags turns the command line into options, rejecting anything the
@@ -185,6 +188,16 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 			return err
 		}
 	}
+	stopTracing, err := tracing.Setup(ctx, opts.tracing, "egress-proxies-operator")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		// What is left of the traces goes out, within a bound.
+		flush, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = stopTracing(flush)
+	}()
 	w, err := newWiring(ctx, opts, providersConfig)
 	if err != nil {
 		return err

@@ -185,6 +185,9 @@ func TestParseFlags(t *testing.T) {
 		{"negative pace wait", []string{"--gateway-bind-address=:3128", "--gateway-pace-wait=-1s"}, "gateway-pace-wait: must not be negative"},
 		{"zero paced tunnel lifetime", []string{"--gateway-bind-address=:3128", "--gateway-paced-tunnel-lifetime=0"}, "--gateway-paced-tunnel-lifetime"},
 		{"adaptive pacing not a bool", []string{"--adaptive-pacing=sometimes"}, "adaptive-pacing"},
+		{"negative session error score", []string{"--gateway-bind-address=:3128", "--gateway-session-max-error-score=-1"}, "--gateway-session-max-error-score"},
+		{"sample ratio above one", []string{"--trace-sample-ratio=2"}, "--trace-sample-ratio"},
+		{"OTLP endpoint without a scheme", []string{"--otlp-endpoint=collector:4318"}, "--otlp-endpoint"},
 		{"zero geo refresh", []string{"--geoip-database=/var/lib/geoip/city.mmdb", "--geoip-refresh-interval=0"}, "--geoip-refresh-interval"},
 	}
 	for _, tc := range bad {

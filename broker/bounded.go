@@ -130,6 +130,14 @@ func (b boundedStore) ReportSession(ctx context.Context, r lease.SessionReport) 
 	return proxy, err
 }
 
+func (b boundedStore) MarkSession(ctx context.Context, session, proxy string, delta float64) (score float64, err error) {
+	err = b.do(ctx, "mark_session", func(ctx context.Context) error {
+		score, err = b.store.MarkSession(ctx, session, proxy, delta)
+		return err
+	})
+	return score, err
+}
+
 func (b boundedStore) Ping(ctx context.Context) error {
 	return b.do(ctx, "ping", b.store.Ping)
 }

@@ -136,8 +136,9 @@ func (b *Broker) Report(ctx context.Context, who *tenant.Tenant, id, result, tar
 // session's client when this replica's gateway saw it, and tells the
 // gateway (its listeners) so it closes the session's open tunnels to a
 // rate-limited host. A report about a client the host bans everywhere
-// cools no proxy. lease.ErrSessionNotFound when the session has not tunnelled
-// lately.
+// cools no proxy. The report also scores the session's stint (ScoreOf),
+// which retires it past TunnelRequest.MaxErrorScore.
+// lease.ErrSessionNotFound when the session has not tunnelled lately.
 func (b *Broker) ReportSession(ctx context.Context, who *tenant.Tenant, session, result, target string, cooldown, retryAfter time.Duration) error {
 	target = NormalizeTarget(target)
 	key := SessionKey(who, session)
@@ -148,7 +149,7 @@ func (b *Broker) ReportSession(ctx context.Context, who *tenant.Tenant, session,
 		cooldown = 0
 	}
 	proxy, err := b.store.ReportSession(ctx, lease.SessionReport{Session: key, Reporter: who.Name, Result: result, Target: target,
-		Client: client, Cooldown: cooldown, Window: SessionReportWindow})
+		Client: client, Cooldown: cooldown, Window: SessionReportWindow, Score: ScoreOf(result)})
 	if err != nil {
 		return err
 	}

@@ -52,6 +52,20 @@ func (p *pick) expired() bool {
 		p.b.opts.Clock.Since(p.route.Since) >= p.req.Lifetime
 }
 
+// retired says why the session's stint on its own proxy met a limit of
+// the request's (RetiredErrors, RetiredUses), or "" while it has not.
+func (p *pick) retired() string {
+	switch {
+	case p.route.Own == "":
+		return ""
+	case p.req.MaxErrorScore > 0 && p.route.Score >= p.req.MaxErrorScore:
+		return RetiredErrors
+	case p.req.MaxUses > 0 && p.route.Uses >= p.req.MaxUses:
+		return RetiredUses
+	}
+	return ""
+}
+
 // strict leases the session's own proxy, on the exit IP the session took
 // it with, or says why it cannot.
 func (p *pick) strict(ctx context.Context) (Upstream, error) {
@@ -61,6 +75,9 @@ func (p *pick) strict(ctx context.Context) (Upstream, error) {
 	}
 	if p.expired() {
 		return lost(SessionEnded)
+	}
+	if why := p.retired(); why != "" {
+		return Upstream{}, &SessionLostError{Session: p.req.Session, Proxy: own, IP: p.route.IP, Cause: SessionRetired, Retired: why}
 	}
 	switch exists, serving, healthy := p.b.opts.View.state(own); {
 	case !exists || !serving:
@@ -132,7 +149,8 @@ func (p *pick) keepHold(ctx context.Context, proxy string) (string, error) {
 // its own is gone); a strict session's first tunnel comes here too.
 func (p *pick) soft(ctx context.Context) (Upstream, error) {
 	route := p.route
-	fresh := p.expired()
+	retired := p.retired()
+	fresh := p.expired() || retired != ""
 	ownUsable := p.usable(route.Own) && !fresh
 	if fresh {
 		p.releaseHold(ctx)
@@ -142,6 +160,16 @@ func (p *pick) soft(ctx context.Context) (Upstream, error) {
 	// no other proxy may take the host either, the tunnel waits for them
 	// as any paced tunnel would (or is told when to come back).
 	var skipped []string
+	if retired != "" {
+		// A retired stint's proxy is what the site grew tired of: the new
+		// stint starts elsewhere when another may take the host, and on
+		// the same proxy only when none may (not for an exclusive
+		// session, whose hold on it is let go).
+		p.avoid = append(p.avoid, route.Own)
+		if route.Hold == "" {
+			skipped = append(skipped, route.Own)
+		}
+	}
 	// Each pass either leases or rules one proxy out (cooling down for the
 	// host, or its credentials unreadable): a few passes, then the tunnel
 	// fails.
@@ -203,6 +231,11 @@ func (p *pick) soft(ctx context.Context) (Upstream, error) {
 				set.IP = route.IP
 			}
 			up.Fresh = own && (fresh || granted.ProxyID != route.Own)
+			if up.Fresh {
+				up.Retired = retired
+			} else if own {
+				up.Score = route.Score
+			}
 			p.note(ctx, set)
 		}
 		return up, nil

@@ -88,6 +88,13 @@ type TunnelRequest struct {
 	// MaxWait is how long the tunnel may wait for a paced host's next
 	// slot.
 	MaxWait time.Duration
+	// MaxErrorScore retires a session's stint once its error score (what
+	// its requests' blocks and push-backs added, less what its successes
+	// took away) reaches it; MaxUses once it has carried that many
+	// tunnels. Zero: no limit. A soft session then starts a new stint on
+	// another proxy; a strict one ends.
+	MaxErrorScore float64
+	MaxUses       int64
 }
 
 // Upstream is the proxy one tunnel goes through, on a lease of its own.
@@ -116,6 +123,12 @@ type Upstream struct {
 	// Session is the session's key (SessionKey: the tenant's own
 	// namespace of session names; "" rotates), as session reports name it.
 	Session string
+	// Retired says why the session's last stint was retired, when this
+	// tunnel starts its new one (RetiredErrors, RetiredUses; "" none).
+	Retired string
+	// Score is the error score of the session's stint as this tunnel
+	// began (0 for a new stint or no session).
+	Score float64
 	// BannedClient is the TLS fingerprint of the session's client (the
 	// tenant's last, for a rotating tunnel) when the host bans it through
 	// every proxy (a lease.ClientBan): a new IP will not help, another
@@ -139,17 +152,56 @@ const (
 	SessionTaken = "proxy_taken"
 	// SessionEnded: its lifetime is over.
 	SessionEnded = "ended"
+	// SessionRetired: its stint met a limit (RetiredErrors, RetiredUses).
+	SessionRetired = "retired"
 )
+
+// Why a session's stint was retired (Upstream.Retired,
+// SessionLostError.Retired).
+const (
+	// RetiredErrors: its error score reached TunnelRequest.MaxErrorScore.
+	RetiredErrors = "error_score"
+	// RetiredUses: it carried TunnelRequest.MaxUses tunnels.
+	RetiredUses = "max_uses"
+)
+
+// What each answer adds to a session's error score, as Crawlee's
+// SessionPool weighs them: a block counts one, a push-back half, and a
+// success takes half away; DefaultMaxErrorScore retires the stint.
+const (
+	ScoreBlocked         = 1.0
+	ScoreRateLimited     = 0.5
+	ScoreOK              = -0.5
+	DefaultMaxErrorScore = 3.0
+)
+
+// ScoreOf is what a report or answer of result adds to a session's error
+// score (0 for a result that says nothing of the site's view).
+func ScoreOf(result string) float64 {
+	switch result {
+	case lease.ResultBlocked:
+		return ScoreBlocked
+	case lease.ResultRateLimited:
+		return ScoreRateLimited
+	case lease.ResultOK:
+		return ScoreOK
+	}
+	return 0
+}
 
 // SessionLostError says a strict session cannot go on: its tunnels would
 // leave from another exit IP. The client starts a new session.
 type SessionLostError struct {
 	Session, Proxy, IP string
-	// Cause is one of the Session* causes above.
-	Cause string
+	// Cause is one of the Session* causes above; Retired, for
+	// SessionRetired, says which limit (RetiredErrors, RetiredUses).
+	Cause, Retired string
 }
 
 func (e *SessionLostError) Error() string {
+	if e.Cause == SessionRetired {
+		return fmt.Sprintf("strict session %q was retired from proxy %s (%s): %s; start a new session", e.Session, e.Proxy, e.IP, retiredWhy(e.Retired))
+	}
 	if e.Cause == SessionEnded {
 		return fmt.Sprintf("strict session %q ended: its lifetime on proxy %s (%s) is over; start a new session", e.Session, e.Proxy, e.IP)
 	}
@@ -169,8 +221,8 @@ func (b *Broker) Tunnel(ctx context.Context, req TunnelRequest) (Upstream, error
 	if req.Session != "" && !ValidSessionName(req.Session) {
 		return Upstream{}, fmt.Errorf("%w: session %q must be 1-64 letters, digits, '-' or '_'", ErrInvalidTunnel, req.Session)
 	}
-	if req.Session == "" && (req.Strict || req.Exclusive || req.Lifetime > 0) {
-		return Upstream{}, fmt.Errorf("%w: strict, exclusive and a lifetime need a session", ErrInvalidTunnel)
+	if req.Session == "" && (req.Strict || req.Exclusive || req.Lifetime > 0 || req.MaxUses > 0) {
+		return Upstream{}, fmt.Errorf("%w: strict, exclusive, a lifetime and a usage cap need a session", ErrInvalidTunnel)
 	}
 	if err := ValidateSelector("selector", req.Selector); err != nil {
 		return Upstream{}, fmt.Errorf("%w: %w", ErrInvalidTunnel, err)
@@ -204,6 +256,31 @@ func (b *Broker) Tunnel(ctx context.Context, req TunnelRequest) (Upstream, error
 		up.BannedClient = b.bannedClient(ctx, who, p.session, host)
 	}
 	return up, err
+}
+
+// retiredWhy says why a stint was retired, for a person.
+func retiredWhy(why string) string {
+	switch why {
+	case RetiredErrors:
+		return "its requests were refused too often (its error score reached the limit)"
+	case RetiredUses:
+		return "it carried as many tunnels as its usage cap allows"
+	}
+	return why
+}
+
+// MarkSession adds what result says of the site's view (ScoreOf) to the
+// error score of who's session's stint on proxy, for an answer the
+// gateway saw itself (plain HTTP, or an inspected tunnel). A store that
+// does not answer loses the mark, and says so in the log.
+func (b *Broker) MarkSession(ctx context.Context, session, proxy, result string) {
+	delta := ScoreOf(result)
+	if session == "" || delta == 0 {
+		return
+	}
+	if _, err := b.store.MarkSession(ctx, session, proxy, delta); err != nil && !errors.Is(err, lease.ErrSessionNotFound) {
+		operator.Warn(logf.FromContext(ctx), "gateway: a session's error score was not updated", "session", session, "error", err.Error())
+	}
 }
 
 // Turn takes the slot of a request inside a tunnel through proxy to host

@@ -9,6 +9,9 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -32,6 +35,7 @@ import (
 	"github.com/example/egress-proxies-operator/controllers/cachelag"
 	"github.com/example/egress-proxies-operator/credentials"
 	"github.com/example/egress-proxies-operator/providers"
+	"github.com/example/egress-proxies-operator/tracing"
 )
 
 // +kubebuilder:rbac:groups=crawl.example.com,resources=proxies,verbs=get;list;watch;update;patch
@@ -162,10 +166,20 @@ func (r *ProxyReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	if _, behind := r.cache().tracker.Behind(lagKey(lagProxy, req.NamespacedName), proxy.ResourceVersion); behind {
 		return reconcile.Result{RequeueAfter: cachelag.Recheck}, nil
 	}
+	// A span per reconcile, with the action it took: a trace shows how
+	// long each step of a proxy's bring-up took.
+	ctx, span := tracing.Tracer("github.com/example/egress-proxies-operator/controllers").Start(ctx, "reconcile Proxy",
+		trace.WithAttributes(tracing.KeyProxy.String(req.String()), attribute.String("egress.provider", proxy.Spec.Provider)))
+	defer span.End()
 	obs, provider := r.observe(ctx, &proxy)
 	action := plan(obs)
+	span.SetAttributes(tracing.KeyOutcome.String(string(action.Type)), attribute.String("egress.reason", action.Reason))
 	log.V(1).Info("planned", "action", action.Type, "reason", action.Reason, "message", action.Message)
-	return r.execute(ctx, &proxy, obs, provider, action)
+	result, err := r.execute(ctx, &proxy, obs, provider, action)
+	if err != nil {
+		span.SetStatus(codes.Error, err.Error())
+	}
+	return result, err
 }
 
 // observe gathers plan's inputs. It returns the provider holding the

@@ -8,11 +8,17 @@ import (
 	"strings"
 
 	"github.com/julienschmidt/httprouter"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
+	"go.opentelemetry.io/otel/trace"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/example/egress-proxies-operator/broker"
 	"github.com/example/egress-proxies-operator/operator"
 	"github.com/example/egress-proxies-operator/tenant"
+	"github.com/example/egress-proxies-operator/tracing"
 )
 
 // TokenSource supplies the bearer token. required false means the API was
@@ -70,9 +76,22 @@ func (s *Server) authed(route string, h handle) httprouter.Handle {
 			}
 			r = r.WithContext(withTenant(r.Context(), t))
 		}
-		s.count(route, h(w, r, ps), s.opts.Clock.Since(start))
+		// A span per call, in the trace the client's traceparent names:
+		// the handlers add what they did (a lease's proxy and host).
+		ctx, span := tracing.Tracer(tracerName).Start(otel.GetTextMapPropagator().Extract(r.Context(), propagation.HeaderCarrier(r.Header)),
+			r.Method+" "+route, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(tracing.KeyTenant.String(tenantOf(r.Context()).Name)))
+		status := h(w, r.WithContext(ctx), ps)
+		span.SetAttributes(semconv.HTTPResponseStatusCode(status))
+		if status >= http.StatusInternalServerError {
+			span.SetStatus(codes.Error, http.StatusText(status))
+		}
+		span.End()
+		s.count(route, status, s.opts.Clock.Since(start))
 	}
 }
+
+// tracerName names the discovery API's spans' instrumentation scope.
+const tracerName = "github.com/example/egress-proxies-operator/discovery"
 
 // identify is who presents got: the Platform tenant for the discovery
 // token (want; never when it is missing), a ServiceAccount's tenant for a

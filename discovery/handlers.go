@@ -9,9 +9,11 @@ import (
 	"time"
 
 	"github.com/julienschmidt/httprouter"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/example/egress-proxies-operator/broker"
 	"github.com/example/egress-proxies-operator/lease"
+	"github.com/example/egress-proxies-operator/tracing"
 )
 
 func (s *Server) listProxies(w http.ResponseWriter, r *http.Request, _ httprouter.Params) int {
@@ -163,6 +165,8 @@ func (s *Server) createLease(w http.ResponseWriter, r *http.Request, _ httproute
 	case err != nil:
 		return storeUnavailable(r.Context(), w, err)
 	}
+	trace.SpanFromContext(r.Context()).SetAttributes(tracing.KeyProxy.String(granted.ProxyID), tracing.KeyHost.String(broker.NormalizeTarget(req.Target)),
+		tracing.KeyPaceWait.Float64(granted.Wait.Seconds()))
 	// Only the answer that creates a lease says how it was paced: both
 	// stores know it then, and a paced lease covers that one request.
 	view := s.leaseView(r.Context(), granted)

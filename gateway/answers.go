@@ -17,6 +17,13 @@ import (
 // Data): the upstream's exit IP.
 const HeaderExitIP = "X-Egress-IP"
 
+// HeaderSessionRetired says, in a CONNECT reply and a forwarded response,
+// that the session's last stint was retired and this one starts a new
+// stint (on another proxy when one could take the host): its value is why
+// (error_score, max_uses). A client that keeps its own session state
+// (cookies, a browser profile) starts it afresh too.
+const HeaderSessionRetired = "X-Session-Retired"
+
 // RFC 9209 error types the gateway answers with.
 const (
 	psHTTPRequestDenied       = "http_request_denied"
@@ -52,6 +59,10 @@ const (
 	CauseUpstreamFailed   = "upstream_failed"    // 502: every upstream tried failed or refused the tunnel
 	CauseSessionLost      = "session_lost"       // 502: a strict session's proxy or exit IP is gone
 	CauseSessionEnded     = "session_ended"      // 502: a strict session's lifetime is over
+	// CauseSessionRetired (502): a strict session's stint met its error
+	// score or usage cap; in a carried answer's details, a soft session's
+	// new stint after one was retired.
+	CauseSessionRetired = "session_retired"
 	// CauseClientBanned is no refusal: the details of a carried tunnel's
 	// 200 when its host bans the session's TLS client everywhere.
 	CauseClientBanned = "client_banned"
@@ -119,9 +130,16 @@ func (a answer) proxyStatus() string {
 // session's TLS client everywhere, details say so (CauseClientBanned).
 func servedStatus(up broker.Upstream) string {
 	s := ProxyStatusName + "; next-hop=" + sfString(up.ProxyID)
+	var details []string
+	if up.Retired != "" {
+		details = append(details, CauseSessionRetired+": the session's last stint was retired ("+up.Retired+"); this one starts a new stint on "+up.ProxyID)
+	}
 	if up.BannedClient != "" {
-		s += "; details=" + sfString(CauseClientBanned+": the host blocks the TLS client "+up.BannedClient+
+		details = append(details, CauseClientBanned+": the host blocks the TLS client "+up.BannedClient+
 			" through every proxy while other clients pass; another IP will not help, another client (TLS fingerprint) will")
+	}
+	if len(details) > 0 {
+		s += "; details=" + sfString(strings.Join(details, "; "))
 	}
 	return s
 }
@@ -159,7 +177,7 @@ func outcomeOf(cause string) string {
 		return outcomePaced
 	case CauseUpstreamFailed:
 		return outcomeUpstreamFailed
-	case CauseSessionLost, CauseSessionEnded:
+	case CauseSessionLost, CauseSessionEnded, CauseSessionRetired:
 		return outcomeSessionLost
 	}
 	return outcomeNoProxy
@@ -182,8 +200,11 @@ func pickAnswer(err error, last *failure) answer {
 			retryAfter: max(quota.RetryAfter, time.Second)}
 	case errors.As(err, &lost):
 		a := answer{status: http.StatusBadGateway, errType: psDestinationUnavailable, cause: CauseSessionLost, msg: lost.Error(), nextHop: lost.Proxy}
-		if lost.Cause == broker.SessionEnded {
+		switch lost.Cause {
+		case broker.SessionEnded:
 			a.cause = CauseSessionEnded
+		case broker.SessionRetired:
+			a.cause = CauseSessionRetired
 		}
 		if last != nil {
 			a.msg += "; it failed: " + last.err.Error()

@@ -11,10 +11,15 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
+	"go.opentelemetry.io/otel/trace"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/example/egress-proxies-operator/broker"
 	"github.com/example/egress-proxies-operator/client"
+	"github.com/example/egress-proxies-operator/lease"
+	"github.com/example/egress-proxies-operator/tracing"
 )
 
 // squidErrorHeader is the header Squid puts on the answers it makes
@@ -76,8 +81,10 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, id Identity) {
 // the IP (a 403 or a block page to a GET or HEAD). The site's push-backs and
 // refusals are recorded as outcomes; Squid's own answers are not.
 func (g *Gateway) carryRequest(w http.ResponseWriter, r, out *http.Request, id Identity, rt http.RoundTripper, inspecting bool) {
-	ctx := r.Context()
 	host := out.URL.Hostname()
+	ctx, span := startSpan(r.Context(), "gateway request", id, host)
+	outcome := "ok"
+	defer func() { endSpan(span, outcome) }()
 	stripHop(out.Header)
 	retryable := r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0
 	idempotent := retryable && (r.Method == http.MethodGet || r.Method == http.MethodHead)
@@ -89,14 +96,25 @@ func (g *Gateway) carryRequest(w http.ResponseWriter, r, out *http.Request, id I
 		req.Restart = restart
 		up, err := g.pick(ctx, req)
 		if err != nil {
-			pickAnswer(err, last).write(w, r)
+			a := pickAnswer(err, last)
+			outcome = a.cause
+			a.write(w, r)
 			return
 		}
+		span.SetAttributes(tracing.KeyProxy.String(up.ProxyID), tracing.KeyExitIP.String(up.ExitIP))
 		// The request waits for its slot once its connection is ready
 		// (a new one takes a CONNECT and a TLS handshake first), so the
 		// site sees it at its slot, not a handshake later than the last.
 		slot := time.Now().Add(up.Wait)
-		resp, err := rt.RoundTrip(atSlot(out.WithContext(context.WithValue(ctx, upstreamKey{}, up)), slot))
+		paceWaitSpan(ctx, up.Wait)
+		upCtx, upSpan := tracing.Tracer(tracerName).Start(ctx, "upstream request", trace.WithAttributes(tracing.KeyProxy.String(up.ProxyID)))
+		resp, err := rt.RoundTrip(atSlot(out.WithContext(context.WithValue(upCtx, upstreamKey{}, up)), slot))
+		if err != nil {
+			upSpan.SetStatus(codes.Error, err.Error())
+		} else {
+			upSpan.SetAttributes(semconv.HTTPResponseStatusCode(resp.StatusCode))
+		}
+		upSpan.End()
 		if ctx.Err() != nil {
 			if err == nil {
 				_ = resp.Body.Close()
@@ -126,7 +144,12 @@ func (g *Gateway) carryRequest(w http.ResponseWriter, r, out *http.Request, id I
 				avoid = append(avoid, up.ProxyID)
 				continue
 			}
-			n := g.relay(w, resp, up) + max(r.ContentLength, 0)
+			down := g.relay(w, resp, up)
+			n := down + max(r.ContentLength, 0)
+			span.SetAttributes(tracing.KeyBytesUp.Int64(max(r.ContentLength, 0)), tracing.KeyBytesDown.Int64(down), semconv.HTTPResponseStatusCode(resp.StatusCode))
+			if refusal != refusalNone {
+				outcome = []string{refusalNone: "ok", refusalLimited: lease.ResultRateLimited, refusalBlocked: lease.ResultBlocked}[refusal]
+			}
 			g.opts.Upstreams.ReleaseTunnel(context.WithoutCancel(ctx), up.LeaseID, id.Session, n)
 			if g.opts.Upstreams.CountBytes(context.WithoutCancel(ctx), id.Tenant, n) {
 				g.cutTenant(id.Tenant.Name)
@@ -136,7 +159,9 @@ func (g *Gateway) carryRequest(w http.ResponseWriter, r, out *http.Request, id I
 		upstreamFailures.WithLabelValues(f.reason).Inc()
 		g.opts.Upstreams.ReleaseTunnel(context.WithoutCancel(ctx), up.LeaseID, id.Session, 0)
 		if !retryable || attempt+1 >= g.opts.Attempts {
-			f.answer().write(w, r)
+			a := f.answer()
+			outcome = a.cause
+			a.write(w, r)
 			return
 		}
 		logf.FromContext(ctx).Info("upstream failed a request; trying another", "proxy", up.ProxyID, "reason", f.reason, "error", f.err.Error())
@@ -193,6 +218,16 @@ func (g *Gateway) judgeAnswer(ctx context.Context, id Identity, up broker.Upstre
 	if refusal != refusalNone {
 		g.opts.Upstreams.Refused(ctx, id.Tenant, up.ProxyID, host, refusal == refusalLimited, retryAfter)
 	}
+	// The session's stint keeps score of how the site sees it: refusals
+	// add, pages take away (only from a score there is: no write per page).
+	switch {
+	case refusal == refusalBlocked:
+		g.opts.Upstreams.MarkSession(ctx, up.Session, up.ProxyID, lease.ResultBlocked)
+	case refusal == refusalLimited:
+		g.opts.Upstreams.MarkSession(ctx, up.Session, up.ProxyID, lease.ResultRateLimited)
+	case up.Score > 0 && resp.StatusCode < http.StatusBadRequest:
+		g.opts.Upstreams.MarkSession(ctx, up.Session, up.ProxyID, lease.ResultOK)
+	}
 	return refusal
 }
 
@@ -239,6 +274,9 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, up broker.Up
 	w.Header().Set(HeaderUpstream, up.ProxyID)
 	if up.ExitIP != "" {
 		w.Header().Set(HeaderExitIP, up.ExitIP)
+	}
+	if up.Retired != "" {
+		w.Header().Set(HeaderSessionRetired, up.Retired)
 	}
 	// The gateway's member goes last: the one farthest from the site.
 	w.Header().Add("Proxy-Status", servedStatus(up))

@@ -35,12 +35,17 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/example/egress-proxies-operator/broker"
 	"github.com/example/egress-proxies-operator/inspect"
 	"github.com/example/egress-proxies-operator/lease"
 	"github.com/example/egress-proxies-operator/tenant"
+	"github.com/example/egress-proxies-operator/tracing"
 )
 
 // Defaults for the gateway's flags.
@@ -105,6 +110,10 @@ type Options struct {
 	// host's next paced slot; beyond it the client gets 429. Negative:
 	// never wait.
 	PaceWait time.Duration
+	// SessionMaxErrorScore retires a session's stint on one proxy once its
+	// error score reaches it (broker.TunnelRequest.MaxErrorScore; zero:
+	// never).
+	SessionMaxErrorScore float64
 	// PacedTunnelLifetime closes a tunnel to a paced host that old.
 	PacedTunnelLifetime time.Duration
 	// Destinations are the ports and addresses the fleet's proxies take;
@@ -254,6 +263,8 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		refused.write(w, r)
 		return
 	}
+	// A client's traceparent makes the gateway's spans part of its trace.
+	r = r.WithContext(otel.GetTextMapPropagator().Extract(r.Context(), propagation.HeaderCarrier(r.Header)))
 	if err := g.opts.Upstreams.Admit(r.Context(), id.Tenant); err != nil {
 		pickAnswer(err, nil).write(w, r)
 		return
@@ -339,11 +350,20 @@ const connectionPoll = 25 * time.Millisecond
 // pick asks discovery for an upstream. While every proxy is at its
 // connection limit for the host, it asks again until PaceWait has passed;
 // a paced slot within what is left of that wait is reserved at once.
-func (g *Gateway) pick(ctx context.Context, req broker.TunnelRequest) (broker.Upstream, error) {
+func (g *Gateway) pick(ctx context.Context, req broker.TunnelRequest) (up broker.Upstream, err error) {
+	ctx, span := tracing.Tracer(tracerName).Start(ctx, "pick")
+	defer func() {
+		if err != nil {
+			span.SetStatus(codes.Error, err.Error())
+		} else {
+			span.SetAttributes(tracing.KeyProxy.String(up.ProxyID), tracing.KeyExitIP.String(up.ExitIP), tracing.KeyPaceWait.Float64(up.Wait.Seconds()))
+		}
+		span.End()
+	}()
 	deadline := time.Now().Add(max(g.opts.PaceWait, 0))
 	for {
 		req.MaxWait = max(time.Until(deadline), 0)
-		up, err := g.opts.Upstreams.Tunnel(ctx, req)
+		up, err = g.opts.Upstreams.Tunnel(ctx, req)
 		var none *lease.NoProxyAvailableError
 		if !errors.As(err, &none) || none.Cause != lease.CauseConcurrency || time.Until(deadline) <= 0 {
 			return up, err
@@ -352,6 +372,38 @@ func (g *Gateway) pick(ctx context.Context, req broker.TunnelRequest) (broker.Up
 			return up, err
 		}
 	}
+}
+
+// tracerName names the gateway's spans' instrumentation scope.
+const tracerName = "github.com/example/egress-proxies-operator/gateway"
+
+// startSpan starts the span of a client's tunnel or request, in the trace
+// its traceparent names (a new one without).
+func startSpan(ctx context.Context, name string, id Identity, host string) (context.Context, trace.Span) {
+	who := tenant.Anonymous.Name
+	if id.Tenant != nil {
+		who = id.Tenant.Name
+	}
+	return tracing.Tracer(tracerName).Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(tracing.KeyTenant.String(who), tracing.KeySession.String(id.Session), tracing.KeyHost.String(host)))
+}
+
+// endSpan ends a tunnel's or request's span with its outcome (a close
+// reason, an answer's cause, "ok").
+func endSpan(span trace.Span, outcome string) {
+	span.SetAttributes(tracing.KeyOutcome.String(outcome))
+	span.End()
+}
+
+// paceWaitSpan records the wait for a paced host's slot the pick reserved,
+// as the span it will be: from now until the slot.
+func paceWaitSpan(ctx context.Context, wait time.Duration) {
+	if wait <= 0 {
+		return
+	}
+	now := time.Now()
+	_, span := tracing.Tracer(tracerName).Start(ctx, "pace wait", trace.WithTimestamp(now), trace.WithAttributes(tracing.KeyPaceWait.Float64(wait.Seconds())))
+	span.End(trace.WithTimestamp(now.Add(wait)))
 }
 
 // sleep waits d, or less when ctx ends first (then false).

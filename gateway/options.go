@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/example/egress-proxies-operator/broker"
 )
 
 // AddFlags registers the gateway's flags on o. Addr defaults to "0": no
@@ -21,6 +23,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.MaxTunnelLifetime, "gateway-max-tunnel-lifetime", DefaultMaxTunnelLifetime, "Any tunnel is closed at this age.")
 	fs.DurationVar(&o.SessionIdle, "gateway-session-idle", DefaultSessionIdle,
 		"A gateway session's route (its own proxy, its detours) is forgotten this long after its last tunnel.")
+	fs.Float64Var(&o.SessionMaxErrorScore, "gateway-session-max-error-score", broker.DefaultMaxErrorScore,
+		"A session's stint on one proxy is retired once the blocks (1 each) and push-backs (0.5) of its requests, less its successes (0.5 each), reach this: a soft session moves to another proxy, a strict one ends (Proxy-Status session_retired). 0 never retires one.")
 	o.PaceWait = DefaultPaceWait
 	fs.Var((*paceWait)(&o.PaceWait), "gateway-pace-wait",
 		"How long the gateway holds a tunnel or request for its host's next paced slot; beyond it (or with 0, at once) the client gets 429 with Retry-After and Proxy-Status.")
@@ -91,6 +95,9 @@ func (o *Options) Validate() error {
 		if d.value <= 0 {
 			errs = append(errs, fmt.Errorf("--%s must be positive, got %s", d.flag, d.value))
 		}
+	}
+	if o.SessionMaxErrorScore < 0 {
+		errs = append(errs, fmt.Errorf("--gateway-session-max-error-score must not be negative, got %g", o.SessionMaxErrorScore))
 	}
 	if o.Inspect.RootCAsFile != "" && !o.Inspect.On {
 		errs = append(errs, errors.New("--gateway-inspect-root-cas needs --gateway-inspect"))

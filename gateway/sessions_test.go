@@ -2,6 +2,7 @@ package gateway_test
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -25,6 +26,8 @@ func TestParseUsername(t *testing.T) {
 		{username: "", want: gateway.Identity{Selector: broker.Selector{}}},
 		{username: "crawler-7.geo-eu", want: gateway.Identity{Session: "crawler-7", Selector: broker.Selector{"geo": "eu"}}},
 		{username: "my-session", want: gateway.Identity{Session: "my-session", Selector: broker.Selector{}}},
+		{username: "session-7-maxuse-50-geo-eu", want: gateway.Identity{Session: "session-7", MaxUses: 50, Selector: broker.Selector{"geo": "eu"}}},
+		{username: "crawler-7.maxuse-3", want: gateway.Identity{Session: "crawler-7", MaxUses: 3, Selector: broker.Selector{}}},
 		{username: "session-7", want: gateway.Identity{Session: "session-7", Selector: broker.Selector{}}},
 		{username: "a-session-1", want: gateway.Identity{Session: "a-session-1", Selector: broker.Selector{}}},
 		{username: "session-abc-sesstime-10-strict-exclusive-geo-eu", want: gateway.Identity{Session: "session-abc", Strict: true, Exclusive: true,
@@ -44,6 +47,9 @@ func TestParseUsername(t *testing.T) {
 		{username: "session-s1-sesstime-1441", err: "whole minutes from 1 to 1440"},
 		{username: "session-s1-sesstime-ten", err: "whole minutes"},
 		{username: "session-s1-sesstime-5-sesstime-6", err: "given twice"},
+		{username: "session-s1-maxuse-0", err: "maxuse \"0\" must be a whole number of tunnels from 1 to"},
+		{username: "session-s1-maxuse-many", err: "must be a whole number of tunnels"},
+		{username: "session-s1-maxuse-2-maxuse-3", err: "maxuse is given twice"},
 		{username: "session-s1-geo", err: `key "geo" needs a value`},
 		{username: "session-s1--strict", err: "empty term"},
 		{username: "session-s1-session-s2", err: "names a session twice"},
@@ -239,4 +245,106 @@ func (f *fixture) apiLease(t *testing.T, body string) (int, http.Header) {
 	require.NoError(t, err)
 	_ = resp.Body.Close()
 	return resp.StatusCode, resp.Header
+}
+
+// TestSessionsRetireThemselves: a session whose requests keep being
+// refused is retired, as Crawlee's SessionPool retires one past its error
+// score: a soft session moves to another proxy and a strict one ends, and
+// the client is told either way (X-Session-Retired on the answer it reads,
+// Proxy-Status details session_retired). Refusals the gateway sees count
+// (plain HTTP), and so do a client's reports of what its tunnels met; a
+// usage cap (maxuse) retires a stint after that many tunnels.
+func TestSessionsRetireThemselves(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	f := newFixtureOn(t, gateway.Options{SessionMaxErrorScore: broker.DefaultMaxErrorScore}, clk)
+	f.plain.mu.Lock()
+	f.plain.forbidFirst = true // the site bans the first proxy that comes
+	f.plain.mu.Unlock()
+
+	// A soft session on plain HTTP: three 403s reach the score; the fourth
+	// request starts a new stint on another proxy, and says so.
+	c, _ := f.client("crawler-7")
+	type seen struct {
+		StatusCode int
+		Header     http.Header
+	}
+	var answers []seen
+	for range 4 {
+		resp, err := c.Get(f.plain.srv.URL + "/page")
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		answers = append(answers, seen{resp.StatusCode, resp.Header})
+	}
+	banned := answers[0].Header.Get(gateway.HeaderUpstream)
+	for i, resp := range answers[:3] {
+		assert.Equal(t, http.StatusForbidden, resp.StatusCode, "request %d", i)
+		assert.Equal(t, banned, resp.Header.Get(gateway.HeaderUpstream), "sticky until retired")
+		assert.Empty(t, resp.Header.Get(gateway.HeaderSessionRetired))
+	}
+	moved := answers[3]
+	assert.Equal(t, http.StatusOK, moved.StatusCode)
+	assert.NotEqual(t, banned, moved.Header.Get(gateway.HeaderUpstream), "a retired stint moves to another proxy")
+	assert.Equal(t, broker.RetiredErrors, moved.Header.Get(gateway.HeaderSessionRetired), "and the client is told")
+	assert.Contains(t, moved.Header.Get("Proxy-Status"), `details="session_retired: the session's last stint was retired (error_score)`)
+	resp, err := c.Get(f.plain.srv.URL + "/page")
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	assert.Equal(t, moved.Header.Get(gateway.HeaderUpstream), resp.Header.Get(gateway.HeaderUpstream), "the new stint sticks")
+	assert.Empty(t, resp.Header.Get(gateway.HeaderSessionRetired), "told once")
+
+	// A strict session on the banned proxy (the only healthy one for the
+	// moment) ends instead.
+	for _, id := range f.proxies {
+		if id != banned {
+			f.setHealth(t, id, false)
+		}
+	}
+	strict, _ := f.client("team-session-s9-strict")
+	resp, err = strict.Get(f.plain.srv.URL + "/page")
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	require.Equal(t, banned, resp.Header.Get(gateway.HeaderUpstream))
+	for _, id := range f.proxies {
+		f.setHealth(t, id, true)
+	}
+	for range 2 {
+		resp, err := strict.Get(f.plain.srv.URL + "/page")
+		require.NoError(t, err)
+		_ = resp.Body.Close()
+		require.Equal(t, http.StatusForbidden, resp.StatusCode)
+	}
+	resp, err = strict.Get(f.plain.srv.URL + "/page")
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	assert.Equal(t, http.StatusBadGateway, resp.StatusCode, "a retired strict session ends")
+	assert.Contains(t, resp.Header.Get("Proxy-Status"), `details="session_retired: strict session`)
+	assert.Contains(t, resp.Header.Get("Proxy-Status"), "its requests were refused too often")
+
+	// Over CONNECT the gateway sees nothing; the client's reports score
+	// the session (each burst once: reports 10 s apart).
+	target := f.sites[0].srv.Listener.Addr().String()
+	first := rawConnect(t, f.gwAddr, target, basic("session-r1", token))
+	require.Equal(t, http.StatusOK, first.StatusCode)
+	for range 3 {
+		f.reportSession(t, "session-r1", "blocked", f.sites[0].host(), 0)
+		clk.Step(broker.SessionReportWindow)
+	}
+	next := rawConnect(t, f.gwAddr, target, basic("session-r1", token))
+	require.Equal(t, http.StatusOK, next.StatusCode)
+	assert.NotEqual(t, first.Header.Get(gateway.HeaderUpstream), next.Header.Get(gateway.HeaderUpstream))
+	assert.Equal(t, broker.RetiredErrors, next.Header.Get(gateway.HeaderSessionRetired), "the CONNECT reply says so")
+
+	// maxuse-2: two tunnels on a stint, the third starts a new one.
+	var ups []string
+	for range 3 {
+		resp := rawConnect(t, f.gwAddr, f.sites[1].srv.Listener.Addr().String(), basic("session-u1-maxuse-2", token))
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		ups = append(ups, resp.Header.Get(gateway.HeaderUpstream))
+		if len(ups) == 3 {
+			assert.Equal(t, broker.RetiredUses, resp.Header.Get(gateway.HeaderSessionRetired))
+		}
+	}
+	assert.Equal(t, ups[0], ups[1])
+	assert.NotEqual(t, ups[1], ups[2], "a new proxy after two tunnels")
 }

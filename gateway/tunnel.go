@@ -16,11 +16,14 @@ import (
 	"syscall"
 	"time"
 
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/example/egress-proxies-operator/broker"
 	"github.com/example/egress-proxies-operator/lease"
 	"github.com/example/egress-proxies-operator/tenant"
+	"github.com/example/egress-proxies-operator/tracing"
 )
 
 // Why a tunnel ended, for the metrics.
@@ -44,11 +47,13 @@ type tunnel struct {
 	// moved counts the bytes carried both ways, for the tenant's quota;
 	// counted is what of it was counted toward the quota (under meterMu),
 	// metered whether its tenant has a bytes-per-day limit at all.
-	moved   atomic.Int64
-	who     *tenant.Tenant
-	metered bool
-	meterMu sync.Mutex
-	counted int64
+	moved atomic.Int64
+	// up and down are the bytes each way, for the tunnel's span.
+	sentUp, sentDown atomic.Int64
+	who              *tenant.Tenant
+	metered          bool
+	meterMu          sync.Mutex
+	counted          int64
 	// ledgerUntil is how far its ledger records say it holds its IP (only
 	// the renew loop reads and writes it).
 	ledgerUntil time.Time
@@ -85,6 +90,8 @@ type tunnel struct {
 	// inspected: the gateway terminates the client's TLS and carries each
 	// request on a lease of its own (inspect.go); the tunnel holds none.
 	inspected bool
+	// span is the tunnel's trace span, ended when it closes.
+	span trace.Span
 }
 
 // clientCuts reads a client write: where in it requests begin that must
@@ -134,7 +141,9 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 		g.inspectTunnel(w, r, id, hostport)
 		return
 	}
+	ctx, span := startSpan(ctx, "gateway tunnel", id, host)
 	if !g.takeSlot(ctx) {
+		endSpan(span, CauseBusy)
 		g.busy(w, r)
 		return
 	}
@@ -142,9 +151,12 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 	upstream, up, last, err := g.connectAny(ctx, id, host, hostport)
 	if err != nil {
 		g.freeSlot()
-		pickAnswer(err, last).write(w, r)
+		a := pickAnswer(err, last)
+		endSpan(span, a.cause)
+		a.write(w, r)
 		return
 	}
+	span.SetAttributes(tracing.KeyProxy.String(up.ProxyID), tracing.KeyExitIP.String(up.ExitIP))
 	connectDuration.Observe(time.Since(start).Seconds())
 	// From here the tunnel's context outlives the request's.
 	bg := logf.IntoContext(context.Background(), logf.FromContext(ctx))
@@ -152,6 +164,7 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 		_ = upstream.conn.Close()
 		g.opts.Upstreams.ReleaseTunnel(bg, up.LeaseID, id.Session, 0)
 		g.freeSlot()
+		endSpan(span, closedError)
 	}
 	hj, ok := w.(http.Hijacker)
 	if !ok {
@@ -184,6 +197,7 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 	t.ledgerUntil = up.LedgerUntil
 	t.firstSlot = upstream.slot
 	t.closed, t.cancel = context.WithCancel(bg)
+	t.span = span
 	if up.Paced {
 		t.pace = func() bool { return g.paceTurn(t.closed, t) }
 	}
@@ -232,6 +246,9 @@ func connectReply(up broker.Upstream) string {
 	if up.ExitIP != "" {
 		reply += HeaderExitIP + ": " + up.ExitIP + "\r\n"
 	}
+	if up.Retired != "" {
+		reply += HeaderSessionRetired + ": " + up.Retired + "\r\n"
+	}
 	return reply + "Proxy-Status: " + servedStatus(up) + "\r\n\r\n"
 }
 
@@ -246,6 +263,7 @@ func (g *Gateway) tunnelRequest(id Identity, host string, avoid []string) broker
 	return broker.TunnelRequest{
 		Tenant: id.Tenant, Session: id.Session, Strict: id.Strict, Lifetime: id.Lifetime, Exclusive: id.Exclusive,
 		Selector: id.Selector, Host: host, Avoid: avoid, TTL: g.opts.LeaseTTL, SessionIdle: g.opts.SessionIdle,
+		MaxErrorScore: g.opts.SessionMaxErrorScore, MaxUses: id.MaxUses,
 	}
 }
 
@@ -258,6 +276,8 @@ func (g *Gateway) carry(ctx context.Context, t *tunnel, early, pending []byte) {
 	defer g.unregister(t)
 	defer func() { g.opts.Upstreams.ReleaseTunnel(ctx, t.up.LeaseID, t.name, t.moved.Load()) }()
 	t.run(early, pending)
+	t.span.SetAttributes(tracing.KeyBytesUp.Int64(t.sentUp.Load()), tracing.KeyBytesDown.Int64(t.sentDown.Load()))
+	endSpan(t.span, t.reason)
 	t.account(1)
 	tunnelsClosed.WithLabelValues(t.reason).Inc()
 	tunnelDuration.Observe(time.Since(t.started).Seconds())
@@ -282,6 +302,7 @@ func (g *Gateway) connectAny(ctx context.Context, id Identity, host, hostport st
 		// client's handshake goes) meanwhile, and the client's turn that
 		// may carry the request waits for it (tunnel.await).
 		slot := time.Now().Add(up.Wait)
+		paceWaitSpan(ctx, up.Wait)
 		d, f := g.connect(ctx, up, hostport)
 		if f == nil {
 			d.slot = slot
@@ -325,7 +346,14 @@ type dialed struct {
 
 // connect opens a tunnel through one upstream: a CONNECT with the
 // upstream's credentials, and its 200; or how it failed.
-func (g *Gateway) connect(ctx context.Context, up broker.Upstream, hostport string) (dialed, *failure) {
+func (g *Gateway) connect(ctx context.Context, up broker.Upstream, hostport string) (_ dialed, f *failure) {
+	ctx, span := tracing.Tracer(tracerName).Start(ctx, "upstream connect", trace.WithAttributes(tracing.KeyProxy.String(up.ProxyID)))
+	defer func() {
+		if f != nil {
+			span.SetStatus(codes.Error, f.reason+": "+f.err.Error())
+		}
+		span.End()
+	}()
 	failed := func(reason string, status int, err error) (dialed, *failure) {
 		return dialed{}, &failure{proxy: up.ProxyID, reason: reason, status: status, err: err}
 	}
@@ -393,9 +421,9 @@ func (t *tunnel) run(early, pendingDown []byte) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t.pipe(up, t.client, early, both{bytesTotal.WithLabelValues(directionUp), &t.moved, t.account}, true, nil)
+		t.pipe(up, t.client, early, both{bytesTotal.WithLabelValues(directionUp), &t.moved, &t.sentUp, t.account}, true, nil)
 	}()
-	t.pipe(t.client, up, pendingDown, both{bytesTotal.WithLabelValues(directionDown), &t.moved, t.account}, false, func() { t.answers.Add(1) })
+	t.pipe(t.client, up, pendingDown, both{bytesTotal.WithLabelValues(directionDown), &t.moved, &t.sentDown, t.account}, false, func() { t.answers.Add(1) })
 	<-done
 	t.close(closedDone)
 }
@@ -426,14 +454,15 @@ type counter interface{ Add(float64) }
 // both counts a direction's bytes in the metric and the tunnel's total,
 // and has the total counted toward the tenant's quota every chunk.
 type both struct {
-	metric  counter
-	total   *atomic.Int64
-	account func(least int64)
+	metric           counter
+	total, direction *atomic.Int64
+	account          func(least int64)
 }
 
 func (b both) Add(n float64) {
 	b.metric.Add(n)
 	b.total.Add(int64(n))
+	b.direction.Add(int64(n))
 	if b.account != nil {
 		b.account(chunk)
 	}

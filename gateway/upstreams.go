@@ -32,6 +32,9 @@ type Upstreams interface {
 	// answer Squid marks X-Squid-Error) never comes here: it says nothing
 	// of the site.
 	Refused(ctx context.Context, who *tenant.Tenant, proxy, host string, limited bool, retryAfter time.Duration)
+	// MarkSession scores the session's stint on proxy by the result of an
+	// answer the gateway saw (broker.ScoreOf); session "" does nothing.
+	MarkSession(ctx context.Context, session, proxy, result string)
 	// Admit checks a tenant's tunnels-per-second and bytes-per-day quota
 	// before a tunnel or request (a *broker.QuotaError when over).
 	Admit(ctx context.Context, who *tenant.Tenant) error

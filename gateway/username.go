@@ -20,6 +20,9 @@ type Identity struct {
 	Strict    bool
 	Lifetime  time.Duration
 	Exclusive bool
+	// MaxUses retires the session's stint on one proxy after that many
+	// tunnels (maxuse; zero: no cap).
+	MaxUses int64
 	// Selector restricts the upstreams, as a lease's selector does.
 	Selector broker.Selector
 	// Inspect asks the gateway to inspect the client's tunnels (terminate
@@ -29,6 +32,13 @@ type Identity struct {
 	// username): tunnels go only through proxies it may lease.
 	Tenant *tenant.Tenant
 }
+
+// usesKey caps a session's tunnels on one proxy (Crawlee's
+// maxUsageCount): past it, the stint is retired.
+const usesKey = "maxuse"
+
+// MaxSessionUses is the largest maxuse a username may give.
+const MaxSessionUses = 1_000_000
 
 // Session lifetimes a username may ask for, in minutes (sesstime).
 const (
@@ -63,7 +73,7 @@ const (
 //
 // The provider grammar, the one commercial proxy providers use:
 //
-//	[<anything>-]session-<id>[-sesstime-<minutes>][-strict][-exclusive][-inspect][-<key>-<value>…]
+//	[<anything>-]session-<id>[-sesstime-<minutes>][-maxuse-<n>][-strict][-exclusive][-inspect][-<key>-<value>…]
 //
 //	session-7                          session "session-7"
 //	brd-customer-acme-zone-res-session-7-country-us
@@ -84,6 +94,7 @@ const (
 //	crawler-7.geo-eu.tier=premium two terms
 //	.geo-eu  (or an empty username) no session: every tunnel rotates
 //	crawler-7.inspect             session crawler-7, inspected (Options.Inspect)
+//	crawler-7.maxuse-50           session crawler-7, a new proxy every 50 tunnels
 //
 // A term is key=value, or key-value split at its first '-' (so a key with
 // a '-' needs the '=' form, and keys with a '.' cannot be selected here).
@@ -113,6 +124,12 @@ func ParseUsername(username string) (Identity, error) {
 		}
 		if !ok || key == "" || value == "" {
 			return Identity{}, fmt.Errorf("selector term %q must be key-value or key=value", term)
+		}
+		if key == usesKey {
+			if err := id.maxUses(value); err != nil {
+				return Identity{}, err
+			}
+			continue
 		}
 		if err := id.term(key, value); err != nil {
 			return Identity{}, err
@@ -191,6 +208,12 @@ func (id *Identity) parseProvider(tokens []string, at int) error {
 			id.Lifetime = lifetime
 			continue
 		}
+		if key == usesKey {
+			if err := id.maxUses(value); err != nil {
+				return err
+			}
+			continue
+		}
 		if _, ok := sessionKeys[key]; ok {
 			return fmt.Errorf("username %q names a session twice", strings.Join(tokens, "-"))
 		}
@@ -198,6 +221,19 @@ func (id *Identity) parseProvider(tokens []string, at int) error {
 			return err
 		}
 	}
+	return nil
+}
+
+// maxUses reads the value of maxuse.
+func (id *Identity) maxUses(value string) error {
+	if id.MaxUses > 0 {
+		return fmt.Errorf("%s is given twice", usesKey)
+	}
+	n, err := strconv.ParseInt(value, 10, 64)
+	if err != nil || n < 1 || n > MaxSessionUses {
+		return fmt.Errorf("%s %q must be a whole number of tunnels from 1 to %d", usesKey, value, MaxSessionUses)
+	}
+	id.MaxUses = n
 	return nil
 }
 

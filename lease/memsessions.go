@@ -21,7 +21,7 @@ func (m *MemoryStore) Route(_ context.Context, session, host string) (Route, err
 	if !ok {
 		return Route{}, nil
 	}
-	return Route{Own: sess.own, Detour: sess.detours[host], Since: sess.since, IP: sess.ip, Hold: sess.hold}, nil
+	return Route{Own: sess.own, Detour: sess.detours[host], Since: sess.since, IP: sess.ip, Hold: sess.hold, Score: sess.score, Uses: sess.uses}, nil
 }
 
 // SetRoute implements Store.
@@ -37,9 +37,10 @@ func (m *MemoryStore) SetRoute(_ context.Context, session, host string, set Rout
 	}
 	if own {
 		if sess.own != proxy || set.Fresh {
-			sess.since, sess.ip, sess.hold = now, set.IP, set.Hold
+			sess.since, sess.ip, sess.hold, sess.score, sess.uses = now, set.IP, set.Hold, 0, 0
 		}
 		sess.own = proxy
+		sess.uses++
 		delete(sess.detours, host)
 	} else {
 		sess.detours[host] = proxy
@@ -74,11 +75,13 @@ func (m *MemoryStore) ReportSession(_ context.Context, r SessionReport) (string,
 		if out, ok := outcomeOf(result, r.Reporter, r.Client); ok {
 			m.recordLocked(proxy, target, out, now)
 		}
+		sess.mark(proxy, r.Score)
 		return proxy, nil
 	}
 	if last, ok := sess.reported[target]; ok && now.Sub(last.at) < r.Window {
 		return last.proxy, nil
 	}
+	sess.mark(proxy, r.Score)
 	sess.reported[target] = sessionReport{at: now, proxy: proxy}
 	sweep(sess.reported, &sess.reportedSweep, minSessionReports, func(rep sessionReport) bool { return now.Sub(rep.at) >= r.Window })
 	if r.Cooldown > 0 {
@@ -87,4 +90,24 @@ func (m *MemoryStore) ReportSession(_ context.Context, r SessionReport) (string,
 	out, _ := outcomeOf(result, r.Reporter, r.Client)
 	m.recordLocked(proxy, target, out, now)
 	return proxy, nil
+}
+
+// MarkSession implements Store.
+func (m *MemoryStore) MarkSession(_ context.Context, session, proxy string, delta float64) (float64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.expireLocked()
+	sess, ok := m.sessions[session]
+	if !ok {
+		return 0, ErrSessionNotFound
+	}
+	sess.mark(proxy, delta)
+	return sess.score, nil
+}
+
+// mark adds delta to the stint's error score when proxy is its own.
+func (s *memSession) mark(proxy string, delta float64) {
+	if proxy == s.own {
+		s.score = max(0, s.score+delta)
+	}
 }

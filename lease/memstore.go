@@ -80,9 +80,11 @@ type usageCount struct {
 type memSession struct {
 	name string
 	own  string
-	// since, ip, hold: the stint on own (Route).
+	// since, ip, hold, score, uses: the stint on own (Route).
 	since    time.Time
 	ip, hold string
+	score    float64
+	uses     int64
 	detours  map[string]string // host -> proxy
 	// reported: host -> the last rate_limited report that cooled a proxy;
 	// those past their window are swept once it doubles.

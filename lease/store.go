@@ -81,6 +81,11 @@ type Route struct {
 	IP string
 	// Hold is the exclusive lease holding Own for the session ("": none).
 	Hold string
+	// Score is the stint's error score (what its requests' refusals
+	// added, less what its successes took away; never below 0), and Uses
+	// the tunnels it has carried: a session past its limits is retired.
+	Score float64
+	Uses  int64
 }
 
 // RouteSet is what SetRoute records of one tunnel of a session.
@@ -108,6 +113,11 @@ type RouteSet struct {
 type SessionReport struct {
 	Session, Reporter, Result, Target, Client string
 	Cooldown, Window                          time.Duration
+	// Score is added to the error score of the session's stint when the
+	// report counts (it is not the same burst as the last) and is about
+	// the session's own proxy, not a host's detour; the score never goes
+	// below 0.
+	Score float64
 }
 
 // Limit caps the live leases taken under one key (a tenant's leases, or
@@ -408,8 +418,9 @@ type Store interface {
 	Route(ctx context.Context, session, host string) (Route, error)
 	// SetRoute records that a session's tunnel to host went through
 	// set.Proxy (RouteSet). A new stint on the session's own proxy (another
-	// proxy, or Fresh) records Since, IP and Hold anew; the same proxy
-	// keeps them.
+	// proxy, or Fresh) records Since, IP and Hold anew and starts its Score
+	// and Uses from 0; the same proxy keeps them. Every tunnel through the
+	// own proxy counts one use.
 	SetRoute(ctx context.Context, session, host string, set RouteSet) error
 	// ReportSession records the outcome of a session's requests to target
 	// (SessionReport):
@@ -421,6 +432,11 @@ type Store interface {
 	// first one did. reporter is the session's tenant (Outcome.Reporter).
 	// It returns that proxy, or ErrSessionNotFound.
 	ReportSession(ctx context.Context, r SessionReport) (string, error)
+	// MarkSession adds delta to the error score of session's stint when
+	// proxy is the session's own (a detour's answers are not the stint's),
+	// never below 0, and returns the score; ErrSessionNotFound for a
+	// session that has not tunnelled lately.
+	MarkSession(ctx context.Context, session, proxy string, delta float64) (float64, error)
 	// Slot reserves proxy's next request slot for target under p (its
 	// pace per (proxy, host) and the fleet's, slowed to target's learned
 	// pace when adaptive) when it comes within maxWait, and says how long

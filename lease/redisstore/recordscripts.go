@@ -15,15 +15,16 @@ import (
 // setRouteScript: ARGV[3] the session, ARGV[4] host, ARGV[5] proxy,
 // ARGV[6] 1 for the session's own proxy, 0 for host's detour, ARGV[7] idle
 // ms, ARGV[8] 1 for a fresh stint, ARGV[9] and ARGV[10] the stint's IP
-// and hold.
+// and hold. A tunnel through the own proxy counts one use of the stint.
 var setRouteScript = redis.NewScript(preamble + `
 local key = P .. 'session:' .. ARGV[3]
 if ARGV[6] == '1' then
   local cur = redis.call('HGET', key, 'own')
   if cur ~= ARGV[5] or ARGV[8] == '1' then
-    redis.call('HSET', key, 'since', now, 'ip', ARGV[9], 'hold', ARGV[10])
+    redis.call('HSET', key, 'since', now, 'ip', ARGV[9], 'hold', ARGV[10], 'score', 0, 'uses', 0)
   end
   redis.call('HSET', key, 'own', ARGV[5])
+  redis.call('HINCRBY', key, 'uses', 1)
   redis.call('HDEL', key, 'd:' .. ARGV[4])
 else
   redis.call('HSET', key, 'd:' .. ARGV[4], ARGV[5])
@@ -34,20 +35,46 @@ return 1
 `)
 
 // routeScript: ARGV[3] the session, ARGV[4] host. Returns {own, detour,
-// since, ip, hold}, empty for none.
+// since, ip, hold, score, uses}, empty for none.
 var routeScript = redis.NewScript(preamble + `
-local r = redis.call('HMGET', P .. 'session:' .. ARGV[3], 'until', 'own', 'd:' .. ARGV[4], 'since', 'ip', 'hold')
-if not r[1] or tonumber(r[1]) <= now then return {'', '', '', '', ''} end
-return {r[2] or '', r[3] or '', r[4] or '', r[5] or '', r[6] or ''}
+local r = redis.call('HMGET', P .. 'session:' .. ARGV[3], 'until', 'own', 'd:' .. ARGV[4], 'since', 'ip', 'hold', 'score', 'uses')
+if not r[1] or tonumber(r[1]) <= now then return {'', '', '', '', '', '', ''} end
+return {r[2] or '', r[3] or '', r[4] or '', r[5] or '', r[6] or '', r[7] or '', r[8] or ''}
+`)
+
+// markSession is the Lua that adds ARGV[delta] to the error score of the
+// stint in session hash key when proxy is its own (never below 0), and
+// returns the score as a string.
+const markSession = `
+local function markSession(key, own, proxy, delta)
+  if own ~= proxy or delta == 0 then
+    return redis.call('HGET', key, 'score') or '0'
+  end
+  local score = tonumber(redis.call('HINCRBYFLOAT', key, 'score', delta))
+  if score < 0 then
+    redis.call('HSET', key, 'score', 0)
+    return '0'
+  end
+  return tostring(score)
+end
+`
+
+// markSessionScript: ARGV[3] the session, ARGV[4] the proxy, ARGV[5] the
+// delta. Returns the score, or false for an unknown session.
+var markSessionScript = redis.NewScript(preamble + markSession + `
+local key = P .. 'session:' .. ARGV[3]
+local r = redis.call('HMGET', key, 'until', 'own')
+if not r[1] or tonumber(r[1]) <= now then return false end
+return markSession(key, r[2], ARGV[4], tonumber(ARGV[5]))
 `)
 
 // reportSessionScript: ARGV[3] the session, ARGV[4] result, ARGV[5]
 // target, ARGV[6] cooldown ms, ARGV[7] the same-burst window ms, ARGV[8]
-// the reporter (the session's tenant), ARGV[9] the client's fingerprint.
-// Returns
-// the proxy the session's requests to target went through, or an empty
+// the reporter (the session's tenant), ARGV[9] the client's fingerprint,
+// ARGV[10] what the report adds to the stint's error score. Returns the
+// proxy the session's requests to target went through, or an empty
 // string for an unknown session.
-var reportSessionScript = redis.NewScript(preamble + cool + outcomes + `
+var reportSessionScript = redis.NewScript(preamble + cool + outcomes + markSession + `
 local key = P .. 'session:' .. ARGV[3]
 local r = redis.call('HMGET', key, 'until', 'own', 'd:' .. ARGV[5], 'r:' .. ARGV[5])
 if not r[1] or tonumber(r[1]) <= now then return '' end
@@ -55,6 +82,7 @@ local proxy = r[3] or r[2]
 if not proxy then return '' end
 if ARGV[4] ~= 'rate_limited' and ARGV[4] ~= 'blocked' then
   if ARGV[4] == 'ok' then recordOutcome(proxy, ARGV[5], false, 'report', false, ARGV[8], ARGV[9]) end
+  markSession(key, r[2], proxy, tonumber(ARGV[10]))
   return proxy
 end
 if r[4] then
@@ -63,6 +91,7 @@ if r[4] then
     return string.sub(r[4], sep + 1)
   end
 end
+markSession(key, r[2], proxy, tonumber(ARGV[10]))
 redis.call('HSET', key, 'r:' .. ARGV[5], now .. '|' .. proxy)
 if tonumber(ARGV[6]) > 0 then cool(proxy, ARGV[5], tonumber(ARGV[6])) end
 recordOutcome(proxy, ARGV[5], true, 'report', ARGV[4] == 'rate_limited', ARGV[8], ARGV[9])

@@ -349,10 +349,20 @@ func (s *Store) Route(ctx context.Context, session, host string) (lease.Route, e
 	if err != nil {
 		return lease.Route{}, fmt.Errorf("route script: %w", err)
 	}
-	if len(vals) != 5 {
-		return lease.Route{}, fmt.Errorf("route script: %d values, want 5", len(vals))
+	if len(vals) != 7 {
+		return lease.Route{}, fmt.Errorf("route script: %d values, want 7", len(vals))
 	}
 	r := lease.Route{Own: vals[0], Detour: vals[1], IP: vals[3], Hold: vals[4]}
+	if vals[5] != "" {
+		if r.Score, err = strconv.ParseFloat(vals[5], 64); err != nil {
+			return lease.Route{}, fmt.Errorf("route script: score %q: %w", vals[5], err)
+		}
+	}
+	if vals[6] != "" {
+		if r.Uses, err = strconv.ParseInt(vals[6], 10, 64); err != nil {
+			return lease.Route{}, fmt.Errorf("route script: uses %q: %w", vals[6], err)
+		}
+	}
 	if vals[2] != "" {
 		ms, err := strconv.ParseInt(vals[2], 10, 64)
 		if err != nil {
@@ -379,7 +389,8 @@ func (s *Store) SetRoute(ctx context.Context, session, host string, set lease.Ro
 
 // ReportSession implements lease.Store.
 func (s *Store) ReportSession(ctx context.Context, r lease.SessionReport) (string, error) {
-	proxy, err := s.run(ctx, reportSessionScript, r.Session, r.Result, r.Target, r.Cooldown.Milliseconds(), r.Window.Milliseconds(), r.Reporter, r.Client).Text()
+	proxy, err := s.run(ctx, reportSessionScript, r.Session, r.Result, r.Target, r.Cooldown.Milliseconds(), r.Window.Milliseconds(), r.Reporter, r.Client,
+		strconv.FormatFloat(r.Score, 'f', -1, 64)).Text()
 	if err != nil {
 		return "", fmt.Errorf("report session script: %w", err)
 	}
@@ -387,6 +398,18 @@ func (s *Store) ReportSession(ctx context.Context, r lease.SessionReport) (strin
 		return "", lease.ErrSessionNotFound
 	}
 	return proxy, nil
+}
+
+// MarkSession implements lease.Store.
+func (s *Store) MarkSession(ctx context.Context, session, proxy string, delta float64) (float64, error) {
+	score, err := s.run(ctx, markSessionScript, session, proxy, strconv.FormatFloat(delta, 'f', -1, 64)).Text()
+	if errors.Is(err, redis.Nil) {
+		return 0, lease.ErrSessionNotFound
+	}
+	if err != nil {
+		return 0, fmt.Errorf("mark session script: %w", err)
+	}
+	return strconv.ParseFloat(score, 64)
 }
 
 // loadsChunk bounds one script's proxies, so that listing a large fleet

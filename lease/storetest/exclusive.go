@@ -171,5 +171,5 @@ func sessionStints(t *testing.T, h Harness) {
 	set(lease.RouteSet{Proxy: "p3", Own: true, IP: "192.0.2.3", Hold: "h3"})
 	r = route()
 	assert.InDelta(t, (3 * time.Minute).Seconds(), r.Since.Sub(first.Since).Seconds(), 1, "another proxy: a new stint")
-	assert.Equal(t, lease.Route{Own: "p3", Since: r.Since, IP: "192.0.2.3", Hold: "h3"}, r)
+	assert.Equal(t, lease.Route{Own: "p3", Since: r.Since, IP: "192.0.2.3", Hold: "h3", Uses: 1}, r)
 }

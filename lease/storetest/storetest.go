@@ -78,6 +78,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"Exclusive", exclusive},
 		{"ExclusiveConcurrently", exclusiveConcurrently},
 		{"SessionStints", sessionStints},
+		{"SessionScores", sessionScores},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.test(t, newHarness(t)) })
@@ -468,4 +469,60 @@ func sessions(t *testing.T, h Harness) {
 	assert.Equal(t, lease.Route{}, hops(route("s1", "shop.example")), "idle for 11 minutes")
 	_, err = h.Store.ReportSession(ctx, lease.SessionReport{Session: "s1", Reporter: "platform", Result: lease.ResultRateLimited, Target: "shop.example", Cooldown: time.Minute, Window: time.Second})
 	require.ErrorIs(t, err, lease.ErrSessionNotFound)
+}
+
+// sessionScores: a stint's error score and uses, from reports and marks,
+// on either replica; only the session's own proxy's answers count; a new
+// stint starts from nothing.
+func sessionScores(t *testing.T, h Harness) {
+	ctx := context.Background()
+	store, replica := h.replicas()[0], h.replicas()[1]
+	route := func() lease.Route {
+		t.Helper()
+		r, err := replica.Route(ctx, "s1", "shop.example")
+		require.NoError(t, err)
+		return r
+	}
+	_, err := store.MarkSession(ctx, "s1", "p1", 1)
+	require.ErrorIs(t, err, lease.ErrSessionNotFound)
+
+	for range 3 {
+		require.NoError(t, store.SetRoute(ctx, "s1", "shop.example", lease.RouteSet{Proxy: "p1", Own: true, Idle: 10 * time.Minute}))
+	}
+	assert.Equal(t, int64(3), route().Uses, "three tunnels on the stint")
+	assert.Zero(t, route().Score)
+
+	score, err := replica.MarkSession(ctx, "s1", "p1", 1)
+	require.NoError(t, err)
+	assert.InDelta(t, 1.0, score, 1e-9)
+	score, err = store.MarkSession(ctx, "s1", "p9", 1)
+	require.NoError(t, err)
+	assert.InDelta(t, 1.0, score, 1e-9, "another proxy's answer is not the stint's")
+	report := lease.SessionReport{Session: "s1", Reporter: "platform", Result: lease.ResultRateLimited, Target: "shop.example", Window: time.Minute, Score: 0.5}
+	_, err = store.ReportSession(ctx, report)
+	require.NoError(t, err)
+	_, err = store.ReportSession(ctx, report)
+	require.NoError(t, err)
+	assert.InDelta(t, 1.5, route().Score, 1e-9, "the same burst counts once")
+	_, err = store.ReportSession(ctx, lease.SessionReport{Session: "s1", Reporter: "platform", Result: lease.ResultOK, Target: "shop.example", Window: time.Minute, Score: -0.5})
+	require.NoError(t, err)
+	assert.InDelta(t, 1.0, route().Score, 1e-9, "a success decays it")
+	score, err = store.MarkSession(ctx, "s1", "p1", -5)
+	require.NoError(t, err)
+	assert.Zero(t, score, "never below 0")
+
+	// A detour's refusals are the detour's.
+	require.NoError(t, store.SetRoute(ctx, "s1", "news.example", lease.RouteSet{Proxy: "p2", Own: false, Idle: 10 * time.Minute}))
+	_, err = store.ReportSession(ctx, lease.SessionReport{Session: "s1", Reporter: "platform", Result: lease.ResultBlocked, Target: "news.example", Window: time.Minute, Score: 1})
+	require.NoError(t, err)
+	assert.Zero(t, route().Score)
+
+	_, err = store.MarkSession(ctx, "s1", "p1", 2)
+	require.NoError(t, err)
+	require.NoError(t, store.SetRoute(ctx, "s1", "shop.example", lease.RouteSet{Proxy: "p3", Own: true, Idle: 10 * time.Minute}))
+	r := route()
+	assert.Zero(t, r.Score, "a new stint starts clean")
+	assert.Equal(t, int64(1), r.Uses)
+	require.NoError(t, store.SetRoute(ctx, "s1", "shop.example", lease.RouteSet{Proxy: "p3", Own: true, Fresh: true, Idle: 10 * time.Minute}))
+	assert.Equal(t, int64(1), route().Uses, "so does a fresh one on the same proxy")
 }

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -41,6 +42,7 @@ import (
 	"github.com/example/egress-proxies-operator/providers/gcp"
 	"github.com/example/egress-proxies-operator/providers/kubernetes"
 	"github.com/example/egress-proxies-operator/test/testenv"
+	"github.com/example/egress-proxies-operator/tracing"
 )
 
 const (
@@ -400,6 +402,7 @@ func TestChartDefaultsAreTheOperatorsDefaults(t *testing.T) {
 	var gw struct {
 		Gateway struct {
 			MaxTunnels, Attempts                                        int
+			SessionMaxErrorScore                                        float64
 			ConnectTimeout, IdleTimeout, MaxTunnelLifetime, SessionIdle string
 			PaceWait, PacedTunnelLifetime                               string
 		}
@@ -407,6 +410,7 @@ func TestChartDefaultsAreTheOperatorsDefaults(t *testing.T) {
 	require.NoError(t, yaml.Unmarshal(repoFile(t, chartDir+"/values.yaml"), &gw))
 	assert.Equal(t, gateway.DefaultMaxTunnels, gw.Gateway.MaxTunnels)
 	assert.Equal(t, gateway.DefaultAttempts, gw.Gateway.Attempts)
+	assert.InDelta(t, broker.DefaultMaxErrorScore, gw.Gateway.SessionMaxErrorScore, 0)
 	op := values.Operator
 	for _, d := range []struct {
 		value string
@@ -968,4 +972,23 @@ func TestChartGeoIP(t *testing.T) {
 	require.ErrorContains(t, err, "geoip.volume must say where geoip.files are")
 	_, err = chartInstall{set: map[string]any{"geoip": map[string]any{"files": []any{"/etc/passwd"}}}}.render(t)
 	require.Error(t, err, "a file is a name in the volume, not a path")
+}
+
+// TestChartTracing: an OTLP endpoint turns traces on with the chart's
+// sample ratio (the operator's default); none leaves the flags out; a
+// ratio above one is refused.
+func TestChartTracing(t *testing.T) {
+	var deploy appsv1.Deployment
+	require.True(t, chartInstall{}.mustRender(t).objects.one(t, "Deployment", &deploy))
+	for _, a := range deploy.Spec.Template.Spec.Containers[0].Args {
+		assert.NotContains(t, a, "--otlp-endpoint", "no endpoint, no traces")
+	}
+	on := map[string]any{"tracing": map[string]any{"otlpEndpoint": "http://otel-collector.monitoring:4318"}}
+	require.True(t, chartInstall{set: on}.mustRender(t).objects.one(t, "Deployment", &deploy))
+	assert.Equal(t, "http://otel-collector.monitoring:4318", managerArg(t, deploy, "--otlp-endpoint"))
+	ratio, err := strconv.ParseFloat(managerArg(t, deploy, "--trace-sample-ratio"), 64)
+	require.NoError(t, err)
+	assert.InDelta(t, tracing.DefaultSampleRatio, ratio, 0, "the chart's default is the operator's")
+	_, err = chartInstall{set: map[string]any{"tracing": map[string]any{"otlpEndpoint": "http://c:4318", "sampleRatio": 2}}}.render(t)
+	require.Error(t, err)
 }

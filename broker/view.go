@@ -55,8 +55,8 @@ type entry struct {
 	hasCreds bool
 }
 
-// exitIP is where sites see e's requests come from: its egress IP when
-// the health engine learnt one, else its own.
+// exitIP is where sites see e's requests come from (Proxy.ExitIP, from
+// the fields the entry keeps).
 func (e *entry) exitIP() string {
 	if e.egress != "" {
 		return e.egress
@@ -203,23 +203,7 @@ const (
 	// attrPool is the name of the ProxyPool a member belongs to, so
 	// crawlers lease from a pool by name.
 	attrPool = "pool"
-	// Where the geo database places the exit IP (status.geo), unless the
-	// spec declares them: country in lower case, as the username grammar
-	// selects it.
-	attrCountry = "country"
-	attrCity    = "city"
-	attrASN     = "asn"
-	attrASNOrg  = "asnOrg"
 )
-
-// exitIPOf is where sites see p's requests come from: status.egressIP,
-// else its address.
-func exitIPOf(p *crawlv1alpha1.Proxy) string {
-	if p.Status.EgressIP != "" {
-		return p.Status.EgressIP
-	}
-	return p.Status.IP
-}
 
 func entryOf(p *crawlv1alpha1.Proxy, sets *attributeSets, clouds map[string]string) *entry {
 	attrs := make(map[string]string, len(p.Spec.Attributes)+6)
@@ -236,7 +220,7 @@ func entryOf(p *crawlv1alpha1.Proxy, sets *attributeSets, clouds map[string]stri
 			attrs[attrCloud] = cloud
 		}
 	}
-	if g := p.Status.Geo; g != nil && g.IP == exitIPOf(p) {
+	if g := p.Status.Geo; g != nil && g.IP == p.ExitIP() {
 		// Where the geo database places the exit IP, for what the spec
 		// does not declare (a declared value is the user's word; a
 		// contradiction is in status.geo.mismatch).
@@ -245,12 +229,12 @@ func entryOf(p *crawlv1alpha1.Proxy, sets *attributeSets, clouds map[string]stri
 				attrs[key] = value
 			}
 		}
-		fill(attrCountry, strings.ToLower(g.Country))
-		fill(attrCity, g.City)
+		fill(crawlv1alpha1.AttrCountry, strings.ToLower(g.Country))
+		fill(crawlv1alpha1.AttrCity, g.City)
 		if g.ASN != 0 {
-			fill(attrASN, strconv.FormatInt(g.ASN, 10))
+			fill(crawlv1alpha1.AttrASN, strconv.FormatInt(g.ASN, 10))
 		}
-		fill(attrASNOrg, g.ASNOrg)
+		fill(crawlv1alpha1.AttrASNOrg, g.ASNOrg)
 	}
 	if pl := p.Spec.Placement; pl != nil {
 		if pl.Zone != "" {

@@ -145,3 +145,13 @@ func (p *Proxy) ReadyCondition(healthy *metav1.Condition) metav1.Condition {
 func (p *Proxy) IsReady() bool {
 	return p.ReadyCondition(p.RecordedHealth()).Status == metav1.ConditionTrue
 }
+
+// ExitIP is where sites see the proxy's requests come from: the egress IP
+// the health engine learnt (status.egressIP), else its own address ("" while
+// it has none).
+func (p *Proxy) ExitIP() string {
+	if p.Status.EgressIP != "" {
+		return p.Status.EgressIP
+	}
+	return p.Status.IP
+}

@@ -73,6 +73,18 @@ const (
 	ConditionBanned = "Banned"
 )
 
+// Attribute keys the geo database fills from where it places a proxy's
+// exit IP (status.geo), for the proxies whose spec.attributes do not
+// declare them: discovery and the gateway select by them, and the geo
+// controller checks a declared country or asn against the database.
+// Country is the ISO code in lower case, as usernames select it.
+const (
+	AttrCountry = "country"
+	AttrCity    = "city"
+	AttrASN     = "asn"
+	AttrASNOrg  = "asnOrg"
+)
+
 // The field managers of Proxy and ProxyPool status: each applies (server-side
 // apply) only the fields it owns, so no two writers replace each other's.
 const (

@@ -48,7 +48,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	changed := predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
 		old, oldOK := e.ObjectOld.(*crawlv1alpha1.Proxy)
 		cur, curOK := e.ObjectNew.(*crawlv1alpha1.Proxy)
-		return !oldOK || !curOK || ExitIP(old) != ExitIP(cur) || old.Generation != cur.Generation ||
+		return !oldOK || !curOK || old.ExitIP() != cur.ExitIP() || old.Generation != cur.Generation ||
 			!equality.Semantic.DeepEqual(old.Status.Geo, cur.Status.Geo)
 	}}
 	everyProxy := source.Func(func(ctx context.Context, queue workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
@@ -92,7 +92,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	var loc geoip.Location
 	found := false
-	if ip := ExitIP(&p); ip != "" {
+	if ip := p.ExitIP(); ip != "" {
 		loc, found = r.Database.Lookup(ip)
 	}
 	want := Judge(&p, loc, found)

@@ -9,28 +9,10 @@ import (
 	"github.com/example/egress-proxies-operator/geoip"
 )
 
-// Attribute keys the geo database fills (discovery reads them from
-// status.geo) and, for country and asn, checks when a Proxy declares them.
-const (
-	AttrCountry = "country"
-	AttrCity    = "city"
-	AttrASN     = "asn"
-	AttrASNOrg  = "asnOrg"
-)
-
-// ExitIP is the address sites see p's requests come from: the egress IP
-// the health engine learnt, else its own ("" while it has none).
-func ExitIP(p *crawlv1alpha1.Proxy) string {
-	if p.Status.EgressIP != "" {
-		return p.Status.EgressIP
-	}
-	return p.Status.IP
-}
-
 // Judge is p's status.geo for what the database says of its exit IP (nil:
 // no exit IP, or the database does not know it).
 func Judge(p *crawlv1alpha1.Proxy, loc geoip.Location, found bool) *crawlv1alpha1.ProxyGeo {
-	ip := ExitIP(p)
+	ip := p.ExitIP()
 	if ip == "" || !found {
 		return nil
 	}
@@ -46,10 +28,10 @@ func Judge(p *crawlv1alpha1.Proxy, loc geoip.Location, found bool) *crawlv1alpha
 // the databases being least sure of them.
 func mismatches(p *crawlv1alpha1.Proxy, loc geoip.Location) []string {
 	var out []string
-	if declared := p.Spec.Attributes[AttrCountry]; declared != "" && loc.Country != "" && !strings.EqualFold(declared, loc.Country) {
+	if declared := p.Spec.Attributes[crawlv1alpha1.AttrCountry]; declared != "" && loc.Country != "" && !strings.EqualFold(declared, loc.Country) {
 		out = append(out, fmt.Sprintf("country %s is declared; the database places the exit IP in %s", declared, loc.Country))
 	}
-	if declared := p.Spec.Attributes[AttrASN]; declared != "" && loc.ASN != 0 {
+	if declared := p.Spec.Attributes[crawlv1alpha1.AttrASN]; declared != "" && loc.ASN != 0 {
 		if n, err := strconv.ParseUint(strings.TrimPrefix(strings.ToUpper(declared), "AS"), 10, 32); err != nil || uint32(n) != loc.ASN {
 			out = append(out, fmt.Sprintf("asn %s is declared; the database says AS%d (%s)", declared, loc.ASN, loc.ASNOrg))
 		}

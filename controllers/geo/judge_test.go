@@ -52,7 +52,7 @@ func TestJudge(t *testing.T) {
 				assert.Equal(t, c.want, got)
 				return
 			}
-			if c.found && ExitIP(c.proxy) != "" {
+			if c.found && c.proxy.ExitIP() != "" {
 				if assert.NotNil(t, got) {
 					assert.Equal(t, c.mismatch, got.Mismatch)
 				}

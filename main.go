@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/example/egress-proxies-operator/bans"
+	"github.com/example/egress-proxies-operator/broker"
 	"github.com/example/egress-proxies-operator/controllers"
 	"github.com/example/egress-proxies-operator/controllers/geo"
 	"github.com/example/egress-proxies-operator/controllers/pool"
@@ -160,6 +161,17 @@ func cloudsOf(cfg providers.Config) map[string]string {
 	for _, inst := range cfg.Providers {
 		if cloudTypes[inst.Type] {
 			out[inst.Name] = inst.Type
+		}
+	}
+	return out
+}
+
+// pricesOf is each provider instance's pricing, for the usage's cost.
+func pricesOf(cfg providers.Config) map[string]broker.Price {
+	out := map[string]broker.Price{}
+	for _, inst := range cfg.Providers {
+		if p := inst.Pricing; p != nil {
+			out[inst.Name] = broker.Price{ProxyHour: p.ProxyHour, GiB: p.GiB}
 		}
 	}
 	return out

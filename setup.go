@@ -60,7 +60,9 @@ type wiring struct {
 	mgr        manager.Manager
 	providers  providers.Set
 	// clouds: each provider instance on a cloud -> that cloud (its type).
-	clouds   map[string]string
+	clouds map[string]string
+	// prices: provider instance -> its pricing (the usage's cost).
+	prices   map[string]broker.Price
 	owner    providers.Owner
 	recorder events.EventRecorder
 	// credentialsCache holds only Secrets labelled
@@ -99,7 +101,7 @@ func newWiring(ctx context.Context, opts options, providersConfig providers.Conf
 		return nil, fmt.Errorf("adding the credentials cache: %w", err)
 	}
 	return &wiring{
-		opts: opts, restConfig: restConfig, mgr: mgr, providers: set, clouds: cloudsOf(providersConfig), owner: opts.identity.Owner(),
+		opts: opts, restConfig: restConfig, mgr: mgr, providers: set, clouds: cloudsOf(providersConfig), prices: pricesOf(providersConfig), owner: opts.identity.Owner(),
 		recorder: mgr.GetEventRecorder("egress-proxies-operator"), credentialsCache: credentialsCache,
 	}, nil
 }
@@ -310,6 +312,7 @@ func (w *wiring) setupDiscovery(ctx context.Context, engine *health.Engine) (*di
 		Clock: clock.RealClock{}, Credentials: credentials.Reader{Client: w.credentialsCache},
 		Politeness: broker.Politeness{Policies: policies, Adaptive: d.AdaptivePacing},
 		Tenants:    tenants, Quotas: quotas, TenantReviewTTL: d.TenantReviewTTL / 2, Ledger: ledger, LedgerRetention: d.LedgerRetention,
+		Prices: w.prices, UsageRetention: d.UsageRetention,
 		InspectCA: w.opts.gateway.Inspect.Authority,
 	})
 	if err := register(append(storeMetrics, server.Broker().LearnedPaceCollector(policies, w.opts.leaseStore.Timeout))...); err != nil {

@@ -138,6 +138,15 @@ func (b boundedStore) MarkSession(ctx context.Context, session, proxy string, de
 	return score, err
 }
 
+func (b boundedStore) CountUsage(ctx context.Context, k lease.UsageKey, c lease.UsageCounts, retention time.Duration) error {
+	return b.do(ctx, "count_usage", func(ctx context.Context) error { return b.store.CountUsage(ctx, k, c, retention) })
+}
+
+func (b boundedStore) ReadUsage(ctx context.Context, fromDay, toDay string) (rows map[lease.UsageKey]lease.UsageCounts, err error) {
+	err = b.do(ctx, "read_usage", func(ctx context.Context) error { rows, err = b.store.ReadUsage(ctx, fromDay, toDay); return err })
+	return rows, err
+}
+
 func (b boundedStore) Ping(ctx context.Context) error {
 	return b.do(ctx, "ping", b.store.Ping)
 }

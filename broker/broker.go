@@ -61,6 +61,11 @@ type Options struct {
 	// are kept LedgerRetention (lease.DefaultLedgerRetention when 0).
 	Ledger          lease.LedgerSink
 	LedgerRetention time.Duration
+	// Prices are each provider instance's prices, for the usage's cost
+	// figure (none: no cost); UsageRetention is how long a day's usage is
+	// kept after it ends (lease.DefaultUsageRetention when 0).
+	Prices         map[string]Price
+	UsageRetention time.Duration
 }
 
 // CredentialsLookup reads the credentials a proxy was built with.

@@ -69,6 +69,9 @@ func (b *Broker) Lease(ctx context.Context, who *tenant.Tenant, req LeaseRequest
 		return lease.Lease{}, err
 	}
 	b.record(ctx, lease.LedgerLease, lease.LedgerStart, granted, "", granted.ExpiresAt, 0)
+	// A lease's proxy time is what it holds: its TTL now, what a renewal
+	// adds, less what a release gives back.
+	b.countUsage(ctx, who.Name, target, granted.ProxyID, lease.UsageCounts{Leases: 1, ProxyMillis: granted.ExpiresAt.Sub(granted.CreatedAt).Milliseconds()})
 	return granted, nil
 }
 
@@ -89,6 +92,9 @@ func (b *Broker) Renew(ctx context.Context, who *tenant.Tenant, id string, ttl t
 		return lease.Lease{}, err
 	}
 	b.record(ctx, lease.LedgerLease, lease.LedgerRenew, renewed, "", renewed.ExpiresAt, 0)
+	if added := renewed.ExpiresAt.Sub(held.ExpiresAt); added > 0 {
+		b.countUsage(ctx, held.Holder, held.Target, held.ProxyID, lease.UsageCounts{ProxyMillis: added.Milliseconds()})
+	}
 	return renewed, nil
 }
 
@@ -107,7 +113,11 @@ func (b *Broker) Release(ctx context.Context, who *tenant.Tenant, id string) err
 		return err
 	}
 	b.revoke(ctx, held)
-	b.record(ctx, lease.LedgerLease, lease.LedgerEnd, held, "", b.opts.Clock.Now(), 0)
+	now := b.opts.Clock.Now()
+	b.record(ctx, lease.LedgerLease, lease.LedgerEnd, held, "", now, 0)
+	if unused := held.ExpiresAt.Sub(now); unused > 0 {
+		b.countUsage(ctx, held.Holder, held.Target, held.ProxyID, lease.UsageCounts{ProxyMillis: -unused.Milliseconds()})
+	}
 	return nil
 }
 
@@ -117,13 +127,18 @@ func (b *Broker) Release(ctx context.Context, who *tenant.Tenant, id string) err
 // retryAfter. Only the lease's holder (or the platform) reports on it.
 func (b *Broker) Report(ctx context.Context, who *tenant.Tenant, id, result, target string, cooldown, retryAfter time.Duration) error {
 	target = NormalizeTarget(target)
-	if !who.All() {
-		if _, err := b.Get(ctx, who, id); err != nil {
-			return err
-		}
+	held, err := b.store.Get(ctx, id)
+	switch {
+	case err != nil && !who.All():
+		return err
+	case err == nil && !holds(who, held):
+		return lease.ErrLeaseNotFound
 	}
 	if err := b.store.Report(ctx, id, result, target, cooldown); err != nil {
 		return err
+	}
+	if err == nil {
+		b.countRefusal(ctx, held.Holder, target, held.ProxyID, result)
 	}
 	if result == lease.ResultRateLimited {
 		b.pushBack(ctx, target, retryAfter)
@@ -156,6 +171,7 @@ func (b *Broker) ReportSession(ctx context.Context, who *tenant.Tenant, session,
 	if result == lease.ResultRateLimited {
 		b.pushBack(ctx, target, retryAfter)
 	}
+	b.countRefusal(ctx, who.Name, target, proxy, result)
 	b.listeners.notify(SessionReport{Session: key, Target: target, Result: result, Proxy: proxy})
 	return nil
 }

@@ -7,7 +7,7 @@ import (
 
 // metrics are the broker's own, registered with the manager's registry as
 // every component's are.
-var metrics = []prometheus.Collector{storeDuration, storeErrors, pacedTotal, pacedWaitSeconds, pushBacksTotal, quotaRefusals, revocationsTotal}
+var metrics = []prometheus.Collector{storeDuration, storeErrors, pacedTotal, pacedWaitSeconds, pushBacksTotal, quotaRefusals, revocationsTotal, usageEvents, usageBytes}
 
 func init() {
 	ctrlmetrics.Registry.MustRegister(metrics...)

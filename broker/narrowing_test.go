@@ -27,6 +27,7 @@ func (g *grants) MayLease(context.Context, *tenant.Tenant, tenant.Proxy) (bool, 
 	return g.allowed.Load(), nil
 }
 func (g *grants) MayReadAttribution(context.Context, *tenant.Tenant) (bool, error) { return false, nil }
+func (g *grants) MayReadUsage(context.Context, *tenant.Tenant) (bool, error)       { return false, nil }
 
 // TestATenantsNarrowingIsReusedWithinItsTTL: a tenant's second lease asks
 // RBAC nothing (its narrowed set is remembered, with a key of its own for

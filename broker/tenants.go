@@ -16,6 +16,7 @@ type Tenants interface {
 	Identify(ctx context.Context, token string) (*tenant.Tenant, error)
 	MayLease(ctx context.Context, t *tenant.Tenant, p tenant.Proxy) (bool, error)
 	MayReadAttribution(ctx context.Context, t *tenant.Tenant) (bool, error)
+	MayReadUsage(ctx context.Context, t *tenant.Tenant) (bool, error)
 }
 
 // MayReadAttribution says whether who may ask the ledger who held an IP:

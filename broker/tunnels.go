@@ -327,6 +327,11 @@ func (b *Broker) Refused(ctx context.Context, who *tenant.Tenant, proxy, host st
 	if err := b.store.RecordOutcome(ctx, proxy, host, o); err != nil {
 		logf.FromContext(ctx).Error(err, "recording a blocked outcome", "proxy", proxy, "host", host)
 	}
+	result := lease.ResultBlocked
+	if limited {
+		result = lease.ResultRateLimited
+	}
+	b.countRefusal(ctx, who.Name, host, proxy, result)
 }
 
 // upstream is where a leased proxy is, with its credentials.
@@ -374,10 +379,11 @@ func (b *Broker) RenewTunnel(ctx context.Context, leaseID, session string, ttl t
 	return until, nil
 }
 
-// ReleaseTunnel ends a tunnel's lease, recording the bytes it carried in the
-// ledger (the gateway counts them toward its tenant's quota itself,
-// CountBytes); failures are logged (the lease expires by itself).
-func (b *Broker) ReleaseTunnel(ctx context.Context, leaseID, session string, bytes int64) {
+// ReleaseTunnel ends a tunnel's lease, recording what it carried in the
+// ledger and the tenant's usage (the gateway counts its bytes toward its
+// tenant's quota itself, CountBytes); failures are logged (the lease
+// expires by itself).
+func (b *Broker) ReleaseTunnel(ctx context.Context, leaseID, session string, carried Carried) {
 	granted, err := b.store.Get(ctx, leaseID)
 	if err == nil {
 		err = b.store.Release(ctx, leaseID)
@@ -389,7 +395,14 @@ func (b *Broker) ReleaseTunnel(ctx context.Context, leaseID, session string, byt
 		operator.Warn(logf.FromContext(ctx), "gateway: releasing a tunnel's lease failed; it expires by itself", "lease", leaseID, "error", err.Error())
 		return
 	}
-	b.record(ctx, lease.LedgerTunnel, lease.LedgerEnd, granted, session, b.opts.Clock.Now(), bytes)
+	now := b.opts.Clock.Now()
+	b.record(ctx, lease.LedgerTunnel, lease.LedgerEnd, granted, session, now, carried.Up+carried.Down)
+	served := int64(0)
+	if carried.Up+carried.Down > 0 || carried.Requests > 0 {
+		served = 1 // one that failed before carrying anything is no tunnel of the tenant's
+	}
+	b.countUsage(ctx, granted.Holder, granted.Target, granted.ProxyID, lease.UsageCounts{Tunnels: served, Requests: carried.Requests,
+		BytesUp: carried.Up, BytesDown: carried.Down, ProxyMillis: now.Sub(granted.CreatedAt).Milliseconds()})
 }
 
 // SessionReport is a client's report on a gateway session's requests to a

@@ -83,7 +83,7 @@ func TestAnExclusiveSessionHoldsAProxyItsHostMayTake(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "crawl/b", up.ProxyID, "the proxy cooling for the host is let go")
 	assert.NotEmpty(t, up.Hold)
-	tunnels.ReleaseTunnel(context.Background(), up.LeaseID, "x1", 0)
+	tunnels.ReleaseTunnel(context.Background(), up.LeaseID, "x1", broker.Carried{})
 
 	held, err := f.store.Held(context.Background(), []string{"crawl/a", "crawl/b"})
 	require.NoError(t, err)
@@ -110,7 +110,7 @@ func TestAStrictSessionStartsOverOnlyBeforeItsFirstTunnel(t *testing.T) {
 	first, err := tunnels.Tunnel(context.Background(), req)
 	require.NoError(t, err)
 	assert.True(t, first.Fresh, "the session's first tunnel starts its stint")
-	tunnels.ReleaseTunnel(context.Background(), first.LeaseID, "s1", 0)
+	tunnels.ReleaseTunnel(context.Background(), first.LeaseID, "s1", broker.Carried{})
 
 	retry := req
 	retry.Avoid, retry.Restart = []string{first.ProxyID}, true
@@ -118,13 +118,13 @@ func TestAStrictSessionStartsOverOnlyBeforeItsFirstTunnel(t *testing.T) {
 	require.NoError(t, err, "the first tunnel failed: the session starts elsewhere")
 	assert.NotEqual(t, first.ProxyID, moved.ProxyID)
 	assert.True(t, moved.Fresh)
-	tunnels.ReleaseTunnel(context.Background(), moved.LeaseID, "s1", 0)
+	tunnels.ReleaseTunnel(context.Background(), moved.LeaseID, "s1", broker.Carried{})
 
 	again, err := tunnels.Tunnel(context.Background(), req)
 	require.NoError(t, err)
 	assert.Equal(t, moved.ProxyID, again.ProxyID, "and sticks there")
 	assert.False(t, again.Fresh)
-	tunnels.ReleaseTunnel(context.Background(), again.LeaseID, "s1", 0)
+	tunnels.ReleaseTunnel(context.Background(), again.LeaseID, "s1", broker.Carried{})
 	failed := req
 	failed.Avoid = []string{again.ProxyID}
 	_, err = tunnels.Tunnel(context.Background(), failed)

@@ -45,7 +45,7 @@ func TestAttribution(t *testing.T) {
 	up, err := f.srv.Tunnels().Tunnel(context.Background(), broker.TunnelRequest{Tenant: b, Session: "s1", Host: "shop.example", TTL: time.Minute, SessionIdle: time.Minute})
 	require.NoError(t, err)
 	f.clock.Step(10 * time.Second)
-	f.srv.Tunnels().ReleaseTunnel(context.Background(), up.LeaseID, "s1", 4096)
+	f.srv.Tunnels().ReleaseTunnel(context.Background(), up.LeaseID, "s1", broker.Carried{Up: 96, Down: 4000})
 
 	lines := strings.Split(strings.TrimSpace(log.String()), "\n")
 	require.Len(t, lines, 5, "start, renew and end of the lease; start and end of the tunnel")
@@ -99,7 +99,7 @@ func TestTheLedgerGrowsWithTunnelsNotRenewals(t *testing.T) {
 		renewals++
 	}
 	end := f.clock.Now()
-	tunnels.ReleaseTunnel(ctx, up.LeaseID, "long", 1)
+	tunnels.ReleaseTunnel(ctx, up.LeaseID, "long", broker.Carried{Down: 1})
 
 	records := strings.Count(log.String(), "\n")
 	want := 2 + int((2*time.Hour)/(broker.TunnelLedgerHorizon-2*time.Minute)) + 1

@@ -41,6 +41,7 @@ type Config struct {
 	TenantReviewTTL time.Duration
 	LedgerFile      string
 	LedgerRetention time.Duration
+	UsageRetention  time.Duration
 }
 
 // AddFlags registers the discovery API's flags.
@@ -65,6 +66,8 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 		"File the ledger (every lease and gateway tunnel: tenant, session, proxy, exit IP, target, start, end, bytes) is appended to as JSON lines. Empty: the operator's log, under the logger \"ledger\".")
 	fs.DurationVar(&c.LedgerRetention, "ledger-retention", lease.DefaultLedgerRetention,
 		"How long the lease store keeps ledger records for GET /v1/attribution (the memory store keeps at most the last 50000).")
+	fs.DurationVar(&c.UsageRetention, "usage-retention", lease.DefaultUsageRetention,
+		"How long the lease store keeps each day's usage (per tenant, host and provider instance) for GET /v1/usage after the day ends.")
 }
 
 // Enabled says whether the flags ask for the discovery API.
@@ -87,6 +90,9 @@ func (c *Config) Validate() error {
 	}
 	if c.TenantReviewTTL <= 0 {
 		errs = append(errs, fmt.Errorf("--tenant-review-ttl must be positive, got %s", c.TenantReviewTTL))
+	}
+	if c.UsageRetention <= 0 {
+		errs = append(errs, fmt.Errorf("--usage-retention must be positive, got %s", c.UsageRetention))
 	}
 	if c.LedgerRetention <= 0 {
 		errs = append(errs, fmt.Errorf("--ledger-retention must be positive, got %s", c.LedgerRetention))

@@ -113,6 +113,11 @@ type Options struct {
 	// keeps them for LedgerRetention (DefaultLedgerRetention when 0).
 	Ledger          lease.LedgerSink
 	LedgerRetention time.Duration
+	// Prices are each provider instance's prices, for GET /v1/usage's
+	// cost (none: no cost); the store keeps each day's usage
+	// UsageRetention after it (lease.DefaultUsageRetention when 0).
+	Prices         map[string]broker.Price
+	UsageRetention time.Duration
 	// InspectCA is each tenant's inspecting CA (the gateway's -inspect);
 	// GET /v1/inspect/ca hands a tenant its certificate. Nil: off.
 	InspectCA inspect.Authority
@@ -156,7 +161,7 @@ func NewServer(opts Options) *Server {
 		DefaultTTL: opts.DefaultTTL, MaxTTL: opts.MaxTTL, DefaultCooldown: opts.DefaultCooldown,
 		Store: opts.Store, StoreTimeout: opts.StoreTimeout, View: opts.View, Clock: opts.Clock, Credentials: opts.Credentials,
 		Politeness: opts.Politeness, Tenants: opts.Tenants, Quotas: opts.Quotas, TenantReviewTTL: opts.TenantReviewTTL,
-		Ledger: opts.Ledger, LedgerRetention: opts.LedgerRetention,
+		Ledger: opts.Ledger, LedgerRetention: opts.LedgerRetention, Prices: opts.Prices, UsageRetention: opts.UsageRetention,
 	})
 	s := &Server{opts: opts, router: httprouter.New(), broker: b, store: b.Store()}
 	s.authState.Store(authUnknown)
@@ -175,6 +180,7 @@ func NewServer(opts Options) *Server {
 	r.POST("/v1/sessions/:session/report", s.authed("/v1/sessions/:session/report", s.reportSession))
 	r.GET("/v1/targets/:host", s.authed("/v1/targets/:host", s.getTarget))
 	r.GET("/v1/attribution", s.authed("/v1/attribution", s.getAttribution))
+	r.GET("/v1/usage", s.authed("/v1/usage", s.getUsage))
 	r.GET("/v1/inspect/ca", s.authed("/v1/inspect/ca", s.getInspectCA))
 	r.HandleMethodNotAllowed = true
 	r.MethodNotAllowed = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {

@@ -35,6 +35,10 @@ func (f *fakeTenants) MayReadAttribution(_ context.Context, t *tenant.Tenant) (b
 	return t.All() || f.readers[t.Name], nil
 }
 
+func (f *fakeTenants) MayReadUsage(_ context.Context, t *tenant.Tenant) (bool, error) {
+	return t.All() || f.readers[t.Name], nil
+}
+
 func (f *fakeTenants) MayLease(_ context.Context, t *tenant.Tenant, p tenant.Proxy) (bool, error) {
 	return t.All() || (p.Pool != "" && f.pools[t.Name] == p.Pool), nil
 }
@@ -179,7 +183,7 @@ func TestQuotasHoldAtTheirLimits(t *testing.T) {
 	require.NoError(t, tunnels.Admit(ctx, a), "the rate allows one more half a second later")
 
 	f.clock.Step(time.Second)
-	tunnels.ReleaseTunnel(ctx, tunnel.LeaseID, "", 999)
+	tunnels.ReleaseTunnel(ctx, tunnel.LeaseID, "", broker.Carried{Down: 999})
 	assert.False(t, tunnels.CountBytes(ctx, a, 999), "what the tunnel carried, below the day's bytes")
 	require.NoError(t, tunnels.Admit(ctx, a), "below the day's bytes")
 	_, err = pick()

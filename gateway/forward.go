@@ -119,7 +119,7 @@ func (g *Gateway) carryRequest(w http.ResponseWriter, r, out *http.Request, id I
 			if err == nil {
 				_ = resp.Body.Close()
 			}
-			g.opts.Upstreams.ReleaseTunnel(context.WithoutCancel(ctx), up.LeaseID, id.Session, 0)
+			g.opts.Upstreams.ReleaseTunnel(context.WithoutCancel(ctx), up.LeaseID, id.Session, broker.Carried{})
 			return
 		}
 		var f *failure
@@ -137,7 +137,7 @@ func (g *Gateway) carryRequest(w http.ResponseWriter, r, out *http.Request, id I
 			// answer before the client did.
 			if inspecting && refusal == refusalBlocked && idempotent && !id.Strict && !retriedBan {
 				_ = resp.Body.Close()
-				g.opts.Upstreams.ReleaseTunnel(context.WithoutCancel(ctx), up.LeaseID, id.Session, 0)
+				g.opts.Upstreams.ReleaseTunnel(context.WithoutCancel(ctx), up.LeaseID, id.Session, broker.Carried{})
 				inspectRetries.Inc()
 				logf.FromContext(ctx).V(1).Info("the site refused an inspected request's IP; trying another once", "proxy", up.ProxyID, "host", host)
 				retriedBan, restart = true, up.Fresh
@@ -146,18 +146,19 @@ func (g *Gateway) carryRequest(w http.ResponseWriter, r, out *http.Request, id I
 			}
 			down := g.relay(w, resp, up)
 			n := down + max(r.ContentLength, 0)
+			carried := broker.Carried{Up: max(r.ContentLength, 0), Down: down, Requests: 1}
 			span.SetAttributes(tracing.KeyBytesUp.Int64(max(r.ContentLength, 0)), tracing.KeyBytesDown.Int64(down), semconv.HTTPResponseStatusCode(resp.StatusCode))
 			if refusal != refusalNone {
 				outcome = []string{refusalNone: "ok", refusalLimited: lease.ResultRateLimited, refusalBlocked: lease.ResultBlocked}[refusal]
 			}
-			g.opts.Upstreams.ReleaseTunnel(context.WithoutCancel(ctx), up.LeaseID, id.Session, n)
+			g.opts.Upstreams.ReleaseTunnel(context.WithoutCancel(ctx), up.LeaseID, id.Session, carried)
 			if g.opts.Upstreams.CountBytes(context.WithoutCancel(ctx), id.Tenant, n) {
 				g.cutTenant(id.Tenant.Name)
 			}
 			return
 		}
 		upstreamFailures.WithLabelValues(f.reason).Inc()
-		g.opts.Upstreams.ReleaseTunnel(context.WithoutCancel(ctx), up.LeaseID, id.Session, 0)
+		g.opts.Upstreams.ReleaseTunnel(context.WithoutCancel(ctx), up.LeaseID, id.Session, broker.Carried{})
 		if !retryable || attempt+1 >= g.opts.Attempts {
 			a := f.answer()
 			outcome = a.cause

@@ -34,6 +34,7 @@ func (oneTeam) MayLease(context.Context, *tenant.Tenant, tenant.Proxy) (bool, er
 }
 
 func (oneTeam) MayReadAttribution(context.Context, *tenant.Tenant) (bool, error) { return false, nil }
+func (oneTeam) MayReadUsage(context.Context, *tenant.Tenant) (bool, error)       { return false, nil }
 
 // TestTheGatewayHoldsATenantToItsQuota: a team's ServiceAccount token is
 // a gateway password; past its tunnelsPerSecond the gateway answers 429

@@ -48,7 +48,7 @@ type tunnel struct {
 	// counted is what of it was counted toward the quota (under meterMu),
 	// metered whether its tenant has a bytes-per-day limit at all.
 	moved atomic.Int64
-	// up and down are the bytes each way, for the tunnel's span.
+	// sentUp and sentDown are the bytes each way, for its span and usage.
 	sentUp, sentDown atomic.Int64
 	who              *tenant.Tenant
 	metered          bool
@@ -162,7 +162,7 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 	bg := logf.IntoContext(context.Background(), logf.FromContext(ctx))
 	abandon := func() {
 		_ = upstream.conn.Close()
-		g.opts.Upstreams.ReleaseTunnel(bg, up.LeaseID, id.Session, 0)
+		g.opts.Upstreams.ReleaseTunnel(bg, up.LeaseID, id.Session, broker.Carried{})
 		g.freeSlot()
 		endSpan(span, closedError)
 	}
@@ -274,7 +274,9 @@ func (g *Gateway) carry(ctx context.Context, t *tunnel, early, pending []byte) {
 	// Unregistered once its lease is released: a tunnel no longer open
 	// holds no lease either.
 	defer g.unregister(t)
-	defer func() { g.opts.Upstreams.ReleaseTunnel(ctx, t.up.LeaseID, t.name, t.moved.Load()) }()
+	defer func() {
+		g.opts.Upstreams.ReleaseTunnel(ctx, t.up.LeaseID, t.name, broker.Carried{Up: t.sentUp.Load(), Down: t.sentDown.Load()})
+	}()
 	t.run(early, pending)
 	t.span.SetAttributes(tracing.KeyBytesUp.Int64(t.sentUp.Load()), tracing.KeyBytesDown.Int64(t.sentDown.Load()))
 	endSpan(t.span, t.reason)
@@ -315,7 +317,7 @@ func (g *Gateway) connectAny(ctx context.Context, id Identity, host, hostport st
 		upstreamFailures.WithLabelValues(f.reason).Inc()
 		logf.FromContext(ctx).Info("upstream failed a tunnel; trying another", "proxy", up.ProxyID, "reason", f.reason, "error", f.err.Error(),
 			"session", id.Session, "host", host)
-		g.opts.Upstreams.ReleaseTunnel(context.WithoutCancel(ctx), up.LeaseID, id.Session, 0)
+		g.opts.Upstreams.ReleaseTunnel(context.WithoutCancel(ctx), up.LeaseID, id.Session, broker.Carried{})
 		avoid = append(avoid, up.ProxyID)
 		last = f
 		// A session whose first tunnel on a proxy failed never left from

@@ -18,7 +18,7 @@ type Upstreams interface {
 	// RenewTunnel extends a tunnel's lease; ReleaseTunnel ends it with the
 	// bytes it carried (both are recorded in the ledger, with the session).
 	RenewTunnel(ctx context.Context, leaseID, session string, ttl time.Duration, recorded time.Time) (time.Time, error)
-	ReleaseTunnel(ctx context.Context, leaseID, session string, bytes int64)
+	ReleaseTunnel(ctx context.Context, leaseID, session string, carried broker.Carried)
 	// Turn takes the slot of a request inside a tunnel through proxy to a
 	// paced host (broker.Broker.Turn): how long to hold it.
 	Turn(ctx context.Context, proxy, host string, maxWait time.Duration) (time.Duration, error)

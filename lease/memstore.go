@@ -59,6 +59,8 @@ type MemoryStore struct {
 	limited map[string]int
 	// usage: counts by key, and when each ends.
 	usage map[string]*usageCount
+	// usageRows: the usage rows by day (CountUsage), under their own lock.
+	usageRows memUsage
 	// ledger: the records, oldest first, at most MaxMemoryLedger.
 	ledger []LedgerEntry
 	// outcomes: the outcome memory (memoutcomes.go).

@@ -457,6 +457,13 @@ type Store interface {
 	// AddUsage adds n to key's count, which ends ttl after its first use,
 	// and returns the count (n 0 only reads it).
 	AddUsage(ctx context.Context, key string, n int64, ttl time.Duration) (int64, error)
+	// CountUsage adds c to row k's counters; the row's day is kept for
+	// retention after it ends. A tenant's day keeps at most MaxUsageHosts
+	// hosts apart: the others count under UsageOtherHost.
+	CountUsage(ctx context.Context, k UsageKey, c UsageCounts, retention time.Duration) error
+	// ReadUsage returns every row of the days fromDay to toDay (as Day
+	// names them), both included.
+	ReadUsage(ctx context.Context, fromDay, toDay string) (map[UsageKey]UsageCounts, error)
 	// AppendLedger keeps a ledger record, stamped At on the store's clock,
 	// and forgets those older than retention.
 	AppendLedger(ctx context.Context, e LedgerEntry, retention time.Duration) error

@@ -28,6 +28,19 @@ type InstanceConfig struct {
 	Type string `json:"type"`
 	// Settings are the type-specific settings, decoded by that type.
 	Settings map[string]any `json:"settings,omitempty"`
+	// Pricing is what the instance's proxies cost, for the usage API's
+	// cost figure (none: its usage has no cost).
+	Pricing *Pricing `json:"pricing,omitempty"`
+}
+
+// Pricing is a provider instance's prices, in the currency of your bill.
+type Pricing struct {
+	// ProxyHour is one proxy for an hour: its VM or pod, with its public
+	// IPv4 address (AWS bills that apart: add it here).
+	ProxyHour float64 `json:"proxyHour"`
+	// GiB is one GiB carried through a proxy, either way (the cloud's
+	// egress price).
+	GiB float64 `json:"gib"`
 }
 
 // LoadConfig reads and parses a providers config file. Every error names the
@@ -79,6 +92,9 @@ func ParseConfig(data []byte) (Config, error) {
 		seen[inst.Name] = true
 		if inst.Type == "" {
 			errs = append(errs, fmt.Errorf("%s: type is required", where))
+		}
+		if p := inst.Pricing; p != nil && (p.ProxyHour < 0 || p.GiB < 0) {
+			errs = append(errs, fmt.Errorf("%s: pricing.proxyHour and pricing.gib must not be negative", where))
 		}
 		cfg.Providers = append(cfg.Providers, inst)
 	}

@@ -20,8 +20,13 @@ providers:
   settings:
     project: crawl-prod
     zone: europe-west1-b
+  pricing:
+    proxyHour: 0.0126
+    gib: 0.085
 `))
 		require.NoError(t, err)
+		assert.Equal(t, &Pricing{ProxyHour: 0.0126, GiB: 0.085}, cfg.Providers[1].Pricing)
+		assert.Nil(t, cfg.Providers[0].Pricing)
 		assert.Equal(t, []string{"kind-local", "gcp-eu"}, cfg.Names())
 		assert.Equal(t, "gcp", cfg.Providers[1].Type)
 		assert.Equal(t, "crawl-prod", cfg.Providers[1].Settings["project"])
@@ -43,6 +48,8 @@ providers:
 		{"missing name", "providers:\n- type: gcp", []string{"providers[0]: name is required"}},
 		{"bad name", "providers:\n- name: GCP_EU\n  type: gcp", []string{`providers[0] "GCP_EU": name must be a DNS label`}},
 		{"missing type", "providers:\n- name: gcp-eu", []string{`providers[0] "gcp-eu": type is required`}},
+		{"negative price", "providers:\n- name: a\n  type: gcp\n  pricing: {proxyHour: -1}", []string{`providers[0] "a": pricing.proxyHour and pricing.gib must not be negative`}},
+		{"unknown price", "providers:\n- name: a\n  type: gcp\n  pricing: {perHour: 1}", []string{`unknown field "perHour"`}},
 		{"duplicate", "providers:\n- name: a\n  type: gcp\n- name: a\n  type: kubernetes", []string{`providers[1] "a": duplicate name`}},
 		{"every problem is reported", "providers:\n- name: a\n- type: gcp", []string{`providers[0] "a": type is required`, "providers[1]: name is required"}},
 	}

@@ -8,6 +8,7 @@
 //	create proxypools/lease  on a pool (resourceNames) or every pool: lease its members
 //	create proxies/lease     on a Proxy (resourceNames) or every Proxy: lease it
 //	get proxies/attribution  cluster-wide: ask the ledger who held an IP when
+//	get proxies/usage        cluster-wide: read every team's usage, not only its own
 //
 // so granting a team a pool is an ordinary Role and RoleBinding, and
 // deleting the binding stops its next lease within the review cache's
@@ -44,6 +45,9 @@ const (
 	// cluster-wide, reads the ledger.
 	VerbAttribution        = "get"
 	SubresourceAttribution = "attribution"
+	// SubresourceUsage of ResourceProxies, cluster-wide, reads every
+	// team's usage (VerbAttribution).
+	SubresourceUsage = "usage"
 )
 
 // DefaultAudience is the audience a crawler's ServiceAccount token must be
@@ -154,6 +158,21 @@ func (c *Checker) MayReadAttribution(ctx context.Context, t *Tenant) (bool, erro
 	})
 	if err != nil {
 		return false, fmt.Errorf("asking whether %s may read the ledger: %w", t.Name, err)
+	}
+	return ok, nil
+}
+
+// MayReadUsage says whether t may read every team's usage (a team always
+// reads its own).
+func (c *Checker) MayReadUsage(ctx context.Context, t *Tenant) (bool, error) {
+	if t.All() {
+		return true, nil
+	}
+	ok, err := c.reviewer.Allowed(ctx, t.user, authorizationv1.ResourceAttributes{
+		Verb: VerbAttribution, Group: crawlv1alpha1.GroupVersion.Group, Resource: ResourceProxies, Subresource: SubresourceUsage,
+	})
+	if err != nil {
+		return false, fmt.Errorf("asking whether %s may read every team's usage: %w", t.Name, err)
 	}
 	return ok, nil
 }

@@ -222,7 +222,7 @@ healthCheck: {url: 'https://www.example.com/', interval: 30s, timeout: 10s, fail
 			columns = append(columns, strings.ToUpper(c.Name))
 		}
 		// NAME is implicit: kubectl always prints it first.
-		assert.Equal(t, []string{"MODE", "PROVIDER", "PHASE", "IP", "HEALTHY", "READY", "AGE"}, columns)
+		assert.Equal(t, []string{"MODE", "PROVIDER", "PHASE", "IP", "HEALTHY", "READY", "COUNTRY", "ASN", "AGE"}, columns)
 		assert.NotNil(t, crd.Spec.Versions[0].Subresources.Status, "status is a subresource")
 	})
 }

@@ -79,6 +79,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"ExclusiveConcurrently", exclusiveConcurrently},
 		{"SessionStints", sessionStints},
 		{"SessionScores", sessionScores},
+		{"UsageRows", usageRows},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.test(t, newHarness(t)) })
@@ -525,4 +526,43 @@ func sessionScores(t *testing.T, h Harness) {
 	assert.Equal(t, int64(1), r.Uses)
 	require.NoError(t, store.SetRoute(ctx, "s1", "shop.example", lease.RouteSet{Proxy: "p3", Own: true, Fresh: true, Idle: 10 * time.Minute}))
 	assert.Equal(t, int64(1), route().Uses, "so does a fresh one on the same proxy")
+}
+
+// usageRows: usage counted on either replica adds up per tenant, host,
+// provider and day; a read covers the days asked for; a tenant's day keeps
+// MaxUsageHosts hosts apart and counts the rest together.
+func usageRows(t *testing.T, h Harness) {
+	ctx := context.Background()
+	store, replica := h.replicas()[0], h.replicas()[1]
+	a := lease.UsageKey{Day: "2026-12-05", Tenant: "team-a", Host: "shop.example", Provider: "gcp-eu"}
+	require.NoError(t, store.CountUsage(ctx, a, lease.UsageCounts{Leases: 1, ProxyMillis: 300_000}, time.Hour*24*30))
+	require.NoError(t, replica.CountUsage(ctx, a, lease.UsageCounts{Tunnels: 2, BytesUp: 100, BytesDown: 5000, Blocks: 1}, time.Hour*24*30))
+	b := lease.UsageKey{Day: "2026-12-06", Tenant: "team-b", Host: "news.example", Provider: lease.ProviderExternal}
+	require.NoError(t, store.CountUsage(ctx, b, lease.UsageCounts{Requests: 3, PushBacks: 2}, time.Hour*24*30))
+
+	rows, err := replica.ReadUsage(ctx, "2026-12-05", "2026-12-06")
+	require.NoError(t, err)
+	assert.Equal(t, map[lease.UsageKey]lease.UsageCounts{
+		a: {Leases: 1, Tunnels: 2, BytesUp: 100, BytesDown: 5000, Blocks: 1, ProxyMillis: 300_000},
+		b: {Requests: 3, PushBacks: 2},
+	}, rows)
+	rows, err = store.ReadUsage(ctx, "2026-12-06", "2026-12-07")
+	require.NoError(t, err)
+	assert.Equal(t, map[lease.UsageKey]lease.UsageCounts{b: {Requests: 3, PushBacks: 2}}, rows, "only the days asked for")
+
+	// A tenant making up hosts: the first MaxUsageHosts kept apart (shop.example among them), the rest together.
+	for i := range lease.MaxUsageHosts + 5 {
+		k := lease.UsageKey{Day: "2026-12-05", Tenant: "team-a", Host: fmt.Sprintf("h%d.example", i), Provider: "gcp-eu"}
+		require.NoError(t, store.CountUsage(ctx, k, lease.UsageCounts{Tunnels: 1}, time.Hour*24*30))
+	}
+	rows, err = store.ReadUsage(ctx, "2026-12-05", "2026-12-05")
+	require.NoError(t, err)
+	hosts := 0
+	for k := range rows {
+		if k.Tenant == "team-a" && k.Host != lease.UsageOtherHost {
+			hosts++
+		}
+	}
+	assert.Equal(t, lease.MaxUsageHosts, hosts)
+	assert.Equal(t, int64(6), rows[lease.UsageKey{Day: "2026-12-05", Tenant: "team-a", Host: lease.UsageOtherHost, Provider: "gcp-eu"}].Tunnels)
 }

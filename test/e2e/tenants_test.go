@@ -194,6 +194,40 @@ func testTenants(t *testing.T) {
 		assert.True(t, strings.HasPrefix(upstream, tc.pool), "%s's session s1 goes through its pool: %s", tc.who.sa.Namespace, upstream)
 	}
 
+	// Usage: each team reads its own tunnel to the site, the platform both.
+	target, err := url.Parse(world.cluster.Target.URL)
+	require.NoError(t, err)
+	usageOf := func(token string) map[string]map[string]any {
+		t.Helper()
+		r := call(t, "GET", "/v1/usage?groupBy=tenant,host", "", token)
+		require.Equal(t, http.StatusOK, r.status)
+		rows := map[string]map[string]any{}
+		for _, row := range r.body["rows"].([]any) {
+			row := row.(map[string]any)
+			host, _ := row["host"].(string) // a lease without a target has none
+			rows[row["tenant"].(string)+" "+host] = row
+		}
+		return rows
+	}
+	for _, who := range []team{a, b} {
+		name := "system:serviceaccount:" + who.sa.Namespace + ":" + who.sa.Name
+		var row map[string]any
+		require.Eventually(t, func() bool {
+			// A tunnel counts once it closed.
+			row = usageOf(who.token)[name+" "+target.Hostname()]
+			return row != nil && row["tunnels"].(float64) >= 1
+		}, 10*time.Second, poll, "%s's tunnel to the site is in its usage", name)
+		assert.InDelta(t, 1, row["tunnels"], 0)
+		assert.Positive(t, row["bytesDown"].(float64), "the site's answer and the TLS around it")
+		for key := range usageOf(who.token) {
+			assert.True(t, strings.HasPrefix(key, name+" "), "%s reads only its own usage, got %s", name, key)
+		}
+	}
+	all := usageOf(world.token)
+	for _, who := range []team{a, b} {
+		assert.Contains(t, all, "system:serviceaccount:"+who.sa.Namespace+":"+who.sa.Name+" "+target.Hostname(), "the platform reads every team's")
+	}
+
 	// Refused: another audience's token, an expired one, a deleted
 	// ServiceAccount's.
 	assert.Equal(t, http.StatusUnauthorized, call(t, "GET", "/v1/proxies", "", saToken(t, admin, a.sa, "another-service")).status, "a token for another audience")

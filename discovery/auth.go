@@ -8,9 +8,7 @@ import (
 	"strings"
 
 	"github.com/julienschmidt/httprouter"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
 	"go.opentelemetry.io/otel/trace"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -78,7 +76,7 @@ func (s *Server) authed(route string, h handle) httprouter.Handle {
 		}
 		// A span per call, in the trace the client's traceparent names:
 		// the handlers add what they did (a lease's proxy and host).
-		ctx, span := tracing.Tracer(tracerName).Start(otel.GetTextMapPropagator().Extract(r.Context(), propagation.HeaderCarrier(r.Header)),
+		ctx, span := tracing.Tracer(tracerName).Start(tracing.FromRequest(r),
 			r.Method+" "+route, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(tracing.KeyTenant.String(tenantOf(r.Context()).Name)))
 		status := h(w, r.WithContext(ctx), ps)
 		span.SetAttributes(semconv.HTTPResponseStatusCode(status))

@@ -144,15 +144,13 @@ func (g *Gateway) carryRequest(w http.ResponseWriter, r, out *http.Request, id I
 				avoid = append(avoid, up.ProxyID)
 				continue
 			}
-			down := g.relay(w, resp, up)
-			n := down + max(r.ContentLength, 0)
-			carried := broker.Carried{Up: max(r.ContentLength, 0), Down: down, Requests: 1}
-			span.SetAttributes(tracing.KeyBytesUp.Int64(max(r.ContentLength, 0)), tracing.KeyBytesDown.Int64(down), semconv.HTTPResponseStatusCode(resp.StatusCode))
+			carried := broker.Carried{Up: max(r.ContentLength, 0), Down: g.relay(w, resp, up), Requests: 1}
+			span.SetAttributes(tracing.KeyBytesUp.Int64(carried.Up), tracing.KeyBytesDown.Int64(carried.Down), semconv.HTTPResponseStatusCode(resp.StatusCode))
 			if refusal != refusalNone {
-				outcome = []string{refusalNone: "ok", refusalLimited: lease.ResultRateLimited, refusalBlocked: lease.ResultBlocked}[refusal]
+				outcome = resultOf(refusal)
 			}
 			g.opts.Upstreams.ReleaseTunnel(context.WithoutCancel(ctx), up.LeaseID, id.Session, carried)
-			if g.opts.Upstreams.CountBytes(context.WithoutCancel(ctx), id.Tenant, n) {
+			if g.opts.Upstreams.CountBytes(context.WithoutCancel(ctx), id.Tenant, carried.Up+carried.Down) {
 				g.cutTenant(id.Tenant.Name)
 			}
 			return
@@ -191,6 +189,18 @@ const (
 	refusalBlocked        // a 403, or a block page (BlockMarkers)
 )
 
+// resultOf is what a site's answer of refusal says, in the results of
+// reports (lease.ResultOK for a page).
+func resultOf(refusal int) string {
+	switch refusal {
+	case refusalLimited:
+		return lease.ResultRateLimited
+	case refusalBlocked:
+		return lease.ResultBlocked
+	}
+	return lease.ResultOK
+}
+
 // judgeAnswer reads a site's answer to a request through up and records
 // what it says: a push-back slows the host's learned pace and, with a
 // Retry-After, cools the proxy for the host that long for everyone; a
@@ -221,13 +231,8 @@ func (g *Gateway) judgeAnswer(ctx context.Context, id Identity, up broker.Upstre
 	}
 	// The session's stint keeps score of how the site sees it: refusals
 	// add, pages take away (only from a score there is: no write per page).
-	switch {
-	case refusal == refusalBlocked:
-		g.opts.Upstreams.MarkSession(ctx, up.Session, up.ProxyID, lease.ResultBlocked)
-	case refusal == refusalLimited:
-		g.opts.Upstreams.MarkSession(ctx, up.Session, up.ProxyID, lease.ResultRateLimited)
-	case up.Score > 0 && resp.StatusCode < http.StatusBadRequest:
-		g.opts.Upstreams.MarkSession(ctx, up.Session, up.ProxyID, lease.ResultOK)
+	if refusal != refusalNone || up.Score > 0 && resp.StatusCode < http.StatusBadRequest {
+		g.opts.Upstreams.MarkSession(ctx, up.Session, up.ProxyID, resultOf(refusal))
 	}
 	return refusal
 }

@@ -35,9 +35,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -264,7 +262,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// A client's traceparent makes the gateway's spans part of its trace.
-	r = r.WithContext(otel.GetTextMapPropagator().Extract(r.Context(), propagation.HeaderCarrier(r.Header)))
+	r = r.WithContext(tracing.FromRequest(r))
 	if err := g.opts.Upstreams.Admit(r.Context(), id.Tenant); err != nil {
 		pickAnswer(err, nil).write(w, r)
 		return
@@ -507,7 +505,7 @@ func (g *Gateway) meter(ctx context.Context, t *tunnel, least int64) {
 		return
 	}
 	t.meterMu.Lock()
-	n := t.moved.Load() - t.counted
+	n := t.moved() - t.counted
 	if n < max(least, 1) {
 		t.meterMu.Unlock()
 		return

@@ -44,11 +44,9 @@ type tunnel struct {
 	// session is the session's key (broker.SessionKey), name the one
 	// the client gave.
 	session, name, host string
-	// moved counts the bytes carried both ways, for the tenant's quota;
-	// counted is what of it was counted toward the quota (under meterMu),
-	// metered whether its tenant has a bytes-per-day limit at all.
-	moved atomic.Int64
-	// sentUp and sentDown are the bytes each way, for its span and usage.
+	// sentUp and sentDown count the bytes carried each way (moved, both);
+	// counted is what of them was counted toward the tenant's quota (under
+	// meterMu), metered whether its tenant has a bytes-per-day limit at all.
 	sentUp, sentDown atomic.Int64
 	who              *tenant.Tenant
 	metered          bool
@@ -423,12 +421,15 @@ func (t *tunnel) run(early, pendingDown []byte) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t.pipe(up, t.client, early, both{bytesTotal.WithLabelValues(directionUp), &t.moved, &t.sentUp, t.account}, true, nil)
+		t.pipe(up, t.client, early, both{bytesTotal.WithLabelValues(directionUp), &t.sentUp, t.account}, true, nil)
 	}()
-	t.pipe(t.client, up, pendingDown, both{bytesTotal.WithLabelValues(directionDown), &t.moved, &t.sentDown, t.account}, false, func() { t.answers.Add(1) })
+	t.pipe(t.client, up, pendingDown, both{bytesTotal.WithLabelValues(directionDown), &t.sentDown, t.account}, false, func() { t.answers.Add(1) })
 	<-done
 	t.close(closedDone)
 }
+
+// moved is the bytes t carried both ways so far.
+func (t *tunnel) moved() int64 { return t.sentUp.Load() + t.sentDown.Load() }
 
 func (t *tunnel) touch() { t.lastActive.Store(time.Now().UnixNano()) }
 
@@ -453,18 +454,18 @@ var buffers = sync.Pool{New: func() any { b := make([]byte, chunk); return &b }}
 // counter is what a direction counts its bytes with.
 type counter interface{ Add(float64) }
 
-// both counts a direction's bytes in the metric and the tunnel's total,
-// and has the total counted toward the tenant's quota every chunk.
+// both counts a direction's bytes in the metric and the tunnel's count of
+// that direction, and has the total counted toward the tenant's quota
+// every chunk.
 type both struct {
-	metric           counter
-	total, direction *atomic.Int64
-	account          func(least int64)
+	metric  counter
+	sent    *atomic.Int64
+	account func(least int64)
 }
 
 func (b both) Add(n float64) {
 	b.metric.Add(n)
-	b.total.Add(int64(n))
-	b.direction.Add(int64(n))
+	b.sent.Add(int64(n))
 	if b.account != nil {
 		b.account(chunk)
 	}

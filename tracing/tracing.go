@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/http"
 	"net/url"
 
 	"go.opentelemetry.io/otel"
@@ -42,6 +43,13 @@ const (
 // Tracer is the operator's tracer of one component (its import path),
 // from the provider in force now.
 func Tracer(component string) trace.Tracer { return otel.Tracer(component) }
+
+// FromRequest is r's context in the trace r's traceparent names (its own
+// context when it names none): a server's spans for r then join the
+// client's trace.
+func FromRequest(r *http.Request) context.Context {
+	return otel.GetTextMapPropagator().Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+}
 
 // Options are the tracing flags.
 type Options struct {

@@ -22,13 +22,30 @@ type Tenants interface {
 // MayReadAttribution says whether who may ask the ledger who held an IP:
 // a permission of its own, since the answer names every tenant.
 func (b *Broker) MayReadAttribution(ctx context.Context, who *tenant.Tenant) (bool, error) {
+	return b.mayReadAll(ctx, who, Tenants.MayReadAttribution)
+}
+
+// MayReadUsage says whether who may read every team's usage (a team
+// reads its own).
+func (b *Broker) MayReadUsage(ctx context.Context, who *tenant.Tenant) (bool, error) {
+	return b.mayReadAll(ctx, who, Tenants.MayReadUsage)
+}
+
+// mayReadAll answers a cluster-wide read permission: the platform has it,
+// nobody without Tenants does, and RBAC (ask) says for the others; an RBAC
+// that cannot answer is ErrTenantsUnavailable.
+func (b *Broker) mayReadAll(ctx context.Context, who *tenant.Tenant, ask func(Tenants, context.Context, *tenant.Tenant) (bool, error)) (bool, error) {
 	switch {
 	case who.All():
 		return true, nil
 	case b.opts.Tenants == nil:
 		return false, nil
 	}
-	return b.opts.Tenants.MayReadAttribution(ctx, who)
+	ok, err := ask(b.opts.Tenants, ctx, who)
+	if err != nil {
+		return false, fmt.Errorf("%w: %w", ErrTenantsUnavailable, err)
+	}
+	return ok, nil
 }
 
 // holds says whether t may see and act on lease l: its holder's, or any

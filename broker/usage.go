@@ -32,9 +32,8 @@ type Price struct {
 
 // Cost is c's cost at p.
 func (p Price) Cost(c lease.UsageCounts) float64 {
-	hours := float64(max(c.ProxyMillis, 0)) / float64(time.Hour/time.Millisecond)
 	gib := float64(c.BytesUp+c.BytesDown) / (1 << 30)
-	return hours*p.ProxyHour + gib*p.GiB
+	return c.ProxyHours()*p.ProxyHour + gib*p.GiB
 }
 
 // The dimensions a usage read groups by (UsageQuery.GroupBy).
@@ -108,7 +107,7 @@ func (b *Broker) Usage(ctx context.Context, who *tenant.Tenant, q UsageQuery) ([
 	}
 	out := make([]UsageRow, 0, len(groups))
 	for _, row := range groups {
-		row.ProxyHours = float64(max(row.ProxyMillis, 0)) / float64(time.Hour/time.Millisecond)
+		row.ProxyHours = row.UsageCounts.ProxyHours()
 		if row.Cost != nil {
 			*row.Cost = math.Round(*row.Cost*1e6) / 1e6
 		}
@@ -122,21 +121,6 @@ func (b *Broker) Usage(ctx context.Context, who *tenant.Tenant, q UsageQuery) ([
 
 // ErrInvalidUsageQuery marks a usage read the API answers 400.
 var ErrInvalidUsageQuery = errors.New("invalid usage query")
-
-// MayReadUsage says whether who may read every team's usage.
-func (b *Broker) MayReadUsage(ctx context.Context, who *tenant.Tenant) (bool, error) {
-	switch {
-	case who.All():
-		return true, nil
-	case b.opts.Tenants == nil:
-		return false, nil
-	}
-	ok, err := b.opts.Tenants.MayReadUsage(ctx, who)
-	if err != nil {
-		return false, fmt.Errorf("%w: %w", ErrTenantsUnavailable, err)
-	}
-	return ok, nil
-}
 
 // groupKey keeps of k the dimensions of groupBy.
 func groupKey(k lease.UsageKey, groupBy []string) lease.UsageKey {

@@ -52,6 +52,12 @@ func (c *UsageCounts) Add(o UsageCounts) {
 	c.ProxyMillis += o.ProxyMillis
 }
 
+// ProxyHours is c's proxy time in hours (none below 0: a day's rows can
+// hold a release's give-back of a lease granted the day before).
+func (c UsageCounts) ProxyHours() float64 {
+	return float64(max(c.ProxyMillis, 0)) / float64(time.Hour/time.Millisecond)
+}
+
 // UsageFields are c's counters by the name the stores keep them under.
 func UsageFields(c *UsageCounts) map[string]*int64 {
 	return map[string]*int64{"leases": &c.Leases, "tunnels": &c.Tunnels, "requests": &c.Requests, "bytesUp": &c.BytesUp,
@@ -97,13 +103,15 @@ func (m *MemoryStore) CountUsage(_ context.Context, k UsageKey, c UsageCounts, r
 	if u.days == nil {
 		u.days = map[string]*memUsageDay{}
 	}
-	for day, d := range u.days {
-		if !now.Before(d.ends) {
-			delete(u.days, day)
-		}
-	}
 	d := u.days[k.Day]
 	if d == nil {
+		// A new day: the days past their retention go (reads skip them
+		// meanwhile), once a day rather than on every count.
+		for day, old := range u.days {
+			if !now.Before(old.ends) {
+				delete(u.days, day)
+			}
+		}
 		start, err := time.Parse(time.DateOnly, k.Day)
 		if err != nil {
 			return err

@@ -150,29 +150,26 @@ func (c *Checker) MayLease(ctx context.Context, t *Tenant, p Proxy) (bool, error
 
 // MayReadAttribution says whether t may ask the ledger who held an IP.
 func (c *Checker) MayReadAttribution(ctx context.Context, t *Tenant) (bool, error) {
-	if t.All() {
-		return true, nil
-	}
-	ok, err := c.reviewer.Allowed(ctx, t.user, authorizationv1.ResourceAttributes{
-		Verb: VerbAttribution, Group: crawlv1alpha1.GroupVersion.Group, Resource: ResourceProxies, Subresource: SubresourceAttribution,
-	})
-	if err != nil {
-		return false, fmt.Errorf("asking whether %s may read the ledger: %w", t.Name, err)
-	}
-	return ok, nil
+	return c.mayGetClusterWide(ctx, t, SubresourceAttribution, "read the ledger")
 }
 
 // MayReadUsage says whether t may read every team's usage (a team always
 // reads its own).
 func (c *Checker) MayReadUsage(ctx context.Context, t *Tenant) (bool, error) {
+	return c.mayGetClusterWide(ctx, t, SubresourceUsage, "read every team's usage")
+}
+
+// mayGetClusterWide says whether t may get proxies/<subresource> in every
+// namespace (what, for the error, says what that lets it do).
+func (c *Checker) mayGetClusterWide(ctx context.Context, t *Tenant, subresource, what string) (bool, error) {
 	if t.All() {
 		return true, nil
 	}
 	ok, err := c.reviewer.Allowed(ctx, t.user, authorizationv1.ResourceAttributes{
-		Verb: VerbAttribution, Group: crawlv1alpha1.GroupVersion.Group, Resource: ResourceProxies, Subresource: SubresourceUsage,
+		Verb: VerbAttribution, Group: crawlv1alpha1.GroupVersion.Group, Resource: ResourceProxies, Subresource: subresource,
 	})
 	if err != nil {
-		return false, fmt.Errorf("asking whether %s may read every team's usage: %w", t.Name, err)
+		return false, fmt.Errorf("asking whether %s may %s: %w", t.Name, what, err)
 	}
 	return ok, nil
 }

@@ -71,14 +71,20 @@ func (s *Store) ReadUsage(ctx context.Context, fromDay, toDay string) (map[lease
 	if err != nil {
 		return nil, fmt.Errorf("usage day %q: %w", toDay, err)
 	}
-	out := map[lease.UsageKey]lease.UsageCounts{}
-	for d := from; !d.After(to); d = d.Add(24 * time.Hour) {
-		day := lease.Day(d)
-		fields, err := s.client.HGetAll(ctx, s.prefix+"usage:"+day).Result()
-		if err != nil {
-			return nil, fmt.Errorf("reading the usage of %s: %w", day, err)
+	// Every day's hash in one round trip.
+	days := map[string]*redis.MapStringStringCmd{}
+	if _, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for d := from; !d.After(to); d = d.Add(24 * time.Hour) {
+			day := lease.Day(d)
+			days[day] = p.HGetAll(ctx, s.prefix+"usage:"+day)
 		}
-		for field, value := range fields {
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("reading the usage of %s to %s: %w", fromDay, toDay, err)
+	}
+	out := map[lease.UsageKey]lease.UsageCounts{}
+	for day, cmd := range days {
+		for field, value := range cmd.Val() {
 			parts := strings.Split(field, "\t")
 			n, err := strconv.ParseInt(value, 10, 64)
 			if len(parts) != 4 || err != nil {

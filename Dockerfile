@@ -26,6 +26,7 @@ COPY client/ client/
 COPY tlsprint/ tlsprint/
 COPY inspect/ inspect/
 COPY shard/ shard/
+COPY netid/ netid/
 COPY geoip/ geoip/
 COPY tracing/ tracing/
 RUN CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} go build -trimpath -ldflags "-s -w" -o manager .

@@ -124,7 +124,9 @@ func (b *Broker) Release(ctx context.Context, who *tenant.Tenant, id string) err
 // Report records the outcome of a request through who's lease id to
 // target (normalized): rate_limited and blocked cool the proxy for target
 // for cooldown, and a rate_limited one teaches target's learned pace its
-// retryAfter. Only the lease's holder (or the platform) reports on it.
+// retryAfter. A refusal reaches every proxy sites see as the same sender
+// as the lease's (refusedSender). Only the lease's holder (or the
+// platform) reports on it.
 func (b *Broker) Report(ctx context.Context, who *tenant.Tenant, id, result, target string, cooldown, retryAfter time.Duration) error {
 	target = NormalizeTarget(target)
 	held, err := b.store.Get(ctx, id)
@@ -139,6 +141,9 @@ func (b *Broker) Report(ctx context.Context, who *tenant.Tenant, id, result, tar
 	}
 	if err == nil {
 		b.countRefusal(ctx, held.Holder, target, held.ProxyID, result)
+		if o, ok := reportedOutcome(result, held.Holder, "", cooldown); ok {
+			b.refusedSender(ctx, held.ProxyID, target, o)
+		}
 	}
 	if result == lease.ResultRateLimited {
 		b.pushBack(ctx, target, retryAfter)
@@ -152,7 +157,9 @@ func (b *Broker) Report(ctx context.Context, who *tenant.Tenant, id, result, tar
 // gateway (its listeners) so it closes the session's open tunnels to a
 // rate-limited host. A report about a client the host bans everywhere
 // cools no proxy. The report also scores the session's stint (ScoreOf),
-// which retires it past TunnelRequest.MaxErrorScore.
+// which retires it past TunnelRequest.MaxErrorScore. A refusal that cools
+// the proxy reaches every proxy sites see as the same sender
+// (refusedSender).
 // lease.ErrSessionNotFound when the session has not tunnelled lately.
 func (b *Broker) ReportSession(ctx context.Context, who *tenant.Tenant, session, result, target string, cooldown, retryAfter time.Duration) error {
 	target = NormalizeTarget(target)
@@ -172,6 +179,9 @@ func (b *Broker) ReportSession(ctx context.Context, who *tenant.Tenant, session,
 		b.pushBack(ctx, target, retryAfter)
 	}
 	b.countRefusal(ctx, who.Name, target, proxy, result)
+	if o, ok := reportedOutcome(result, who.Name, client, cooldown); ok && cooldown > 0 {
+		b.refusedSender(ctx, proxy, target, o)
+	}
 	b.listeners.notify(SessionReport{Session: key, Target: target, Result: result, Proxy: proxy})
 	return nil
 }

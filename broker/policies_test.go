@@ -77,7 +77,8 @@ func (s staticPolicy) ForHost(host string) []Policy {
 
 // TestAPolicyCountedByNetwork: with countBy Network, the proxies whose
 // exit IPs share a /24 (or a /64) share one bucket, and a proxy of another
-// network keeps its own; by IP, each proxy is its own.
+// network keeps its own; by IP, each sender is its own: an IPv4 address,
+// or an IPv6 /64 (--ipv6-identity-prefix), whatever the proxies.
 func TestAPolicyCountedByNetwork(t *testing.T) {
 	ct := testenv.CrawlTarget("crawl", "shop", "shop.example", 2, time.Unix(0, 0))
 	ct.Spec.CountBy = crawlv1alpha1.CountByNetwork
@@ -92,10 +93,20 @@ func TestAPolicyCountedByNetwork(t *testing.T) {
 	assert.Equal(t, "net:203.0.113.0/24", paceOf("crawl/a").Bucket)
 	assert.Equal(t, paceOf("crawl/a").Bucket, paceOf("crawl/b").Bucket, "one network, one bucket")
 	assert.Equal(t, "net:198.51.100.0/24", paceOf("crawl/c").Bucket)
-	assert.Equal(t, "net:2001:db8:1:2::/64", networkBucket("2001:db8:1:2:3::9"))
-	assert.Empty(t, networkBucket(""), "no address: the proxy's own bucket")
+	f.proxy("v6a", "2001:db8:1:2:3::9")
+	assert.Equal(t, "net:2001:db8:1:2::/64", paceOf("crawl/v6a").Bucket)
+	f.proxy("none", "")
+	assert.Empty(t, paceOf("crawl/none").Bucket, "no address: the proxy's own bucket")
 
 	ct.Spec.CountBy = crawlv1alpha1.CountByIP
 	f.broker.opts.Politeness.Policies = staticPolicy{PolicyOf(ct)}
-	assert.Empty(t, f.broker.paceOf("shop.example")("crawl/a").Bucket, "by IP: each proxy its own")
+	paceOf = f.broker.paceOf("shop.example")
+	assert.Equal(t, "ip:203.0.113.5", paceOf("crawl/a").Bucket, "by IP: each IPv4 address its own")
+	assert.NotEqual(t, paceOf("crawl/a").Bucket, paceOf("crawl/b").Bucket)
+	f.proxy("v6b", "2001:db8:1:2:ffff::1")
+	f.proxy("v6c", "2001:db8:1:3::1")
+	assert.Equal(t, "ip:2001:db8:1:2::/64", paceOf("crawl/v6a").Bucket, "an IPv6 address counts as its /64")
+	assert.Equal(t, paceOf("crawl/v6a").Bucket, paceOf("crawl/v6b").Bucket, "one /64, one sender")
+	assert.NotEqual(t, paceOf("crawl/v6a").Bucket, paceOf("crawl/v6c").Bucket, "another /64, another sender")
+	assert.ElementsMatch(t, []string{"crawl/v6b"}, f.view.SameSender("crawl/v6a", 10))
 }

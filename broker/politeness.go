@@ -2,7 +2,6 @@ package broker
 
 import (
 	"context"
-	"net/netip"
 	"strings"
 	"time"
 
@@ -21,8 +20,9 @@ type Policy struct {
 	// Host is the host or wildcard domain ("*.example.com") it declares.
 	Host string     `json:"host"`
 	Pace lease.Pace `json:"-"`
-	// ByNetwork counts Pace's per-IP numbers per network (the /24 or /64
-	// of each proxy's exit IP) instead.
+	// ByNetwork counts Pace's per-IP numbers per network (the /24 of each
+	// proxy's IPv4 exit IP, the identity's network of an IPv6 one) instead
+	// of per sender (netid).
 	ByNetwork bool `json:"-"`
 }
 
@@ -43,9 +43,11 @@ type Politeness struct {
 }
 
 // paceOf is req's PaceOf for host: each candidate keeps the policy of its
-// namespace (candidates and policies are namespace/name), counted per its
-// exit IP's network when the policy says so. Nil when no policy covers
-// the host anywhere, so an unpaced lease keeps the store's fast path.
+// namespace (candidates and policies are namespace/name), counted per the
+// sender sites see its exit IP as (netid: the IP, or the /64 of an IPv6
+// one), or per its network when the policy says so. Nil when no policy
+// covers the host anywhere, so an unpaced lease keeps the store's fast
+// path.
 func (b *Broker) paceOf(host string) func(string) lease.Pace {
 	if b.opts.Politeness.Policies == nil || host == "" {
 		return nil
@@ -63,31 +65,24 @@ func (b *Broker) paceOf(host string) func(string) lease.Pace {
 	return func(id string) lease.Pace {
 		ns, _, _ := strings.Cut(id, "/")
 		p := byNamespace[ns]
-		if p.ByNetwork && b.opts.View != nil {
-			p.Pace.Bucket = networkBucket(b.opts.View.exitIP(id))
+		if b.opts.View != nil {
+			sender, network := b.opts.View.sender(id)
+			p.Pace.Bucket = bucket("ip:", sender)
+			if p.ByNetwork {
+				p.Pace.Bucket = bucket("net:", network)
+			}
 		}
 		return p.Pace
 	}
 }
 
-// networkBucket is the bucket of the network a site that counts by
-// network sees ip in: its /24 (IPv4) or /64 (IPv6); "" for no address
-// (the proxy's own bucket then).
-func networkBucket(ip string) string {
-	addr, err := netip.ParseAddr(ip)
-	if err != nil {
+// bucket is the pace bucket of a sender or a network (kind "ip:" or
+// "net:"); "" for none known: the proxy's own bucket then.
+func bucket(kind, key string) string {
+	if key == "" {
 		return ""
 	}
-	addr = addr.Unmap()
-	bits := 64
-	if addr.Is4() {
-		bits = 24
-	}
-	prefix, err := addr.Prefix(bits)
-	if err != nil {
-		return ""
-	}
-	return "net:" + prefix.String()
+	return kind + key
 }
 
 // withJitterReserve keeps one request of a declared burst in reserve: the

@@ -326,6 +326,8 @@ func (b *Broker) Refused(ctx context.Context, who *tenant.Tenant, proxy, host st
 	o := lease.Outcome{Blocked: true, Limited: limited, Source: lease.OutcomeGateway, Reporter: who.Name, Cooldown: min(max(retryAfter, 0), b.opts.DefaultCooldown)}
 	if err := b.store.RecordOutcome(ctx, proxy, host, o); err != nil {
 		logf.FromContext(ctx).Error(err, "recording a blocked outcome", "proxy", proxy, "host", host)
+	} else {
+		b.refusedSender(ctx, proxy, host, o)
 	}
 	result := lease.ResultBlocked
 	if limited {

@@ -17,6 +17,7 @@ import (
 	"github.com/example/egress-proxies-operator/credentials"
 	"github.com/example/egress-proxies-operator/feed"
 	"github.com/example/egress-proxies-operator/lease"
+	"github.com/example/egress-proxies-operator/netid"
 )
 
 // HealthSource says whether a proxy passes its probes. The health engine
@@ -79,6 +80,8 @@ type View struct {
 	attributeSets attributeSets
 	// clouds: provider instance -> its cloud (SetClouds).
 	clouds map[string]string
+	// identity is what a site counts as one sender (SetIdentity).
+	identity netid.Rule
 
 	mu         sync.RWMutex
 	entries    map[string]*entry
@@ -87,6 +90,9 @@ type View struct {
 	// pools indexes the entries by their pool's name (every namespace), so
 	// a pool's members are found without walking the fleet.
 	pools map[string]map[string]struct{}
+	// senders indexes the entries by their exit IP's identity (netid), so
+	// the proxies a site sees as one sender are found without a walk.
+	senders map[string]map[string]struct{}
 
 	// cache holds the candidates per selector: matching 10,000 proxies'
 	// attributes on every lease would dominate the cost of a lease.
@@ -106,10 +112,14 @@ type cachedCandidates struct {
 // cloud. Call it before the view's informer starts.
 func (v *View) SetClouds(clouds map[string]string) { v.clouds = clouds }
 
+// SetIdentity sets what a site counts as one sender (--ipv6-identity-prefix).
+// Call it before the view's informer starts.
+func (v *View) SetIdentity(rule netid.Rule) { v.identity = rule }
+
 // NewView returns an empty view; feed it with Handler. credentialsNamespace
 // is the operator's namespace, where Managed proxies' credentials are kept.
 func NewView(health HealthSource, credentialsNamespace string) *View {
-	return &View{health: health, credentialsNamespace: credentialsNamespace, entries: map[string]*entry{}, pools: map[string]map[string]struct{}{}, cache: map[string]cachedCandidates{}}
+	return &View{health: health, credentialsNamespace: credentialsNamespace, entries: map[string]*entry{}, pools: map[string]map[string]struct{}{}, senders: map[string]map[string]struct{}{}, cache: map[string]cachedCandidates{}}
 }
 
 // Handler is the informer event handler that keeps the view current.
@@ -164,27 +174,35 @@ func (v *View) Remove(id string) {
 	v.generation++
 }
 
-// indexLocked adds e to its pool's index.
+// indexLocked adds e to its pool's and its sender's index.
 func (v *View) indexLocked(e *entry) {
-	pool := e.attributes.m[attrPool]
-	if pool == "" {
-		return
-	}
-	members := v.pools[pool]
-	if members == nil {
-		members = map[string]struct{}{}
-		v.pools[pool] = members
-	}
-	members[e.id] = struct{}{}
+	addToIndex(v.pools, e.attributes.m[attrPool], e.id)
+	addToIndex(v.senders, v.identity.Of(e.exitIP()), e.id)
 }
 
-// unindexLocked drops e from its pool's index.
+// unindexLocked drops e from its pool's and its sender's index.
 func (v *View) unindexLocked(e *entry) {
-	pool := e.attributes.m[attrPool]
-	if members := v.pools[pool]; members != nil {
-		delete(members, e.id)
+	dropFromIndex(v.pools, e.attributes.m[attrPool], e.id)
+	dropFromIndex(v.senders, v.identity.Of(e.exitIP()), e.id)
+}
+
+func addToIndex(index map[string]map[string]struct{}, key, id string) {
+	if key == "" {
+		return
+	}
+	members := index[key]
+	if members == nil {
+		members = map[string]struct{}{}
+		index[key] = members
+	}
+	members[id] = struct{}{}
+}
+
+func dropFromIndex(index map[string]map[string]struct{}, key, id string) {
+	if members := index[key]; members != nil {
+		delete(members, id)
 		if len(members) == 0 {
-			delete(v.pools, pool)
+			delete(index, key)
 		}
 	}
 }
@@ -398,15 +416,40 @@ func (v *View) state(id string) (exists, serving, healthy bool) {
 	return true, e.serving, v.healthy(e)
 }
 
-// exitIP is the address sites see proxy id's requests come from ("" for
-// none known): cheap, for a lease's paces per candidate.
-func (v *View) exitIP(id string) string {
+// sender is the identity sites count proxy id's requests under (netid:
+// its exit IP, or the /64 of an IPv6 one), and network the range a site
+// that counts by network sees it in; "" for no exit IP known. Cheap, for a
+// lease's paces per candidate.
+func (v *View) sender(id string) (sender, network string) {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
 	if e, ok := v.entries[id]; ok {
-		return e.exitIP()
+		ip := e.exitIP()
+		return v.identity.Of(ip), v.identity.Network(ip)
 	}
-	return ""
+	return "", ""
+}
+
+// SameSender is every other proxy sites see as the same sender as proxy
+// id (its exit IP's identity, netid), at most limit of them in no order:
+// the proxies a site's block of id blocks too.
+func (v *View) SameSender(id string, limit int) []string {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	e, ok := v.entries[id]
+	if !ok {
+		return nil
+	}
+	var out []string
+	for other := range v.senders[v.identity.Of(e.exitIP())] {
+		if len(out) == limit {
+			break
+		}
+		if other != id {
+			out = append(out, other)
+		}
+	}
+	return out
 }
 
 // Lookup returns a proxy by id; ok is false once it is deleted.

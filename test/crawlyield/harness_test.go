@@ -35,6 +35,7 @@ import (
 	"github.com/example/egress-proxies-operator/gateway"
 	"github.com/example/egress-proxies-operator/inspect"
 	"github.com/example/egress-proxies-operator/lease"
+	"github.com/example/egress-proxies-operator/netid"
 	"github.com/example/egress-proxies-operator/test/simweb"
 	"github.com/example/egress-proxies-operator/test/squid"
 	"github.com/example/egress-proxies-operator/test/testenv"
@@ -49,8 +50,33 @@ var debugWaste = false
 // loopback address, so a site sees which proxy carried a request.
 type web struct {
 	proxies []string // the proxies' addresses (IPs), in order
-	sites   []*simweb.Site
-	tls     *tls.Config
+	// exits are the addresses the sites see the proxies' requests come
+	// from, in order (seeAs; nil: their own).
+	exits []string
+	sites []*simweb.Site
+	tls   *tls.Config
+}
+
+// seeAs makes every site see proxy i's requests come from exits[i] (IPv6
+// addresses, which no test may leave from), as the operator's probe
+// would have learnt them.
+func (w *web) seeAs(exits []string) {
+	seen := make(map[string]string, len(exits))
+	for i, ip := range w.proxies {
+		seen[ip] = exits[i]
+	}
+	for _, s := range w.sites {
+		s.SeeAs(seen)
+	}
+	w.exits = exits
+}
+
+// exitIPs are the addresses the sites see the proxies as.
+func (w *web) exitIPs() []string {
+	if w.exits != nil {
+		return w.exits
+	}
+	return w.proxies
 }
 
 // startWeb starts n Squids on 127.0.<block>.x and one site per rules on
@@ -98,13 +124,24 @@ func startProduct(t testing.TB, w *web, politeness broker.Politeness) *product {
 // (Redis) share their leases, sessions and paces.
 func startReplica(t testing.TB, w *web, politeness broker.Politeness, store lease.Store) *product {
 	t.Helper()
+	return startCounting(t, w, politeness, store, netid.Rule{})
+}
+
+// startCounting is startReplica with identity as what the product counts
+// as one sender (--ipv6-identity-prefix).
+func startCounting(t testing.TB, w *web, politeness broker.Politeness, store lease.Store, identity netid.Rule) *product {
+	t.Helper()
 	view := broker.NewView(nil, "operator-ns")
+	view.SetIdentity(identity)
 	for i, ip := range w.proxies {
 		p := &crawlv1alpha1.Proxy{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "crawl", Name: fmt.Sprintf("p%02d", i)},
 			Spec: crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeExternal, Attributes: map[string]string{"fleet": "bench", "id": fmt.Sprintf("p%02d", i)},
 				External: &crawlv1alpha1.ExternalEndpoint{Address: ip}},
 			Status: crawlv1alpha1.ProxyStatus{Phase: crawlv1alpha1.PhaseReady, IP: ip, Port: 3128},
+		}
+		if w.exits != nil {
+			p.Status.EgressIP = w.exits[i]
 		}
 		testenv.SetHealth(p, metav1.ConditionTrue, "ProbeSucceeded")
 		view.Handler().OnAdd(p, false)
@@ -447,7 +484,7 @@ func urlsOf(w *web, n int) []string {
 func oracle(w *web, d time.Duration, n int) int {
 	total := 0
 	for _, s := range w.sites {
-		total += simweb.Oracle(s.Rules, w.proxies, d, n)
+		total += simweb.Oracle(s.Rules, w.exitIPs(), d, n)
 	}
 	return total
 }

@@ -62,6 +62,10 @@ type Rules struct {
 	// concurrency, bans) to the IP's /24 (an IPv6 address's /64)
 	// instead, as sites that limit a whole range do; "" counts per IP.
 	CountBy string `json:"countBy,omitempty"`
+	// IPv6Prefix, when counting per IP, counts an IPv6 address by its
+	// network of that length instead (64: one subscriber's allocation, as
+	// most sites and WAFs count IPv6); 0 counts each address.
+	IPv6Prefix int `json:"ipv6Prefix,omitempty"`
 	// BanAfter violations (requests over the rate or the concurrency
 	// limit) within BanWindow ban the IP for BanFor: every request is
 	// then answered 403, and the IP is burned on this site. Zero: no bans.
@@ -132,7 +136,8 @@ type Site struct {
 	clients sync.Map
 
 	mu        sync.Mutex
-	seen      map[string]bool // every TLS client's fingerprint
+	seenAs    map[string]string // SeeAs
+	seen      map[string]bool   // every TLS client's fingerprint
 	ips       map[string]*ipState
 	answers   map[string]int
 	bannedIPs []string
@@ -207,6 +212,27 @@ func StartOn(addr string, https bool, rules Rules) (*Site, error) {
 	return s, nil
 }
 
+// SeeAs makes the site see requests from each loopback source address
+// (a key) as coming from the public address it maps to, as a site on the
+// internet sees a proxy's exit IP: tests may only leave from loopback
+// addresses, so an IPv6 fleet is a set of loopback Squids the sites see as
+// IPv6 addresses. Call it before the site's first request.
+func (s *Site) SeeAs(addresses map[string]string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.seenAs = addresses
+}
+
+// exitIP is the address the site sees a request from source as.
+func (s *Site) exitIP(source string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if as, ok := s.seenAs[source]; ok {
+		return as
+	}
+	return source
+}
+
 // Roots trust the site's certificate (nil for plain HTTP).
 func (s *Site) Roots() *x509.CertPool { return s.roots }
 
@@ -254,7 +280,8 @@ func (s *Site) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_ = json.NewEncoder(w).Encode(s.Rules)
 		return
 	}
-	ip, _, _ := net.SplitHostPort(r.RemoteAddr)
+	source, _, _ := net.SplitHostPort(r.RemoteAddr)
+	ip := s.exitIP(source)
 	key := s.countKey(ip)
 	client := ""
 	if fp, ok := s.clients.Load(r.RemoteAddr); ok {
@@ -292,21 +319,27 @@ func (s *Site) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// countKey is what the site counts ip under: itself, or its network
-// (CountBy "network").
+// countKey is what the site counts ip under: itself, its network
+// (CountBy "network": a /24, an IPv6 /64), or for IPv6 the network of
+// IPv6Prefix.
 func (s *Site) countKey(ip string) string {
-	if s.Rules.CountBy != CountByNetwork {
-		return ip
-	}
 	addr, err := netip.ParseAddr(ip)
 	if err != nil {
 		return ip
 	}
-	bits := 24
-	if addr.Is6() && !addr.Is4In6() {
+	addr = addr.Unmap()
+	bits := 0
+	switch {
+	case s.Rules.CountBy == CountByNetwork && addr.Is4():
+		bits = 24
+	case s.Rules.CountBy == CountByNetwork:
 		bits = 64
+	case addr.Is6() && s.Rules.IPv6Prefix > 0:
+		bits = s.Rules.IPv6Prefix
+	default:
+		return ip
 	}
-	p, _ := addr.Unmap().Prefix(bits)
+	p, _ := addr.Prefix(bits)
 	return p.String()
 }
 

@@ -1,0 +1,88 @@
+// Package netid says what a site sees as one sender: an IPv4 address, or
+// the network an IPv6 address belongs to (its /64 unless configured
+// otherwise: one subscriber's allocation, which sites rate-limit and ban
+// as one). Pacing, the outcome memory, bans and burned addresses all key
+// an exit IP by it, so proxies that share a /64 never look to the fleet
+// like more senders than a site counts.
+//
+// It is a leaf: it must never import another package of this module.
+package netid
+
+import (
+	"flag"
+	"fmt"
+	"net/netip"
+)
+
+// DefaultIPv6Prefix is the IPv6 network sites count as one sender: the /64
+// an ISP or a cloud hands one subscriber or subnet.
+const DefaultIPv6Prefix = 64
+
+// Rule is how exit IPs map to the senders sites count. The zero Rule is
+// the default (/64).
+type Rule struct {
+	// IPv6Prefix is the length of the IPv6 network counted as one sender
+	// (32-128; 0: DefaultIPv6Prefix).
+	IPv6Prefix int
+}
+
+func (r Rule) v6Bits() int {
+	if r.IPv6Prefix == 0 {
+		return DefaultIPv6Prefix
+	}
+	return r.IPv6Prefix
+}
+
+// Of is the sender a site sees ip as: the address itself for IPv4 (and
+// IPv4-mapped IPv6), the network "2001:db8:1:2::/64" for IPv6; "" when ip
+// is no address. Two exit IPs are one identity when Of gives both the
+// same.
+func (r Rule) Of(ip string) string {
+	return r.of(ip, 32)
+}
+
+// Network is the network a site that counts whole ranges sees ip in
+// (a CrawlTarget's countBy Network): its /24 for IPv4, the identity's
+// network for IPv6; "" when ip is no address.
+func (r Rule) Network(ip string) string {
+	return r.of(ip, 24)
+}
+
+func (r Rule) of(ip string, v4Bits int) string {
+	addr, err := netip.ParseAddr(ip)
+	if err != nil {
+		return ""
+	}
+	addr = addr.Unmap().WithZone("")
+	bits := r.v6Bits()
+	if addr.Is4() {
+		bits = v4Bits
+	}
+	if bits == addr.BitLen() {
+		return addr.String()
+	}
+	prefix, err := addr.Prefix(bits)
+	if err != nil {
+		return ""
+	}
+	return prefix.String()
+}
+
+// Contains says whether identity (an Of result) covers ip.
+func (r Rule) Contains(identity, ip string) bool {
+	return identity != "" && r.Of(ip) == identity
+}
+
+// AddFlags registers --ipv6-identity-prefix.
+func (r *Rule) AddFlags(fs *flag.FlagSet) {
+	fs.IntVar(&r.IPv6Prefix, "ipv6-identity-prefix", DefaultIPv6Prefix,
+		"Length of the IPv6 network sites count as one sender: proxies whose exit IPs share it are one identity for pacing, the outcome memory, bans and burned addresses (32-128; 128 counts each address).")
+}
+
+// Validate checks the flag's value.
+func (r Rule) Validate() error {
+	if r.IPv6Prefix != 0 && (r.IPv6Prefix < 32 || r.IPv6Prefix > 128) {
+		return fmt.Errorf("--ipv6-identity-prefix must be between 32 and 128, got %d", r.IPv6Prefix)
+	}
+	return nil
+}

@@ -28,6 +28,7 @@ import (
 	"github.com/example/egress-proxies-operator/geoip"
 	"github.com/example/egress-proxies-operator/health"
 	"github.com/example/egress-proxies-operator/lease"
+	"github.com/example/egress-proxies-operator/netid"
 	"github.com/example/egress-proxies-operator/lease/leasestore"
 	"github.com/example/egress-proxies-operator/operator"
 	"github.com/example/egress-proxies-operator/providers"
@@ -92,6 +93,7 @@ type options struct {
 	leaseStore  leasestore.Options
 	gateway     gateway.Options
 	bans        bans.Config
+	senders     netid.Rule
 	zap         zap.Options
 }
 
@@ -103,7 +105,7 @@ type component interface {
 
 // components are the options that register flags and validate alike.
 func (o *options) components() []component {
-	return []component{&o.manager, &o.identity, &o.controllers, &o.pools, &o.geo, &o.tracing, &o.health, &o.discovery, &o.leaseStore, &o.gateway, &o.bans}
+	return []component{&o.manager, &o.identity, &o.controllers, &o.pools, &o.geo, &o.tracing, &o.health, &o.discovery, &o.leaseStore, &o.gateway, &o.bans, &o.senders}
 }
 
 // parseFlags turns the command line into options, rejecting anything the
@@ -234,7 +236,7 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 				return err
 			}
 		}
-		demand, outcomes = poolDemand{server}, server.Outcomes()
+		demand, outcomes = poolDemand{server}, senderBurns{server.Outcomes(), w.opts.senders}
 		canaries.memory = outcomes
 		if err := w.setupBans(outcomes, triggers); err != nil {
 			return err

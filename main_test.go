@@ -15,6 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/example/egress-proxies-operator/gateway"
+	"github.com/example/egress-proxies-operator/lease"
+	"github.com/example/egress-proxies-operator/netid"
 	"github.com/example/egress-proxies-operator/providers"
 	"github.com/example/egress-proxies-operator/providers/aws"
 	"github.com/example/egress-proxies-operator/providers/gcp"
@@ -46,6 +48,10 @@ func TestParseFlags(t *testing.T) {
 		assert.Equal(t, "egress-proxies-operator-system_egress-proxies-operator", o.identity.OperatorID, "<namespace>_<name>")
 		assert.Equal(t, "egress-proxies-operator.crawl.example.com", o.manager.LeaderElectionID)
 		assert.Equal(t, "0", o.manager.PprofAddr, "profiling is off by default")
+		assert.Equal(t, 64, o.senders.IPv6Prefix, "an IPv6 /64 is one sender")
+
+		_, err = parseFlags([]string{"--ipv6-identity-prefix=8"}, &bytes.Buffer{})
+		assert.ErrorContains(t, err, "--ipv6-identity-prefix must be between 32 and 128, got 8")
 	})
 
 	t.Run("a namespace-scoped install", func(t *testing.T) {
@@ -368,4 +374,22 @@ func TestDefaultGCPercent(t *testing.T) {
 	t.Setenv("GOGC", "80")
 	useDefaultGCPercent()
 	assert.Equal(t, 80, current(), "GOGC set: left as the runtime read it")
+}
+
+// TestABanBurnsTheWholeSender: the burned-IP memory the judge and the
+// reconciler share keys an exit IP by its sender: burning one address of
+// an IPv6 /64 burns every address of it (a new instance there comes up
+// burned), not the next /64; an IPv4 address burns only itself.
+func TestABanBurnsTheWholeSender(t *testing.T) {
+	ctx := context.Background()
+	burns := senderBurns{lease.NewMemoryStore(nil), netid.Rule{}}
+	require.NoError(t, burns.BurnIP(ctx, "gcp-eu", "2001:db8:1:2::5", time.Hour))
+	require.NoError(t, burns.BurnIP(ctx, "gcp-eu", "203.0.113.5", time.Hour))
+	for ip, burned := range map[string]bool{
+		"2001:db8:1:2:ffff::1": true, "2001:db8:1:3::5": false, "203.0.113.5": true, "203.0.113.6": false,
+	} {
+		until, err := burns.BurnedUntil(ctx, "gcp-eu", ip)
+		require.NoError(t, err)
+		assert.Equal(t, burned, !until.IsZero(), ip)
+	}
 }

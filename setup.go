@@ -45,6 +45,7 @@ import (
 	"github.com/example/egress-proxies-operator/intern"
 	"github.com/example/egress-proxies-operator/kubeauth"
 	"github.com/example/egress-proxies-operator/lease"
+	"github.com/example/egress-proxies-operator/netid"
 	"github.com/example/egress-proxies-operator/operator"
 	"github.com/example/egress-proxies-operator/providers"
 	"github.com/example/egress-proxies-operator/providers/kubernetes"
@@ -256,6 +257,7 @@ func (w *wiring) setupDiscovery(ctx context.Context, engine *health.Engine) (*di
 	d := w.opts.discovery
 	view := broker.NewView(engineHealth{engine}, w.opts.identity.CredentialsNamespace)
 	view.SetClouds(w.clouds)
+	view.SetIdentity(w.opts.senders)
 	policies, quotas := broker.NewPolicyIndex(), broker.NewQuotaIndex()
 	var synced []func() bool
 	for _, feed := range []struct {
@@ -391,6 +393,31 @@ type poolDemand struct{ server *discovery.Server }
 func (d poolDemand) PoolDemand(ctx context.Context, namespace, name string) (pool.Demand, error) {
 	got, err := d.server.Broker().PoolDemand(ctx, namespace, name)
 	return pool.Demand{ActiveLeases: got.ActiveLeases, Held: got.Held, HeldLeases: got.HeldLeases, LastRefused: got.LastRefused}, err
+}
+
+// senderBurns keys the burned-IP memory by sender (netid): a ban burns
+// the whole /64 of an IPv6 exit IP, and a new instance that comes up
+// anywhere in a burned /64 is on a burned address.
+type senderBurns struct {
+	lease.OutcomeMemory
+	senders netid.Rule
+}
+
+func (s senderBurns) sender(ip string) string {
+	if sender := s.senders.Of(ip); sender != "" {
+		return sender
+	}
+	return ip
+}
+
+// BurnIP burns ip's sender.
+func (s senderBurns) BurnIP(ctx context.Context, scope, ip string, retention time.Duration) error {
+	return s.OutcomeMemory.BurnIP(ctx, scope, s.sender(ip), retention)
+}
+
+// BurnedUntil is when ip's sender stops being burned.
+func (s senderBurns) BurnedUntil(ctx context.Context, scope, ip string) (time.Time, error) {
+	return s.OutcomeMemory.BurnedUntil(ctx, scope, s.sender(ip))
 }
 
 // canaryOutcomes hands the health engine's canary results to the lease

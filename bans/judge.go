@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -261,12 +262,16 @@ func (j *Judge) apply(ctx context.Context, p *crawlv1alpha1.Proxy, c metav1.Cond
 	return nil
 }
 
-// exitIPs are the addresses sites saw p's requests come from: its IP, and
-// its egress IP when the probe learned another.
+// exitIPs are the addresses sites saw p's requests come from: its IP, its
+// egress IP when the probe learned another, and the first address of its
+// IPv6 range (the memory burns each one's sender: the range's /64).
 func exitIPs(p *crawlv1alpha1.Proxy) []string {
 	ips := []string{p.Status.IP}
 	if e := p.Status.EgressIP; e != "" && e != p.Status.IP {
 		ips = append(ips, e)
+	}
+	if prefix, err := netip.ParsePrefix(p.Status.IPv6Prefix); err == nil {
+		ips = append(ips, prefix.Addr().String())
 	}
 	return ips
 }

@@ -293,7 +293,11 @@ func (p *pick) releaseHold(ctx context.Context) {
 // upstream is where lease's proxy is, recorded in the ledger; a lease
 // whose proxy cannot be reached so is released unused.
 func (p *pick) upstream(ctx context.Context, granted lease.Lease, hold string) (Upstream, error) {
-	up, err := p.b.upstream(ctx, granted)
+	session := ""
+	if p.req.Session != "" {
+		session = p.session
+	}
+	up, err := p.b.upstream(ctx, granted, session)
 	up.Wait, up.Paced, up.Hold = granted.Wait, granted.Paced, hold
 	if err != nil {
 		_ = p.b.store.Release(ctx, granted.ID) // never used, so never recorded

@@ -16,6 +16,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/example/egress-proxies-operator/lease"
+	"github.com/example/egress-proxies-operator/netid"
 	"github.com/example/egress-proxies-operator/operator"
 	"github.com/example/egress-proxies-operator/tenant"
 )
@@ -103,6 +104,10 @@ type Upstream struct {
 	// Address is the proxy's host:port; ExitIP where sites see the
 	// tunnel come from.
 	Address, ExitIP string
+	// SessionAddress, for a proxy that leaves from several addresses of
+	// its IPv6 range, is the one the tunnel's session leaves from: the
+	// netid.SessionHeader value to send it ("": none, the proxy's own).
+	SessionAddress string
 	// User are the proxy's credentials (nil: it needs none).
 	User    *url.Userinfo
 	LeaseID string
@@ -336,13 +341,18 @@ func (b *Broker) Refused(ctx context.Context, who *tenant.Tenant, proxy, host st
 	b.countRefusal(ctx, who.Name, host, proxy, result)
 }
 
-// upstream is where a leased proxy is, with its credentials.
-func (b *Broker) upstream(ctx context.Context, granted lease.Lease) (Upstream, error) {
+// upstream is where a leased proxy is, with its credentials, and the
+// address session (its key; "" rotates) leaves from when the proxy has
+// session addresses.
+func (b *Broker) upstream(ctx context.Context, granted lease.Lease, session string) (Upstream, error) {
 	info, ok := b.opts.View.Lookup(granted.ProxyID, 0)
 	if !ok || info.IP == "" || info.Port == 0 {
 		return Upstream{}, fmt.Errorf("proxy %s has no address", granted.ProxyID)
 	}
 	up := Upstream{ProxyID: granted.ProxyID, LeaseID: granted.ID, Address: net.JoinHostPort(info.IP, strconv.Itoa(int(info.Port))), ExitIP: info.ExitIP}
+	if info.SessionAddresses > 0 && session != "" {
+		up.SessionAddress = strconv.Itoa(netid.SessionIndex(session, int(info.SessionAddresses)))
+	}
 	if info.hasCreds {
 		// The gateway's own credentials for its own lease: they never
 		// leave the operator.

@@ -43,6 +43,11 @@ type entry struct {
 	// egress is where sites see its requests come from, when the health
 	// engine learnt another address than ip (status.egressIP).
 	egress string
+	// ipv6Prefix is the IPv6 range it leaves from to IPv6 sites, and
+	// sessionAddresses how many of its addresses its Squid leaves from,
+	// one per gateway session (status).
+	ipv6Prefix       string
+	sessionAddresses int32
 	// lastIP is the last address it had (ip, or while it has none, the
 	// one before): a new one means it moved.
 	lastIP     string
@@ -267,10 +272,13 @@ func entryOf(p *crawlv1alpha1.Proxy, sets *attributeSets, clouds map[string]stri
 		id:          p.Namespace + "/" + p.Name,
 		ip:          p.Status.IP,
 		egress:      p.Status.EgressIP,
+		ipv6Prefix:  p.Status.IPv6Prefix,
 		port:        p.Status.Port,
 		attributes:  sets.intern(attrs),
 		serving:     p.Serving(),
 		statusReady: p.IsReady(),
+
+		sessionAddresses: p.Status.SessionAddresses,
 	}
 }
 
@@ -306,9 +314,17 @@ type ProxyInfo struct {
 	// ExitIP is the address sites see its requests come from: the
 	// proxy's IP, or the egress IP the health engine learnt when another
 	// (NAT, a provider's gateway).
-	ExitIP       string `json:"exitIP,omitempty"`
-	Healthy      bool   `json:"healthy"`
-	ActiveLeases int    `json:"activeLeases"`
+	ExitIP string `json:"exitIP,omitempty"`
+	// IPv6Prefix is the IPv6 range it leaves from to sites that have an
+	// IPv6 address (sites count its /64 as one sender), and
+	// SessionAddresses how many of its addresses it leaves from: a
+	// CONNECT or request with the X-Egress-Session-Address header i
+	// (0 to SessionAddresses-1) leaves from the range's first address
+	// plus i+1.
+	IPv6Prefix       string `json:"ipv6Prefix,omitempty"`
+	SessionAddresses int32  `json:"sessionAddresses,omitempty"`
+	Healthy          bool   `json:"healthy"`
+	ActiveLeases     int    `json:"activeLeases"`
 
 	creds    credentials.Ref
 	hasCreds bool
@@ -316,7 +332,7 @@ type ProxyInfo struct {
 
 func (v *View) info(e *entry, leases int) ProxyInfo {
 	info := ProxyInfo{ID: e.id, IP: e.ip, Port: e.port, Attributes: e.attributes.m, Healthy: v.healthy(e), ActiveLeases: leases,
-		ExitIP: e.exitIP(), creds: e.creds.Value(), hasCreds: e.hasCreds}
+		ExitIP: e.exitIP(), IPv6Prefix: e.ipv6Prefix, SessionAddresses: e.sessionAddresses, creds: e.creds.Value(), hasCreds: e.hasCreds}
 	if e.ip != "" && e.port != 0 {
 		info.URL = "http://" + net.JoinHostPort(e.ip, strconv.Itoa(int(e.port)))
 	}

@@ -95,10 +95,21 @@ type Proxy struct {
 	Attributes          map[string]string `json:"attributes"`
 	// ExitIP is the address sites see its requests come from (its IP, or
 	// the egress IP the operator learnt when another).
-	ExitIP       string `json:"exitIP,omitempty"`
-	Healthy      bool   `json:"healthy"`
-	ActiveLeases int    `json:"activeLeases"`
+	ExitIP string `json:"exitIP,omitempty"`
+	// IPv6Prefix is the IPv6 range it leaves from to sites with an IPv6
+	// address, and SessionAddresses how many of its addresses it leaves
+	// from: a CONNECT with the header SessionAddressHeader i (0 to
+	// SessionAddresses-1) leaves from the range's first address plus i+1.
+	IPv6Prefix       string `json:"ipv6Prefix,omitempty"`
+	SessionAddresses int32  `json:"sessionAddresses,omitempty"`
+	Healthy          bool   `json:"healthy"`
+	ActiveLeases     int    `json:"activeLeases"`
 }
+
+// SessionAddressHeader names, in a CONNECT or plain-HTTP request to a
+// leased proxy with SessionAddresses, the address of its IPv6 range the
+// request leaves from (the proxy drops it before anything leaves).
+const SessionAddressHeader = "X-Egress-Session-Address"
 
 // Lease is a claim on one proxy until ExpiresAt.
 type Lease struct {

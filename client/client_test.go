@@ -23,6 +23,7 @@ import (
 	"github.com/example/egress-proxies-operator/client"
 	"github.com/example/egress-proxies-operator/discovery"
 	"github.com/example/egress-proxies-operator/lease"
+	"github.com/example/egress-proxies-operator/netid"
 	"github.com/example/egress-proxies-operator/test/squid"
 	"github.com/example/egress-proxies-operator/test/testenv"
 )
@@ -444,4 +445,10 @@ func TestTransportHoldsLeasesOnlyForHostsInUse(t *testing.T) {
 	assert.Empty(t, tr.Current("127.0.0.1"))
 	get("localhost")
 	assert.Equal(t, 1, activeLeases(t, f), "a host that comes back leases again")
+}
+
+// TestTheSessionAddressHeaderIsTheProxies: the header a lease's client
+// names a session address in is the one the proxies' Squid reads.
+func TestTheSessionAddressHeaderIsTheProxies(t *testing.T) {
+	assert.Equal(t, netid.SessionHeader, client.SessionAddressHeader)
 }

@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -267,6 +268,23 @@ func TestNextStatus(t *testing.T) {
 		assert.Equal(t, crawlv1alpha1.ReasonNotProvisioned, p.ReadyCondition(p.RecordedHealth()).Reason, "not Ready, whatever the verdict said")
 	})
 
+	t.Run("a dual-stack instance's IPv6 range and session addresses are recorded, and cleared with its address", func(t *testing.T) {
+		p := proxyFixture()
+		inst := instance(providers.StateRunning, testHash, testUID)
+		inst.IPv6Prefix, inst.SessionAddresses = "2001:db8:6:1:0:5::/96", 16
+		o := observation{proxy: p, instance: inst, instanceProvider: "kind-local", desiredHash: testHash}
+		s := nextStatus(p, o, plan(o))
+		assert.Equal(t, "2001:db8:6:1:0:5::/96", s.IPv6Prefix)
+		assert.Equal(t, int32(16), s.SessionAddresses)
+		assert.Equal(t, "2001:db8:6:1:0:5::/96", *statusApply(p, s).Status.IPv6Prefix, "applied by the reconciler")
+
+		p.Status = s
+		replaced := observation{proxy: p, instance: instance(providers.StateRunning, "hash-old", testUID), desiredHash: testHash}
+		s = nextStatus(p, replaced, plan(replaced))
+		assert.Empty(t, s.IPv6Prefix, "the old range must not be handed out")
+		assert.Zero(t, s.SessionAddresses)
+	})
+
 	t.Run("External takes its address from the spec", func(t *testing.T) {
 		p := proxyFixture(external, func(p *crawlv1alpha1.Proxy) { p.Spec.External.Port = 8080 })
 		o := observation{proxy: p}
@@ -471,4 +489,37 @@ func TestBansAndBurnedIPs(t *testing.T) {
 	assert.Equal(t, ReasonBurnedIPUnknown, a.Reason)
 	assert.NoError(t, a.Err, "polled again, not backed off")
 	assert.Contains(t, a.Message, "connection refused")
+}
+
+// burnedAt is a burned-IP memory that knows one burned address.
+type burnedAt struct {
+	ip    string
+	until time.Time
+	asked []string
+}
+
+func (b *burnedAt) BurnedUntil(_ context.Context, _, ip string) (time.Time, error) {
+	b.asked = append(b.asked, ip)
+	if ip == b.ip {
+		return b.until, nil
+	}
+	return time.Time{}, nil
+}
+
+// TestANewInstanceInABurnedIPv6RangeIsBurned: before a new instance
+// serves, its IPv6 range is asked about as well as its IP (the memory
+// keys both by sender: the range's /64), and the later end counts.
+func TestANewInstanceInABurnedIPv6RangeIsBurned(t *testing.T) {
+	until := time.Date(2026, 12, 8, 0, 0, 0, 0, time.UTC)
+	memory := &burnedAt{ip: "2001:db8:6:1:0:5::", until: until}
+	r := &ProxyReconciler{Burned: memory}
+	inst := instance(providers.StateRunning, testHash, testUID)
+	inst.IPv6Prefix = "2001:db8:6:1:0:5::/96"
+	o := observation{proxy: proxyFixture(creatingRecorded), instance: inst, instanceProvider: "kind-local", desiredHash: testHash,
+		maxRerolls: DefaultMaxBurnedIPRerolls}
+	r.checkBurned(context.Background(), &o)
+	require.NoError(t, o.burnedErr)
+	assert.Equal(t, []string{inst.IP, "2001:db8:6:1:0:5::"}, memory.asked)
+	assert.Equal(t, until, o.burnedUntil)
+	assert.Equal(t, ReasonBurnedIP, plan(o).Cause, "replaced for its burned range")
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"reflect"
 	"strings"
 	"sync"
@@ -279,18 +280,29 @@ func (r *ProxyReconciler) observeInstance(ctx context.Context, p *crawlv1alpha1.
 	return o, last
 }
 
-// checkBurned asks the burned-IP memory about a running instance's IP
-// before it first serves; one already serving at that IP was checked then
-// (its own ban burns its IP, and it serves on until replaced).
+// checkBurned asks the burned-IP memory about a running instance's IP, and
+// its IPv6 range when it has one, before it first serves; one already
+// serving at that IP was checked then (its own ban burns its IP, and it
+// serves on until replaced). The later end of the two counts.
 func (r *ProxyReconciler) checkBurned(ctx context.Context, o *observation) {
 	inst, p := o.instance, o.proxy
 	if r.Burned == nil || inst == nil || inst.State != providers.StateRunning || inst.IP == "" || !p.DeletionTimestamp.IsZero() ||
 		(p.Status.Phase == crawlv1alpha1.PhaseReady && p.Status.IP == inst.IP && p.Status.InstanceName == inst.Name) {
 		return
 	}
-	o.burnedUntil, o.burnedErr = r.Burned.BurnedUntil(ctx, o.instanceProvider, inst.IP)
-	if o.burnedErr != nil {
-		o.burnedErr = fmt.Errorf("reading the burned-IP memory for %s: %w", inst.IP, o.burnedErr)
+	addresses := []string{inst.IP}
+	if prefix, err := netip.ParsePrefix(inst.IPv6Prefix); err == nil {
+		addresses = append(addresses, prefix.Addr().String())
+	}
+	for _, ip := range addresses {
+		until, err := r.Burned.BurnedUntil(ctx, o.instanceProvider, ip)
+		if err != nil {
+			o.burnedErr = fmt.Errorf("reading the burned-IP memory for %s: %w", ip, err)
+			return
+		}
+		if until.After(o.burnedUntil) {
+			o.burnedUntil = until
+		}
 	}
 }
 

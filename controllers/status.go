@@ -34,18 +34,20 @@ func nextStatus(p *crawlv1alpha1.Proxy, o observation, a Action) crawlv1alpha1.P
 		provisioned = metav1.ConditionTrue
 		if p.Spec.Mode == crawlv1alpha1.ModeExternal {
 			s.IP, s.Port = p.Spec.External.Address, externalPort(p)
+			s.IPv6Prefix, s.SessionAddresses = "", 0
 			s.InstanceName, s.Provider, s.SpecHash = "", "", ""
 		} else {
 			s.IP, s.Port = o.instance.IP, o.instance.Port
+			s.IPv6Prefix, s.SessionAddresses = o.instance.IPv6Prefix, o.instance.SessionAddresses
 		}
 	case ActionCreate:
 		// Recorded before the instance runs, so a crash after this write still
 		// knows which provider holds it.
-		s.IP, s.Port = "", 0
+		s.IP, s.Port, s.IPv6Prefix, s.SessionAddresses = "", 0, "", 0
 		s.InstanceName, s.Provider, s.SpecHash = o.instanceName, p.Spec.Provider, o.desiredHash
 	case ActionDelete:
-		// The address is going away: stop advertising it now.
-		s.IP, s.Port = "", 0
+		// The addresses are going away: stop advertising them now.
+		s.IP, s.Port, s.IPv6Prefix, s.SessionAddresses = "", 0, "", 0
 	}
 	switch {
 	case a.Cause == ReasonBurnedIP:
@@ -68,7 +70,7 @@ func nextStatus(p *crawlv1alpha1.Proxy, o observation, a Action) crawlv1alpha1.P
 func reconcilerPart(s crawlv1alpha1.ProxyStatus) crawlv1alpha1.ProxyStatus {
 	part := crawlv1alpha1.ProxyStatus{
 		Phase: s.Phase, Message: s.Message, ObservedGeneration: s.ObservedGeneration,
-		IP: s.IP, Port: s.Port, InstanceName: s.InstanceName, Provider: s.Provider, SpecHash: s.SpecHash,
+		IP: s.IP, Port: s.Port, IPv6Prefix: s.IPv6Prefix, SessionAddresses: s.SessionAddresses, InstanceName: s.InstanceName, Provider: s.Provider, SpecHash: s.SpecHash,
 		BurnedIPRerolls: s.BurnedIPRerolls,
 	}
 	if c := meta.FindStatusCondition(s.Conditions, crawlv1alpha1.ConditionProvisioned); c != nil {
@@ -85,7 +87,7 @@ func statusApply(p *crawlv1alpha1.Proxy, s crawlv1alpha1.ProxyStatus) *acv1alpha
 	part := reconcilerPart(s)
 	status := acv1alpha1.ProxyStatus().
 		WithPhase(part.Phase).WithMessage(part.Message).WithObservedGeneration(part.ObservedGeneration).
-		WithIP(part.IP).WithPort(part.Port).
+		WithIP(part.IP).WithPort(part.Port).WithIPv6Prefix(part.IPv6Prefix).WithSessionAddresses(part.SessionAddresses).
 		WithInstanceName(part.InstanceName).WithProvider(part.Provider).WithSpecHash(part.SpecHash).
 		WithBurnedIPRerolls(part.BurnedIPRerolls)
 	for _, c := range part.Conditions {

@@ -19,6 +19,7 @@ import (
 	"github.com/example/egress-proxies-operator/broker"
 	"github.com/example/egress-proxies-operator/client"
 	"github.com/example/egress-proxies-operator/lease"
+	"github.com/example/egress-proxies-operator/netid"
 	"github.com/example/egress-proxies-operator/tracing"
 )
 
@@ -31,13 +32,34 @@ const squidErrorHeader = "X-Squid-Error"
 type upstreamKey struct{}
 
 // upstreamOf is the forwarder's Proxy: the upstream picked for the request,
-// with its credentials.
+// with its credentials. A session address is in the URL's fragment, which
+// the transport keys its idle connections by (never sent): a connection,
+// or a CONNECT tunnel, made to leave from one address never carries
+// another session's request.
 func upstreamOf(r *http.Request) (*url.URL, error) {
 	up, ok := r.Context().Value(upstreamKey{}).(broker.Upstream)
 	if !ok {
 		return nil, errors.New("no upstream picked for the request")
 	}
-	return &url.URL{Scheme: "http", Host: up.Address, User: up.User}, nil
+	u := &url.URL{Scheme: "http", Host: up.Address, User: up.User}
+	if up.SessionAddress != "" {
+		u.Fragment = sessionAddressFragment + up.SessionAddress
+	}
+	return u, nil
+}
+
+// sessionAddressFragment prefixes a session address in an upstream URL's
+// fragment (upstreamOf).
+const sessionAddressFragment = "session-address-"
+
+// sessionAddressHeader is the forwarder's GetProxyConnectHeader: the
+// CONNECT of an inspected tunnel names its session's address, as the
+// gateway's own tunnels do.
+func sessionAddressHeader(_ context.Context, proxy *url.URL, _ string) (http.Header, error) {
+	if i, ok := strings.CutPrefix(proxy.Fragment, sessionAddressFragment); ok {
+		return http.Header{netid.SessionHeader: {i}}, nil
+	}
+	return nil, nil
 }
 
 // hopHeaders are the hop-by-hop headers (RFC 9110 7.6.1) a proxy must not
@@ -45,6 +67,15 @@ func upstreamOf(r *http.Request) (*url.URL, error) {
 var hopHeaders = []string{
 	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
 	"Te", "Trailer", "Transfer-Encoding", "Upgrade",
+}
+
+// setSessionAddress names the address a session leaves from ("": the
+// proxy's own) in h, in place of any the client sent.
+func setSessionAddress(h http.Header, address string) {
+	h.Del(netid.SessionHeader)
+	if address != "" {
+		h.Set(netid.SessionHeader, address)
+	}
 }
 
 func stripHop(h http.Header) {
@@ -107,6 +138,12 @@ func (g *Gateway) carryRequest(w http.ResponseWriter, r, out *http.Request, id I
 		// site sees it at its slot, not a handshake later than the last.
 		slot := time.Now().Add(up.Wait)
 		paceWaitSpan(ctx, up.Wait)
+		if !inspecting {
+			// Squid reads (and drops) it on a plain-HTTP request; an
+			// inspected one names it in its CONNECT instead, never to
+			// the site.
+			setSessionAddress(out.Header, up.SessionAddress)
+		}
 		upCtx, upSpan := tracing.Tracer(tracerName).Start(ctx, "upstream request", trace.WithAttributes(tracing.KeyProxy.String(up.ProxyID)))
 		resp, err := rt.RoundTrip(atSlot(out.WithContext(context.WithValue(upCtx, upstreamKey{}, up)), slot))
 		if err != nil {

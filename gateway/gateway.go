@@ -172,6 +172,7 @@ func New(opts Options) *Gateway {
 	g := &Gateway{opts: opts, slots: make(chan struct{}, opts.MaxTunnels), tunnels: map[*tunnel]struct{}{}}
 	g.forwarder = &http.Transport{
 		Proxy:                 upstreamOf,
+		GetProxyConnectHeader: sessionAddressHeader,
 		DialContext:           (&net.Dialer{Timeout: opts.ConnectTimeout}).DialContext,
 		ResponseHeaderTimeout: opts.MaxTunnelLifetime,
 		IdleConnTimeout:       opts.IdleTimeout,

@@ -367,6 +367,7 @@ func (g *Gateway) connect(ctx context.Context, up broker.Upstream, hostport stri
 	if up.User != nil {
 		req.Header.Set("Proxy-Authorization", basicAuth(up.User))
 	}
+	setSessionAddress(req.Header, up.SessionAddress)
 	if err := req.Write(conn); err != nil {
 		_ = conn.Close()
 		return failed(failDial, 0, fmt.Errorf("sending CONNECT: %w", err))

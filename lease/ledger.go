@@ -3,6 +3,7 @@ package lease
 import (
 	"encoding/json"
 	"io"
+	"net/netip"
 	"slices"
 	"sync"
 	"time"
@@ -36,8 +37,11 @@ type LedgerEntry struct {
 	// Session is the gateway session (tunnels only; "" rotates).
 	Session string `json:"session,omitempty"`
 	Proxy   string `json:"proxy"`
-	// IP is the proxy's exit address when the record was made.
+	// IP is the proxy's exit address when the record was made, and IPv6
+	// its IPv6 range (a dual-stack VM's): sites that speak IPv6 saw an
+	// address of it.
 	IP     string    `json:"ip"`
+	IPv6   string    `json:"ipv6,omitempty"`
 	Target string    `json:"target,omitempty"`
 	Start  time.Time `json:"start"`
 	// Until is the lease's expiry (start, renew), or when it ended (end).
@@ -82,7 +86,7 @@ type LogSink struct{ Log logr.Logger }
 // Write implements LedgerSink.
 func (l LogSink) Write(e LedgerEntry) {
 	l.Log.Info("ledger", "kind", e.Kind, "event", e.Event, "leaseID", e.LeaseID, "tenant", e.Tenant, "session", e.Session,
-		"proxy", e.Proxy, "ip", e.IP, "target", e.Target, "start", e.Start, "until", e.Until, "bytes", e.Bytes)
+		"proxy", e.Proxy, "ip", e.IP, "ipv6", e.IPv6, "target", e.Target, "start", e.Start, "until", e.Until, "bytes", e.Bytes)
 }
 
 // DefaultLedgerRetention is how long the lease store keeps records.
@@ -104,11 +108,13 @@ type Holding struct {
 // HoldersAt folds ledger records into the leases and tunnels that held ip
 // at the moment at: started by then, and neither ended nor expired before
 // it. A lease is followed by its id through all its records; its IP is the
-// one its records name. Sorted by start, then lease id.
+// one its records name, or any address of the IPv6 range they name.
+// Sorted by start, then lease id.
 func HoldersAt(entries []LedgerEntry, ip string, at time.Time) []Holding {
 	type folded struct {
 		h     Holding
 		ip    string
+		ipv6  netip.Prefix
 		until time.Time
 		ended time.Time
 	}
@@ -117,6 +123,7 @@ func HoldersAt(entries []LedgerEntry, ip string, at time.Time) []Holding {
 		f, ok := byID[e.LeaseID]
 		if !ok {
 			f = &folded{h: Holding{Tenant: e.Tenant, Kind: e.Kind, Session: e.Session, LeaseID: e.LeaseID, Proxy: e.Proxy, Target: e.Target, Start: e.Start}, ip: e.IP}
+			f.ipv6, _ = netip.ParsePrefix(e.IPv6)
 			byID[e.LeaseID] = f
 		}
 		switch e.Event {
@@ -130,13 +137,15 @@ func HoldersAt(entries []LedgerEntry, ip string, at time.Time) []Holding {
 			}
 		}
 	}
+	addr, _ := netip.ParseAddr(ip)
 	var out []Holding
 	for _, f := range byID {
 		end := f.until
 		if !f.ended.IsZero() && (end.IsZero() || f.ended.Before(end)) {
 			end = f.ended
 		}
-		if f.ip != ip || f.h.Start.After(at) || end.Before(at) {
+		held := f.ip == ip || (f.ipv6.IsValid() && f.ipv6.Contains(addr))
+		if !held || f.h.Start.After(at) || end.Before(at) {
 			continue
 		}
 		f.h.End = end

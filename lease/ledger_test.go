@@ -23,6 +23,11 @@ func TestHoldersAt(t *testing.T) {
 		rec("c", lease.LedgerStart, "team-c", "198.51.100.1", 0, 30),
 		rec("d", lease.LedgerRenew, "team-d", "203.0.113.7", 0, 20), // its start is outside the window read
 		rec("e", lease.LedgerStart, "team-e", "203.0.113.7", 6, 20), // starts after the moment asked
+		func() lease.LedgerEntry { // a dual-stack proxy: sites that speak IPv6 saw an address of its range
+			e := rec("f", lease.LedgerStart, "team-f", "198.51.100.9", 0, 30)
+			e.IPv6 = "2001:db8:1:2:0:5::/96"
+			return e
+		}(),
 	}
 	for _, tc := range []struct {
 		name string
@@ -37,6 +42,9 @@ func TestHoldersAt(t *testing.T) {
 		{"the end is inclusive", "203.0.113.7", at(3), []string{"a", "d", "b"}},
 		{"another IP", "198.51.100.1", at(2), []string{"c"}},
 		{"an IP nobody held", "192.0.2.1", at(2), nil},
+		{"an address of an IPv6 range", "2001:db8:1:2:0:5:0:7", at(2), []string{"f"}},
+		{"the dual-stack proxy's IPv4 address", "198.51.100.9", at(2), []string{"f"}},
+		{"the same /64, another range", "2001:db8:1:2:0:6::1", at(2), nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var got []string

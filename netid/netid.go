@@ -11,6 +11,7 @@ package netid
 import (
 	"flag"
 	"fmt"
+	"hash/fnv"
 	"net/netip"
 )
 
@@ -85,4 +86,46 @@ func (r Rule) Validate() error {
 		return fmt.Errorf("--ipv6-identity-prefix must be between 32 and 128, got %d", r.IPv6Prefix)
 	}
 	return nil
+}
+
+// SessionHeader is the request header in which the gateway names the
+// address a session leaves from (its index, 0 to n-1) when it asks a
+// proxy that has session addresses: the proxy's Squid leaves from
+// SessionAddress(range, i) and never forwards the header.
+const SessionHeader = "X-Egress-Session-Address"
+
+// MaxSessionAddresses bounds the addresses a proxy's Squid leaves from
+// (one ACL and one tcp_outgoing_address line each).
+const MaxSessionAddresses = 256
+
+// SessionAddress is address i (0-based) of an IPv6 range a proxy leaves
+// from: the range's first address plus i+1 (the first is the VM's own).
+// An error when the range has no such address.
+func SessionAddress(prefix netip.Prefix, i int) (netip.Addr, error) {
+	if !prefix.IsValid() || i < 0 || i >= MaxSessionAddresses {
+		return netip.Addr{}, fmt.Errorf("no session address %d of %q", i, prefix)
+	}
+	a := prefix.Masked().Addr().As16()
+	carry := uint16(i + 1)
+	for b := 15; b >= 0 && carry > 0; b-- {
+		sum := uint16(a[b]) + carry
+		a[b], carry = byte(sum), sum>>8
+	}
+	addr := netip.AddrFrom16(a)
+	if !prefix.Addr().Is6() || !prefix.Contains(addr) {
+		return netip.Addr{}, fmt.Errorf("no session address %d of %q", i, prefix)
+	}
+	return addr, nil
+}
+
+// SessionIndex is the address (0 to n-1) session leaves from among n: a
+// hash of its key, so it keeps its address on every replica and across
+// tunnels.
+func SessionIndex(session string, n int) int {
+	if n <= 0 {
+		return 0
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(session))
+	return int(h.Sum32() % uint32(n))
 }

@@ -2,6 +2,8 @@ package netid
 
 import (
 	"flag"
+	"fmt"
+	"net/netip"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -38,4 +40,28 @@ func TestTheFlag(t *testing.T) {
 	require.NoError(t, r.Validate())
 	require.NoError(t, fs.Parse([]string{"--ipv6-identity-prefix=16"}))
 	assert.ErrorContains(t, r.Validate(), "between 32 and 128, got 16")
+}
+
+func TestSessionAddressesOfARange(t *testing.T) {
+	gcp := netip.MustParsePrefix("2001:db8:1:2:0:5::/96")
+	a, err := SessionAddress(gcp, 0)
+	require.NoError(t, err)
+	assert.Equal(t, "2001:db8:1:2:0:5:0:1", a.String(), "the first after the VM's own")
+	a, err = SessionAddress(gcp, 255)
+	require.NoError(t, err)
+	assert.Equal(t, "2001:db8:1:2:0:5:0:100", a.String(), "a carry into the next byte")
+	_, err = SessionAddress(gcp, MaxSessionAddresses)
+	assert.Error(t, err)
+	_, err = SessionAddress(netip.MustParsePrefix("2001:db8::/127"), 1)
+	assert.Error(t, err, "a range too small for the address")
+	_, err = SessionAddress(netip.MustParsePrefix("203.0.113.0/24"), 0)
+	assert.Error(t, err, "session addresses are IPv6")
+
+	assert.Equal(t, SessionIndex("team-a/s1", 16), SessionIndex("team-a/s1", 16), "stable")
+	seen := map[int]bool{}
+	for i := range 64 {
+		seen[SessionIndex(fmt.Sprintf("team-a/s%d", i), 16)] = true
+	}
+	assert.Greater(t, len(seen), 8, "sessions spread over the addresses")
+	assert.Zero(t, SessionIndex("x", 0))
 }

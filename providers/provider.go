@@ -99,6 +99,11 @@ type Instance struct {
 	IP string
 	// Port it listens on.
 	Port int32
+	// IPv6Prefix is the IPv6 range it leaves from ("" for IPv4 only), and
+	// SessionAddresses how many of its addresses its Squid leaves from, one
+	// per gateway session (squidconf.IPv6Egress).
+	IPv6Prefix       string
+	SessionAddresses int32
 	// Labels are the ones the operator set at creation (cluster and
 	// operator ids, owner, spec hash).
 	Labels map[string]string

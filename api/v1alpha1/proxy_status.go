@@ -41,6 +41,23 @@ type ProxyStatus struct {
 	// +optional
 	Port int32 `json:"port,omitempty"`
 
+	// ipv6Prefix is the IPv6 range a Managed proxy's VM leaves from to
+	// sites that have an IPv6 address (GCP's /96, AWS's delegated /80,
+	// with the provider's ipv6 settings); empty: IPv4 only. Sites count
+	// its whole /64 as one sender (--ipv6-identity-prefix), as the fleet
+	// does.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	IPv6Prefix string `json:"ipv6Prefix,omitempty"`
+
+	// sessionAddresses is how many addresses of ipv6Prefix Squid leaves
+	// from, one chosen per gateway session (SessionAddress); 0: the VM's
+	// own address for every request.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=256
+	SessionAddresses int32 `json:"sessionAddresses,omitempty"`
+
 	// instanceName is the provider's name for the instance; deterministic
 	// from the Proxy, so it survives replacement.
 	// +optional

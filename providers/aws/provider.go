@@ -69,6 +69,14 @@ type Settings struct {
 	SecurityGroup *SecurityGroupSettings `json:"securityGroup"`
 	// Tags are extra tags on every instance (for billing, say).
 	Tags map[string]string `json:"tags,omitempty"`
+	// IPv6 gives every instance a delegated IPv6 /80 of its subnet (which
+	// must have an IPv6 CIDR: subnetId is then required, and the instance
+	// type must be Nitro-based): Squid leaves from ipv6.sessionAddresses
+	// addresses of it, one per gateway session, to sites with an IPv6
+	// address. Every instance of a subnet shares its /64, which sites
+	// count as one sender (and the operator does, --ipv6-identity-prefix):
+	// more senders take more subnets.
+	IPv6 *squidconf.IPv6Egress `json:"ipv6,omitempty"`
 	// Endpoint overrides the EC2 endpoint (private endpoints, tests).
 	Endpoint string `json:"endpoint,omitempty"`
 	// SSMEndpoint overrides the SSM endpoint, for the operator and the
@@ -129,6 +137,12 @@ func NewFromSettings(name string, s Settings) (*Provider, error) {
 	}
 	if err := s.SecurityGroup.validate(); err != nil {
 		errs = append(errs, err)
+	}
+	if err := s.IPv6.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("settings.%w", err))
+	}
+	if s.IPv6 != nil && s.SubnetID == "" {
+		errs = append(errs, errors.New("settings.ipv6 needs settings.subnetId: a subnet with an IPv6 CIDR, which default subnets do not have"))
 	}
 	timeout := DefaultRequestTimeout
 	if s.RequestTimeout != "" {
@@ -219,6 +233,9 @@ const (
 	tagName     = "Name"
 	tagPort     = "crawl.example.com/port"
 	tagLeaseKey = "crawl.example.com/lease-key-parameter"
+	// tagSessionAddresses: how many addresses of its IPv6 prefix the
+	// instance's Squid leaves from (settings.ipv6 when it was made).
+	tagSessionAddresses = "crawl.example.com/session-addresses"
 )
 
 // liveStates are the instance states Get and List see: a terminated
@@ -254,8 +271,8 @@ func (p *Provider) Create(ctx context.Context, req providers.CreateRequest) erro
 		return providers.ErrNoCredentials
 	}
 	userData, err := squidconf.VMUserData(req.CloudInit, squidconf.VMParams{Owner: req.Owner(), Port: req.Proxy.Spec.Port,
-		AllowedSources: p.settings.SecurityGroup.SourceRanges,
-		LeaseKey:       squidconf.ParameterStoreKey(ParameterName(req.Name), p.settings.Region, p.ssmURL())})
+		AllowedSources: p.settings.SecurityGroup.SourceRanges, IPv6: p.settings.IPv6,
+		LeaseKey: squidconf.ParameterStoreKey(ParameterName(req.Name), p.settings.Region, p.ssmURL())})
 	if err != nil {
 		return providers.Terminal("%v", err)
 	}
@@ -307,6 +324,13 @@ func (p *Provider) runInput(req providers.CreateRequest, pl placement, userData,
 	}
 	if p.settings.SubnetID != "" {
 		iface.SubnetId = awssdk.String(p.settings.SubnetID)
+	}
+	if p.settings.IPv6 != nil {
+		// One delegated /80 of the subnet's /64 (prefix delegation).
+		iface.Ipv6PrefixCount = awssdk.Int32(1)
+		if req.CloudInit == "" {
+			tags = append(tags, types.Tag{Key: awssdk.String(tagSessionAddresses), Value: awssdk.String(strconv.Itoa(p.settings.IPv6.Count()))})
+		}
 	}
 	in := &ec2.RunInstancesInput{
 		ImageId: awssdk.String(pl.image), InstanceType: types.InstanceType(pl.instanceType),
@@ -393,7 +417,7 @@ func (p *Provider) describe(ctx context.Context, filters []types.Filter) ([]prov
 func instanceOf(in types.Instance) providers.Instance {
 	labels := map[string]string{}
 	name := ""
-	var port int32
+	var port, sessionAddresses int32
 	for _, t := range in.Tags {
 		k, v := awssdk.ToString(t.Key), awssdk.ToString(t.Value)
 		switch {
@@ -402,6 +426,10 @@ func instanceOf(in types.Instance) providers.Instance {
 		case k == tagPort:
 			if n, err := strconv.Atoi(v); err == nil {
 				port = int32(n)
+			}
+		case k == tagSessionAddresses:
+			if n, err := strconv.Atoi(v); err == nil {
+				sessionAddresses = int32(n)
 			}
 		case strings.HasPrefix(k, "crawl.example.com/"):
 			labels[k] = v
@@ -413,6 +441,13 @@ func instanceOf(in types.Instance) providers.Instance {
 	}
 	out := providers.Instance{Name: name, Location: zone + "/" + awssdk.ToString(in.InstanceId), IP: awssdk.ToString(in.PublicIpAddress),
 		Port: port, Labels: labels, CreatedAt: awssdk.ToTime(in.LaunchTime)}
+	for _, iface := range in.NetworkInterfaces {
+		for _, prefix := range iface.Ipv6Prefixes {
+			if out.IPv6Prefix == "" {
+				out.IPv6Prefix, out.SessionAddresses = awssdk.ToString(prefix.Ipv6Prefix), sessionAddresses
+			}
+		}
+	}
 	state := types.InstanceStateNamePending
 	if in.State != nil {
 		state = in.State.Name

@@ -4,16 +4,19 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/yaml"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/credentials"
+	"github.com/example/egress-proxies-operator/netid"
 	"github.com/example/egress-proxies-operator/providers"
 	"github.com/example/egress-proxies-operator/providers/aws/fakeec2"
 	"github.com/example/egress-proxies-operator/providers/providertest"
@@ -79,6 +82,10 @@ func TestSettingsAreChecked(t *testing.T) {
 			WithoutAuthentication: true}, "for emulators only"},
 		{"no instance profile", Settings{Region: "eu-west-1", SecurityGroup: &SecurityGroupSettings{SourceRanges: []string{"198.51.100.0/24"}}},
 			"settings.instanceProfile is required: each instance fetches its lease key from SSM Parameter Store"},
+		{"IPv6 without a subnet", Settings{Region: "eu-west-1", SecurityGroup: &SecurityGroupSettings{SourceRanges: []string{"198.51.100.0/24"}},
+			IPv6: &squidconf.IPv6Egress{}}, "settings.ipv6 needs settings.subnetId: a subnet with an IPv6 CIDR"},
+		{"too many session addresses", Settings{Region: "eu-west-1", SecurityGroup: &SecurityGroupSettings{SourceRanges: []string{"198.51.100.0/24"}},
+			SubnetID: "subnet-1", IPv6: &squidconf.IPv6Egress{SessionAddresses: -1}}, "settings.ipv6.sessionAddresses must be between 1 and 256, got -1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := NewFromSettings("aws-eu", tc.s)
@@ -276,6 +283,43 @@ func newFakeOn(t *testing.T, fake *fakeec2.Server, name string) (*fakeec2.Server
 	require.NoError(t, err)
 	require.NoError(t, p.EnsureFirewall(context.Background(), testOwner))
 	return fake, p
+}
+
+// TestAnInstanceWithAnIPv6Prefix: with settings.ipv6 an instance gets a
+// delegated /80 of its subnet (EC2 refuses one without a subnet), its own
+// cloud-init finds the prefix at boot, and the instance reports the prefix
+// and its session addresses once it runs; instances of one subnet share
+// its /64, as on EC2.
+func TestAnInstanceWithAnIPv6Prefix(t *testing.T) {
+	fake := fakeec2.New()
+	srv := httptest.NewServer(fake)
+	t.Cleanup(srv.Close)
+	p, err := NewFromSettings("aws-eu", Settings{Region: "eu-west-1", Zone: "eu-west-1a", InstanceType: "t3.micro", ImageID: "ami-0debian12",
+		Endpoint: srv.URL, SSMEndpoint: srv.URL, InstanceProfile: fakeec2.InstanceRole, WithoutAuthentication: true, SubnetID: "subnet-0dual",
+		SecurityGroup: &SecurityGroupSettings{SourceRanges: []string{"198.51.100.0/24"}}, IPv6: &squidconf.IPv6Egress{SessionAddresses: 4}})
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, p.EnsureFirewall(ctx, testOwner))
+	var prefixes []netip.Prefix
+	for _, name := range []string{"eu-1", "eu-2"} {
+		proxy := awsProxy(func(x *crawlv1alpha1.Proxy) { x.Name, x.UID = name, types.UID("uid-"+name) })
+		req := createRequest(proxy, "hash-1")
+		require.NoError(t, p.Create(ctx, req))
+		inst, err := p.Get(ctx, req.Name, proxy)
+		require.NoError(t, err)
+		require.Equal(t, providers.StateRunning, inst.State)
+		assert.Equal(t, int32(4), inst.SessionAddresses)
+		prefix, err := netip.ParsePrefix(inst.IPv6Prefix)
+		require.NoError(t, err, "a prefix: %q", inst.IPv6Prefix)
+		assert.Equal(t, 80, prefix.Bits())
+		prefixes = append(prefixes, prefix)
+	}
+	in := fake.Instances()[0]
+	assert.Equal(t, 1, in.IPv6PrefixesAsked)
+	assert.Contains(t, in.UserData, "session-addresses.py", "the instance's cloud-init finds its prefix at boot")
+	assert.NotEqual(t, prefixes[0], prefixes[1])
+	var rule netid.Rule
+	assert.Equal(t, rule.Of(prefixes[0].Addr().String()), rule.Of(prefixes[1].Addr().String()), "one subnet's instances share its /64: one sender")
 }
 
 func TestInstancesLostBehindTheOperatorsBack(t *testing.T) {

@@ -1,6 +1,7 @@
 package gcp
 
 import (
+	"cmp"
 	"fmt"
 	"strconv"
 	"strings"
@@ -40,6 +41,19 @@ func (p *Provider) vm(req providers.CreateRequest, pl placement, userData string
 			Name: proto.String("External NAT"),
 			Type: proto.String(computepb.AccessConfig_ONE_TO_ONE_NAT.String()),
 		}},
+	}
+	if s.IPv6 != nil {
+		// An external /96 of the subnetwork's, which only the premium
+		// tier offers; the VM's own cloud-init has Squid leave from it.
+		iface.StackType = proto.String(computepb.NetworkInterface_IPV4_IPV6.String())
+		iface.Ipv6AccessConfigs = []*computepb.AccessConfig{{
+			Name:        proto.String("External IPv6"),
+			Type:        proto.String(computepb.AccessConfig_DIRECT_IPV6.String()),
+			NetworkTier: proto.String(computepb.AccessConfig_PREMIUM.String()),
+		}}
+		if req.CloudInit == "" {
+			labels[sessionAddressesLabel] = strconv.Itoa(s.IPv6.Count())
+		}
 	}
 	if s.Network != "" {
 		iface.Network = proto.String(s.Network)
@@ -81,6 +95,10 @@ func (p *Provider) vm(req providers.CreateRequest, pl placement, userData string
 	return vm
 }
 
+// externalIPv6PrefixLength is the range GCE gives a VM's interface of its
+// subnetwork's external IPv6 /64.
+const externalIPv6PrefixLength = 96
+
 // instanceOf maps a VM to the provider-neutral instance view.
 func instanceOf(vm *computepb.Instance) (*providers.Instance, error) {
 	inst := &providers.Instance{
@@ -105,6 +123,14 @@ func instanceOf(vm *computepb.Instance) (*providers.Instance, error) {
 				inst.IP = ip
 			}
 		}
+		for _, ac := range iface.GetIpv6AccessConfigs() {
+			if ip := ac.GetExternalIpv6(); ip != "" && inst.IPv6Prefix == "" {
+				inst.IPv6Prefix = fmt.Sprintf("%s/%d", ip, cmp.Or(ac.GetExternalIpv6PrefixLength(), externalIPv6PrefixLength))
+			}
+		}
+	}
+	if n, err := strconv.Atoi(vm.GetLabels()[sessionAddressesLabel]); err == nil && inst.IPv6Prefix != "" {
+		inst.SessionAddresses = int32(n)
 	}
 	switch vm.GetStatus() {
 	case "PROVISIONING", "STAGING", "REPAIRING":

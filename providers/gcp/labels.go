@@ -26,6 +26,10 @@ var gceLabelKeys = map[string]string{
 // portLabel records the proxy port on the VM: GCE has no field for it.
 const portLabel = "crawl-port"
 
+// sessionAddressesLabel records how many addresses of its IPv6 range the
+// VM's Squid leaves from (settings.ipv6 when it was made).
+const sessionAddressesLabel = "crawl-session-addresses"
+
 // verbatim are the labels whose values need no mapping: the owner ids.
 var verbatim = map[string]bool{crawlv1alpha1.LabelClusterID: true, crawlv1alpha1.LabelOperatorID: true}
 

@@ -64,6 +64,14 @@ type Settings struct {
 	Firewall *FirewallSettings `json:"firewall"`
 	// Labels are extra GCE labels on every VM (for billing, say).
 	Labels map[string]string `json:"labels,omitempty"`
+	// IPv6 makes every VM dual-stack (stackType IPV4_IPV6) with an
+	// external /96 from its subnetwork, which must be dual-stack with
+	// external IPv6 access: Squid leaves from ipv6.sessionAddresses
+	// addresses of it, one per gateway session, to sites with an IPv6
+	// address. Every VM of a subnetwork shares its /64, which sites count
+	// as one sender (and the operator does, --ipv6-identity-prefix): more
+	// senders take more subnetworks.
+	IPv6 *squidconf.IPv6Egress `json:"ipv6,omitempty"`
 	// Endpoint overrides the Compute API endpoint (private endpoints, tests).
 	Endpoint string `json:"endpoint,omitempty"`
 	// SecretManagerEndpoint overrides the Secret Manager endpoint, for the
@@ -134,6 +142,9 @@ func NewWithClientOptions(name string, s Settings, opts ...option.ClientOption) 
 	}
 	if err := s.Firewall.validate(); err != nil {
 		errs = append(errs, err)
+	}
+	if err := s.IPv6.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("settings.%w", err))
 	}
 	timeout := DefaultRequestTimeout
 	if s.RequestTimeout != "" {
@@ -281,7 +292,7 @@ func (p *Provider) Create(ctx context.Context, req providers.CreateRequest) erro
 	}
 	keySource := squidconf.SecretManagerKey(p.secretName(req.Name)+"/versions/latest", p.secretManagerURL())
 	userData, err := squidconf.VMUserData(req.CloudInit, squidconf.VMParams{Owner: req.Owner(), Port: req.Proxy.Spec.Port,
-		AllowedSources: p.settings.Firewall.SourceRanges, LeaseKey: keySource})
+		AllowedSources: p.settings.Firewall.SourceRanges, LeaseKey: keySource, IPv6: p.settings.IPv6, IPv6PrefixLength: externalIPv6PrefixLength})
 	if err != nil {
 		return providers.Terminal("%v", err)
 	}

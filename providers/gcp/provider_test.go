@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -19,8 +20,10 @@ import (
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/credentials"
+	"github.com/example/egress-proxies-operator/netid"
 	"github.com/example/egress-proxies-operator/providers"
 	"github.com/example/egress-proxies-operator/providers/gcp/fakecompute"
+	"github.com/example/egress-proxies-operator/providers/squidconf"
 )
 
 var timings = fakecompute.Timings{Provisioning: 10 * time.Second, Staging: 10 * time.Second, Stopping: 10 * time.Second}
@@ -107,6 +110,7 @@ func TestSettings(t *testing.T) {
 		{"scopes without cloud-platform", map[string]any{"project": "p", "serviceAccount": testServiceAccount, "scopes": []any{"https://www.googleapis.com/auth/logging.write"}, "firewall": fw("10.0.0.0/8")},
 			"settings.scopes must include https://www.googleapis.com/auth/cloud-platform"},
 		{"no auth without a Secret Manager endpoint", map[string]any{"project": "p", "endpoint": "http://127.0.0.1:1", "withoutAuthentication": true}, "settings.withoutAuthentication needs settings.endpoint and settings.secretManagerEndpoint"},
+		{"too many session addresses", map[string]any{"project": "p", "ipv6": map[string]any{"sessionAddresses": 300}}, "settings.ipv6.sessionAddresses must be between 1 and 256, got 300"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -199,6 +203,41 @@ func TestLifecycle(t *testing.T) {
 	_, err = p.Get(ctx, req.Name, proxy)
 	assert.ErrorIs(t, err, providers.ErrNotFound, "gone once deleted")
 	assert.NoError(t, p.Delete(ctx, inst), "deleting what is gone is fine")
+}
+
+// TestADualStackVM: with settings.ipv6 a VM is dual-stack with an external
+// IPv6 range (GCE checks the stack type and tier), its own cloud-init
+// finds the range at boot, and the instance reports the range and its
+// session addresses once it runs; VMs of one region share the
+// subnetwork's /64, as on GCE.
+func TestADualStackVM(t *testing.T) {
+	fake, clk, p := newFake(t, func(s *Settings) { s.IPv6 = &squidconf.IPv6Egress{SessionAddresses: 8} })
+	ctx := context.Background()
+	var prefixes []netip.Prefix
+	for _, name := range []string{"eu-1", "eu-2"} {
+		proxy := gcpProxy(func(x *crawlv1alpha1.Proxy) { x.Name = name })
+		req := createRequest(proxy, "hash-1")
+		req.CloudInit = ""
+		require.NoError(t, p.Create(ctx, req))
+		clk.Step(timings.Provisioning + timings.Staging)
+		inst, err := p.Get(ctx, req.Name, proxy)
+		require.NoError(t, err)
+		require.Equal(t, providers.StateRunning, inst.State)
+		assert.Equal(t, int32(8), inst.SessionAddresses)
+		prefix, err := netip.ParsePrefix(inst.IPv6Prefix)
+		require.NoError(t, err, "a range: %q", inst.IPv6Prefix)
+		assert.Equal(t, 96, prefix.Bits())
+		prefixes = append(prefixes, prefix)
+	}
+	vm := fake.Instances()[0]
+	iface := vm.GetNetworkInterfaces()[0]
+	assert.Equal(t, "IPV4_IPV6", iface.GetStackType())
+	require.Len(t, iface.GetIpv6AccessConfigs(), 1)
+	assert.Equal(t, "DIRECT_IPV6", iface.GetIpv6AccessConfigs()[0].GetType())
+	assert.Contains(t, vm.GetMetadata().GetItems()[0].GetValue(), "session-addresses.py", "the VM's cloud-init finds its range at boot")
+	assert.NotEqual(t, prefixes[0], prefixes[1], "a range each")
+	var rule netid.Rule
+	assert.Equal(t, rule.Of(prefixes[0].Addr().String()), rule.Of(prefixes[1].Addr().String()), "one region's VMs share the subnetwork's /64: one sender")
 }
 
 func TestTerminatedIsReplacedAndStuckStoppingWaits(t *testing.T) {

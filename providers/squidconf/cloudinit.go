@@ -55,6 +55,12 @@ type VMParams struct {
 	// the password, and never the key itself: user-data is readable by
 	// whoever may describe the VM).
 	LeaseKey LeaseKeySource
+	// IPv6, when set, has Squid leave from addresses of the VM's IPv6
+	// range, one per gateway session (SessionAddressScript finds the
+	// range at boot: from LeaseKey.Cloud's metadata server, of
+	// IPv6PrefixLength when the metadata does not say).
+	IPv6             *IPv6Egress
+	IPv6PrefixLength int
 }
 
 // VMUserData is a VM's user-data: own, the Proxy's own cloud-init, when
@@ -73,7 +79,7 @@ func VMUserData(own string, p VMParams) (string, error) {
 // (LeaseKeyFetcher), and Squid is only enabled once it is there. Errors are
 // the parameters' (a bad range), for the Proxy's status.
 func VMCloudInit(p VMParams) (string, error) {
-	conf, err := Render(Params{
+	params := Params{
 		Owner:              p.Owner,
 		Port:               p.Port,
 		AllowedSources:     p.AllowedSources,
@@ -81,29 +87,45 @@ func VMCloudInit(p VMParams) (string, error) {
 		AuthHelper:         VMLeaseAuth,
 		KeyFile:            VMLeaseKey,
 		RevokedFile:        VMRevokedFile,
-	})
+	}
+	files := []WriteFile{
+		{Path: VMStagingDir + "/fetch-lease-key.py", Permissions: "0600", Content: LeaseKeyFetcher},
+		{Path: VMStagingDir + "/lease-auth.pl", Permissions: "0600", Content: LeaseAuthHelper},
+	}
+	var sessionAddresses [][]string
+	if err := p.IPv6.Validate(); err != nil {
+		return "", err
+	}
+	if p.IPv6 != nil {
+		// The rules are written at boot, once the range is known; without
+		// one the file stays empty and Squid leaves from the VM's own
+		// addresses.
+		params.SessionAddressesInclude = VMSessionAddresses
+		files = append(files, WriteFile{Path: VMStagingDir + "/session-addresses.py", Permissions: "0600", Content: SessionAddressScript})
+		script := fmt.Sprintf("python3 %s/session-addresses.py %s %s %d %d || : > %s",
+			VMStagingDir, VMSessionAddresses, p.LeaseKey.Cloud, p.IPv6.Count(), p.IPv6PrefixLength, VMSessionAddresses)
+		sessionAddresses = [][]string{{"sh", "-c", script}}
+	}
+	conf, err := Render(params)
 	if err != nil {
 		return "", err
+	}
+	runcmd := [][]string{
+		p.LeaseKey.Command(VMStagingDir+"/fetch-lease-key.py", VMStagingDir+"/lease.key"),
+		{"install", "-o", "root", "-g", "root", "-m", "0644", VMStagingDir + "/squid.conf", VMSquidConf},
+		// proxy is Debian's squid user (uid 13), present in every image.
+		{"install", "-o", "root", "-g", "proxy", "-m", "0640", VMStagingDir + "/lease.key", VMLeaseKey},
+		{"install", "-D", "-o", "root", "-g", "root", "-m", "0755", VMStagingDir + "/lease-auth.pl", VMLeaseAuth},
+		{"rm", "-rf", VMStagingDir},
+		// Squid serves only with its key: without one it stays down,
+		// the health probe fails and the proxy is replaced.
+		{"sh", "-c", "if test -s " + VMLeaseKey + "; then systemctl enable squid && systemctl restart squid; else systemctl disable --now squid; fi"},
 	}
 	doc, err := yaml.Marshal(CloudConfig{
 		PackageUpdate: true,
 		Packages:      []string{"squid"},
-		WriteFiles: []WriteFile{
-			{Path: VMStagingDir + "/squid.conf", Permissions: "0600", Content: conf},
-			{Path: VMStagingDir + "/fetch-lease-key.py", Permissions: "0600", Content: LeaseKeyFetcher},
-			{Path: VMStagingDir + "/lease-auth.pl", Permissions: "0600", Content: LeaseAuthHelper},
-		},
-		Runcmd: [][]string{
-			p.LeaseKey.Command(VMStagingDir+"/fetch-lease-key.py", VMStagingDir+"/lease.key"),
-			{"install", "-o", "root", "-g", "root", "-m", "0644", VMStagingDir + "/squid.conf", VMSquidConf},
-			// proxy is Debian's squid user (uid 13), present in every image.
-			{"install", "-o", "root", "-g", "proxy", "-m", "0640", VMStagingDir + "/lease.key", VMLeaseKey},
-			{"install", "-D", "-o", "root", "-g", "root", "-m", "0755", VMStagingDir + "/lease-auth.pl", VMLeaseAuth},
-			{"rm", "-rf", VMStagingDir},
-			// Squid serves only with its key: without one it stays down,
-			// the health probe fails and the proxy is replaced.
-			{"sh", "-c", "if test -s " + VMLeaseKey + "; then systemctl enable squid && systemctl restart squid; else systemctl disable --now squid; fi"},
-		},
+		WriteFiles:    append([]WriteFile{{Path: VMStagingDir + "/squid.conf", Permissions: "0600", Content: conf}}, files...),
+		Runcmd:        append(sessionAddresses, runcmd...),
 	})
 	if err != nil {
 		return "", fmt.Errorf("encoding the cloud-init of %s: %w", p.Owner, err)

@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"encoding/xml"
 	"fmt"
+	"hash/fnv"
 	"net/http"
 	"net/url"
 	"slices"
@@ -48,6 +49,12 @@ func (s *Server) runInstances(form url.Values) (any, *APIError) {
 		return nil, &APIError{http.StatusBadRequest, "InstanceLimitExceeded",
 			fmt.Sprintf("You have requested more instances than your current instance limit of %d allows.", s.maxInstances)}
 	}
+	prefixes, _ := strconv.Atoi(form.Get("NetworkInterface.1.Ipv6PrefixCount"))
+	if prefixes > 0 && form.Get("NetworkInterface.1.SubnetId") == "" {
+		// The default subnets have no IPv6 CIDR.
+		return nil, &APIError{http.StatusBadRequest, "InvalidParameterCombination",
+			"You must specify a subnet with an IPv6 CIDR block to assign IPv6 prefixes."}
+	}
 	userData, err := base64.StdEncoding.DecodeString(form.Get("UserData"))
 	if err != nil {
 		return nil, &APIError{http.StatusBadRequest, "InvalidParameterValue", "UserData must be base64"}
@@ -58,7 +65,8 @@ func (s *Server) runInstances(form url.Values) (any, *APIError) {
 		State: StatePending, UserData: string(userData), ClientToken: form.Get("ClientToken"),
 		HTTPTokens: form.Get("MetadataOptions.HttpTokens"), PublicIPAsked: form.Get("NetworkInterface.1.AssociatePublicIpAddress") == "true",
 		SecurityGroups: indexed(form, "NetworkInterface.1.SecurityGroupId", ""), SubnetID: form.Get("NetworkInterface.1.SubnetId"),
-		Tags: tagsOf(form, "instance"), Launched: time.Now().UTC().Truncate(time.Second), seq: s.next,
+		IPv6PrefixesAsked: prefixes,
+		Tags:              tagsOf(form, "instance"), Launched: time.Now().UTC().Truncate(time.Second), seq: s.next,
 	}
 	if form.Get("InstanceMarketOptions.MarketType") == "spot" {
 		in.Lifecycle = "spot"
@@ -160,6 +168,11 @@ func (s *Server) boot(in *Instance) {
 		return
 	}
 	in.State = StateRunning
+	for i := range in.IPv6PrefixesAsked {
+		// /80s of the subnet's /64, in the documentation range: never a
+		// real host.
+		in.IPv6Prefixes = append(in.IPv6Prefixes, fmt.Sprintf("2001:db8:a:%x:%x::/80", subnetIndex(in.SubnetID), in.seq*8+i))
+	}
 	if in.PublicIPAsked {
 		if s.NextIP != nil {
 			in.PublicIP = s.NextIP()
@@ -199,6 +212,15 @@ func (s *Server) terminateInstances(form url.Values) (any, *APIError) {
 func instanceXML(in *Instance) xmlInstance {
 	x := xmlInstance{ID: in.ID, ImageID: in.Image, State: stateXML(in.State), Type: in.Type, LaunchTime: in.Launched.Format(time.RFC3339),
 		Zone: in.Zone, PublicIP: in.PublicIP, Lifecycle: in.Lifecycle, Tags: tagsXML(in.Tags)}
+	if len(in.IPv6Prefixes) > 0 {
+		iface := xmlInterface{ID: "eni-" + in.ID[2:]}
+		for _, p := range in.IPv6Prefixes {
+			iface.IPv6Prefixes = append(iface.IPv6Prefixes, struct {
+				Prefix string `xml:"ipv6Prefix"`
+			}{p})
+		}
+		x.Interfaces = []xmlInterface{iface}
+	}
 	if in.StateReason != "" {
 		code, msg, _ := strings.Cut(in.StateReason, ": ")
 		x.Reason = &struct {
@@ -217,4 +239,11 @@ func reservation(name string, in *Instance) any {
 		ReservationID string        `xml:"reservationId"`
 		Instances     []xmlInstance `xml:"instancesSet>item"`
 	}{XMLName: xml.Name{Local: name}, Xmlns: xmlns, RequestID: "fake-request", ReservationID: "r-" + in.ID[2:], Instances: []xmlInstance{instanceXML(in)}}
+}
+
+// subnetIndex numbers a subnet's /64 within the fake VPC's IPv6 range.
+func subnetIndex(subnet string) uint32 {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(subnet))
+	return h.Sum32() & 0xffff
 }

@@ -42,12 +42,16 @@ type Instance struct {
 	Lifecycle string
 	// HTTPTokens is the IMDS setting it was launched with ("required":
 	// IMDSv2 only).
-	HTTPTokens     string
-	PublicIPAsked  bool
-	SecurityGroups []string
-	SubnetID       string
-	Tags           map[string]string
-	Launched       time.Time
+	HTTPTokens    string
+	PublicIPAsked bool
+	// IPv6Prefixes asked (NetworkInterface.1.Ipv6PrefixCount), and the
+	// /80s delegated to it from its subnet's /64 once it runs.
+	IPv6PrefixesAsked int
+	IPv6Prefixes      []string
+	SecurityGroups    []string
+	SubnetID          string
+	Tags              map[string]string
+	Launched          time.Time
 	// StateReason is why it stopped or ended (Server.SpotInstanceTermination
 	// for an interruption).
 	StateReason string
@@ -380,19 +384,29 @@ type xmlState struct {
 }
 
 type xmlInstance struct {
-	ID         string   `xml:"instanceId"`
-	ImageID    string   `xml:"imageId"`
-	State      xmlState `xml:"instanceState"`
-	Type       string   `xml:"instanceType"`
-	LaunchTime string   `xml:"launchTime"`
-	Zone       string   `xml:"placement>availabilityZone"`
-	PublicIP   string   `xml:"ipAddress,omitempty"`
-	Lifecycle  string   `xml:"instanceLifecycle,omitempty"`
+	ID         string         `xml:"instanceId"`
+	ImageID    string         `xml:"imageId"`
+	State      xmlState       `xml:"instanceState"`
+	Type       string         `xml:"instanceType"`
+	LaunchTime string         `xml:"launchTime"`
+	Zone       string         `xml:"placement>availabilityZone"`
+	PublicIP   string         `xml:"ipAddress,omitempty"`
+	Lifecycle  string         `xml:"instanceLifecycle,omitempty"`
+	Interfaces []xmlInterface `xml:"networkInterfaceSet>item,omitempty"`
 	Reason     *struct {
 		Code    string `xml:"code"`
 		Message string `xml:"message"`
 	} `xml:"stateReason,omitempty"`
 	Tags []xmlTag `xml:"tagSet>item"`
+}
+
+// xmlInterface is an instance's network interface, with its delegated
+// IPv6 prefixes.
+type xmlInterface struct {
+	ID           string `xml:"networkInterfaceId"`
+	IPv6Prefixes []struct {
+		Prefix string `xml:"ipv6Prefix"`
+	} `xml:"ipv6PrefixSet>item"`
 }
 
 type xmlReservation struct {

@@ -13,6 +13,7 @@ package fakecompute
 import (
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
@@ -118,12 +119,15 @@ func (s *Server) goneLocked(key string) {
 }
 
 type vm struct {
-	res           *computepb.Instance
-	createdAt     time.Time
-	deleteAt      time.Time // zero unless being deleted
-	statusPinned  bool      // SetStatus fixed it
-	pinnedStatus  string
-	natIP         string
+	res          *computepb.Instance
+	createdAt    time.Time
+	deleteAt     time.Time // zero unless being deleted
+	statusPinned bool      // SetStatus fixed it
+	pinnedStatus string
+	natIP        string
+	// ipv6 is the first address of its external /96, for an interface
+	// that asked for one ("" otherwise).
+	ipv6          string
 	deleteStarted bool
 }
 
@@ -273,6 +277,14 @@ func (s *Server) addLocked(project, zone string, res *computepb.Instance, create
 		s.reused[ip] = true
 	}
 	v := &vm{res: res, createdAt: createdAt, natIP: ip}
+	for _, iface := range res.GetNetworkInterfaces() {
+		if len(iface.GetIpv6AccessConfigs()) > 0 {
+			// A /96 of the subnetwork's /64 (one per region, as GCE's
+			// subnetworks are regional), in the documentation range:
+			// never a real host.
+			v.ipv6 = fmt.Sprintf("2001:db8:6:%x:0:%x::", regionIndex(zone), s.nextID)
+		}
+	}
 	s.vms[zone+"/"+res.GetName()] = v
 	s.advanceLocked()
 }
@@ -302,6 +314,9 @@ func (s *Server) advanceLocked() {
 			for _, iface := range v.res.GetNetworkInterfaces() {
 				for _, ac := range iface.GetAccessConfigs() {
 					ac.NatIP = proto.String(v.natIP)
+				}
+				for _, ac := range iface.GetIpv6AccessConfigs() {
+					ac.ExternalIpv6, ac.ExternalIpv6PrefixLength = proto.String(v.ipv6), proto.Int32(96)
 				}
 			}
 		}
@@ -339,6 +354,18 @@ func validateInsert(res *computepb.Instance) string {
 		return "Invalid value for field 'resource.disks': a boot disk with a source image is required."
 	case len(res.GetNetworkInterfaces()) == 0:
 		return "Invalid value for field 'resource.networkInterfaces': at least one is required."
+	}
+	for _, iface := range res.GetNetworkInterfaces() {
+		for _, ac := range iface.GetIpv6AccessConfigs() {
+			switch {
+			case iface.GetStackType() != "IPV4_IPV6":
+				return "Invalid value for field 'resource.networkInterfaces[0].ipv6AccessConfigs': an IPv6 access config needs stackType IPV4_IPV6."
+			case ac.GetType() != "DIRECT_IPV6":
+				return fmt.Sprintf("Invalid value for field 'resource.networkInterfaces[0].ipv6AccessConfigs[0].type': '%s'. Must be DIRECT_IPV6.", ac.GetType())
+			case ac.GetNetworkTier() != "" && ac.GetNetworkTier() != "PREMIUM":
+				return fmt.Sprintf("Invalid value for field 'resource.networkInterfaces[0].ipv6AccessConfigs[0].networkTier': '%s'. External IPv6 is only in the PREMIUM tier.", ac.GetNetworkTier())
+			}
+		}
 	}
 	for k, v := range res.GetLabels() {
 		if !gceLabelKey.MatchString(k) || !gceLabelValue.MatchString(v) {
@@ -439,4 +466,16 @@ func orDefault(s, fallback string) string {
 		return fallback
 	}
 	return s
+}
+
+// regionIndex numbers a zone's region (us-central1 of us-central1-a), so
+// that the VMs of one region share a subnetwork's /64.
+func regionIndex(zone string) uint32 {
+	region := zone
+	if i := strings.LastIndex(zone, "-"); i > 0 {
+		region = zone[:i]
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(region))
+	return h.Sum32() & 0xffff
 }

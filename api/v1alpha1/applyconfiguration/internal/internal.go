@@ -491,6 +491,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: ip
       type:
         scalar: string
+    - name: ipv6Prefix
+      type:
+        scalar: string
     - name: lastHealthCheckTime
       type:
         namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
@@ -509,6 +512,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: provider
       type:
         scalar: string
+    - name: sessionAddresses
+      type:
+        scalar: numeric
     - name: specHash
       type:
         scalar: string

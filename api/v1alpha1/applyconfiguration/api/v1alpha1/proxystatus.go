@@ -20,6 +20,16 @@ type ProxyStatusApplyConfiguration struct {
 	IP *string `json:"ip,omitempty"`
 	// port clients connect to.
 	Port *int32 `json:"port,omitempty"`
+	// ipv6Prefix is the IPv6 range a Managed proxy's VM leaves from to
+	// sites that have an IPv6 address (GCP's /96, AWS's delegated /80,
+	// with the provider's ipv6 settings); empty: IPv4 only. Sites count
+	// its whole /64 as one sender (--ipv6-identity-prefix), as the fleet
+	// does.
+	IPv6Prefix *string `json:"ipv6Prefix,omitempty"`
+	// sessionAddresses is how many addresses of ipv6Prefix Squid leaves
+	// from, one chosen per gateway session (SessionAddress); 0: the VM's
+	// own address for every request.
+	SessionAddresses *int32 `json:"sessionAddresses,omitempty"`
 	// instanceName is the provider's name for the instance; deterministic
 	// from the Proxy, so it survives replacement.
 	InstanceName *string `json:"instanceName,omitempty"`
@@ -94,6 +104,22 @@ func (b *ProxyStatusApplyConfiguration) WithIP(value string) *ProxyStatusApplyCo
 // If called multiple times, the Port field is set to the value of the last call.
 func (b *ProxyStatusApplyConfiguration) WithPort(value int32) *ProxyStatusApplyConfiguration {
 	b.Port = &value
+	return b
+}
+
+// WithIPv6Prefix sets the IPv6Prefix field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the IPv6Prefix field is set to the value of the last call.
+func (b *ProxyStatusApplyConfiguration) WithIPv6Prefix(value string) *ProxyStatusApplyConfiguration {
+	b.IPv6Prefix = &value
+	return b
+}
+
+// WithSessionAddresses sets the SessionAddresses field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the SessionAddresses field is set to the value of the last call.
+func (b *ProxyStatusApplyConfiguration) WithSessionAddresses(value int32) *ProxyStatusApplyConfiguration {
+	b.SessionAddresses = &value
 	return b
 }
 

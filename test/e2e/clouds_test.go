@@ -43,7 +43,8 @@ const (
 // TestPoolAcrossClouds runs the operator with a gcp provider instance on
 // the fake Compute API and an aws one on the fake EC2 API, each cloud's
 // VMs played by in-process proxies on their public addresses. A pool of 6
-// over both comes up 3 and 3; the aws zone out of capacity sends its
+// over both comes up 3 and 3 (the gcp VMs dual-stack, each with its IPv6
+// range and session addresses in status); the aws zone out of capacity sends its
 // members to the other aws zone (condition, Event, metric); then the EC2
 // API answers 503 for minutes, and the pool keeps serving: every member
 // stays Ready, aws leases tunnel through their instances all along, a lost
@@ -56,8 +57,9 @@ func TestPoolAcrossClouds(t *testing.T) {
 	ec2.SetZoneFull(cloudsFullZone, true)
 	ec2API := httptest.NewServer(ec2)
 	t.Cleanup(ec2API.Close)
+	// The gcp VMs are dual-stack: each comes up with an IPv6 range.
 	c, err := cluster.Start(dir, cluster.Options{ExtraProviders: cluster.GCPProvider("gcp-eu", "crawl-clouds", cloudsGCPZone, compute.URL) +
-		cluster.AWSProvider("aws-eu", "eu-west-1", cloudsRoomyZone, ec2API.URL)})
+		"    ipv6: {sessionAddresses: 4}\n" + cluster.AWSProvider("aws-eu", "eu-west-1", cloudsRoomyZone, ec2API.URL)})
 	require.NoError(t, err)
 	t.Cleanup(c.Stop)
 	for _, vms := range []*cluster.VMRunner{cluster.NewVMRunner(compute), cluster.NewEC2Runner(ec2)} {
@@ -125,6 +127,9 @@ func TestPoolAcrossClouds(t *testing.T) {
 		switch m.Spec.Provider {
 		case "gcp-eu":
 			assert.True(t, strings.HasPrefix(m.Status.IP, "127.2."), "%s: a gcp VM's address, got %s", m.Name, m.Status.IP)
+			assert.True(t, strings.HasPrefix(m.Status.IPv6Prefix, "2001:db8:6:") && strings.HasSuffix(m.Status.IPv6Prefix, "/96"),
+				"%s: a dual-stack VM's IPv6 range, got %q", m.Name, m.Status.IPv6Prefix)
+			assert.Equal(t, int32(4), m.Status.SessionAddresses, "%s: its Squid leaves from 4 addresses of it", m.Name)
 		case "aws-eu":
 			assert.True(t, strings.HasPrefix(m.Status.IP, "127.90."), "%s: an EC2 instance's public IP, got %s", m.Name, m.Status.IP)
 		}

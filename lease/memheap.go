@@ -86,6 +86,9 @@ type memLease struct {
 	index int
 	// limit is the Limit key it counts under ("" for none).
 	limit string
+	// hostLoad is the key of the host load it counts in (hostLoadKey):
+	// its proxy's, or its pace's bucket's; "" for no target.
+	hostLoad string
 }
 
 func (l *memLease) setIndex(i int) { l.index = i }

@@ -12,9 +12,10 @@ import (
 // pickPacedLocked is Acquire for a paced target: of the candidates not
 // cooling down and under their concurrency limit, the one whose next slot
 // comes first (then the least loaded, the least recently leased, by id),
-// if it comes within req.MaxWait; that slot is reserved. A linear scan:
+// if it comes within req.MaxWait; that slot is reserved, and the pace the
+// lease keeps returned. A linear scan:
 // every candidate's slot may differ.
-func (m *MemoryStore) pickPacedLocked(set *candidateSet, req AcquireRequest, learned time.Duration, blocked func(string) float64, now time.Time) (string, time.Duration, bool, *NoProxyAvailableError) {
+func (m *MemoryStore) pickPacedLocked(set *candidateSet, req AcquireRequest, learned time.Duration, blocked func(string) float64, now time.Time) (string, time.Duration, Pace, *NoProxyAvailableError) {
 	var best *pacedChoice
 	var soonest time.Duration
 	causes := map[string]int{}
@@ -38,7 +39,7 @@ func (m *MemoryStore) pickPacedLocked(set *candidateSet, req AcquireRequest, lea
 			declared = req.PaceOf(id)
 		}
 		p := effectivePace(declared, learned)
-		if p.MaxConcurrent > 0 && m.hostLoads[id+"|"+req.Target] >= p.MaxConcurrent {
+		if p.MaxConcurrent > 0 && m.hostLoads[hostLoadKey(p, id, req.Target)] >= p.MaxConcurrent {
 			causes[CauseConcurrency]++
 			continue
 		}
@@ -57,10 +58,17 @@ func (m *MemoryStore) pickPacedLocked(set *candidateSet, req AcquireRequest, lea
 		}
 	}
 	if best == nil {
-		return "", 0, false, &NoProxyAvailableError{RetryAfter: soonest, Cause: mostCommon(causes)}
+		return "", 0, Pace{}, &NoProxyAvailableError{RetryAfter: soonest, Cause: mostCommon(causes)}
 	}
 	m.reserveSlotLocked(best.pace, best.id, req.Target, now)
-	return best.id, best.wait, !best.pace.IsZero(), nil
+	return best.id, best.wait, best.pace, nil
+}
+
+// hostLoadKey is where a lease of proxy for target counts toward p's
+// MaxConcurrent: its bucket's count (every proxy of one sender, netid,
+// shares it, as a site counts connections per sender), else its own.
+func hostLoadKey(p Pace, proxy, target string) string {
+	return p.BucketOf(proxy) + "|" + target
 }
 
 // heldLocked says whether an exclusive lease other than within holds

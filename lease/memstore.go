@@ -44,7 +44,8 @@ type MemoryStore struct {
 	// their idle time.
 	sessions    map[string]*memSession
 	sessionEnds heapOf[*memSession]
-	// hostLoads: live leases per (proxy, target), absent at zero.
+	// hostLoads: live leases per (proxy or pace bucket, target), absent
+	// at zero (hostLoadKey).
 	hostLoads map[string]int
 	// tats: the theoretical arrival time of the next request per (proxy,
 	// host) and, under "fleet:", per (policy, host); one in the past is as
@@ -155,7 +156,7 @@ func (m *MemoryStore) Acquire(_ context.Context, req AcquireRequest) (Lease, err
 	var (
 		best  string
 		wait  time.Duration
-		paced bool
+		pace  Pace
 		why   = WhyLeastLoaded
 	)
 	// blocked is a candidate's record with the target, when any proxy has
@@ -166,7 +167,7 @@ func (m *MemoryStore) Acquire(_ context.Context, req AcquireRequest) (Lease, err
 	}
 	if req.Target != "" && (req.PaceOf != nil || learned > 0) {
 		var e *NoProxyAvailableError
-		if best, wait, paced, e = m.pickPacedLocked(set, req, learned, blocked, now); e != nil {
+		if best, wait, pace, e = m.pickPacedLocked(set, req, learned, blocked, now); e != nil {
 			return Lease{}, e
 		}
 		why = WhySoonestSlot
@@ -209,7 +210,7 @@ func (m *MemoryStore) Acquire(_ context.Context, req AcquireRequest) (Lease, err
 			return Lease{}, e
 		}
 	}
-	l := &memLease{Lease: Lease{ID: uuid.NewString(), ProxyID: best, Target: req.Target, CreatedAt: now, ExpiresAt: now.Add(req.TTL), Wait: wait, Paced: paced, Holder: req.Holder, Why: why,
+	l := &memLease{Lease: Lease{ID: uuid.NewString(), ProxyID: best, Target: req.Target, CreatedAt: now, ExpiresAt: now.Add(req.TTL), Wait: wait, Paced: !pace.IsZero(), Holder: req.Holder, Why: why,
 		Exclusive: req.Exclusive}, limit: req.Limit.Key}
 	if req.Exclusive {
 		m.holds[best] = l
@@ -221,7 +222,8 @@ func (m *MemoryStore) Acquire(_ context.Context, req AcquireRequest) (Lease, err
 	heap.Push(&m.expiries, l)
 	m.loads[best]++
 	if req.Target != "" {
-		m.hostLoads[best+"|"+req.Target]++
+		l.hostLoad = hostLoadKey(pace, best, req.Target)
+		m.hostLoads[l.hostLoad]++
 	}
 	m.moveLocked(best, +1, now)
 	return m.withLoadLocked(l), nil
@@ -458,8 +460,7 @@ func (m *MemoryStore) dropLocked(l *memLease, now time.Time) {
 	} else {
 		m.loads[l.ProxyID]--
 	}
-	if l.Target != "" {
-		k := l.ProxyID + "|" + l.Target
+	if k := l.hostLoad; k != "" {
 		if m.hostLoads[k] <= 1 {
 			delete(m.hostLoads, k)
 		} else {

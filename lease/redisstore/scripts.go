@@ -16,7 +16,7 @@ import (
 // Keys (P is the prefix):
 //
 //	P lease:<id>          hash proxy, target, created, expires, holder,
-//	                      limit; expires by itself
+//	                      limit, excl, hl; expires by itself
 //	P limit:<key>         zset of the lease ids under a Limit key by expiry;
 //	                      expires with its last lease
 //	P admit:<key>         the GCRA arrival time of a tenant's rate (Admit)
@@ -32,7 +32,9 @@ import (
 //	                      what ended from it, so they never outgrow the
 //	                      live leases and cooldowns, and a scrape only reads;
 //	                      each expires with its last member
-//	P hl:<proxy>|<host>   zset of the proxy's lease ids for host by expiry:
+//	P hl:<bucket>|<host>  zset of the lease ids for host by expiry of a
+//	                      pace bucket (lease.Pace.BucketOf: a sender, or
+//	                      the proxy), the lease hash's field hl naming it:
 //	                      its connections to host, for a concurrency limit
 //	P tat:<proxy>|<host>  the GCRA arrival time of the proxy's next request
 //	                      to host; expires once past
@@ -76,7 +78,7 @@ local function load(proxy)
   return redis.call('ZCOUNT', P .. 'proxy:' .. proxy, '(' .. now, '+inf')
 end
 local function live(id)
-  local l = redis.call('HMGET', P .. 'lease:' .. id, 'proxy', 'target', 'created', 'expires', 'holder', 'limit', 'excl')
+  local l = redis.call('HMGET', P .. 'lease:' .. id, 'proxy', 'target', 'created', 'expires', 'holder', 'limit', 'excl', 'hl')
   if not l[1] or tonumber(l[4]) <= now then return nil end
   return l
 end
@@ -292,7 +294,7 @@ for i = j, #ARGV, 2 do
     if learned > p.interval then
       p = {interval = learned, burst = math.max(p.burst, 1), conc = p.conc, fkey = p.fkey, finterval = p.finterval, fburst = p.fburst, bucket = p.bucket}
     end
-    if p.conc > 0 and redis.call('ZCOUNT', P .. 'hl:' .. proxy .. '|' .. target, '(' .. now, '+inf') >= p.conc then
+    if p.conc > 0 and redis.call('ZCOUNT', P .. 'hl:' .. bucketOf(p, proxy) .. '|' .. target, '(' .. now, '+inf') >= p.conc then
       ok = false
       causes.concurrency = causes.concurrency + 1
     else
@@ -347,10 +349,12 @@ redis.call('ZREMRANGEBYSCORE', zkey, '-inf', now)
 redis.call('ZADD', zkey, expires, id)
 extend(zkey, ttl)
 if target ~= '' then
-  local hkey = P .. 'hl:' .. best .. '|' .. target
+  local hl = bucketOf(bestPace or none, best) .. '|' .. target
+  local hkey = P .. 'hl:' .. hl
   redis.call('ZREMRANGEBYSCORE', hkey, '-inf', now)
   redis.call('ZADD', hkey, expires, id)
   extend(hkey, ttl)
+  redis.call('HSET', key, 'hl', hl)
 end
 if bestPace then
   slotReserve(bucketOf(bestPace, best), target, bestPace)
@@ -393,6 +397,10 @@ if l[6] and l[6] ~= '' then
   redis.call('ZADD', P .. 'limit:' .. l[6], expires, id)
   extend(P .. 'limit:' .. l[6], ttl)
 end
+if l[8] and l[8] ~= '' then
+  redis.call('ZADD', P .. 'hl:' .. l[8], expires, id)
+  extend(P .. 'hl:' .. l[8], ttl)
+end
 if l[7] == '1' and redis.call('GET', P .. 'hold:' .. l[1]) == id then
   redis.call('PEXPIRE', P .. 'hold:' .. l[1], ttl)
   redis.call('ZADD', P .. 'holds', expires, id)
@@ -405,14 +413,14 @@ return {l[1], l[2], tonumber(l[3]), expires, load(l[1]), l[5] or '', tonumber(l[
 var releaseScript = redis.NewScript(preamble + `
 local id = ARGV[3]
 local key = P .. 'lease:' .. id
-local l = redis.call('HMGET', key, 'proxy', 'target', 'limit', 'excl')
+local l = redis.call('HMGET', key, 'proxy', 'target', 'limit', 'excl', 'hl')
 if l[1] then redis.call('ZREM', P .. 'proxy:' .. l[1], id) end
 if l[4] == '1' then
   if redis.call('GET', P .. 'hold:' .. l[1]) == id then redis.call('DEL', P .. 'hold:' .. l[1]) end
   redis.call('ZREM', P .. 'holds', id)
 end
 if l[3] and l[3] ~= '' then redis.call('ZREM', P .. 'limit:' .. l[3], id) end
-if l[1] and l[2] and l[2] ~= '' then redis.call('ZREM', P .. 'hl:' .. l[1] .. '|' .. l[2], id) end
+if l[5] and l[5] ~= '' then redis.call('ZREM', P .. 'hl:' .. l[5], id) end
 redis.call('ZREM', P .. 'leases', id)
 redis.call('DEL', key)
 return 1

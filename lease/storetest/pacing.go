@@ -119,6 +119,42 @@ func pacingConcurrency(t *testing.T, h Harness) {
 	}
 }
 
+// pacingConcurrencyPerSender: proxies whose pace names one bucket (one
+// sender: an IPv4 address, an IPv6 /64) share its MaxConcurrent, as a site
+// counts connections per sender; another sender has places of its own. A
+// renewed lease keeps its place past its first expiry, and a release frees
+// it.
+func pacingConcurrencyPerSender(t *testing.T, h Harness) {
+	ctx := context.Background()
+	paceOf := func(id string) lease.Pace {
+		p := lease.Pace{MaxConcurrent: 1}
+		if id != "c" {
+			p.Bucket = "ip:2001:db8:1:2::/64"
+		}
+		return p
+	}
+	take := func(c lease.Candidates) (lease.Lease, error) {
+		return h.Store.Acquire(ctx, lease.AcquireRequest{Candidates: c, Target: "shop.example", TTL: time.Minute, PaceOf: paceOf})
+	}
+	first, err := take(Of("a", "b"))
+	require.NoError(t, err)
+	_, err = take(Of("a", "b"))
+	noneAvailable(t, err, lease.CauseConcurrency)
+	other, err := take(Of("a", "b", "c"))
+	require.NoError(t, err)
+	assert.Equal(t, "c", other.ProxyID, "another sender has a place of its own")
+
+	h.Advance(40 * time.Second)
+	_, err = h.Store.Renew(ctx, first.ID, time.Minute)
+	require.NoError(t, err)
+	h.Advance(40 * time.Second) // past the first expiry, not the renewed one
+	_, err = take(Of("a", "b"))
+	noneAvailable(t, err, lease.CauseConcurrency)
+	require.NoError(t, h.Store.Release(ctx, first.ID))
+	_, err = take(Of("a", "b"))
+	require.NoError(t, err, "the release freed the sender's place")
+}
+
 // pacingFleetCap: one bucket across every proxy under one policy.
 func pacingFleetCap(t *testing.T, h Harness) {
 	p := lease.Pace{FleetKey: "crawl/shop", FleetInterval: time.Second, FleetBurst: 3}

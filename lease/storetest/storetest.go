@@ -54,6 +54,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"Sessions", sessions},
 		{"Pacing", pacing},
 		{"PacingConcurrency", pacingConcurrency},
+		{"PacingConcurrencyPerSender", pacingConcurrencyPerSender},
 		{"PacingFleetCap", pacingFleetCap},
 		{"WindowBound", windowBound},
 		{"Slots", slots},

@@ -34,17 +34,18 @@ func ipv6Exits(n, perNetwork int) []string {
 }
 
 // ipv6Cell crawls one subscriberRules site through proxies that leave from
-// exits (nil: their own IPv4 addresses), with the site's published rules
-// declared per IP as a team reads them, the product counting one sender
-// by identity; its oracle is the most the site allows its senders.
-func ipv6Cell(t testing.TB, block, proxies int, exits []string, identity netid.Rule, workers int, d time.Duration) cell {
+// exits (nil: their own IPv4 addresses), with share of the site's
+// published rules declared per IP as a team reads them, the product
+// counting one sender by identity; its oracle is the most the site allows
+// its senders.
+func ipv6Cell(t testing.TB, block, proxies int, exits []string, identity netid.Rule, share float64, workers int, d time.Duration) cell {
 	t.Helper()
 	const perSite = 20000
 	w := startWeb(t, block, proxies, []simweb.Rules{subscriberRules()}, 0)
 	if exits != nil {
 		w.seeAs(exits)
 	}
-	p := startCounting(t, w, broker.Politeness{Policies: policiesUnder(t, w, 0.8), Adaptive: true}, lease.NewMemoryStore(nil), identity)
+	p := startCounting(t, w, broker.Politeness{Policies: policiesUnder(t, w, share), Adaptive: true}, lease.NewMemoryStore(nil), identity)
 	r := crawl(w, urlsOf(w, perSite), workers, d, throughGateway(w, p, workers, true))
 	return cell{r: r, oracle: simweb.Oracle(subscriberRules(), w.exitIPs(), r.elapsed, perSite)}
 }
@@ -57,18 +58,18 @@ func ipv6Cell(t testing.TB, block, proxies int, exits []string, identity netid.R
 // /64s are four senders: they get more than twice the pages of one.
 func TestAnIPv6NetworkIsOneSender(t *testing.T) {
 	const proxies, workers, d = 4, 16, 4 * time.Second
-	shared := ipv6Cell(t, 140, proxies, ipv6Exits(proxies, proxies), netid.Rule{}, workers, d)
+	shared := ipv6Cell(t, 140, proxies, ipv6Exits(proxies, proxies), netid.Rule{}, 0.8, workers, d)
 	t.Logf("one /64: %d pages of the oracle's %d, %d wasted of %d, banned %v", shared.r.pages, shared.oracle, shared.r.wasted, shared.r.requests, shared.r.banned)
 	require.Positive(t, shared.r.pages)
 	assert.Empty(t, shared.r.banned, "one /64 paced as one sender: no ban")
 	assert.Zero(t, shared.r.wasted, "nothing refused")
 
-	perAddress := ipv6Cell(t, 142, proxies, ipv6Exits(proxies, proxies), netid.Rule{IPv6Prefix: 128}, workers, d)
+	perAddress := ipv6Cell(t, 142, proxies, ipv6Exits(proxies, proxies), netid.Rule{IPv6Prefix: 128}, 0.8, workers, d)
 	t.Logf("one /64 counted per address: %d pages, %d wasted of %d, banned %v", perAddress.r.pages, perAddress.r.wasted, perAddress.r.requests, perAddress.r.banned)
 	assert.Equal(t, map[string][]string{"127.0.143.1": {"2001:db8:6:1::/64"}}, perAddress.r.banned,
 		"counted per address, the four proxies overrun the /64, and the site bans it")
 
-	distinct := ipv6Cell(t, 144, proxies, ipv6Exits(proxies, 1), netid.Rule{}, workers, d)
+	distinct := ipv6Cell(t, 144, proxies, ipv6Exits(proxies, 1), netid.Rule{}, 0.8, workers, d)
 	t.Logf("four /64s: %d pages of the oracle's %d, %d wasted of %d, banned %v", distinct.r.pages, distinct.oracle, distinct.r.wasted, distinct.r.requests, distinct.r.banned)
 	assert.Empty(t, distinct.r.banned)
 	assert.Greater(t, distinct.r.pages, 2*shared.r.pages, "four senders get more than twice the pages of one")
@@ -76,7 +77,7 @@ func TestAnIPv6NetworkIsOneSender(t *testing.T) {
 
 // BenchmarkCrawlYieldIPv6 crawls a site that counts IPv6 by /64
 // (subscriberRules) for 15s with 20 proxies and 80 keep-alive crawlers,
-// the site's rules declared per IP: IPv4 addresses (`ipv4`), IPv6 ones in
+// the site's published rules declared per IP: IPv4 addresses (`ipv4`), IPv6 ones in
 // 20 /64s (`ipv6Distinct`), in 5 /64s of 4 (`ipv6Shared`), and the same
 // counted per address (`ipv6SharedPerAddress`, --ipv6-identity-prefix=128):
 // pages against the oracle, waste and senders banned.
@@ -97,7 +98,7 @@ func BenchmarkCrawlYieldIPv6(b *testing.B) {
 		b.Run(way.name, func(b *testing.B) {
 			var c cell
 			for b.Loop() {
-				c = ipv6Cell(b, block, proxies, way.exits, way.identity, workers, d)
+				c = ipv6Cell(b, block, proxies, way.exits, way.identity, 1, workers, d)
 			}
 			block += 2
 			reportCell(b, c)

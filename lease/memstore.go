@@ -154,10 +154,10 @@ func (m *MemoryStore) Acquire(_ context.Context, req AcquireRequest) (Lease, err
 		learned = m.learnedLocked(req.Target, now).Interval
 	}
 	var (
-		best  string
-		wait  time.Duration
-		pace  Pace
-		why   = WhyLeastLoaded
+		best string
+		wait time.Duration
+		pace Pace
+		why  = WhyLeastLoaded
 	)
 	// blocked is a candidate's record with the target, when any proxy has
 	// one: among equals, the one blocked least lately goes first.

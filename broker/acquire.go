@@ -36,7 +36,7 @@ type acquisition struct {
 func (b *Broker) acquire(ctx context.Context, a acquisition) (lease.Lease, error) {
 	r := lease.AcquireRequest{
 		Candidates: a.candidates, Holder: a.who.Name, Limit: b.limitFor(a.who, a.limit),
-		Target: a.target, TTL: a.ttl, PaceOf: b.paceOf(a.target), Adaptive: b.opts.Politeness.Adaptive && a.target != "",
+		Target: a.target, TTL: a.ttl, PaceOf: b.paceOf(ctx, a.target), Adaptive: b.opts.Politeness.Adaptive && a.target != "",
 		MaxWait: a.maxWait, Exclusive: a.exclusive, Within: a.within,
 	}
 	if a.hold {

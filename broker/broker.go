@@ -66,6 +66,9 @@ type Options struct {
 	// kept after it ends (lease.DefaultUsageRetention when 0).
 	Prices         map[string]Price
 	UsageRetention time.Duration
+	// Resolver tells whether a host has an IPv6 address, which a
+	// dual-stack proxy reaches it at (net.DefaultResolver when nil).
+	Resolver Resolver
 }
 
 // CredentialsLookup reads the credentials a proxy was built with.
@@ -85,6 +88,8 @@ type Broker struct {
 	narrowed *narrowings
 	// clients are the sessions' TLS fingerprints and the client bans.
 	clients *clients
+	// families remembers which hosts are reached over IPv6.
+	families *hostFamilies
 }
 
 // New builds a broker; Run starts its revoker.
@@ -95,7 +100,8 @@ func New(opts Options) *Broker {
 	if opts.StoreTimeout <= 0 {
 		opts.StoreTimeout = lease.DefaultStoreTimeout
 	}
-	b := &Broker{opts: opts, store: boundedStore{store: opts.Store, timeout: opts.StoreTimeout}, narrowed: newNarrowings(), clients: newClients()}
+	b := &Broker{opts: opts, store: boundedStore{store: opts.Store, timeout: opts.StoreTimeout}, narrowed: newNarrowings(), clients: newClients(),
+		families: newHostFamilies(opts.Resolver, opts.Clock)}
 	b.revoker = newRevoker(opts.Clock.Now, func(id string) bool {
 		if opts.View == nil {
 			return false

@@ -1,11 +1,15 @@
 package broker
 
 import (
+	"context"
+	"net"
+	"net/netip"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	toolscache "k8s.io/client-go/tools/cache"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -89,7 +93,7 @@ func TestAPolicyCountedByNetwork(t *testing.T) {
 	f.proxy("a", "203.0.113.5")
 	f.proxy("b", "203.0.113.77")
 	f.proxy("c", "198.51.100.1")
-	paceOf := f.broker.paceOf("shop.example")
+	paceOf := f.broker.paceOf(context.Background(), "shop.example")
 	assert.Equal(t, "net:203.0.113.0/24", paceOf("crawl/a").Bucket)
 	assert.Equal(t, paceOf("crawl/a").Bucket, paceOf("crawl/b").Bucket, "one network, one bucket")
 	assert.Equal(t, "net:198.51.100.0/24", paceOf("crawl/c").Bucket)
@@ -100,7 +104,7 @@ func TestAPolicyCountedByNetwork(t *testing.T) {
 
 	ct.Spec.CountBy = crawlv1alpha1.CountByIP
 	f.broker.opts.Politeness.Policies = staticPolicy{PolicyOf(ct)}
-	paceOf = f.broker.paceOf("shop.example")
+	paceOf = f.broker.paceOf(context.Background(), "shop.example")
 	assert.Equal(t, "ip:203.0.113.5", paceOf("crawl/a").Bucket, "by IP: each IPv4 address its own")
 	assert.NotEqual(t, paceOf("crawl/a").Bucket, paceOf("crawl/b").Bucket)
 	f.proxy("v6b", "2001:db8:1:2:ffff::1")
@@ -108,5 +112,55 @@ func TestAPolicyCountedByNetwork(t *testing.T) {
 	assert.Equal(t, "ip:2001:db8:1:2::/64", paceOf("crawl/v6a").Bucket, "an IPv6 address counts as its /64")
 	assert.Equal(t, paceOf("crawl/v6a").Bucket, paceOf("crawl/v6b").Bucket, "one /64, one sender")
 	assert.NotEqual(t, paceOf("crawl/v6a").Bucket, paceOf("crawl/v6c").Bucket, "another /64, another sender")
-	assert.ElementsMatch(t, []string{"crawl/v6b"}, f.view.SameSender("crawl/v6a", 10))
+	assert.ElementsMatch(t, []string{"crawl/v6b"}, f.view.SameSender("crawl/v6a", func() bool { return false }, 10))
+}
+
+// resolverOf answers AAAA lookups for the hosts it has, and no other.
+type resolverOf map[string]bool
+
+func (r resolverOf) LookupNetIP(_ context.Context, network, host string) ([]netip.Addr, error) {
+	if network == "ip6" && r[host] {
+		return []netip.Addr{netip.MustParseAddr("2001:db8:ffff::1")}, nil
+	}
+	return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+}
+
+// TestADualStackProxyIsTwoSenders: a dual-stack proxy reaches a site with
+// an IPv6 address from its IPv6 range, so there it counts with every proxy
+// whose range shares the /64; a site reached over IPv4 sees its IPv4
+// address, its own. A refusal over IPv6 reaches the /64's proxies, one
+// over IPv4 none.
+func TestADualStackProxyIsTwoSenders(t *testing.T) {
+	policies := NewPolicyIndex()
+	policies.Handler().OnAdd(testenv.CrawlTarget("crawl", "shop", "*.example", 2, time.Unix(0, 0)), false)
+	f := &brokerFixture{view: NewView(nil, "operator-ns"), clock: clocktesting.NewFakeClock(time.Unix(0, 0))}
+	f.broker = New(Options{Store: lease.NewMemoryStore(f.clock), View: f.view, Clock: f.clock, Politeness: Politeness{Policies: policies},
+		Resolver: resolverOf{"v6.example": true}})
+	for name, addrs := range map[string][2]string{
+		"a": {"203.0.113.5", "2001:db8:6:1:0:1::/96"},
+		"b": {"203.0.113.6", "2001:db8:6:1:0:2::/96"},
+		"c": {"203.0.113.7", "2001:db8:6:2:0:1::/96"},
+	} {
+		p := &crawlv1alpha1.Proxy{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "crawl", Name: name},
+			Spec:       crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeManaged, Provider: "gcp-eu", Port: 3128},
+			Status: crawlv1alpha1.ProxyStatus{Phase: crawlv1alpha1.PhaseReady, IP: addrs[0], Port: 3128, IPv6Prefix: addrs[1], SessionAddresses: 4,
+				InstanceName: "px-crawl-" + name, SpecHash: "h1"},
+		}
+		testenv.SetHealth(p, metav1.ConditionTrue, "x")
+		f.view.Upsert(p)
+	}
+	ctx := context.Background()
+	overV6 := f.broker.paceOf(ctx, "v6.example")
+	assert.Equal(t, "ip:2001:db8:6:1::/64", overV6("crawl/a").Bucket)
+	assert.Equal(t, overV6("crawl/a").Bucket, overV6("crawl/b").Bucket, "one subnet's /64: one sender over IPv6")
+	assert.Equal(t, "ip:2001:db8:6:2::/64", overV6("crawl/c").Bucket)
+	overV4 := f.broker.paceOf(ctx, "v4.example")
+	assert.Equal(t, "ip:203.0.113.5", overV4("crawl/a").Bucket)
+	assert.NotEqual(t, overV4("crawl/a").Bucket, overV4("crawl/b").Bucket, "over IPv4 each its own address")
+
+	assert.ElementsMatch(t, []string{"crawl/b"}, f.view.SameSender("crawl/a", f.broker.families.overIPv6Of(ctx, "v6.example"), 10))
+	assert.Empty(t, f.view.SameSender("crawl/a", f.broker.families.overIPv6Of(ctx, "v4.example"), 10))
+	assert.True(t, f.broker.families.overIPv6(ctx, "2001:db8::7"), "an address literal needs no lookup")
+	assert.False(t, f.broker.families.overIPv6(ctx, "198.51.100.1"))
 }

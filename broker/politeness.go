@@ -45,10 +45,11 @@ type Politeness struct {
 // paceOf is req's PaceOf for host: each candidate keeps the policy of its
 // namespace (candidates and policies are namespace/name), counted per the
 // sender sites see its exit IP as (netid: the IP, or the /64 of an IPv6
-// one), or per its network when the policy says so. Nil when no policy
+// one; a dual-stack proxy's IPv6 range's /64 for a host reached over
+// IPv6), or per its network when the policy says so. Nil when no policy
 // covers the host anywhere, so an unpaced lease keeps the store's fast
 // path.
-func (b *Broker) paceOf(host string) func(string) lease.Pace {
+func (b *Broker) paceOf(ctx context.Context, host string) func(string) lease.Pace {
 	if b.opts.Politeness.Policies == nil || host == "" {
 		return nil
 	}
@@ -62,11 +63,12 @@ func (b *Broker) paceOf(host string) func(string) lease.Pace {
 		p.Pace = withJitterReserve(p.Pace)
 		byNamespace[ns] = p
 	}
+	overIPv6 := b.families.overIPv6Of(ctx, host)
 	return func(id string) lease.Pace {
 		ns, _, _ := strings.Cut(id, "/")
 		p := byNamespace[ns]
 		if b.opts.View != nil {
-			sender, network := b.opts.View.sender(id)
+			sender, network := b.opts.View.sender(id, overIPv6)
 			p.Pace.Bucket = bucket("ip:", sender)
 			if p.ByNetwork {
 				p.Pace.Bucket = bucket("net:", network)

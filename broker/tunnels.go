@@ -296,7 +296,7 @@ func (b *Broker) MarkSession(ctx context.Context, session, proxy, result string)
 func (b *Broker) Turn(ctx context.Context, proxy, host string, maxWait time.Duration) (time.Duration, error) {
 	host = NormalizeTarget(host)
 	var p lease.Pace
-	if paceOf := b.paceOf(host); paceOf != nil {
+	if paceOf := b.paceOf(ctx, host); paceOf != nil {
 		p = paceOf(proxy)
 	}
 	adaptive := b.opts.Politeness.Adaptive && host != ""

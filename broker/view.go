@@ -3,6 +3,7 @@ package broker
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -95,8 +96,9 @@ type View struct {
 	// pools indexes the entries by their pool's name (every namespace), so
 	// a pool's members are found without walking the fleet.
 	pools map[string]map[string]struct{}
-	// senders indexes the entries by their exit IP's identity (netid), so
-	// the proxies a site sees as one sender are found without a walk.
+	// senders indexes the entries by their exit IP's identity (netid), and
+	// a dual-stack one by its IPv6 range's too, so the proxies a site sees
+	// as one sender are found without a walk.
 	senders map[string]map[string]struct{}
 
 	// cache holds the candidates per selector: matching 10,000 proxies'
@@ -179,16 +181,20 @@ func (v *View) Remove(id string) {
 	v.generation++
 }
 
-// indexLocked adds e to its pool's and its sender's index.
+// indexLocked adds e to its pool's and its senders' indexes.
 func (v *View) indexLocked(e *entry) {
 	addToIndex(v.pools, e.attributes.m[attrPool], e.id)
-	addToIndex(v.senders, v.identity.Of(e.exitIP()), e.id)
+	for _, s := range v.sendersOf(e) {
+		addToIndex(v.senders, s, e.id)
+	}
 }
 
-// unindexLocked drops e from its pool's and its sender's index.
+// unindexLocked drops e from its pool's and its senders' indexes.
 func (v *View) unindexLocked(e *entry) {
 	dropFromIndex(v.pools, e.attributes.m[attrPool], e.id)
-	dropFromIndex(v.senders, v.identity.Of(e.exitIP()), e.id)
+	for _, s := range v.sendersOf(e) {
+		dropFromIndex(v.senders, s, e.id)
+	}
 }
 
 func addToIndex(index map[string]map[string]struct{}, key, id string) {
@@ -434,30 +440,55 @@ func (v *View) state(id string) (exists, serving, healthy bool) {
 
 // sender is the identity sites count proxy id's requests under (netid:
 // its exit IP, or the /64 of an IPv6 one), and network the range a site
-// that counts by network sees it in; "" for no exit IP known. Cheap, for a
+// that counts by network sees it in; "" for no exit IP known. A dual-stack
+// proxy reaches a site over IPv6 from its range, so overIPv6 (asked only
+// of such a proxy) says whether the site is reached so. Cheap, for a
 // lease's paces per candidate.
-func (v *View) sender(id string) (sender, network string) {
+func (v *View) sender(id string, overIPv6 func() bool) (sender, network string) {
 	v.mu.RLock()
-	defer v.mu.RUnlock()
-	if e, ok := v.entries[id]; ok {
-		ip := e.exitIP()
-		return v.identity.Of(ip), v.identity.Network(ip)
+	e, ok := v.entries[id]
+	ip, range6 := "", ""
+	if ok {
+		ip, range6 = e.exitIP(), e.ipv6Prefix
 	}
-	return "", ""
+	v.mu.RUnlock()
+	if range6 != "" && overIPv6() {
+		ip = rangeAddr(range6)
+	}
+	return v.identity.Of(ip), v.identity.Network(ip)
+}
+
+// senders are the identities e is indexed under: its exit IP's, and its
+// IPv6 range's when it has one.
+func (v *View) sendersOf(e *entry) []string {
+	out := []string{v.identity.Of(e.exitIP())}
+	if e.ipv6Prefix != "" {
+		if s := v.identity.Of(rangeAddr(e.ipv6Prefix)); s != out[0] {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// rangeAddr is the first address of an IPv6 range ("" for none).
+func rangeAddr(prefix string) string {
+	p, err := netip.ParsePrefix(prefix)
+	if err != nil {
+		return ""
+	}
+	return p.Addr().String()
 }
 
 // SameSender is every other proxy sites see as the same sender as proxy
-// id (its exit IP's identity, netid), at most limit of them in no order:
-// the proxies a site's block of id blocks too.
-func (v *View) SameSender(id string, limit int) []string {
+// id (sender: its exit IP's identity, or its IPv6 range's for a site
+// reached over IPv6), at most limit of them in no order: the proxies a
+// site's block of id blocks too.
+func (v *View) SameSender(id string, overIPv6 func() bool, limit int) []string {
+	sender, _ := v.sender(id, overIPv6)
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	e, ok := v.entries[id]
-	if !ok {
-		return nil
-	}
 	var out []string
-	for other := range v.senders[v.identity.Of(e.exitIP())] {
+	for other := range v.senders[sender] {
 		if len(out) == limit {
 			break
 		}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +17,8 @@ import (
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/lease"
+	"github.com/example/egress-proxies-operator/netid"
+	"github.com/example/egress-proxies-operator/tenant"
 	"github.com/example/egress-proxies-operator/test/testenv"
 )
 
@@ -134,8 +138,8 @@ func TestADualStackProxyIsTwoSenders(t *testing.T) {
 	policies := NewPolicyIndex()
 	policies.Handler().OnAdd(testenv.CrawlTarget("crawl", "shop", "*.example", 2, time.Unix(0, 0)), false)
 	f := &brokerFixture{view: NewView(nil, "operator-ns"), clock: clocktesting.NewFakeClock(time.Unix(0, 0))}
-	f.broker = New(Options{Store: lease.NewMemoryStore(f.clock), View: f.view, Clock: f.clock, Politeness: Politeness{Policies: policies},
-		Resolver: resolverOf{"v6.example": true}})
+	f.broker = New(Options{DefaultTTL: DefaultTTL, MaxTTL: DefaultMaxTTL, DefaultCooldown: DefaultCooldown, Store: lease.NewMemoryStore(f.clock), View: f.view, Clock: f.clock, Politeness: Politeness{Policies: policies},
+		Resolver: resolverOf{"v6.example": true, "w6.example": true}})
 	for name, addrs := range map[string][2]string{
 		"a": {"203.0.113.5", "2001:db8:6:1:0:1::/96"},
 		"b": {"203.0.113.6", "2001:db8:6:1:0:2::/96"},
@@ -143,9 +147,8 @@ func TestADualStackProxyIsTwoSenders(t *testing.T) {
 	} {
 		p := &crawlv1alpha1.Proxy{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "crawl", Name: name},
-			Spec:       crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeManaged, Provider: "gcp-eu", Port: 3128},
-			Status: crawlv1alpha1.ProxyStatus{Phase: crawlv1alpha1.PhaseReady, IP: addrs[0], Port: 3128, IPv6Prefix: addrs[1], SessionAddresses: 4,
-				InstanceName: "px-crawl-" + name, SpecHash: "h1"},
+			Spec:       crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeExternal, External: &crawlv1alpha1.ExternalEndpoint{Address: addrs[0]}, Port: 3128},
+			Status:     crawlv1alpha1.ProxyStatus{Phase: crawlv1alpha1.PhaseReady, IP: addrs[0], Port: 3128, IPv6Prefix: addrs[1], SessionAddresses: 4},
 		}
 		testenv.SetHealth(p, metav1.ConditionTrue, "x")
 		f.view.Upsert(p)
@@ -163,4 +166,22 @@ func TestADualStackProxyIsTwoSenders(t *testing.T) {
 	assert.Empty(t, f.view.SameSender("crawl/a", f.broker.families.overIPv6Of(ctx, "v4.example"), 10))
 	assert.True(t, f.broker.families.overIPv6(ctx, "2001:db8::7"), "an address literal needs no lookup")
 	assert.False(t, f.broker.families.overIPv6(ctx, "198.51.100.1"))
+
+	// A session's tunnel to a site reached over IPv6 leaves from its own
+	// address of the range, which the gateway names in X-Egress-IP; to an
+	// IPv4 site, from the proxy's IPv4 address.
+	up, err := f.broker.Tunnel(ctx, TunnelRequest{Tenant: tenant.Platform, Session: "s1", Host: "v6.example", TTL: time.Minute, SessionIdle: time.Minute})
+	require.NoError(t, err)
+	prefix := netip.MustParsePrefix(map[string]string{"crawl/a": "2001:db8:6:1:0:1::/96", "crawl/b": "2001:db8:6:1:0:2::/96", "crawl/c": "2001:db8:6:2:0:1::/96"}[up.ProxyID])
+	want, err := netid.SessionAddress(prefix, netid.SessionIndex("s1", 4))
+	require.NoError(t, err)
+	assert.Equal(t, want.String(), up.ExitIP)
+	assert.Equal(t, strconv.Itoa(netid.SessionIndex("s1", 4)), up.SessionAddress)
+	rotating, err := f.broker.Tunnel(ctx, TunnelRequest{Tenant: tenant.Platform, Host: "w6.example", TTL: time.Minute})
+	require.NoError(t, err)
+	assert.Empty(t, rotating.SessionAddress)
+	assert.True(t, strings.HasPrefix(rotating.ExitIP, "2001:db8:6:") && strings.HasSuffix(rotating.ExitIP, "::"), "the range's own address: %s", rotating.ExitIP)
+	v4, err := f.broker.Tunnel(ctx, TunnelRequest{Tenant: tenant.Platform, Session: "s2", Host: "v4.example", TTL: time.Minute, SessionIdle: time.Minute})
+	require.NoError(t, err)
+	assert.True(t, strings.HasPrefix(v4.ExitIP, "203.0.113."), "over IPv4, its IPv4 address: %s", v4.ExitIP)
 }

@@ -226,7 +226,7 @@ func (p *pick) soft(ctx context.Context) (Upstream, error) {
 			continue
 		}
 		if p.req.Session != "" {
-			set := lease.RouteSet{Proxy: granted.ProxyID, Own: own, Fresh: own && fresh, IP: up.ExitIP, Hold: hold}
+			set := lease.RouteSet{Proxy: granted.ProxyID, Own: own, Fresh: own && fresh, IP: up.proxyExit, Hold: hold}
 			if own && granted.ProxyID == route.Own && !fresh {
 				set.IP = route.IP
 			}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"net/url"
 	"regexp"
 	"slices"
@@ -102,8 +103,12 @@ type TunnelRequest struct {
 type Upstream struct {
 	ProxyID string
 	// Address is the proxy's host:port; ExitIP where sites see the
-	// tunnel come from.
+	// tunnel come from (a dual-stack proxy's address of its IPv6 range,
+	// for a site reached over IPv6).
 	Address, ExitIP string
+	// proxyExit is the proxy's exit IP (View's), which a session's route
+	// remembers to tell a proxy that moved.
+	proxyExit string
 	// SessionAddress, for a proxy that leaves from several addresses of
 	// its IPv6 range, is the one the tunnel's session leaves from: the
 	// netid.SessionHeader value to send it ("": none, the proxy's own).
@@ -349,9 +354,15 @@ func (b *Broker) upstream(ctx context.Context, granted lease.Lease, session stri
 	if !ok || info.IP == "" || info.Port == 0 {
 		return Upstream{}, fmt.Errorf("proxy %s has no address", granted.ProxyID)
 	}
-	up := Upstream{ProxyID: granted.ProxyID, LeaseID: granted.ID, Address: net.JoinHostPort(info.IP, strconv.Itoa(int(info.Port))), ExitIP: info.ExitIP}
+	up := Upstream{ProxyID: granted.ProxyID, LeaseID: granted.ID, Address: net.JoinHostPort(info.IP, strconv.Itoa(int(info.Port))), ExitIP: info.ExitIP,
+		proxyExit: info.ExitIP}
+	index := -1
 	if info.SessionAddresses > 0 && session != "" {
-		up.SessionAddress = strconv.Itoa(netid.SessionIndex(session, int(info.SessionAddresses)))
+		index = netid.SessionIndex(session, int(info.SessionAddresses))
+		up.SessionAddress = strconv.Itoa(index)
+	}
+	if info.IPv6Prefix != "" && b.families.overIPv6(ctx, granted.Target) {
+		up.ExitIP = exitOverIPv6(info.IPv6Prefix, index)
 	}
 	if info.hasCreds {
 		// The gateway's own credentials for its own lease: they never
@@ -363,6 +374,24 @@ func (b *Broker) upstream(ctx context.Context, granted lease.Lease, session stri
 		up.User = c.Userinfo()
 	}
 	return up, nil
+}
+
+// exitOverIPv6 is where a dual-stack proxy's tunnel leaves from to a site
+// reached over IPv6: its session's address of the proxy's range (index),
+// or the range's own address (index -1: no session address).
+func exitOverIPv6(prefix string, index int) string {
+	p, err := netip.ParsePrefix(prefix)
+	if err != nil {
+		return ""
+	}
+	if index < 0 {
+		return p.Masked().Addr().String()
+	}
+	a, err := netid.SessionAddress(p, index)
+	if err != nil {
+		return p.Masked().Addr().String()
+	}
+	return a.String()
 }
 
 // TunnelLedgerHorizon is how far past each of a tunnel's ledger records

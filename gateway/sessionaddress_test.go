@@ -42,7 +42,7 @@ func TestEachSessionLeavesFromItsOwnAddress(t *testing.T) {
 	own := "127.0.0.91"
 	addresses := []netip.Addr{netip.MustParseAddr("127.0.91.1"), netip.MustParseAddr("127.0.91.2"), netip.MustParseAddr("127.0.91.3")}
 	rules := squid.DefaultRules + "request_header_access " + netid.SessionHeader + " deny all\n" +
-		squidconf.SessionAddressRules(addresses) + "tcp_outgoing_address " + own + "\n"
+		squidconf.SessionAddressRules(netip.MustParseAddr(own), addresses)
 	squid.Start(t, squid.Config{Address: own, Port: 3128, Rules: rules})
 
 	view := broker.NewView(nil, "operator-ns")

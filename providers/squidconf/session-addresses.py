@@ -12,7 +12,8 @@
 # ipv6-prefix). It routes the whole range to the VM (a local route, so
 # Squid may bind any address of it), then writes the squid.conf lines that
 # make Squid leave from address i (the range's first plus i+1) for a
-# request whose X-Egress-Session-Address header is i. Without a range it
+# request whose X-Egress-Session-Address header is i, and from the range's
+# first address for any other. Without a range it
 # writes no lines: Squid leaves from the VM's own addresses. It must write
 # the same lines as the operator's squidconf.SessionAddressRules, which its
 # test checks.
@@ -57,6 +58,9 @@ def rules(network, count):
         addr = network.network_address + i + 1
         lines.append("acl session_address_%d req_header %s ^%d$" % (i, HEADER, i))
         lines.append("tcp_outgoing_address %s session_address_%d" % (addr, i))
+    # Any other request leaves from the range's own address: the VM may
+    # have no other IPv6 address (an EC2 interface with a prefix alone).
+    lines.append("tcp_outgoing_address %s" % network.network_address)
     return "".join(line + "\n" for line in lines)
 
 

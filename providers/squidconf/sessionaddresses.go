@@ -54,16 +54,19 @@ func (e *IPv6Egress) Validate() error {
 }
 
 // SessionAddressRules are the squid.conf lines that make Squid leave from
-// addresses[i] for a request whose netid.SessionHeader is i: one header
-// ACL and one tcp_outgoing_address each. Squid uses an address only for
-// destinations of its family, and drops the header (squid.conf's
-// request_header_access) before anything leaves.
-func SessionAddressRules(addresses []netip.Addr) string {
+// addresses[i] for a request whose netid.SessionHeader is i (one header
+// ACL and one tcp_outgoing_address each), and from base, the range's own
+// address, for any other: a VM may have no other IPv6 address to leave
+// from. Squid uses an address only for destinations of its family, and
+// drops the header (squid.conf's request_header_access) before anything
+// leaves.
+func SessionAddressRules(base netip.Addr, addresses []netip.Addr) string {
 	var b strings.Builder
 	for i, a := range addresses {
 		fmt.Fprintf(&b, "acl session_address_%d req_header %s ^%d$\n", i, netid.SessionHeader, i)
 		fmt.Fprintf(&b, "tcp_outgoing_address %s session_address_%d\n", a, i)
 	}
+	fmt.Fprintf(&b, "tcp_outgoing_address %s\n", base)
 	return b.String()
 }
 
@@ -80,4 +83,11 @@ func SessionAddressesOf(prefix netip.Prefix, n int) []netip.Addr {
 		out = append(out, a)
 	}
 	return out
+}
+
+// RangeRules are the lines a VM's script writes for its range: its first
+// n session addresses (SessionAddressesOf), the range's own address for
+// any other request.
+func RangeRules(prefix netip.Prefix, n int) string {
+	return SessionAddressRules(prefix.Masked().Addr(), SessionAddressesOf(prefix, n))
 }

@@ -82,13 +82,14 @@ func TestAVMWritesTheSessionAddressesTheGatewayCounts(t *testing.T) {
 
 	gce, err := runScript(t, metadata, "gcp", "4", "96")
 	require.NoError(t, err)
-	assert.Equal(t, squidconf.SessionAddressRules(squidconf.SessionAddressesOf(netip.MustParsePrefix("2001:db8:1:2:0:5::/96"), 4)), gce)
+	assert.Equal(t, squidconf.RangeRules(netip.MustParsePrefix("2001:db8:1:2:0:5::/96"), 4), gce)
 	assert.Contains(t, gce, "tcp_outgoing_address 2001:db8:1:2:0:5:0:1 session_address_0")
 
 	ec2, err := runScript(t, metadata, "aws", "3")
 	require.NoError(t, err)
-	assert.Equal(t, squidconf.SessionAddressRules(squidconf.SessionAddressesOf(netip.MustParsePrefix("2001:db8:7:8:9::/80"), 3)), ec2)
-	assert.Equal(t, 6, strings.Count(ec2, "\n"), "an ACL and an address each")
+	assert.Equal(t, squidconf.RangeRules(netip.MustParsePrefix("2001:db8:7:8:9::/80"), 3), ec2)
+	assert.Equal(t, 7, strings.Count(ec2, "\n"), "an ACL and an address each, and the range's own address for the rest")
+	assert.True(t, strings.HasSuffix(ec2, "\ntcp_outgoing_address 2001:db8:7:8:9::\n"), "the rest leave from the range's own address")
 
 	_, err = runScript(t, fakeMetadata(t, "", ""), "gcp", "4", "96")
 	assert.Error(t, err, "no IPv6 range: the script fails, cloud-init leaves the include empty")
@@ -101,11 +102,11 @@ func TestSquidReadsTheSessionAddresses(t *testing.T) {
 	require.NoError(t, err)
 	dir := t.TempDir()
 	include := filepath.Join(dir, "session-addresses.conf")
-	addresses := squidconf.SessionAddressesOf(netip.MustParsePrefix("2001:db8:1:2:0:5::/96"), 2)
-	require.NoError(t, os.WriteFile(include, []byte(squidconf.SessionAddressRules(addresses)), 0o644))
+	prefix := netip.MustParsePrefix("2001:db8:1:2:0:5::/96")
+	require.NoError(t, os.WriteFile(include, []byte(squidconf.RangeRules(prefix, 2)), 0o644))
 	conf, err := squidconf.Render(squidconf.Params{Owner: "crawl/dual", Port: 3128, AllowedSources: []string{"198.51.100.0/24"},
 		AuthHelper: "/usr/local/lib/egress-proxy/lease-auth.pl", KeyFile: "/etc/squid/lease.key", RevokedFile: "/var/spool/squid/revoked",
-		SessionAddresses: addresses, SessionAddressesInclude: include})
+		SessionAddressBase: prefix.Addr(), SessionAddresses: squidconf.SessionAddressesOf(prefix, 2), SessionAddressesInclude: include})
 	require.NoError(t, err)
 	assert.Contains(t, conf, "request_header_access "+netid.SessionHeader+" deny all")
 	path := filepath.Join(dir, "squid.conf")

@@ -113,10 +113,20 @@ type Params struct {
 	// logs (a pod's emptyDirs); empty keeps the package defaults (a VM).
 	RunDir, SpoolDir, LogDir string
 	// SessionAddresses are addresses Squid leaves from, one per gateway
-	// session (SessionAddressRules); SessionAddressesInclude is a file of
-	// such rules written later (a VM's, at boot).
+	// session, of the range whose own address is SessionAddressBase
+	// (SessionAddressRules); SessionAddressesInclude is a file of such
+	// rules written later (a VM's, at boot).
+	SessionAddressBase      netip.Addr
 	SessionAddresses        []netip.Addr
 	SessionAddressesInclude string
+}
+
+// sessionAddressRules are p's inline session-address lines ("" for none).
+func sessionAddressRules(p Params) string {
+	if len(p.SessionAddresses) == 0 {
+		return ""
+	}
+	return strings.TrimSuffix(SessionAddressRules(p.SessionAddressBase, p.SessionAddresses), "\n")
 }
 
 // Render renders the squid.conf for p, refusing one that would admit
@@ -150,7 +160,7 @@ func Render(p Params) (string, error) {
 		HorizonSeconds                     int64
 		SessionHeader, SessionAddressRules string
 	}{p, strings.Join(p.AllowedSources, " "), strings.Join(p.DeniedDestinations, " "), int64(p.CredentialHorizon.Seconds()),
-		netid.SessionHeader, strings.TrimSuffix(SessionAddressRules(p.SessionAddresses), "\n")})
+		netid.SessionHeader, sessionAddressRules(p)})
 	if err != nil {
 		return "", fmt.Errorf("rendering squid.conf: %w", err)
 	}

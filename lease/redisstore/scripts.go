@@ -27,6 +27,10 @@ import (
 //	                      the members not yet expired; expires with its last lease
 //	P last:<proxy>        when the proxy was last leased (ties), for an hour
 //	P cool:<proxy>|<host> the end of the proxy's cooldown for host; expires by itself
+//	P coolt:<host>        zset of the proxies cooling for host by the end
+//	                      of their cooldown (an ended one may linger): an
+//	                      acquire for a host nobody cools for reads no
+//	                      candidate's cooldown
 //	P leases, P cooldowns zsets of every lease and cooldown by end, for the
 //	                      metrics only; each write that adds to one drops
 //	                      what ended from it, so they never outgrow the
@@ -229,8 +233,10 @@ const minBlockedWeight = 0.01
 // ARGV[11] its Limit's key ("" for none) and max, ARGV[12] 1 for an
 // exclusive lease, ARGV[13] the exclusive lease it is within ("" none), then
 // k paces of six values each (interval ms, burst, max concurrent, fleet
-// key, fleet interval ms, fleet burst), then the candidates as pairs (id,
-// index of its pace, 0 for none). Returns {1, proxy, created, expires,
+// key, fleet interval ms, fleet burst), then the candidates as triples
+// (id, index of its pace, 0 for none, and its pace's bucket, "" for its
+// own: lease.Pace.Bucket, a sender's, which would make every candidate's
+// pace distinct if it were sent with the pace). Returns {1, proxy, created, expires,
 // load, wait ms, 1 if a pace applied} or {0, ms until the first candidate may take the target
 // again (0: none will by itself), cause}; cause "quota" when the Limit is
 // reached (the ms until the first of its leases ends).
@@ -253,22 +259,21 @@ end
 local paces, j = {}, 14
 for i = 1, k do
   paces[i] = {interval = tonumber(ARGV[j]), burst = tonumber(ARGV[j + 1]), conc = tonumber(ARGV[j + 2]),
-    fkey = ARGV[j + 3], finterval = tonumber(ARGV[j + 4]), fburst = tonumber(ARGV[j + 5]), bucket = ARGV[j + 6]}
-  j = j + 7
+    fkey = ARGV[j + 3], finterval = tonumber(ARGV[j + 4]), fburst = tonumber(ARGV[j + 5])}
+  j = j + 6
 end
 local learned = 0
 if ARGV[6] == '1' and target ~= '' then learned = learnedAt(target) end
 local paced = target ~= '' and (k > 0 or learned > 0)
-local none = {interval = 0, burst = 0, conc = 0, fkey = '', finterval = 0, fburst = 0, bucket = ''}
-local function bucketOf(p, proxy)
-  if p.bucket ~= '' then return p.bucket end
-  return proxy
-end
+local none = {interval = 0, burst = 0, conc = 0, fkey = '', finterval = 0, fburst = 0}
 local causes = {paced = 0, concurrency = 0, cooling = 0, exclusive = 0}
-local best, bestWait, bestLoad, bestLast, bestPace, soonest, bestBlocked, plain, plainLoad, plainLast
+local best, bestWait, bestLoad, bestLast, bestPace, bestBucket, soonest, bestBlocked, plain, plainLoad, plainLast
 local records = target ~= '' and redis.call('EXISTS', P .. 'obh:' .. target) == 1
-for i = j, #ARGV, 2 do
-  local proxy, p = ARGV[i], paces[tonumber(ARGV[i + 1])] or none
+-- Only a target some proxy cools for needs each candidate's cooldown read.
+local cooling = target ~= '' and redis.call('ZCOUNT', P .. 'coolt:' .. target, '(' .. now, '+inf') > 0
+for i = j, #ARGV, 3 do
+  local proxy, p, bucket = ARGV[i], paces[tonumber(ARGV[i + 1])] or none, ARGV[i + 2]
+  if bucket == '' then bucket = proxy end
   local ok, wait = true, 0
   if anyHeld then
     local x = heldUntil(proxy, within)
@@ -282,7 +287,7 @@ for i = j, #ARGV, 2 do
     ok = false
     causes.exclusive = causes.exclusive + 1
   end
-  if ok and target ~= '' then
+  if ok and cooling then
     local untilv = tonumber(redis.call('GET', P .. 'cool:' .. proxy .. '|' .. target) or '0')
     if untilv > now then
       ok = false
@@ -292,13 +297,13 @@ for i = j, #ARGV, 2 do
   end
   if ok and paced then
     if learned > p.interval then
-      p = {interval = learned, burst = math.max(p.burst, 1), conc = p.conc, fkey = p.fkey, finterval = p.finterval, fburst = p.fburst, bucket = p.bucket}
+      p = {interval = learned, burst = math.max(p.burst, 1), conc = p.conc, fkey = p.fkey, finterval = p.finterval, fburst = p.fburst}
     end
-    if p.conc > 0 and redis.call('ZCOUNT', P .. 'hl:' .. bucketOf(p, proxy) .. '|' .. target, '(' .. now, '+inf') >= p.conc then
+    if p.conc > 0 and redis.call('ZCOUNT', P .. 'hl:' .. bucket .. '|' .. target, '(' .. now, '+inf') >= p.conc then
       ok = false
       causes.concurrency = causes.concurrency + 1
     else
-      wait = slotWait(bucketOf(p, proxy), target, p)
+      wait = slotWait(bucket, target, p)
       if wait > maxWait then
         ok = false
         causes.paced = causes.paced + 1
@@ -314,7 +319,7 @@ for i = j, #ARGV, 2 do
     local better = best and b < bestBlocked - 1e-9
     local worse = best and bestBlocked < b - 1e-9
     if not best or wait < bestWait or (wait == bestWait and (l < bestLoad or (l == bestLoad and (better or (not worse and (last < bestLast or (last == bestLast and proxy < best))))))) then
-      best, bestWait, bestLoad, bestLast, bestPace, bestBlocked = proxy, wait, l, last, p, b
+      best, bestWait, bestLoad, bestLast, bestPace, bestBucket, bestBlocked = proxy, wait, l, last, p, bucket, b
     end
     if not plain or l < plainLoad or (l == plainLoad and (last < plainLast or (last == plainLast and proxy < plain))) then
       plain, plainLoad, plainLast = proxy, l, last
@@ -349,7 +354,7 @@ redis.call('ZREMRANGEBYSCORE', zkey, '-inf', now)
 redis.call('ZADD', zkey, expires, id)
 extend(zkey, ttl)
 if target ~= '' then
-  local hl = bucketOf(bestPace or none, best) .. '|' .. target
+  local hl = bestBucket .. '|' .. target
   local hkey = P .. 'hl:' .. hl
   redis.call('ZREMRANGEBYSCORE', hkey, '-inf', now)
   redis.call('ZADD', hkey, expires, id)
@@ -357,7 +362,7 @@ if target ~= '' then
   redis.call('HSET', key, 'hl', hl)
 end
 if bestPace then
-  slotReserve(bucketOf(bestPace, best), target, bestPace)
+  slotReserve(bestBucket, target, bestPace)
 end
 redis.call('SET', P .. 'last:' .. best, now, 'PX', 3600000)
 redis.call('ZREMRANGEBYSCORE', P .. 'leases', '-inf', now)
@@ -440,6 +445,10 @@ local function cool(proxy, target, ms)
     extend(P .. 'cooldowns', untilv - now)
     redis.call('SADD', P .. 'coolhosts:' .. proxy, target)
     extend(P .. 'coolhosts:' .. proxy, untilv - now)
+    local byTarget = P .. 'coolt:' .. target
+    redis.call('ZREMRANGEBYSCORE', byTarget, '-inf', now)
+    redis.call('ZADD', byTarget, untilv, proxy)
+    extend(byTarget, untilv - now)
   end
 end
 `

@@ -153,16 +153,19 @@ func (s *Store) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Le
 func (s *Store) acquire(ctx context.Context, req lease.AcquireRequest, ids []string) (lease.Lease, error) {
 	id := uuid.NewString()
 	adaptive := flag(req.Adaptive)
-	// Declared paces, each sent once, and each candidate's index into them.
+	// Declared paces, each sent once (without its bucket, which is the
+	// candidate's), and each candidate's index into them and bucket.
 	var paces []lease.Pace
 	index := map[lease.Pace]int{}
 	of := make([]int, len(ids))
+	buckets := make([]string, len(ids))
 	if req.PaceOf != nil && req.Target != "" {
 		for i, c := range ids {
 			p := req.PaceOf(c)
 			if p.IsZero() {
 				continue
 			}
+			buckets[i], p.Bucket = p.Bucket, ""
 			if _, ok := index[p]; !ok {
 				paces = append(paces, p)
 				index[p] = len(paces)
@@ -171,14 +174,14 @@ func (s *Store) acquire(ctx context.Context, req lease.AcquireRequest, ids []str
 		}
 	}
 	exclusive := flag(req.Exclusive)
-	args := make([]any, 0, 11+7*len(paces)+2*len(ids))
+	args := make([]any, 0, 11+6*len(paces)+3*len(ids))
 	args = append(args, req.TTL.Milliseconds(), req.Target, id, adaptive, req.MaxWait.Milliseconds(), len(paces), req.Holder, req.Limit.Key, req.Limit.Max,
 		exclusive, req.Within)
 	for _, p := range paces {
-		args = append(args, p.Interval.Milliseconds(), p.Burst, p.MaxConcurrent, p.FleetKey, p.FleetInterval.Milliseconds(), p.FleetBurst, p.Bucket)
+		args = append(args, p.Interval.Milliseconds(), p.Burst, p.MaxConcurrent, p.FleetKey, p.FleetInterval.Milliseconds(), p.FleetBurst)
 	}
 	for i, c := range ids {
-		args = append(args, c, of[i])
+		args = append(args, c, of[i], buckets[i])
 	}
 	var cmd *redis.Cmd
 	var durable error

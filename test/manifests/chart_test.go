@@ -515,6 +515,9 @@ func TestChartSchemaRejectsBadValues(t *testing.T) {
 		{"aws without settings", map[string]any{"providers": []any{map[string]any{"name": "aws-eu", "type": "aws"}}}, "settings"},
 		{"aws open to the world", map[string]any{"providers": []any{map[string]any{"name": "aws-eu", "type": "aws", "settings": map[string]any{
 			"region": "eu-west-1", "securityGroup": map[string]any{"sourceRanges": []any{"0.0.0.0/0"}}}}}}, "/providers/0/settings/securityGroup/sourceRanges/0"},
+		{"too many session addresses", map[string]any{"providers": []any{map[string]any{"name": "aws-eu", "type": "aws", "settings": map[string]any{
+			"region": "eu-west-1", "securityGroup": map[string]any{"sourceRanges": []any{"198.51.100.0/24"}}, "ipv6": map[string]any{"sessionAddresses": 1000}}}}},
+			"/providers/0/settings/ipv6/sessionAddresses"},
 		{"provider name not a DNS label", map[string]any{"providers": []any{map[string]any{"name": "GCP_EU", "type": "gcp", "settings": map[string]any{"project": "p"}}}}, "/providers/0/name"},
 		{"gcp without project", map[string]any{"providers": []any{map[string]any{"name": "gcp-eu", "type": "gcp", "settings": map[string]any{"zone": "europe-west1-b"}}}}, "project"},
 		{"unknown kubernetes setting", map[string]any{"providers": []any{map[string]any{"name": "local", "type": "kubernetes", "settings": map[string]any{"imag": "squid"}}}}, "imag"},

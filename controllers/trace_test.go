@@ -52,7 +52,7 @@ func TestAReconcileIsASpan(t *testing.T) {
 	for _, s := range recorder.Ended() {
 		attrs := map[string]string{}
 		for _, kv := range s.Attributes() {
-			attrs[string(kv.Key)] = kv.Value.Emit()
+			attrs[string(kv.Key)] = kv.Value.String()
 		}
 		if s.Name() != "reconcile Proxy" || attrs[string(tracing.KeyProxy)] != ns+"/traced" {
 			continue

@@ -31,6 +31,13 @@ const OperatorNamespace = "egress-proxies-operator-system"
 // ProviderName is the kubernetes provider instance the harness configures.
 const ProviderName = "kind-local"
 
+// The prices the harness gives ProviderName's proxies, for the usage's
+// cost: per proxy-hour and per GiB carried.
+const (
+	PriceProxyHour = 0.02
+	PriceGiB       = 0.09
+)
+
 // Cluster is a running local cluster.
 type Cluster struct {
 	Env *testenv.Env
@@ -90,6 +97,7 @@ func Start(dir string, opts Options) (*Cluster, error) {
 	if err := os.WriteFile(c.ProvidersFile, []byte(`providers:
 - name: `+ProviderName+`
   type: kubernetes
+  pricing: {proxyHour: `+strconv.FormatFloat(PriceProxyHour, 'f', -1, 64)+`, gib: `+strconv.FormatFloat(PriceGiB, 'f', -1, 64)+`}
   settings:
     allowedSourceRanges: [127.0.0.0/8]
     deniedDestinationRanges: []

@@ -25,6 +25,7 @@ import (
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/gateway"
 	"github.com/example/egress-proxies-operator/tenant"
+	"github.com/example/egress-proxies-operator/test/cluster"
 	"github.com/example/egress-proxies-operator/test/testenv"
 )
 
@@ -219,6 +220,10 @@ func testTenants(t *testing.T) {
 		}, 10*time.Second, poll, "%s's tunnel to the site is in its usage", name)
 		assert.InDelta(t, 1, row["tunnels"], 0)
 		assert.Positive(t, row["bytesDown"].(float64), "the site's answer and the TLS around it")
+		bytes := row["bytesUp"].(float64) + row["bytesDown"].(float64)
+		require.Contains(t, row, "cost", "a priced provider's proxies have a cost")
+		assert.InDelta(t, row["proxyHours"].(float64)*cluster.PriceProxyHour+bytes/(1<<30)*cluster.PriceGiB, row["cost"], 1e-9,
+			"the cost is the configured prices times the proxy hours and the bytes")
 		for key := range usageOf(who.token) {
 			assert.True(t, strings.HasPrefix(key, name+" "), "%s reads only its own usage, got %s", name, key)
 		}

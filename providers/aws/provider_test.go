@@ -289,7 +289,8 @@ func newFakeOn(t *testing.T, fake *fakeec2.Server, name string) (*fakeec2.Server
 // delegated /80 of its subnet (EC2 refuses one without a subnet), its own
 // cloud-init finds the prefix at boot, and the instance reports the prefix
 // and its session addresses once it runs; instances of one subnet share
-// its /64, as on EC2.
+// its /64, as on EC2. The security group lets IPv6 traffic out, which a
+// new group's default outbound rule does not.
 func TestAnInstanceWithAnIPv6Prefix(t *testing.T) {
 	fake := fakeec2.New()
 	srv := httptest.NewServer(fake)
@@ -314,6 +315,8 @@ func TestAnInstanceWithAnIPv6Prefix(t *testing.T) {
 		assert.Equal(t, 80, prefix.Bits())
 		prefixes = append(prefixes, prefix)
 	}
+	require.NoError(t, p.EnsureFirewall(ctx, testOwner), "a second pass adds no rule twice")
+	assert.Contains(t, fake.SecurityGroups()[0].Egress, fakeec2.Permission{Protocol: "-1", CIDR: "::/0"}, "IPv6 traffic may leave")
 	in := fake.Instances()[0]
 	assert.Equal(t, 1, in.IPv6PrefixesAsked)
 	assert.Contains(t, in.UserData, "session-addresses.py", "the instance's cloud-init finds its prefix at boot")

@@ -124,9 +124,33 @@ func (p *Provider) EnsureFirewall(ctx context.Context, owner providers.Owner) er
 			return classify(fmt.Errorf("closing what security group %s must not open: %w", name, err))
 		}
 	}
+	if err := p.ensureIPv6Egress(ctx, group); err != nil {
+		return err
+	}
 	p.mu.Lock()
 	p.groupID = awssdk.ToString(group.GroupId)
 	p.mu.Unlock()
+	return nil
+}
+
+// ensureIPv6Egress lets the instances reach IPv6 sites when settings.ipv6
+// gives them a prefix: a new security group's only outbound rule is EC2's
+// default for IPv4, so IPv6 traffic needs a rule of its own.
+func (p *Provider) ensureIPv6Egress(ctx context.Context, group *types.SecurityGroup) error {
+	if p.settings.IPv6 == nil {
+		return nil
+	}
+	for _, perm := range group.IpPermissionsEgress {
+		if awssdk.ToString(perm.IpProtocol) == "-1" && slices.ContainsFunc(perm.Ipv6Ranges, func(r types.Ipv6Range) bool { return awssdk.ToString(r.CidrIpv6) == "::/0" }) {
+			return nil
+		}
+	}
+	_, err := p.ec2.AuthorizeSecurityGroupEgress(ctx, &ec2.AuthorizeSecurityGroupEgressInput{GroupId: group.GroupId, IpPermissions: []types.IpPermission{{
+		IpProtocol: awssdk.String("-1"), Ipv6Ranges: []types.Ipv6Range{{CidrIpv6: awssdk.String("::/0")}},
+	}}})
+	if err != nil {
+		return classify(fmt.Errorf("letting security group %s's instances reach IPv6 sites: %w", awssdk.ToString(group.GroupName), err))
+	}
 	return nil
 }
 

@@ -8,10 +8,11 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 )
 
 // The security group actions: create, describe, authorize and revoke
-// ingress, delete.
+// ingress, authorize egress, delete.
 
 func (s *Server) createSecurityGroup(form url.Values) (any, *APIError) {
 	name := form.Get("GroupName")
@@ -25,7 +26,7 @@ func (s *Server) createSecurityGroup(form url.Values) (any, *APIError) {
 	}
 	s.next++
 	g := &SecurityGroup{ID: fmt.Sprintf("sg-%017x", s.next), Name: name, Description: form.Get("GroupDescription"), VPC: form.Get("VpcId"),
-		Tags: tagsOf(form, "security-group")}
+		Tags: tagsOf(form, "security-group"), Egress: []Permission{{Protocol: "-1", CIDR: "0.0.0.0/0"}}}
 	s.groups[g.ID] = g
 	return struct {
 		XMLName   xml.Name `xml:"CreateSecurityGroupResponse"`
@@ -77,7 +78,8 @@ func groupMatches(filters []filter, g *SecurityGroup) bool {
 	}, g.Tags)
 }
 
-// permissionsOf reads IpPermissions.N (protocol, ports, IpRanges.M.CidrIp).
+// permissionsOf reads IpPermissions.N (protocol, ports, IpRanges.M.CidrIp
+// and Ipv6Ranges.M.CidrIpv6).
 func permissionsOf(form url.Values) []Permission {
 	var out []Permission
 	for i := 1; ; i++ {
@@ -88,34 +90,38 @@ func permissionsOf(form url.Values) []Permission {
 		}
 		from, _ := strconv.Atoi(form.Get(p + ".FromPort"))
 		to, _ := strconv.Atoi(form.Get(p + ".ToPort"))
-		for _, cidr := range indexed(form, p+".IpRanges", "CidrIp") {
+		for _, cidr := range append(indexed(form, p+".IpRanges", "CidrIp"), indexed(form, p+".Ipv6Ranges", "CidrIpv6")...) {
 			out = append(out, Permission{Protocol: proto[0], FromPort: int32(from), ToPort: int32(to), CIDR: cidr})
 		}
 	}
 }
 
-func (s *Server) changeIngress(form url.Values, add bool) (any, *APIError) {
+// changeRules authorizes (add) or revokes a group's ingress or egress
+// permissions, as EC2 does: a duplicate or a missing one is an error.
+func (s *Server) changeRules(form url.Values, add, egress bool) (any, *APIError) {
 	g, ok := s.groups[form.Get("GroupId")]
 	if !ok {
 		return nil, &APIError{http.StatusBadRequest, "InvalidGroup.NotFound", fmt.Sprintf("The security group '%s' does not exist", form.Get("GroupId"))}
 	}
+	rules := &g.Ingress
+	if egress {
+		rules = &g.Egress
+	}
 	for _, p := range permissionsOf(form) {
-		has := slices.Contains(g.Ingress, p)
+		has := slices.Contains(*rules, p)
 		switch {
 		case add && has:
 			return nil, &APIError{http.StatusBadRequest, "InvalidPermission.Duplicate", fmt.Sprintf("the specified rule %v already exists", p)}
 		case add:
-			g.Ingress = append(g.Ingress, p)
+			*rules = append(*rules, p)
 		case !has:
 			return nil, &APIError{http.StatusBadRequest, "InvalidPermission.NotFound", fmt.Sprintf("The specified rule %v does not exist in this security group", p)}
 		default:
-			g.Ingress = slices.DeleteFunc(g.Ingress, func(q Permission) bool { return q == p })
+			*rules = slices.DeleteFunc(*rules, func(q Permission) bool { return q == p })
 		}
 	}
-	action := "AuthorizeSecurityGroupIngressResponse"
-	if !add {
-		action = "RevokeSecurityGroupIngressResponse"
-	}
+	action := map[[2]bool]string{{true, false}: "AuthorizeSecurityGroupIngressResponse", {false, false}: "RevokeSecurityGroupIngressResponse",
+		{true, true}: "AuthorizeSecurityGroupEgressResponse", {false, true}: "RevokeSecurityGroupEgressResponse"}[[2]bool{add, egress}]
 	return returnTrue(action), nil
 }
 
@@ -136,16 +142,20 @@ func (s *Server) deleteSecurityGroup(form url.Values) (any, *APIError) {
 func groupXML(g *SecurityGroup) xmlGroup {
 	x := xmlGroup{OwnerID: "000000000000", GroupID: g.ID, GroupName: g.Name, Description: g.Description, VPC: g.VPC, Tags: tagsXML(g.Tags)}
 	for _, p := range g.Ingress {
-		x.Ingress = append(x.Ingress, struct {
-			Protocol string `xml:"ipProtocol"`
-			FromPort int32  `xml:"fromPort"`
-			ToPort   int32  `xml:"toPort"`
-			Ranges   []struct {
-				CIDR string `xml:"cidrIp"`
-			} `xml:"ipRanges>item"`
-		}{Protocol: p.Protocol, FromPort: p.FromPort, ToPort: p.ToPort, Ranges: []struct {
-			CIDR string `xml:"cidrIp"`
-		}{{p.CIDR}}})
+		x.Ingress = append(x.Ingress, permissionXML(p))
+	}
+	for _, p := range g.Egress {
+		x.Egress = append(x.Egress, permissionXML(p))
+	}
+	return x
+}
+
+func permissionXML(p Permission) xmlPermission {
+	x := xmlPermission{Protocol: p.Protocol, FromPort: p.FromPort, ToPort: p.ToPort}
+	if strings.Contains(p.CIDR, ":") {
+		x.IPv6Ranges = []xmlRange{{CIDRv6: p.CIDR}}
+	} else {
+		x.Ranges = []xmlRange{{CIDR: p.CIDR}}
 	}
 	return x
 }

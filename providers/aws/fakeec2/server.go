@@ -61,7 +61,8 @@ type Instance struct {
 	seq int
 }
 
-// Permission is one ingress rule of a security group.
+// Permission is one ingress or egress rule of a security group (CIDR
+// IPv4 or IPv6).
 type Permission struct {
 	Protocol         string
 	FromPort, ToPort int32
@@ -73,6 +74,8 @@ type SecurityGroup struct {
 	ID, Name, Description, VPC string
 	Tags                       map[string]string
 	Ingress                    []Permission
+	// Egress starts as EC2's default: all IPv4 traffic, no IPv6.
+	Egress []Permission
 }
 
 // Server is the fake EC2 API. Its zero value is not usable: call New.
@@ -272,9 +275,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "DescribeSecurityGroups":
 		body, err = s.describeSecurityGroups(form)
 	case "AuthorizeSecurityGroupIngress":
-		body, err = s.changeIngress(form, true)
+		body, err = s.changeRules(form, true, false)
+	case "AuthorizeSecurityGroupEgress":
+		body, err = s.changeRules(form, true, true)
 	case "RevokeSecurityGroupIngress":
-		body, err = s.changeIngress(form, false)
+		body, err = s.changeRules(form, false, false)
 	case "DeleteSecurityGroup":
 		body, err = s.deleteSecurityGroup(form)
 	default:
@@ -415,20 +420,27 @@ type xmlReservation struct {
 }
 
 type xmlGroup struct {
-	OwnerID     string `xml:"ownerId"`
-	GroupID     string `xml:"groupId"`
-	GroupName   string `xml:"groupName"`
-	Description string `xml:"groupDescription"`
-	VPC         string `xml:"vpcId"`
-	Ingress     []struct {
-		Protocol string `xml:"ipProtocol"`
-		FromPort int32  `xml:"fromPort"`
-		ToPort   int32  `xml:"toPort"`
-		Ranges   []struct {
-			CIDR string `xml:"cidrIp"`
-		} `xml:"ipRanges>item"`
-	} `xml:"ipPermissions>item"`
-	Tags []xmlTag `xml:"tagSet>item"`
+	OwnerID     string          `xml:"ownerId"`
+	GroupID     string          `xml:"groupId"`
+	GroupName   string          `xml:"groupName"`
+	Description string          `xml:"groupDescription"`
+	VPC         string          `xml:"vpcId"`
+	Ingress     []xmlPermission `xml:"ipPermissions>item"`
+	Egress      []xmlPermission `xml:"ipPermissionsEgress>item"`
+	Tags        []xmlTag        `xml:"tagSet>item"`
+}
+
+type xmlPermission struct {
+	Protocol   string     `xml:"ipProtocol"`
+	FromPort   int32      `xml:"fromPort,omitempty"`
+	ToPort     int32      `xml:"toPort,omitempty"`
+	Ranges     []xmlRange `xml:"ipRanges>item,omitempty"`
+	IPv6Ranges []xmlRange `xml:"ipv6Ranges>item,omitempty"`
+}
+
+type xmlRange struct {
+	CIDR   string `xml:"cidrIp,omitempty"`
+	CIDRv6 string `xml:"cidrIpv6,omitempty"`
 }
 
 func stateXML(state string) xmlState { return xmlState{Code: stateCodes[state], Name: state} }

@@ -145,12 +145,14 @@ func (b *Broker) forgetMoved(id string) {
 // record writes a ledger entry to the sink and the store. A record the
 // store could not take is logged: the JSON-lines log still has it.
 func (b *Broker) record(ctx context.Context, kind, event string, l lease.Lease, session string, until time.Time, bytes int64) {
-	ip, ipv6 := "", ""
-	if info, ok := b.opts.View.Lookup(l.ProxyID, 0); ok {
-		ip, ipv6 = info.ExitIP, info.IPv6Prefix
-	}
 	e := lease.LedgerEntry{At: b.opts.Clock.Now().UTC(), Kind: kind, Event: event, LeaseID: l.ID, Tenant: l.Holder, Session: session,
-		Proxy: l.ProxyID, IP: ip, IPv6: ipv6, Target: l.Target, Start: l.CreatedAt.UTC(), Until: until.UTC(), Bytes: bytes}
+		Proxy: l.ProxyID, Target: l.Target, Start: l.CreatedAt.UTC(), Until: until.UTC(), Bytes: bytes}
+	if info, ok := b.opts.View.Lookup(l.ProxyID, 0); ok {
+		e.IP, e.IPv6 = info.IP, info.IPv6Prefix
+		if info.ExitIP != info.IP {
+			e.ExitIP = info.ExitIP
+		}
+	}
 	if b.opts.Ledger != nil {
 		b.opts.Ledger.Write(e)
 	}

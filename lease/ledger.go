@@ -37,10 +37,12 @@ type LedgerEntry struct {
 	// Session is the gateway session (tunnels only; "" rotates).
 	Session string `json:"session,omitempty"`
 	Proxy   string `json:"proxy"`
-	// IP is the proxy's exit address when the record was made, and IPv6
-	// its IPv6 range (a dual-stack VM's): sites that speak IPv6 saw an
-	// address of it.
+	// IP is the proxy's address when the record was made; ExitIP the
+	// address sites saw instead, when the health engine learnt another
+	// (NAT, a provider's gateway); IPv6 its IPv6 range (a dual-stack
+	// VM's): sites that speak IPv6 saw an address of it.
 	IP     string    `json:"ip"`
+	ExitIP string    `json:"exitIP,omitempty"`
 	IPv6   string    `json:"ipv6,omitempty"`
 	Target string    `json:"target,omitempty"`
 	Start  time.Time `json:"start"`
@@ -86,7 +88,7 @@ type LogSink struct{ Log logr.Logger }
 // Write implements LedgerSink.
 func (l LogSink) Write(e LedgerEntry) {
 	l.Log.Info("ledger", "kind", e.Kind, "event", e.Event, "leaseID", e.LeaseID, "tenant", e.Tenant, "session", e.Session,
-		"proxy", e.Proxy, "ip", e.IP, "ipv6", e.IPv6, "target", e.Target, "start", e.Start, "until", e.Until, "bytes", e.Bytes)
+		"proxy", e.Proxy, "ip", e.IP, "exitIP", e.ExitIP, "ipv6", e.IPv6, "target", e.Target, "start", e.Start, "until", e.Until, "bytes", e.Bytes)
 }
 
 // DefaultLedgerRetention is how long the lease store keeps records.
@@ -108,21 +110,23 @@ type Holding struct {
 // HoldersAt folds ledger records into the leases and tunnels that held ip
 // at the moment at: started by then, and neither ended nor expired before
 // it. A lease is followed by its id through all its records; its IP is the
-// one its records name, or any address of the IPv6 range they name.
+// one its records name (its address or the exit IP sites saw), or any
+// address of the IPv6 range they name.
 // Sorted by start, then lease id.
 func HoldersAt(entries []LedgerEntry, ip string, at time.Time) []Holding {
 	type folded struct {
-		h     Holding
-		ip    string
-		ipv6  netip.Prefix
-		until time.Time
-		ended time.Time
+		h      Holding
+		ip     string
+		exitIP string
+		ipv6   netip.Prefix
+		until  time.Time
+		ended  time.Time
 	}
 	byID := map[string]*folded{}
 	for _, e := range entries {
 		f, ok := byID[e.LeaseID]
 		if !ok {
-			f = &folded{h: Holding{Tenant: e.Tenant, Kind: e.Kind, Session: e.Session, LeaseID: e.LeaseID, Proxy: e.Proxy, Target: e.Target, Start: e.Start}, ip: e.IP}
+			f = &folded{h: Holding{Tenant: e.Tenant, Kind: e.Kind, Session: e.Session, LeaseID: e.LeaseID, Proxy: e.Proxy, Target: e.Target, Start: e.Start}, ip: e.IP, exitIP: e.ExitIP}
 			f.ipv6, _ = netip.ParsePrefix(e.IPv6)
 			byID[e.LeaseID] = f
 		}
@@ -144,7 +148,7 @@ func HoldersAt(entries []LedgerEntry, ip string, at time.Time) []Holding {
 		if !f.ended.IsZero() && (end.IsZero() || f.ended.Before(end)) {
 			end = f.ended
 		}
-		held := f.ip == ip || (f.ipv6.IsValid() && f.ipv6.Contains(addr))
+		held := f.ip == ip || (f.exitIP != "" && f.exitIP == ip) || (f.ipv6.IsValid() && f.ipv6.Contains(addr))
 		if !held || f.h.Start.After(at) || end.Before(at) {
 			continue
 		}

@@ -23,6 +23,11 @@ func TestHoldersAt(t *testing.T) {
 		rec("c", lease.LedgerStart, "team-c", "198.51.100.1", 0, 30),
 		rec("d", lease.LedgerRenew, "team-d", "203.0.113.7", 0, 20), // its start is outside the window read
 		rec("e", lease.LedgerStart, "team-e", "203.0.113.7", 6, 20), // starts after the moment asked
+		func() lease.LedgerEntry { // behind a NAT: sites saw another address
+			e := rec("g", lease.LedgerStart, "team-g", "198.51.100.20", 0, 30)
+			e.ExitIP = "192.0.2.99"
+			return e
+		}(),
 		func() lease.LedgerEntry { // a dual-stack proxy: sites that speak IPv6 saw an address of its range
 			e := rec("f", lease.LedgerStart, "team-f", "198.51.100.9", 0, 30)
 			e.IPv6 = "2001:db8:1:2:0:5::/96"
@@ -45,6 +50,8 @@ func TestHoldersAt(t *testing.T) {
 		{"an address of an IPv6 range", "2001:db8:1:2:0:5:0:7", at(2), []string{"f"}},
 		{"the dual-stack proxy's IPv4 address", "198.51.100.9", at(2), []string{"f"}},
 		{"the same /64, another range", "2001:db8:1:2:0:6::1", at(2), nil},
+		{"the exit IP sites saw", "192.0.2.99", at(2), []string{"g"}},
+		{"and the proxy's own address", "198.51.100.20", at(2), []string{"g"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var got []string

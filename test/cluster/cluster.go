@@ -32,10 +32,11 @@ const OperatorNamespace = "egress-proxies-operator-system"
 const ProviderName = "kind-local"
 
 // The prices the harness gives ProviderName's proxies, for the usage's
-// cost: per proxy-hour and per GiB carried.
+// cost: per proxy-hour and per GiB carried (1 a second and 1 a MiB, so the
+// short tunnels of a test cost more than the cost's rounding).
 const (
-	PriceProxyHour = 0.02
-	PriceGiB       = 0.09
+	PriceProxyHour = 3600
+	PriceGiB       = 1024
 )
 
 // Cluster is a running local cluster.

@@ -69,7 +69,8 @@ func (f *hostFamilies) overIPv6(ctx context.Context, host string) bool {
 }
 
 // overIPv6Of is overIPv6 for host, asked at most once, and only when a
-// dual-stack proxy needs the answer.
+// dual-stack proxy needs the answer; for one goroutine (one acquire's
+// candidates are weighed in turn).
 func (f *hostFamilies) overIPv6Of(ctx context.Context, host string) func() bool {
 	var asked, answer bool
 	return func() bool {

@@ -141,9 +141,9 @@ func (b *Broker) Report(ctx context.Context, who *tenant.Tenant, id, result, tar
 	}
 	if err == nil {
 		b.countRefusal(ctx, held.Holder, target, held.ProxyID, result)
-		if o, ok := reportedOutcome(result, held.Holder, "", cooldown); ok {
-			b.refusedSender(ctx, held.ProxyID, target, o)
-		}
+		o, _ := lease.OutcomeOf(result, held.Holder, "")
+		o.Cooldown = cooldown
+		b.refusedSender(ctx, held.ProxyID, target, o)
 	}
 	if result == lease.ResultRateLimited {
 		b.pushBack(ctx, target, retryAfter)
@@ -179,7 +179,9 @@ func (b *Broker) ReportSession(ctx context.Context, who *tenant.Tenant, session,
 		b.pushBack(ctx, target, retryAfter)
 	}
 	b.countRefusal(ctx, who.Name, target, proxy, result)
-	if o, ok := reportedOutcome(result, who.Name, client, cooldown); ok && cooldown > 0 {
+	if cooldown > 0 {
+		o, _ := lease.OutcomeOf(result, who.Name, client)
+		o.Cooldown = cooldown
 		b.refusedSender(ctx, proxy, target, o)
 	}
 	b.listeners.notify(SessionReport{Session: key, Target: target, Result: result, Proxy: proxy})

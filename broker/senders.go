@@ -2,7 +2,6 @@ package broker
 
 import (
 	"context"
-	"time"
 
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -30,15 +29,4 @@ func (b *Broker) refusedSender(ctx context.Context, proxy, host string, o lease.
 			return
 		}
 	}
-}
-
-// reportedOutcome is the outcome a report's result records (false: none,
-// an ok or an error says nothing of the sender).
-func reportedOutcome(result, reporter, client string, cooldown time.Duration) (lease.Outcome, bool) {
-	switch result {
-	case lease.ResultRateLimited, lease.ResultBlocked:
-		return lease.Outcome{Blocked: true, Limited: result == lease.ResultRateLimited, Source: lease.OutcomeReport,
-			Reporter: reporter, Client: client, Cooldown: cooldown}, true
-	}
-	return lease.Outcome{}, false
 }

@@ -7,9 +7,11 @@ import (
 	"time"
 )
 
-// outcomeOf is the outcome reporter's result records, if any: an error
-// says nothing of the host's view of the proxy.
-func outcomeOf(result, reporter, client string) (Outcome, bool) {
+// OutcomeOf is the outcome a report's result records, reported by
+// reporter about client's request (false: none, an error says nothing of
+// the host's view of the proxy). The memory store and the broker read
+// reports by it.
+func OutcomeOf(result, reporter, client string) (Outcome, bool) {
 	switch result {
 	case ResultOK:
 		return Outcome{Source: OutcomeReport, Reporter: reporter, Client: client}, true

@@ -72,7 +72,7 @@ func (m *MemoryStore) ReportSession(_ context.Context, r SessionReport) (string,
 		return "", ErrSessionNotFound
 	}
 	if !cools(result) {
-		if out, ok := outcomeOf(result, r.Reporter, r.Client); ok {
+		if out, ok := OutcomeOf(result, r.Reporter, r.Client); ok {
 			m.recordLocked(proxy, target, out, now)
 		}
 		sess.mark(proxy, r.Score)
@@ -87,7 +87,7 @@ func (m *MemoryStore) ReportSession(_ context.Context, r SessionReport) (string,
 	if r.Cooldown > 0 {
 		m.coolLocked(proxy, target, now.Add(r.Cooldown))
 	}
-	out, _ := outcomeOf(result, r.Reporter, r.Client)
+	out, _ := OutcomeOf(result, r.Reporter, r.Client)
 	m.recordLocked(proxy, target, out, now)
 	return proxy, nil
 }

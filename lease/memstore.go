@@ -306,7 +306,7 @@ func (m *MemoryStore) Report(_ context.Context, id, result, target string, coold
 	if cools(result) {
 		m.coolLocked(l.ProxyID, target, now.Add(cooldown))
 	}
-	if out, ok := outcomeOf(result, l.Holder, ""); ok && target != "" {
+	if out, ok := OutcomeOf(result, l.Holder, ""); ok && target != "" {
 		m.recordLocked(l.ProxyID, target, out, now)
 	}
 	return nil

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -26,6 +25,7 @@ import (
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	acv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1/applyconfiguration/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/lease"
+	"github.com/example/egress-proxies-operator/netid"
 	"github.com/example/egress-proxies-operator/operator"
 )
 
@@ -270,8 +270,8 @@ func exitIPs(p *crawlv1alpha1.Proxy) []string {
 	if e := p.Status.EgressIP; e != "" && e != p.Status.IP {
 		ips = append(ips, e)
 	}
-	if prefix, err := netip.ParsePrefix(p.Status.IPv6Prefix); err == nil {
-		ips = append(ips, prefix.Addr().String())
+	if a := netid.RangeAddr(p.Status.IPv6Prefix); a != "" {
+		ips = append(ips, a)
 	}
 	return ips
 }

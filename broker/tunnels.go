@@ -380,18 +380,12 @@ func (b *Broker) upstream(ctx context.Context, granted lease.Lease, session stri
 // reached over IPv6: its session's address of the proxy's range (index),
 // or the range's own address (index -1: no session address).
 func exitOverIPv6(prefix string, index int) string {
-	p, err := netip.ParsePrefix(prefix)
-	if err != nil {
-		return ""
+	if p, err := netip.ParsePrefix(prefix); err == nil && index >= 0 {
+		if a, err := netid.SessionAddress(p, index); err == nil {
+			return a.String()
+		}
 	}
-	if index < 0 {
-		return p.Masked().Addr().String()
-	}
-	a, err := netid.SessionAddress(p, index)
-	if err != nil {
-		return p.Masked().Addr().String()
-	}
-	return a.String()
+	return netid.RangeAddr(prefix)
 }
 
 // TunnelLedgerHorizon is how far past each of a tunnel's ledger records

@@ -3,7 +3,6 @@ package broker
 import (
 	"fmt"
 	"net"
-	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -453,7 +452,7 @@ func (v *View) sender(id string, overIPv6 func() bool) (sender, network string) 
 	}
 	v.mu.RUnlock()
 	if range6 != "" && overIPv6() {
-		ip = rangeAddr(range6)
+		ip = netid.RangeAddr(range6)
 	}
 	return v.identity.Of(ip), v.identity.Network(ip)
 }
@@ -463,20 +462,11 @@ func (v *View) sender(id string, overIPv6 func() bool) (sender, network string) 
 func (v *View) sendersOf(e *entry) []string {
 	out := []string{v.identity.Of(e.exitIP())}
 	if e.ipv6Prefix != "" {
-		if s := v.identity.Of(rangeAddr(e.ipv6Prefix)); s != out[0] {
+		if s := v.identity.Of(netid.RangeAddr(e.ipv6Prefix)); s != out[0] {
 			out = append(out, s)
 		}
 	}
 	return out
-}
-
-// rangeAddr is the first address of an IPv6 range ("" for none).
-func rangeAddr(prefix string) string {
-	p, err := netip.ParsePrefix(prefix)
-	if err != nil {
-		return ""
-	}
-	return p.Addr().String()
 }
 
 // SameSender is every other proxy sites see as the same sender as proxy

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 	"reflect"
 	"strings"
 	"sync"
@@ -35,6 +34,7 @@ import (
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/controllers/cachelag"
 	"github.com/example/egress-proxies-operator/credentials"
+	"github.com/example/egress-proxies-operator/netid"
 	"github.com/example/egress-proxies-operator/providers"
 	"github.com/example/egress-proxies-operator/tracing"
 )
@@ -291,8 +291,8 @@ func (r *ProxyReconciler) checkBurned(ctx context.Context, o *observation) {
 		return
 	}
 	addresses := []string{inst.IP}
-	if prefix, err := netip.ParsePrefix(inst.IPv6Prefix); err == nil {
-		addresses = append(addresses, prefix.Addr().String())
+	if a := netid.RangeAddr(inst.IPv6Prefix); a != "" {
+		addresses = append(addresses, a)
 	}
 	for _, ip := range addresses {
 		until, err := r.Burned.BurnedUntil(ctx, o.instanceProvider, ip)

@@ -88,6 +88,17 @@ func (r Rule) Validate() error {
 	return nil
 }
 
+// RangeAddr is the first address of an IP range ("2001:db8:6:1:0:5::/96"):
+// the range's own, which a VM leaves from without a session address, and
+// which stands for the range when its sender is asked; "" for no range.
+func RangeAddr(prefix string) string {
+	p, err := netip.ParsePrefix(prefix)
+	if err != nil {
+		return ""
+	}
+	return p.Masked().Addr().String()
+}
+
 // SessionHeader is the request header in which the gateway names the
 // address a session leaves from (its index, 0 to n-1) when it asks a
 // proxy that has session addresses: the proxy's Squid leaves from

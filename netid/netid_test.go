@@ -64,4 +64,8 @@ func TestSessionAddressesOfARange(t *testing.T) {
 	}
 	assert.Greater(t, len(seen), 8, "sessions spread over the addresses")
 	assert.Zero(t, SessionIndex("x", 0))
+
+	assert.Equal(t, "2001:db8:1:2:0:5::", RangeAddr("2001:db8:1:2:0:5::/96"))
+	assert.Equal(t, "2001:db8:7:8:9::", RangeAddr("2001:db8:7:8:9:0:0:3/80"), "the range's own, whatever address names it")
+	assert.Empty(t, RangeAddr(""))
 }

@@ -67,12 +67,12 @@ func (b *Broker) paceOf(ctx context.Context, host string) func(string) lease.Pac
 	return func(id string) lease.Pace {
 		ns, _, _ := strings.Cut(id, "/")
 		p := byNamespace[ns]
-		if b.opts.View != nil {
-			sender, network := b.opts.View.sender(id, overIPv6)
-			p.Pace.Bucket = bucket("ip:", sender)
-			if p.ByNetwork {
-				p.Pace.Bucket = bucket("net:", network)
-			}
+		switch {
+		case b.opts.View == nil:
+		case p.ByNetwork:
+			p.Pace.Bucket = bucket("net:", b.opts.View.network(id, overIPv6))
+		default:
+			p.Pace.Bucket = bucket("ip:", b.opts.View.sender(id, overIPv6))
 		}
 		return p.Pace
 	}

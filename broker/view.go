@@ -48,6 +48,11 @@ type entry struct {
 	// one per gateway session (status).
 	ipv6Prefix       string
 	sessionAddresses int32
+	// sender is the identity sites count its exit IP as (netid; the exit
+	// IP's own string for an IPv4 one), and sender6 its IPv6 range's, for
+	// sites reached over IPv6 ("": none): kept, so a lease's paces per
+	// candidate parse no address.
+	sender, sender6 string
 	// lastIP is the last address it had (ip, or while it has none, the
 	// one before): a new one means it moved.
 	lastIP     string
@@ -140,6 +145,7 @@ func (v *View) Upsert(p *crawlv1alpha1.Proxy) {
 	ref, hasCreds := credentials.RefFor(p, v.credentialsNamespace)
 	e.creds, e.hasCreds = unique.Make(ref), hasCreds
 	e.lastIP = e.ip
+	v.setSenders(e)
 	v.mu.Lock()
 	old, exists := v.entries[e.id]
 	if !exists {
@@ -183,7 +189,7 @@ func (v *View) Remove(id string) {
 // indexLocked adds e to its pool's and its senders' indexes.
 func (v *View) indexLocked(e *entry) {
 	addToIndex(v.pools, e.attributes.m[attrPool], e.id)
-	for _, s := range v.sendersOf(e) {
+	for _, s := range sendersOf(e) {
 		addToIndex(v.senders, s, e.id)
 	}
 }
@@ -191,7 +197,7 @@ func (v *View) indexLocked(e *entry) {
 // unindexLocked drops e from its pool's and its senders' indexes.
 func (v *View) unindexLocked(e *entry) {
 	dropFromIndex(v.pools, e.attributes.m[attrPool], e.id)
-	for _, s := range v.sendersOf(e) {
+	for _, s := range sendersOf(e) {
 		dropFromIndex(v.senders, s, e.id)
 	}
 }
@@ -437,16 +443,54 @@ func (v *View) state(id string) (exists, serving, healthy bool) {
 	return true, e.serving, v.healthy(e)
 }
 
+// setSenders records the identities sites count e's requests under: its
+// exit IP's, and its IPv6 range's when it has one.
+func (v *View) setSenders(e *entry) {
+	ip := e.exitIP()
+	e.sender = v.identity.Of(ip)
+	if e.sender == ip {
+		e.sender = ip // an IPv4 exit IP is its own sender: share its string
+	}
+	if e.ipv6Prefix != "" {
+		e.sender6 = v.identity.Of(netid.RangeAddr(e.ipv6Prefix))
+	}
+}
+
+// sendersOf are the identities e is indexed under.
+func sendersOf(e *entry) []string {
+	if e.sender6 == "" || e.sender6 == e.sender {
+		return []string{e.sender}
+	}
+	return []string{e.sender, e.sender6}
+}
+
 // sender is the identity sites count proxy id's requests under (netid:
-// its exit IP, or the /64 of an IPv6 one), and network the range a site
-// that counts by network sees it in; "" for no exit IP known. A dual-stack
-// proxy reaches a site over IPv6 from its range, so overIPv6 (asked only
-// of such a proxy) says whether the site is reached so. Cheap, for a
-// lease's paces per candidate.
-func (v *View) sender(id string, overIPv6 func() bool) (sender, network string) {
+// its exit IP, or the /64 of an IPv6 one); "" for no exit IP known. A
+// dual-stack proxy reaches a site over IPv6 from its range, so overIPv6
+// (asked only of such a proxy) says whether the site is reached so.
+// Cheap, for a lease's paces per candidate.
+func (v *View) sender(id string, overIPv6 func() bool) string {
 	v.mu.RLock()
 	e, ok := v.entries[id]
-	ip, range6 := "", ""
+	var sender, sender6 string
+	if ok {
+		sender, sender6 = e.sender, e.sender6
+	}
+	v.mu.RUnlock()
+	if sender6 != "" && overIPv6() {
+		return sender6
+	}
+	return sender
+}
+
+// network is the range a site that counts by network sees proxy id in:
+// the /24 of its IPv4 exit IP, the identity's network of an IPv6 one (its
+// range's for a dual-stack proxy's site reached over IPv6); "" for no
+// exit IP known.
+func (v *View) network(id string, overIPv6 func() bool) string {
+	v.mu.RLock()
+	e, ok := v.entries[id]
+	var ip, range6 string
 	if ok {
 		ip, range6 = e.exitIP(), e.ipv6Prefix
 	}
@@ -454,19 +498,7 @@ func (v *View) sender(id string, overIPv6 func() bool) (sender, network string) 
 	if range6 != "" && overIPv6() {
 		ip = netid.RangeAddr(range6)
 	}
-	return v.identity.Of(ip), v.identity.Network(ip)
-}
-
-// senders are the identities e is indexed under: its exit IP's, and its
-// IPv6 range's when it has one.
-func (v *View) sendersOf(e *entry) []string {
-	out := []string{v.identity.Of(e.exitIP())}
-	if e.ipv6Prefix != "" {
-		if s := v.identity.Of(netid.RangeAddr(e.ipv6Prefix)); s != out[0] {
-			out = append(out, s)
-		}
-	}
-	return out
+	return v.identity.Network(ip)
 }
 
 // SameSender is every other proxy sites see as the same sender as proxy
@@ -474,7 +506,7 @@ func (v *View) sendersOf(e *entry) []string {
 // reached over IPv6), at most limit of them in no order: the proxies a
 // site's block of id blocks too.
 func (v *View) SameSender(id string, overIPv6 func() bool, limit int) []string {
-	sender, _ := v.sender(id, overIPv6)
+	sender := v.sender(id, overIPv6)
 	v.mu.RLock()
 	defer v.mu.RUnlock()
 	var out []string

@@ -2,7 +2,6 @@ package controllers
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -17,7 +16,6 @@ import (
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/providers"
-	"github.com/example/egress-proxies-operator/providers/kubernetes"
 	"github.com/example/egress-proxies-operator/test/testenv"
 )
 
@@ -58,17 +56,17 @@ func TestReconciler(t *testing.T) {
 		assert.True(t, *pod.OwnerReferences[0].Controller)
 		assertReadyCondition(t, ready)
 		assertPodIsRestricted(t, pod)
-		// The pod carries squid.conf and the lease-auth helper in
-		// annotations; its lease key is in a Secret of its own (a pod is
-		// readable with the built-in view role), projected beside them.
-		assert.Contains(t, pod.Annotations[kubernetes.AnnotationSquidConf], "http_port 3128\n")
-		assert.Contains(t, pod.Annotations[kubernetes.AnnotationLeaseAuth], "Digest::SHA")
-		var key corev1.Secret
-		require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(&pod), &key))
-		assert.Regexp(t, "^[0-9a-f]{64}\n$", string(key.Data["lease.key"]))
-		for k, v := range pod.Annotations {
-			assert.NotContains(t, v, strings.TrimSpace(string(key.Data["lease.key"])), "annotation %s holds the key", k)
-		}
+		// The pod's files (squid.conf, the lease-auth helper, its lease
+		// key) are in a Secret of its own, which it mounts: the pod (which
+		// the built-in view role reads and every pod watch carries whole)
+		// holds none of them.
+		var files corev1.Secret
+		require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(&pod), &files))
+		assert.Contains(t, string(files.Data["squid.conf"]), "http_port 3128\n")
+		assert.Contains(t, string(files.Data["lease-auth.pl"]), "Digest::SHA")
+		assert.Regexp(t, "^[0-9a-f]{64}\n$", string(files.Data["lease.key"]))
+		assert.Equal(t, pod.Name, pod.Spec.Volumes[0].Secret.SecretName, "the pod mounts it")
+		assert.Empty(t, pod.Annotations, "no file travels in the pod")
 		assert.True(t, apierrors.IsNotFound(c.Get(ctx, client.ObjectKeyFromObject(&pod), &corev1.ConfigMap{})), "no ConfigMap")
 		// A routine bring-up is told by the status alone: no Event, which
 		// would cost a write per step and per proxy.

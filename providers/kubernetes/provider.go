@@ -28,8 +28,9 @@ import (
 )
 
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete
-// Each pod's lease key is in a Secret of its own, named as the pod, which
-// the operator writes and deletes (never reads). Instances of earlier
+// Each pod's files (squid.conf, the lease-auth helper, its lease key) are
+// in a Secret of its own, named as the pod, which the operator writes and
+// deletes (never reads). Instances of earlier
 // versions kept their files in a ConfigMap: deleted with them.
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=delete
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=create;patch;delete
@@ -182,16 +183,17 @@ func (p *Provider) Get(ctx context.Context, name string, proxy *crawlv1alpha1.Pr
 	return &inst, nil
 }
 
-// Create creates the proxy's key Secret and its pod. squid.conf and the
-// lease-auth helper travel in the pod's annotations, which a projected
-// volume lays out as files beside the key, read from the Secret: the key
-// (this proxy's alone, derived from the provider's password, never the
-// password) is never in the pod object, which anyone with the built-in
-// view role may read, nor in its watch events. The cloud-init document is
-// in the pod's spec-hash label, which changes with it and so replaces the
-// pod. Both are owned by the Proxy. An existing pod is left alone: Create
-// after a lost reply is a no-op; an existing Secret is given this
-// instance's key.
+// Create creates the proxy's files Secret and its pod. The pod's files
+// (squid.conf, the lease-auth helper and the proxy's lease key: its alone,
+// derived from the provider's password, never the password) are in the
+// Secret, which the pod mounts: never in the pod object, which anyone with
+// the built-in view role may read, and which every pod watcher (the
+// operator, the kubelet, the scheduler) receives whole on each change, so
+// the pod stays the size of a bare one. The cloud-init document is in the
+// pod's spec-hash label, which changes with it and so replaces the pod.
+// Both are owned by the Proxy. An existing pod is left alone: Create after
+// a lost reply is a no-op; an existing Secret is given this instance's
+// files.
 func (p *Provider) Create(ctx context.Context, req providers.CreateRequest) error {
 	if req.Credentials.IsZero() {
 		return providers.ErrNoCredentials
@@ -200,38 +202,35 @@ func (p *Provider) Create(ctx context.Context, req providers.CreateRequest) erro
 	if err != nil {
 		return providers.Terminal("%v", err)
 	}
-	if err := p.ensureKeySecret(ctx, req); err != nil {
+	if err := p.ensureFilesSecret(ctx, req, squidConf); err != nil {
 		return err
 	}
-	pod := p.pod(req, squidConf)
+	pod := p.pod(req)
 	if err := p.client.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
 		return classify(fmt.Errorf("creating pod %s/%s: %w", pod.Namespace, pod.Name, err))
 	}
 	return nil
 }
 
-// ensureKeySecret writes the proxy's lease key into the Secret its pod
-// mounts (named as the pod), creating it or giving an existing one (a
-// replaced instance's) the key of this one.
-func (p *Provider) ensureKeySecret(ctx context.Context, req providers.CreateRequest) error {
-	secret := &corev1.Secret{ObjectMeta: p.objectMeta(req),
-		Data: map[string][]byte{leaseKeyKey: []byte(req.LeaseKeyFile())}}
+// ensureFilesSecret writes the pod's files (squid.conf, the lease-auth
+// helper, the proxy's lease key) into the Secret its pod mounts (named as
+// the pod), creating it or giving an existing one (a replaced instance's)
+// the files of this one.
+func (p *Provider) ensureFilesSecret(ctx context.Context, req providers.CreateRequest, squidConf string) error {
+	secret := &corev1.Secret{ObjectMeta: p.objectMeta(req), Data: map[string][]byte{
+		squidConfKey: []byte(squidConf),
+		leaseAuthKey: []byte(squidconf.LeaseAuthHelper),
+		leaseKeyKey:  []byte(req.LeaseKeyFile()),
+	}}
 	err := p.client.Create(ctx, secret)
 	if apierrors.IsAlreadyExists(err) {
 		err = p.client.Patch(ctx, secret, client.MergeFrom(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: secret.Namespace, Name: secret.Name}}))
 	}
 	if err != nil {
-		return classify(fmt.Errorf("writing the lease key Secret %s/%s: %w", secret.Namespace, secret.Name, err))
+		return classify(fmt.Errorf("writing the files Secret %s/%s: %w", secret.Namespace, secret.Name, err))
 	}
 	return nil
 }
-
-// Annotations that carry a proxy pod's files, projected into configDir.
-// The lease key is not among them: it is in the pod's Secret.
-const (
-	AnnotationSquidConf = "crawl.example.com/squid.conf"
-	AnnotationLeaseAuth = "crawl.example.com/lease-auth"
-)
 
 // Delete deletes the pod, its key Secret, and the ConfigMap in which
 // instances made by earlier versions kept their files; any already gone is
@@ -350,7 +349,7 @@ func (p *Provider) objectMeta(req providers.CreateRequest) metav1.ObjectMeta {
 // privilege escalation, all capabilities dropped, RuntimeDefault seccomp,
 // read-only root filesystem), a TCP readiness probe on the proxy port, and
 // resource requests so it schedules predictably.
-func (p *Provider) pod(req providers.CreateRequest, squidConf string) *corev1.Pod {
+func (p *Provider) pod(req providers.CreateRequest) *corev1.Pod {
 	port := req.Proxy.Spec.Port
 	emptyDir := func(name string) corev1.Volume {
 		return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}
@@ -362,10 +361,7 @@ func (p *Provider) pod(req providers.CreateRequest, squidConf string) *corev1.Po
 		nodeSelector = map[string]string{corev1.LabelTopologyZone: pl.Zone}
 	}
 	meta := p.objectMeta(req)
-	meta.Annotations = map[string]string{AnnotationSquidConf: squidConf, AnnotationLeaseAuth: squidconf.LeaseAuthHelper}
-	annotation := func(path, key string) corev1.DownwardAPIVolumeFile {
-		return corev1.DownwardAPIVolumeFile{Path: path, FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['" + key + "']"}}
-	}
+	file := func(key string) corev1.KeyToPath { return corev1.KeyToPath{Key: key, Path: key} }
 	return &corev1.Pod{
 		ObjectMeta: meta,
 		Spec: corev1.PodSpec{
@@ -407,13 +403,9 @@ func (p *Provider) pod(req providers.CreateRequest, squidConf string) *corev1.Po
 				},
 			}},
 			Volumes: []corev1.Volume{
-				{Name: "config", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
-					Sources: []corev1.VolumeProjection{
-						{DownwardAPI: &corev1.DownwardAPIProjection{Items: []corev1.DownwardAPIVolumeFile{
-							annotation(squidConfKey, AnnotationSquidConf), annotation(leaseAuthKey, AnnotationLeaseAuth)}}},
-						{Secret: &corev1.SecretProjection{LocalObjectReference: corev1.LocalObjectReference{Name: meta.Name},
-							Items: []corev1.KeyToPath{{Key: leaseKeyKey, Path: leaseKeyKey}}}},
-					},
+				{Name: "config", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+					SecretName:  meta.Name,
+					Items:       []corev1.KeyToPath{file(squidConfKey), file(leaseAuthKey), file(leaseKeyKey)},
 					DefaultMode: ptr.To[int32](0o440),
 				}}},
 				emptyDir("run"), emptyDir("spool"), emptyDir("log"),

@@ -18,6 +18,7 @@ import (
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
 	"github.com/example/egress-proxies-operator/credentials"
 	"github.com/example/egress-proxies-operator/providers"
+	"github.com/example/egress-proxies-operator/providers/squidconf"
 )
 
 func newTestProvider(t *testing.T, settings map[string]any) *Provider {
@@ -127,19 +128,20 @@ func TestZonePinsThePod(t *testing.T) {
 	p := newTestProvider(t, nil)
 	proxy := &crawlv1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "eu-abcde", Namespace: "crawl"},
 		Spec: crawlv1alpha1.ProxySpec{Port: 3128, Placement: &crawlv1alpha1.Placement{Zone: "europe-west1-c"}}}
-	pod := p.pod(providers.CreateRequest{Proxy: proxy, Name: "px-crawl-eu-abcde"}, "")
+	pod := p.pod(providers.CreateRequest{Proxy: proxy, Name: "px-crawl-eu-abcde"})
 	assert.Equal(t, map[string]string{corev1.LabelTopologyZone: "europe-west1-c"}, pod.Spec.NodeSelector)
 
 	proxy.Spec.Placement = nil
-	assert.Empty(t, p.pod(providers.CreateRequest{Proxy: proxy, Name: "px-crawl-eu-abcde"}, "").Spec.NodeSelector)
+	assert.Empty(t, p.pod(providers.CreateRequest{Proxy: proxy, Name: "px-crawl-eu-abcde"}).Spec.NodeSelector)
 }
 
-// TestTheLeaseKeyIsInASecretNeverInThePod: the key a pod checks its
-// leases' credentials with is in a Secret of its own, projected beside
-// squid.conf; the pod object (which the built-in view role reads, and
-// which every pod watch carries) holds no trace of it. A replaced
+// TestThePodsFilesAreInASecretNeverInThePod: squid.conf, the lease-auth
+// helper and the key a pod checks its leases' credentials with are in a
+// Secret of its own, which the pod mounts; the pod object (which the
+// built-in view role reads, and which every pod watch carries whole) holds
+// no trace of the key and stays the size of a bare pod. A replaced
 // instance's Create gives the Secret the new key.
-func TestTheLeaseKeyIsInASecretNeverInThePod(t *testing.T) {
+func TestThePodsFilesAreInASecretNeverInThePod(t *testing.T) {
 	ctx := context.Background()
 	c := fake.NewClientBuilder().Build()
 	pv, err := New("kind-local", nil, providers.Dependencies{Client: c})
@@ -160,9 +162,11 @@ func TestTheLeaseKeyIsInASecretNeverInThePod(t *testing.T) {
 	require.NoError(t, c.Get(ctx, client.ObjectKey{Namespace: "crawl", Name: "px-crawl-eu-1"}, &secret))
 	assert.Equal(t, req.LeaseKeyFile(), string(secret.Data[leaseKeyKey]))
 	assert.Equal(t, types.UID("uid-1"), secret.OwnerReferences[0].UID, "owned by the Proxy: collected with it")
-	sources := pod.Spec.Volumes[0].Projected.Sources
-	require.Len(t, sources, 2)
-	assert.Equal(t, "px-crawl-eu-1", sources[1].Secret.Name, "the pod mounts it")
+	assert.Contains(t, string(secret.Data[squidConfKey]), "http_port 3128\n")
+	assert.Equal(t, squidconf.LeaseAuthHelper, string(secret.Data[leaseAuthKey]))
+	assert.Equal(t, "px-crawl-eu-1", pod.Spec.Volumes[0].Secret.SecretName, "the pod mounts it")
+	assert.Empty(t, pod.Annotations)
+	assert.Less(t, len(raw), 2500, "a pod the size of a bare one: %d bytes", len(raw))
 
 	rotated := req
 	rotated.Credentials.Password = "another-password-0123456789"

@@ -6,7 +6,7 @@ import (
 
 // renderSquidConfig renders the squid.conf for one proxy pod: Squid's
 // files in the pod's emptyDirs, the lease-auth helper and the proxy's
-// lease key beside squid.conf (all projected from the pod's annotations).
+// lease key beside squid.conf (all three from the pod's Secret).
 func renderSquidConfig(owner string, port int32, s resolved) (string, error) {
 	return squidconf.Render(squidconf.Params{
 		Owner:              owner,

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,7 +20,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1alpha1 "github.com/example/egress-proxies-operator/api/v1alpha1"
-	"github.com/example/egress-proxies-operator/providers/kubernetes"
 	"github.com/example/egress-proxies-operator/test/squid"
 )
 
@@ -206,74 +206,65 @@ func (r *PodRunner) nextAddress() string {
 	return LoopbackIP(1, r.nextIP)
 }
 
-// annotationKey is the annotation a downward API file projects.
-func annotationKey(item corev1.DownwardAPIVolumeFile) (string, bool) {
-	if item.FieldRef == nil {
-		return "", false
-	}
-	key, ok := strings.CutPrefix(item.FieldRef.FieldPath, "metadata.annotations['")
-	if !ok {
-		return "", false
-	}
-	return strings.CutSuffix(key, "']")
-}
-
-// projected are the files a downward API or projected volume lays out,
-// by path (nil for another kind of volume).
+// projected are the files a Secret or projected volume of Secrets lays
+// out, by path (nil for another kind of volume).
 func (r *PodRunner) projected(ctx context.Context, pod *corev1.Pod, vol corev1.Volume) (map[string][]byte, error) {
-	var sources []corev1.VolumeProjection
+	var sources []*corev1.SecretProjection
 	switch {
-	case vol.DownwardAPI != nil:
-		sources = []corev1.VolumeProjection{{DownwardAPI: &corev1.DownwardAPIProjection{Items: vol.DownwardAPI.Items}}}
+	case vol.Secret != nil:
+		sources = []*corev1.SecretProjection{{LocalObjectReference: corev1.LocalObjectReference{Name: vol.Secret.SecretName}, Items: vol.Secret.Items}}
 	case vol.Projected != nil:
-		sources = vol.Projected.Sources
+		for _, src := range vol.Projected.Sources {
+			if src.Secret == nil {
+				return nil, fmt.Errorf("volume %s projects a source the pod runner cannot", vol.Name)
+			}
+			sources = append(sources, src.Secret)
+		}
 	default:
 		return nil, nil
 	}
 	files := map[string][]byte{}
 	for _, src := range sources {
-		switch {
-		case src.DownwardAPI != nil:
-			for _, item := range src.DownwardAPI.Items {
-				key, ok := annotationKey(item)
-				if !ok {
-					return nil, fmt.Errorf("volume %s projects %+v, which the pod runner cannot", vol.Name, item)
-				}
-				files[item.Path] = []byte(pod.Annotations[key])
+		var secret corev1.Secret
+		if err := r.client.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: src.Name}, &secret); err != nil {
+			return nil, fmt.Errorf("volume %s: Secret %s: %w", vol.Name, src.Name, err)
+		}
+		for _, item := range src.Items {
+			data, ok := secret.Data[item.Key]
+			if !ok {
+				return nil, fmt.Errorf("volume %s: Secret %s has no key %s", vol.Name, src.Name, item.Key)
 			}
-		case src.Secret != nil:
-			var secret corev1.Secret
-			if err := r.client.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: src.Secret.Name}, &secret); err != nil {
-				return nil, fmt.Errorf("volume %s: Secret %s: %w", vol.Name, src.Secret.Name, err)
-			}
-			for _, item := range src.Secret.Items {
-				data, ok := secret.Data[item.Key]
-				if !ok {
-					return nil, fmt.Errorf("volume %s: Secret %s has no key %s", vol.Name, src.Secret.Name, item.Key)
-				}
-				files[item.Path] = data
-			}
-		default:
-			return nil, fmt.Errorf("volume %s projects a source the pod runner cannot", vol.Name)
+			files[item.Path] = data
 		}
 	}
 	return files, nil
 }
 
+// configFile is the file the container's command names after -f (its
+// squid.conf), read from the volume mounted at its directory.
+func configFile(pod *corev1.Pod, volumes map[string]map[string][]byte) (string, error) {
+	c := pod.Spec.Containers[0]
+	i := slices.Index(c.Command, "-f")
+	if i < 0 || i+1 == len(c.Command) {
+		return "", fmt.Errorf("its command names no config file (-f)")
+	}
+	path := c.Command[i+1]
+	for _, mount := range c.VolumeMounts {
+		if name, ok := strings.CutPrefix(path, mount.MountPath+"/"); ok {
+			if data, ok := volumes[mount.Name][name]; ok {
+				return string(data), nil
+			}
+		}
+	}
+	return "", fmt.Errorf("no volume of it holds %s", path)
+}
+
 var httpPortLine = regexp.MustCompile(`(?m)^http_port\s+(\d+)\s*$`)
 
 func (r *PodRunner) start(ctx context.Context, pod *corev1.Pod) error {
-	// squid.conf is in the annotation the pod's downward API volume
-	// projects.
-	conf := pod.Annotations[kubernetes.AnnotationSquidConf]
-	m := httpPortLine.FindStringSubmatch(conf)
-	if m == nil {
-		return fmt.Errorf("its squid.conf has no http_port line")
-	}
-	// The pod's projected volumes (squid.conf and the helper from its
-	// annotations, the lease key from its Secret), read first: a pod whose
-	// Secret is not there yet waits for the next sync, as a kubelet waits,
-	// and takes no address meanwhile.
+	// The pod's Secret volumes (squid.conf, the helper and the lease key),
+	// read first: a pod whose Secret is not there yet waits for the next
+	// sync, as a kubelet waits, and takes no address meanwhile.
 	volumes := map[string]map[string][]byte{}
 	for _, vol := range pod.Spec.Volumes {
 		files, err := r.projected(ctx, pod, vol)
@@ -283,6 +274,14 @@ func (r *PodRunner) start(ctx context.Context, pod *corev1.Pod) error {
 		if files != nil {
 			volumes[vol.Name] = files
 		}
+	}
+	conf, err := configFile(pod, volumes)
+	if err != nil {
+		return err
+	}
+	m := httpPortLine.FindStringSubmatch(conf)
+	if m == nil {
+		return fmt.Errorf("its squid.conf has no http_port line")
 	}
 	ip := r.nextAddress()
 	// The pod's own address: what a pod IP is on a node. Requests leave

@@ -189,31 +189,6 @@ func TestNextStatusRecordsTheInstanceSeen(t *testing.T) {
 	assert.Equal(t, testHash, s.SpecHash)
 }
 
-// TestNextStatusNewExternalAddressStartsUnprobed: a changed External address
-// is a proxy nobody has probed: the verdict recorded about the old address
-// no longer makes it Ready, from the reconciler's own write on.
-func TestNextStatusNewExternalAddressStartsUnprobed(t *testing.T) {
-	p := proxyFixture(external, func(p *crawlv1alpha1.Proxy) {
-		p.Status.Phase, p.Status.IP, p.Status.Port = crawlv1alpha1.PhaseReady, "127.0.0.9", 3128
-		p.Status.Conditions = []metav1.Condition{
-			{Type: crawlv1alpha1.ConditionProvisioned, Status: metav1.ConditionTrue, Reason: ReasonExternal},
-			{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: "ProbeSucceeded"},
-		}
-		p.Status.HealthCheckedInstance = p.Status.Instance()
-	})
-	require.True(t, p.IsReady())
-	o := observation{proxy: p}
-	p.Status = nextStatus(p, o, plan(o))
-	assert.Equal(t, "127.0.0.1", p.Status.IP)
-	assert.False(t, p.IsReady(), "a verdict about 127.0.0.9 says nothing of 127.0.0.1")
-	assert.Equal(t, crawlv1alpha1.ReasonAwaitingProbe, p.ReadyCondition(p.RecordedHealth()).Reason)
-
-	// The same address again keeps its verdict.
-	p.Status.HealthCheckedInstance = p.Status.Instance()
-	p.Status = nextStatus(p, o, plan(o))
-	assert.True(t, p.IsReady())
-}
-
 // TestReplacementBudget: the bound counts what the cache shows Replacing
 // and what was admitted that it does not show yet, once each.
 func TestReplacementBudget(t *testing.T) {

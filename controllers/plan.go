@@ -78,7 +78,6 @@ const (
 	ReasonInvalidPlacement  = "InvalidPlacement"
 	ReasonCloudInitError    = "CloudInitError"
 	ReasonCredentialsError  = "CredentialsError"
-	ReasonExternal          = "External"
 	ReasonFinalizerAdded    = "FinalizerAdded"
 	ReasonInstanceDeleted   = "InstanceDeleted"
 	ReasonProviderTransient = "ProviderUnavailable"
@@ -240,14 +239,13 @@ func plan(o observation) Action {
 	hasFinalizer := controllerutil.ContainsFinalizer(p, crawlv1alpha1.Finalizer)
 
 	if p.Spec.Mode == crawlv1alpha1.ModeExternal {
-		switch {
-		case deleting && hasFinalizer:
+		// Nothing to provision: an External proxy's record is what its
+		// spec says, and the health engine writes it with its first
+		// verdict (Proxy.AsRecorded), so it comes up with one write.
+		if deleting && hasFinalizer {
 			return Action{Type: ActionRemoveFinalizer, Reason: ReasonDeleting, Message: "External proxy has no instance to delete"}
-		case deleting:
-			return Action{Type: ActionNothing}
 		}
-		return Action{Type: ActionMarkReady, Phase: crawlv1alpha1.PhaseReady, Reason: ReasonExternal,
-			Message: "External proxy: not provisioned by the operator"}
+		return Action{Type: ActionNothing}
 	}
 
 	switch {

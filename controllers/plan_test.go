@@ -189,9 +189,9 @@ func TestPlan(t *testing.T) {
 		{name: "deleting with the finalizer, provider deletes instances with their Proxy: delete it as before", proxy: proxyFixture(deleting),
 			ownerCollected: true, instance: instance(providers.StateRunning, testHash, testUID), wantType: ActionDelete, wantPhase: crawlv1alpha1.PhaseDeleting},
 
-		// External proxies never touch a provider.
-		{name: "External: ready from spec", proxy: proxyFixture(external),
-			wantType: ActionMarkReady, wantPhase: crawlv1alpha1.PhaseReady, wantReason: ReasonExternal},
+		// External proxies never touch a provider, and their record is the
+		// health engine's (Proxy.AsRecorded).
+		{name: "External: nothing to provision", proxy: proxyFixture(external), wantType: ActionNothing},
 		{name: "External deleting: nothing", proxy: proxyFixture(external, deleting), wantType: ActionNothing},
 		{name: "External deleting with a finalizer: remove it", proxy: proxyFixture(external, deleting, func(p *crawlv1alpha1.Proxy) {
 			p.Finalizers = []string{crawlv1alpha1.Finalizer}
@@ -284,15 +284,6 @@ func TestNextStatus(t *testing.T) {
 		assert.Empty(t, s.IPv6Prefix, "the old range must not be handed out")
 		assert.Zero(t, s.SessionAddresses)
 	})
-
-	t.Run("External takes its address from the spec", func(t *testing.T) {
-		p := proxyFixture(external, func(p *crawlv1alpha1.Proxy) { p.Spec.External.Port = 8080 })
-		o := observation{proxy: p}
-		s := nextStatus(p, o, plan(o))
-		assert.Equal(t, "127.0.0.1", s.IP)
-		assert.Equal(t, int32(8080), s.Port)
-		assert.Empty(t, s.InstanceName)
-	})
 }
 
 // TestNextStatusLeavesHealthToTheEngine: whatever the reconciler does,
@@ -356,7 +347,6 @@ func TestWorthAnEvent(t *testing.T) {
 		{"creating", "", Action{Type: ActionCreate, Phase: crawlv1alpha1.PhaseProvisioning, Reason: ReasonCreating}, false},
 		{"still provisioning", crawlv1alpha1.PhaseProvisioning, Action{Type: ActionWait, Phase: crawlv1alpha1.PhaseProvisioning, Reason: ReasonProvisioning}, false},
 		{"first Ready", crawlv1alpha1.PhaseProvisioning, Action{Type: ActionMarkReady, Phase: crawlv1alpha1.PhaseReady, Reason: ReasonInstanceRunning}, false},
-		{"External Ready", "", Action{Type: ActionMarkReady, Phase: crawlv1alpha1.PhaseReady, Reason: ReasonExternal}, false},
 		{"Ready again after a replacement", crawlv1alpha1.PhaseReplacing, Action{Type: ActionMarkReady, Phase: crawlv1alpha1.PhaseReady, Reason: ReasonInstanceRunning}, true},
 		{"a replacement starts", crawlv1alpha1.PhaseReady, Action{Type: ActionDelete, Phase: crawlv1alpha1.PhaseReplacing, Reason: ReasonSpecChanged, Cause: ReasonSpecChanged}, true},
 		{"deleting", crawlv1alpha1.PhaseReady, Action{Type: ActionDelete, Phase: crawlv1alpha1.PhaseDeleting, Reason: ReasonDeleting}, true},

@@ -169,21 +169,6 @@ func TestReconciler(t *testing.T) {
 			return apierrors.IsNotFound(c.Get(ctx, client.ObjectKeyFromObject(proxy), &crawlv1alpha1.Proxy{}))
 		}, waitFor, tick)
 	})
-
-	t.Run("External -> Ready from the spec, no pod, no finalizer", func(t *testing.T) {
-		ns := env.Namespace(t)
-		proxy := &crawlv1alpha1.Proxy{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ext-1"},
-			Spec: crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeExternal, Port: 3128,
-				External: &crawlv1alpha1.ExternalEndpoint{Address: "127.0.0.1", Port: 13128}},
-		}
-		require.NoError(t, c.Create(ctx, proxy))
-		ready := waitFor2(t, c, proxy, func(p *crawlv1alpha1.Proxy) bool { return p.Status.Phase == crawlv1alpha1.PhaseReady })
-		assert.Equal(t, "127.0.0.1", ready.Status.IP)
-		assert.Equal(t, int32(13128), ready.Status.Port)
-		assert.Empty(t, ready.Finalizers)
-		assert.Empty(t, pods(t, c, ns))
-	})
 }
 
 // createCloudInitSecret creates a cloud-init Secret labelled so the

@@ -32,14 +32,8 @@ func nextStatus(p *crawlv1alpha1.Proxy, o observation, a Action) crawlv1alpha1.P
 	switch a.Type {
 	case ActionMarkReady:
 		provisioned = metav1.ConditionTrue
-		if p.Spec.Mode == crawlv1alpha1.ModeExternal {
-			s.IP, s.Port = p.Spec.External.Address, externalPort(p)
-			s.IPv6Prefix, s.SessionAddresses = "", 0
-			s.InstanceName, s.Provider, s.SpecHash = "", "", ""
-		} else {
-			s.IP, s.Port = o.instance.IP, o.instance.Port
-			s.IPv6Prefix, s.SessionAddresses = o.instance.IPv6Prefix, o.instance.SessionAddresses
-		}
+		s.IP, s.Port = o.instance.IP, o.instance.Port
+		s.IPv6Prefix, s.SessionAddresses = o.instance.IPv6Prefix, o.instance.SessionAddresses
 	case ActionCreate:
 		// Recorded before the instance runs, so a crash after this write still
 		// knows which provider holds it.
@@ -94,15 +88,6 @@ func statusApply(p *crawlv1alpha1.Proxy, s crawlv1alpha1.ProxyStatus) *acv1alpha
 		status.WithConditions(crawlv1alpha1.ConditionApply(c))
 	}
 	return acv1alpha1.Proxy(p.Name, p.Namespace).WithStatus(status)
-}
-
-// externalPort is where an External proxy listens: spec.external.port, or
-// spec.port when that is unset.
-func externalPort(p *crawlv1alpha1.Proxy) int32 {
-	if p.Spec.External.Port != 0 {
-		return p.Spec.External.Port
-	}
-	return p.Spec.Port
 }
 
 // maxConditionMessage is metav1.Condition's message limit.

@@ -34,8 +34,7 @@ func TestAReconcileIsASpan(t *testing.T) {
 	ns := env.Namespace(t)
 	proxy := &crawlv1alpha1.Proxy{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "traced"},
-		Spec: crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeExternal, Port: 3128,
-			External: &crawlv1alpha1.ExternalEndpoint{Address: "127.0.0.1", Port: 13128}},
+		Spec:       crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeManaged, Provider: "gcp-eu", Port: 3128},
 	}
 	require.NoError(t, env.Client.Create(ctx, proxy))
 	mgr := newManager(t, env)
@@ -58,9 +57,9 @@ func TestAReconcileIsASpan(t *testing.T) {
 			continue
 		}
 		found = true
-		assert.Equal(t, string(ActionMarkReady), attrs[string(tracing.KeyOutcome)], "the action the pass took")
-		assert.Equal(t, ReasonExternal, attrs["egress.reason"])
-		assert.Contains(t, attrs, "egress.provider")
+		assert.Equal(t, string(ActionAddFinalizer), attrs[string(tracing.KeyOutcome)], "the action the pass took")
+		assert.Equal(t, ReasonFinalizerAdded, attrs["egress.reason"])
+		assert.Equal(t, "gcp-eu", attrs["egress.provider"])
 	}
 	assert.True(t, found, "a span for the reconcile of %s/traced", ns)
 }

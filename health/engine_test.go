@@ -138,6 +138,51 @@ func healthyCondition(t *testing.T, c client.Client, key types.NamespacedName) (
 	return meta.FindStatusCondition(p.Status.Conditions, crawlv1alpha1.ConditionHealthy), &p
 }
 
+// TestAnExternalProxyComesUpWithOneWrite: an External proxy has nothing to
+// provision, so nobody records it before its first verdict; the engine
+// writes its record (phase Ready, its spec's address, Provisioned) and
+// that verdict in one status write, as the one writer of its status.
+func TestAnExternalProxyComesUpWithOneWrite(t *testing.T) {
+	env := testenv.Shared(t)
+	ns := env.Namespace(t)
+	px := &crawlv1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "fresh"},
+		Spec: crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeExternal, Port: 3128,
+			External: &crawlv1alpha1.ExternalEndpoint{Address: "127.0.0.28", Port: 8080}}}
+	require.NoError(t, env.Client.Create(context.Background(), px))
+	key := client.ObjectKeyFromObject(px)
+	prober := &scriptedProber{scripts: map[string][]Result{"127.0.0.28:8080": {pass, pass}}}
+	mgr := startEngineManager(t, env)
+	engine := NewEngine(Options{
+		Cache: mgr.GetCache(), Client: mgr.GetClient(), Prober: prober, Workers: 2, Clock: clock.RealClock{},
+		Defaults: Settings{URL: "https://127.0.0.1/", Interval: time.Hour, Timeout: time.Second, FailureThreshold: 1, SuccessThreshold: 1},
+	})
+	writes := testutil.ToFloat64(statusWrites)
+	require.NoError(t, mgr.Add(engine))
+	run(t, mgr)
+	var p crawlv1alpha1.Proxy
+	require.Eventually(t, func() bool {
+		require.NoError(t, env.Client.Get(context.Background(), key, &p))
+		return p.IsReady()
+	}, 10*time.Second, 5*time.Millisecond, "Ready from the engine alone")
+	assert.Equal(t, crawlv1alpha1.PhaseReady, p.Status.Phase)
+	assert.Equal(t, "127.0.0.28", p.Status.IP)
+	assert.Equal(t, int32(8080), p.Status.Port, "spec.external.port")
+	assert.Equal(t, p.Generation, p.Status.ObservedGeneration)
+	provisioned := meta.FindStatusCondition(p.Status.Conditions, crawlv1alpha1.ConditionProvisioned)
+	require.NotNil(t, provisioned)
+	assert.Equal(t, crawlv1alpha1.ReasonExternal, provisioned.Reason)
+	assert.True(t, meta.IsStatusConditionTrue(p.Status.Conditions, crawlv1alpha1.ConditionReady))
+	// The counter moves once the write has returned, which the Proxy may
+	// show first.
+	require.Eventually(t, func() bool { return testutil.ToFloat64(statusWrites)-writes >= 1 }, 5*time.Second, 5*time.Millisecond)
+	assert.Equal(t, 1.0, testutil.ToFloat64(statusWrites)-writes, "one status write brings it up")
+	for _, m := range p.ManagedFields {
+		if m.Subresource == "status" {
+			assert.Equal(t, crawlv1alpha1.FieldManagerHealth, m.Manager, "one writer of its status")
+		}
+	}
+}
+
 // TestTransitionOnlyWrites probes a proxy many times on a fake clock against
 // a real API server and counts status writes: none while the verdict holds,
 // exactly one per transition.
@@ -250,7 +295,7 @@ func TestTransitionOnlyWrites(t *testing.T) {
 func TestReplacementStartsClean(t *testing.T) {
 	env := testenv.Shared(t)
 	ns := env.Namespace(t)
-	px := readyExternal(t, env.Client, ns, "ext-2", "127.0.0.22", 3128)
+	px := readyManaged(t, env.Client, ns, "ext-2", "127.0.0.22")
 	key := client.ObjectKeyFromObject(px)
 	prober := &scriptedProber{scripts: map[string][]Result{
 		"127.0.0.22:3128": {pass, pass, pass, pass, pass, pass, pass, pass},
@@ -287,7 +332,7 @@ func TestReplacementStartsClean(t *testing.T) {
 		return h != nil && h.Status == metav1.ConditionFalse
 	}, 10*time.Second, 5*time.Millisecond, "the new address is probed and judged, by the engine")
 	require.NoError(t, env.Client.Get(context.Background(), key, &p))
-	assert.Equal(t, "127.0.0.23:3128", p.Status.HealthCheckedInstance, "the verdict names its instance")
+	assert.Equal(t, "px-ext-2/h@127.0.0.23:3128", p.Status.HealthCheckedInstance, "the verdict names its instance")
 
 	// The instance stops serving (a crashed pod, a VM gone): whatever the
 	// last verdict was, the status never goes on calling it Healthy.

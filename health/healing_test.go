@@ -180,16 +180,20 @@ func TestEngineFollowsTheSpec(t *testing.T) {
 	_, known := engine.VerdictAt(key, "127.0.0.35:3128")
 	assert.False(t, known, "no verdict for an address nobody probed")
 
-	// The address changes, as the reconciler writes it (Healthy reset in
-	// the same write): probed at once, with no clock step.
+	// The spec moves the proxy: probed at once, with no clock step, and
+	// the new address recorded with its first verdict.
 	updateProxy(t, env.Client, key, func(p *crawlv1alpha1.Proxy) error {
-		p.Status.IP = "127.0.0.35"
-		meta.SetStatusCondition(&p.Status.Conditions, metav1.Condition{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionUnknown, Reason: crawlv1alpha1.ReasonAwaitingProbe, Message: "x"})
-		return env.Client.Status().Update(context.Background(), p)
+		p.Spec.External.Address = "127.0.0.35"
+		return env.Client.Update(context.Background(), p)
 	})
 	require.Eventually(t, func() bool { return prober.probes("127.0.0.35:3128") == 1 }, 5*time.Second, time.Millisecond,
 		"the new address is probed at once, not an hour later")
 	require.Eventually(t, func() bool { v, ok := engine.VerdictAt(key, "127.0.0.35:3128"); return ok && v == Healthy }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool {
+		var p crawlv1alpha1.Proxy
+		require.NoError(t, env.Client.Get(context.Background(), key, &p))
+		return p.Status.IP == "127.0.0.35" && p.IsReady()
+	}, 5*time.Second, time.Millisecond, "the engine records the new address with its verdict")
 
 	// A shorter interval: the next probe is due by it.
 	updateProxy(t, env.Client, key, func(p *crawlv1alpha1.Proxy) error {

@@ -341,7 +341,7 @@ func TestALapsedShareIsTakenUpAgain(t *testing.T) {
 func TestAGainedProxyThatStoppedServingIsSettled(t *testing.T) {
 	env := testenv.Shared(t)
 	ns := env.Namespace(t)
-	p := readyExternal(t, env.Client, ns, "gone-owner", "127.0.3.201", 3128)
+	p := readyManaged(t, env.Client, ns, "gone-owner", "127.0.3.201")
 	key := client.ObjectKeyFromObject(p)
 	updateProxy(t, env.Client, key, func(p *crawlv1alpha1.Proxy) error {
 		testenv.SetHealth(p, metav1.ConditionTrue, ReasonProbeSucceeded)

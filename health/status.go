@@ -60,6 +60,10 @@ type healthPart struct {
 	instance       string
 	egressIP       string
 	canaries       []crawlv1alpha1.CanaryStatus
+	// record is an External proxy's provisioning record (AsRecorded's),
+	// which the engine writes with its verdict; nil for a Managed proxy,
+	// whose record is the reconciler's.
+	record *crawlv1alpha1.Proxy
 }
 
 // healthPartFor is the engine's part of p's status given what the engine
@@ -69,8 +73,20 @@ type healthPart struct {
 // Pure. A status that is merely silent (a proxy whose first probe is still
 // to come, or that never served) is not stale: the engine writes nothing
 // until it has something to say, so a proxy comes up with one write of
-// the engine's, its first verdict.
-func healthPartFor(p *crawlv1alpha1.Proxy, known *knowledge, now time.Time) (healthPart, bool) {
+// the engine's, its first verdict. An External proxy is judged as
+// AsRecorded says, and its record is stale too when the stored one
+// differs: its first verdict and its record are one write.
+func healthPartFor(stored *crawlv1alpha1.Proxy, known *knowledge, now time.Time) (healthPart, bool) {
+	part, stale := healthPartOf(stored.AsRecorded(), known, now)
+	if stored.Spec.Mode == crawlv1alpha1.ModeExternal && stored.DeletionTimestamp.IsZero() {
+		part.record = stored.AsRecorded()
+		stale = stale || (part.healthy.Type != "" && stored.ExternalRecordDiffers())
+	}
+	return part, stale
+}
+
+// healthPartOf is healthPartFor of a proxy whose record is p's status.
+func healthPartOf(p *crawlv1alpha1.Proxy, known *knowledge, now time.Time) (healthPart, bool) {
 	stored := meta.FindStatusCondition(p.Status.Conditions, crawlv1alpha1.ConditionHealthy)
 	storedReady := meta.FindStatusCondition(p.Status.Conditions, crawlv1alpha1.ConditionReady)
 	if !p.DeletionTimestamp.IsZero() || p.Status.Phase == "" {
@@ -136,6 +152,11 @@ func (part healthPart) apply(p *crawlv1alpha1.Proxy) *acv1alpha1.ProxyApplyConfi
 	status := acv1alpha1.ProxyStatus().
 		WithConditions(crawlv1alpha1.ConditionApply(part.healthy), crawlv1alpha1.ConditionApply(part.ready)).
 		WithHealthCheckedInstance(part.instance).WithEgressIP(part.egressIP)
+	if r := part.record; r != nil {
+		status.WithPhase(r.Status.Phase).WithMessage(r.Status.Message).WithObservedGeneration(r.Status.ObservedGeneration).
+			WithIP(r.Status.IP).WithPort(r.Status.Port).
+			WithConditions(crawlv1alpha1.ConditionApply(*meta.FindStatusCondition(r.Status.Conditions, crawlv1alpha1.ConditionProvisioned)))
+	}
 	for _, c := range part.canaries {
 		cs := acv1alpha1.CanaryStatus().WithName(c.Name).WithHost(c.Host).WithVerdict(c.Verdict).WithMessage(c.Message)
 		if c.LastTransitionTime != nil {

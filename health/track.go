@@ -84,12 +84,14 @@ type canaryState struct {
 	heldUntil time.Time
 }
 
-// track starts, updates or stops probing a Proxy as its status says.
-func (e *Engine) track(p *crawlv1alpha1.Proxy) {
-	key := client.ObjectKeyFromObject(p)
+// track starts, updates or stops probing a Proxy as its status says (an
+// External proxy's as its spec does: its record is the engine's to write).
+func (e *Engine) track(stored *crawlv1alpha1.Proxy) {
+	key := client.ObjectKeyFromObject(stored)
+	p := stored.AsRecorded()
 	if !p.Serving() {
 		e.forget(key)
-		if _, stale := healthPartFor(p, nil, e.opts.Clock.Now()); stale {
+		if _, stale := healthPartFor(stored, nil, e.opts.Clock.Now()); stale {
 			e.queue.Add(probeItem{key: key, settle: true})
 		}
 		return
@@ -159,7 +161,7 @@ func (e *Engine) track(p *crawlv1alpha1.Proxy) {
 	if schedule {
 		e.queue.AddAfter(probeItem{key: key}, due)
 	}
-	if _, stale := healthPartFor(p, &known, now); stale {
+	if _, stale := healthPartFor(stored, &known, now); stale {
 		e.queue.Add(probeItem{key: key, settle: true})
 	}
 }
@@ -231,7 +233,8 @@ func (e *Engine) forget(key types.NamespacedName) {
 	e.mu.Unlock()
 }
 
-// addressOf is where a Proxy's status says it listens (host:port).
+// addressOf is where a Proxy's status says it listens (host:port); an
+// External proxy's is AsRecorded's.
 func addressOf(p *crawlv1alpha1.Proxy) string {
 	return net.JoinHostPort(p.Status.IP, strconv.Itoa(int(p.Status.Port)))
 }

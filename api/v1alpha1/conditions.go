@@ -155,3 +155,48 @@ func (p *Proxy) ExitIP() string {
 	}
 	return p.Status.IP
 }
+
+// ReasonExternal is the Provisioned reason of an External proxy: nothing
+// is provisioned, the proxy runs elsewhere.
+const ReasonExternal = "External"
+
+// ExternalRecordMessage is an External proxy's status message.
+const ExternalRecordMessage = "External proxy: not provisioned by the operator"
+
+// ExternalPort is where an External proxy listens: spec.external.port, or
+// spec.port when that is unset.
+func (p *Proxy) ExternalPort() int32 {
+	if p.Spec.External != nil && p.Spec.External.Port != 0 {
+		return p.Spec.External.Port
+	}
+	return p.Spec.Port
+}
+
+// AsRecorded is p as its status reads once its provisioning is recorded.
+// An External proxy has nothing to provision: its record (phase Ready, its
+// spec's address, Provisioned) is what its spec says, and the health
+// engine, the one writer of an External proxy's status, writes it with its
+// first verdict, so one write brings the proxy up. Any other proxy is
+// returned as it is: the reconciler records it.
+func (p *Proxy) AsRecorded() *Proxy {
+	if p.Spec.Mode != ModeExternal || p.Spec.External == nil || !p.DeletionTimestamp.IsZero() {
+		return p
+	}
+	r := p.DeepCopy()
+	r.Status.Phase, r.Status.Message, r.Status.ObservedGeneration = PhaseReady, ExternalRecordMessage, p.Generation
+	r.Status.IP, r.Status.Port = p.Spec.External.Address, p.ExternalPort()
+	meta.SetStatusCondition(&r.Status.Conditions, metav1.Condition{Type: ConditionProvisioned, Status: metav1.ConditionTrue,
+		ObservedGeneration: p.Generation, Reason: ReasonExternal, Message: ExternalRecordMessage})
+	return r
+}
+
+// ExternalRecordDiffers says whether an External proxy's stored record is
+// not what AsRecorded says (never recorded, or its spec moved it).
+func (p *Proxy) ExternalRecordDiffers() bool {
+	if p.Spec.Mode != ModeExternal || p.Spec.External == nil || !p.DeletionTimestamp.IsZero() {
+		return false
+	}
+	c := meta.FindStatusCondition(p.Status.Conditions, ConditionProvisioned)
+	return p.Status.Phase != PhaseReady || p.Status.IP != p.Spec.External.Address || p.Status.Port != p.ExternalPort() ||
+		p.Status.ObservedGeneration != p.Generation || c == nil || c.Status != metav1.ConditionTrue || c.Reason != ReasonExternal
+}

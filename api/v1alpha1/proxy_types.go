@@ -29,8 +29,9 @@ const (
 	PhasePending ProxyPhase = "Pending"
 	// PhaseProvisioning means the instance is being created and is not running yet.
 	PhaseProvisioning ProxyPhase = "Provisioning"
-	// PhaseReady means the instance runs and matches the spec (External: the spec
-	// is valid). Health is reported separately by the Healthy condition.
+	// PhaseReady means the instance runs and matches the spec (External:
+	// recorded with its first verdict). Health is reported separately by
+	// the Healthy condition.
 	PhaseReady ProxyPhase = "Ready"
 	// PhaseReplacing means the instance is being replaced (the spec changed
 	// in a way that forces a new one, or it died or stayed Unhealthy too

@@ -88,11 +88,13 @@ const (
 // The field managers of Proxy and ProxyPool status: each applies (server-side
 // apply) only the fields it owns, so no two writers replace each other's.
 const (
-	// FieldManagerReconciler owns a Proxy's phase, message, address,
-	// instance record, observedGeneration and Provisioned condition.
+	// FieldManagerReconciler owns a Managed Proxy's phase, message,
+	// address, instance record, observedGeneration and Provisioned
+	// condition.
 	FieldManagerReconciler = "egress-proxies-operator/proxy-reconciler"
 	// FieldManagerHealth owns a Proxy's Healthy and Ready conditions,
-	// lastHealthCheckTime, healthCheckedInstance, egressIP and canaries.
+	// lastHealthCheckTime, healthCheckedInstance, egressIP and canaries,
+	// and an External Proxy's record too (Proxy.AsRecorded).
 	FieldManagerHealth = "egress-proxies-operator/health-engine"
 	// FieldManagerBans owns a Proxy's Banned condition and
 	// bannedInstance (the ban judge).

@@ -23,6 +23,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -151,7 +152,13 @@ func TestAnExternalProxyComesUpWithOneWrite(t *testing.T) {
 	require.NoError(t, env.Client.Create(context.Background(), px))
 	key := client.ObjectKeyFromObject(px)
 	prober := &scriptedProber{scripts: map[string][]Result{"127.0.0.28:8080": {pass, pass}}}
-	mgr := startEngineManager(t, env)
+	// This namespace only: the shared API server holds other tests'
+	// proxies, whose verdicts would be writes too.
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+		Scheme: env.Scheme, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+		Cache: cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}},
+	})
+	require.NoError(t, err)
 	engine := NewEngine(Options{
 		Cache: mgr.GetCache(), Client: mgr.GetClient(), Prober: prober, Workers: 2, Clock: clock.RealClock{},
 		Defaults: Settings{URL: "https://127.0.0.1/", Interval: time.Hour, Timeout: time.Second, FailureThreshold: 1, SuccessThreshold: 1},
@@ -295,7 +302,7 @@ func TestTransitionOnlyWrites(t *testing.T) {
 func TestReplacementStartsClean(t *testing.T) {
 	env := testenv.Shared(t)
 	ns := env.Namespace(t)
-	px := readyManaged(t, env.Client, ns, "ext-2", "127.0.0.22")
+	px := readyManaged(t, env.Client, ns, "moved", "127.0.0.22")
 	key := client.ObjectKeyFromObject(px)
 	prober := &scriptedProber{scripts: map[string][]Result{
 		"127.0.0.22:3128": {pass, pass, pass, pass, pass, pass, pass, pass},
@@ -332,7 +339,7 @@ func TestReplacementStartsClean(t *testing.T) {
 		return h != nil && h.Status == metav1.ConditionFalse
 	}, 10*time.Second, 5*time.Millisecond, "the new address is probed and judged, by the engine")
 	require.NoError(t, env.Client.Get(context.Background(), key, &p))
-	assert.Equal(t, "px-ext-2/h@127.0.0.23:3128", p.Status.HealthCheckedInstance, "the verdict names its instance")
+	assert.Equal(t, "px-moved/h@127.0.0.23:3128", p.Status.HealthCheckedInstance, "the verdict names its instance")
 
 	// The instance stops serving (a crashed pod, a VM gone): whatever the
 	// last verdict was, the status never goes on calling it Healthy.

@@ -77,9 +77,10 @@ type healthPart struct {
 // AsRecorded says, and its record is stale too when the stored one
 // differs: its first verdict and its record are one write.
 func healthPartFor(stored *crawlv1alpha1.Proxy, known *knowledge, now time.Time) (healthPart, bool) {
-	part, stale := healthPartOf(stored.AsRecorded(), known, now)
-	if stored.Spec.Mode == crawlv1alpha1.ModeExternal && stored.DeletionTimestamp.IsZero() {
-		part.record = stored.AsRecorded()
+	recorded := stored.AsRecorded()
+	part, stale := healthPartOf(recorded, known, now)
+	if recorded != stored {
+		part.record = recorded
 		stale = stale || (part.healthy.Type != "" && stored.ExternalRecordDiffers())
 	}
 	return part, stale

@@ -179,7 +179,7 @@ func (p *Proxy) ExternalPort() int32 {
 // first verdict, so one write brings the proxy up. Any other proxy is
 // returned as it is: the reconciler records it.
 func (p *Proxy) AsRecorded() *Proxy {
-	if p.Spec.Mode != ModeExternal || p.Spec.External == nil || !p.DeletionTimestamp.IsZero() {
+	if !p.recordedFromSpec() {
 		return p
 	}
 	r := p.DeepCopy()
@@ -193,10 +193,16 @@ func (p *Proxy) AsRecorded() *Proxy {
 // ExternalRecordDiffers says whether an External proxy's stored record is
 // not what AsRecorded says (never recorded, or its spec moved it).
 func (p *Proxy) ExternalRecordDiffers() bool {
-	if p.Spec.Mode != ModeExternal || p.Spec.External == nil || !p.DeletionTimestamp.IsZero() {
+	if !p.recordedFromSpec() {
 		return false
 	}
 	c := meta.FindStatusCondition(p.Status.Conditions, ConditionProvisioned)
 	return p.Status.Phase != PhaseReady || p.Status.IP != p.Spec.External.Address || p.Status.Port != p.ExternalPort() ||
 		p.Status.ObservedGeneration != p.Generation || c == nil || c.Status != metav1.ConditionTrue || c.Reason != ReasonExternal
+}
+
+// recordedFromSpec says whether p's record is its spec's: an External
+// proxy that is not being deleted.
+func (p *Proxy) recordedFromSpec() bool {
+	return p.Spec.Mode == ModeExternal && p.Spec.External != nil && p.DeletionTimestamp.IsZero()
 }

@@ -189,7 +189,7 @@ func (p *Provider) Get(ctx context.Context, name string, proxy *crawlv1alpha1.Pr
 // Secret, which the pod mounts: never in the pod object, which anyone with
 // the built-in view role may read, and which every pod watcher (the
 // operator, the kubelet, the scheduler) receives whole on each change, so
-// the pod stays the size of a bare one. The cloud-init document is in the
+// the pod carries its spec alone. The cloud-init document is in the
 // pod's spec-hash label, which changes with it and so replaces the pod.
 // Both are owned by the Proxy. An existing pod is left alone: Create after
 // a lost reply is a no-op; an existing Secret is given this instance's

@@ -206,36 +206,24 @@ func (r *PodRunner) nextAddress() string {
 	return LoopbackIP(1, r.nextIP)
 }
 
-// projected are the files a Secret or projected volume of Secrets lays
-// out, by path (nil for another kind of volume).
-func (r *PodRunner) projected(ctx context.Context, pod *corev1.Pod, vol corev1.Volume) (map[string][]byte, error) {
-	var sources []*corev1.SecretProjection
-	switch {
-	case vol.Secret != nil:
-		sources = []*corev1.SecretProjection{{LocalObjectReference: corev1.LocalObjectReference{Name: vol.Secret.SecretName}, Items: vol.Secret.Items}}
-	case vol.Projected != nil:
-		for _, src := range vol.Projected.Sources {
-			if src.Secret == nil {
-				return nil, fmt.Errorf("volume %s projects a source the pod runner cannot", vol.Name)
-			}
-			sources = append(sources, src.Secret)
-		}
-	default:
+// secretFiles are the files a Secret volume lays out, by path (nil for
+// another kind of volume): a proxy pod's squid.conf, lease-auth helper and
+// lease key.
+func (r *PodRunner) secretFiles(ctx context.Context, pod *corev1.Pod, vol corev1.Volume) (map[string][]byte, error) {
+	if vol.Secret == nil {
 		return nil, nil
 	}
+	var secret corev1.Secret
+	if err := r.client.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: vol.Secret.SecretName}, &secret); err != nil {
+		return nil, fmt.Errorf("volume %s: Secret %s: %w", vol.Name, vol.Secret.SecretName, err)
+	}
 	files := map[string][]byte{}
-	for _, src := range sources {
-		var secret corev1.Secret
-		if err := r.client.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: src.Name}, &secret); err != nil {
-			return nil, fmt.Errorf("volume %s: Secret %s: %w", vol.Name, src.Name, err)
+	for _, item := range vol.Secret.Items {
+		data, ok := secret.Data[item.Key]
+		if !ok {
+			return nil, fmt.Errorf("volume %s: Secret %s has no key %s", vol.Name, vol.Secret.SecretName, item.Key)
 		}
-		for _, item := range src.Items {
-			data, ok := secret.Data[item.Key]
-			if !ok {
-				return nil, fmt.Errorf("volume %s: Secret %s has no key %s", vol.Name, src.Name, item.Key)
-			}
-			files[item.Path] = data
-		}
+		files[item.Path] = data
 	}
 	return files, nil
 }
@@ -267,7 +255,7 @@ func (r *PodRunner) start(ctx context.Context, pod *corev1.Pod) error {
 	// sync, as a kubelet waits, and takes no address meanwhile.
 	volumes := map[string]map[string][]byte{}
 	for _, vol := range pod.Spec.Volumes {
-		files, err := r.projected(ctx, pod, vol)
+		files, err := r.secretFiles(ctx, pod, vol)
 		if err != nil {
 			return err
 		}

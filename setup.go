@@ -141,6 +141,7 @@ func (w *wiring) setupHealth(roots *x509.CertPool, triggers chan<- event.Generic
 		CredentialsNamespace: w.opts.identity.CredentialsNamespace,
 		Shard:                member,
 		Elected:              w.mgr.Elected(),
+		TargetSuspect:        w.opts.controllers.Replacement.TargetSuspect,
 	})
 	if err := w.mgr.Add(engine); err != nil {
 		return nil, fmt.Errorf("adding the health engine: %w", err)
@@ -469,7 +470,7 @@ func (e engineHealth) Health(key types.NamespacedName) (controllers.ProxyHealth,
 	if !ok {
 		return controllers.ProxyHealth{}, false
 	}
-	return controllers.ProxyHealth{UnhealthySince: h.UnhealthySince, URL: h.URL, Probed: h.Probed, Unhealthy: h.Unhealthy}, true
+	return controllers.ProxyHealth{UnhealthySince: h.UnhealthySince, URL: h.URL, Probed: h.Probed, Unhealthy: h.Unhealthy, LastSuspect: h.LastSuspect}, true
 }
 
 // loadRESTConfig reads the kubeconfig named by --kubeconfig, or finds one the

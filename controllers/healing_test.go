@@ -142,22 +142,19 @@ func TestPlanHealing(t *testing.T) {
 // counts from the end of the suspicion, so none is replaced for the outage.
 func TestPlanAfterAnOutage(t *testing.T) {
 	policy := ReplacementPolicy{After: 10 * time.Minute, MaxUnhealthyShare: 0.3}
+	h := unhealthyFor(20*time.Minute, 2, 10)
+	h.LastSuspect = healingNow.Add(-time.Minute)
 	o := observation{proxy: proxyFixture(phase(crawlv1alpha1.PhaseReady)), instance: instance(providers.StateRunning, testHash, testUID),
-		instanceProvider: "gcp-eu", desiredHash: testHash, now: healingNow, replacement: policy,
-		health: unhealthyFor(20*time.Minute, 2, 10), lastSuspect: healingNow.Add(-time.Minute)}
+		instanceProvider: "gcp-eu", desiredHash: testHash, now: healingNow, replacement: policy, health: h}
 	got := plan(o)
 	assert.Equal(t, ActionMarkReady, got.Type, "Unhealthy for 20m, but 19 of them during a suspected outage")
 	assert.Equal(t, 9*time.Minute, got.Recheck)
 
-	o.lastSuspect = healingNow.Add(-11 * time.Minute)
+	h.LastSuspect = healingNow.Add(-11 * time.Minute)
 	assert.Equal(t, ActionDelete, plan(o).Type, "Unhealthy for 11m since the suspicion ended: replaced")
 
-	var s suspectedTargets
-	h := ProxyHealth{URL: "https://probe.test/", Unhealthy: 5, Probed: 10}
-	assert.Equal(t, healingNow, s.note(h, 0.3, healingNow))
-	h.Unhealthy = 1
-	assert.Equal(t, healingNow, s.note(h, 0.3, healingNow.Add(time.Minute)), "remembered once the share falls")
-	assert.True(t, s.note(ProxyHealth{URL: "https://other.test/", Unhealthy: 1, Probed: 10}, 0.3, healingNow).IsZero())
+	h.LastSuspect = time.Time{}
+	assert.Equal(t, ActionDelete, plan(o).Type, "never suspect: Unhealthy for 20m counts whole")
 }
 
 func TestTargetSuspect(t *testing.T) {

@@ -152,10 +152,6 @@ type observation struct {
 	// health is what the health engine knows of the proxy; nil when it
 	// probes it not (or no engine runs).
 	health *ProxyHealth
-	// lastSuspect is when the proxy's probe URL was last found suspect
-	// (zero: not since the operator started). Time Unhealthy during a
-	// suspected outage does not count toward replacement.
-	lastSuspect time.Time
 	// replacement are the rules for replacing an Unhealthy proxy.
 	replacement ReplacementPolicy
 	// pool is the ProxyPool the proxy belongs to ("" for none): a member
@@ -182,6 +178,12 @@ type ProxyHealth struct {
 	// the Managed proxies probed against that URL, and those Unhealthy now.
 	URL               string
 	Probed, Unhealthy int
+	// LastSuspect is when the URL last met ReplacementPolicy.TargetSuspect,
+	// as the engine saw its counts change (zero: not since it started).
+	// Time Unhealthy during a suspected outage does not count toward
+	// replacement. It is lost on a restart, which errs toward replacing
+	// (after a full period) over keeping.
+	LastSuspect time.Time
 }
 
 // ReplacementPolicy says when an Unhealthy Managed proxy is replaced.
@@ -221,6 +223,12 @@ const minSuspectUnhealthy = 3
 // point at the URL rather than at the proxies.
 func targetSuspect(unhealthy, probed int, maxShare float64) bool {
 	return unhealthy >= minSuspectUnhealthy && float64(unhealthy) > maxShare*float64(probed)
+}
+
+// TargetSuspect is targetSuspect under r's share: the rule the health
+// engine stamps each URL's last suspicion by (health.Options.TargetSuspect).
+func (r ReplacementPolicy) TargetSuspect(unhealthy, probed int) bool {
+	return targetSuspect(unhealthy, probed, r.MaxUnhealthyShare)
 }
 
 // finalizerFirst says whether a Managed Proxy's next action is to add the

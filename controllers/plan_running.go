@@ -82,8 +82,8 @@ func planRunning(o observation) Action {
 	// before the last proxies are probed again: their time Unhealthy counts
 	// only from the end of the suspicion, so they are not replaced for it.
 	since := h.UnhealthySince
-	if o.lastSuspect.After(since) {
-		since = o.lastSuspect
+	if h.LastSuspect.After(since) {
+		since = h.LastSuspect
 	}
 	unhealthyFor := o.now.Sub(since)
 	if unhealthyFor < after {

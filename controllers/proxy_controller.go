@@ -105,9 +105,8 @@ type ProxyReconciler struct {
 	Burned             BurnedIPs
 	MaxBurnedIPRerolls int
 
-	suspects suspectedTargets
-	lagOnce  sync.Once
-	lag      *cacheLag
+	lagOnce sync.Once
+	lag     *cacheLag
 	// budgetMu makes counting the replacements in flight and admitting one
 	// a single step.
 	budgetMu sync.Mutex
@@ -206,7 +205,6 @@ func (r *ProxyReconciler) observeInstance(ctx context.Context, p *crawlv1alpha1.
 	if r.Health != nil {
 		if h, ok := r.Health.Health(client.ObjectKeyFromObject(p)); ok {
 			o.health = &h
-			o.lastSuspect = r.suspects.note(h, o.replacement.MaxUnhealthyShare, o.now)
 		}
 	}
 	o.instanceName = providers.InstanceName(r.Owner.ClusterID, p.Namespace, p.Name)

@@ -2,8 +2,6 @@ package controllers
 
 import (
 	"context"
-	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/types"
@@ -107,29 +105,4 @@ func admit(inFlight sets.Set[types.NamespacedName], key types.NamespacedName, bo
 // show it.
 func (r *ProxyReconciler) releaseReplacement(key types.NamespacedName) {
 	r.cache().tracker.Forget(lagKey(lagReplacement, key))
-}
-
-// suspectedTargets remembers when each probe URL was last found suspect, so
-// that proxies still Unhealthy as an outage ends are not replaced for it.
-// It is the memory of an outage, not a guard against the cache's lag, so
-// it is not the cache-lag tracker's.
-// Every verdict change of a Managed proxy and every held replacement passes
-// through it, so the memory is fresh while an outage lasts. It is lost on a
-// restart, which errs toward replacing (after a full period) over keeping.
-type suspectedTargets struct {
-	mu   sync.Mutex
-	last map[string]time.Time
-}
-
-// note records h's URL as suspect now if it is, and returns when it last was.
-func (s *suspectedTargets) note(h ProxyHealth, maxShare float64, now time.Time) time.Time {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.last == nil {
-		s.last = map[string]time.Time{}
-	}
-	if targetSuspect(h.Unhealthy, h.Probed, maxShare) {
-		s.last[h.URL] = now
-	}
-	return s.last[h.URL]
 }

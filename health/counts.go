@@ -6,9 +6,16 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// urlCount is how many Managed proxies are probed against one URL, and how
-// many of them are Unhealthy now.
-type urlCount struct{ probed, unhealthy int }
+// urlCount is how many Managed proxies are probed against one URL, how many
+// of them are Unhealthy now, and when the URL was last suspect.
+type urlCount struct {
+	probed, unhealthy int
+	// lastSuspect is the last time Options.TargetSuspect held for these
+	// counts: stamped at every recount that finds them suspect or ends
+	// their suspicion, so it is exact to the verdict that ended it, not to
+	// whenever the reconciler happens to look.
+	lastSuspect time.Time
+}
 
 // countedAs is what a target contributes to the engine's counts per URL now.
 type countedAs struct {
@@ -26,6 +33,9 @@ type TargetHealth struct {
 	// probed against it and the Unhealthy among them.
 	URL               string
 	Probed, Unhealthy int
+	// LastSuspect is when the URL was last suspect by
+	// Options.TargetSuspect (zero: not since the engine started).
+	LastSuspect time.Time
 }
 
 // Verdict is the current verdict for a proxy; ok is false for proxies the
@@ -64,7 +74,7 @@ func (e *Engine) Health(key types.NamespacedName) (TargetHealth, bool) {
 	}
 	h := TargetHealth{Verdict: t.tracker.verdict, UnhealthySince: t.unhealthySince, URL: t.settings.Value().URL}
 	if c := e.byURL[h.URL]; c != nil {
-		h.Probed, h.Unhealthy = c.probed, c.unhealthy
+		h.Probed, h.Unhealthy, h.LastSuspect = c.probed, c.unhealthy, c.lastSuspect
 	}
 	return h, true
 }
@@ -74,10 +84,12 @@ func (e *Engine) Health(key types.NamespacedName) (TargetHealth, bool) {
 func (e *Engine) recountLocked(t *target, remove bool) {
 	if old := t.counted; old != nil {
 		c := e.byURL[old.url]
+		wasSuspect := e.suspect(c)
 		c.probed--
 		if old.unhealthy {
 			c.unhealthy--
 		}
+		e.noteSuspicion(c, wasSuspect)
 		if c.probed == 0 {
 			delete(e.byURL, old.url)
 		}
@@ -93,11 +105,27 @@ func (e *Engine) recountLocked(t *target, remove bool) {
 		e.byURL[url] = c
 	}
 	now := &countedAs{url: url, unhealthy: t.tracker.verdict == Unhealthy}
+	wasSuspect := e.suspect(c)
 	c.probed++
 	if now.unhealthy {
 		c.unhealthy++
 	}
+	e.noteSuspicion(c, wasSuspect)
 	t.counted = now
+}
+
+// suspect says whether c's URL is suspect by Options.TargetSuspect.
+func (e *Engine) suspect(c *urlCount) bool {
+	return e.opts.TargetSuspect != nil && e.opts.TargetSuspect(c.unhealthy, c.probed)
+}
+
+// noteSuspicion stamps c as suspect now if it was before a recount or is
+// after it: the counts do not change between recounts, so the recount that
+// ends a suspicion is the last moment it held.
+func (e *Engine) noteSuspicion(c *urlCount, wasSuspect bool) {
+	if wasSuspect || e.suspect(c) {
+		c.lastSuspect = e.opts.Clock.Now()
+	}
 }
 
 // Generation changes whenever any verdict changes (or a proxy starts or

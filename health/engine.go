@@ -103,6 +103,12 @@ type Options struct {
 	// 120 s after it closes: the bound holds those entries under
 	// 120 s × the bound (× 2 for proxies also checked for being open).
 	MaxProbesPerSecond float64
+	// TargetSuspect, if set, is the reconciler's rule for when unhealthy of
+	// probed Managed proxies sharing a probe URL point at the URL rather
+	// than at the proxies; the engine stamps when each URL last met it
+	// (TargetHealth.LastSuspect), so proxies still Unhealthy as an outage
+	// ends are given their full time from its end.
+	TargetSuspect func(unhealthy, probed int) bool
 	// Elected is closed once this replica leads (the manager's Elected()).
 	// With a Shard, verdict changes go to Notify only then: only the
 	// leader's reconciler reads it. Nil: always.

@@ -135,6 +135,9 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	for _, c := range o.components() {
 		errs = append(errs, c.Validate())
 	}
+	if o.health.IdleInterval > 0 && !o.discovery.Enabled() {
+		errs = append(errs, errors.New("--health-idle-interval needs the discovery API (its lease store says which proxies carry traffic): --discovery-bind-address must not be \"0\""))
+	}
 	if o.gateway.Enabled() && !o.discovery.Enabled() {
 		errs = append(errs, errors.New("--gateway-bind-address needs the discovery API (its token, view and lease store): --discovery-bind-address must not be \"0\""))
 	}
@@ -220,7 +223,11 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 	// health engine, lost instances from the instance watcher.
 	triggers := make(chan event.GenericEvent, 1024)
 	canaries := &canaryOutcomes{}
-	engine, err := w.setupHealth(roots, triggers, canaries)
+	var traffic *leaseTraffic
+	if opts.discovery.Enabled() {
+		traffic = &leaseTraffic{}
+	}
+	engine, err := w.setupHealth(roots, triggers, canaries, traffic)
 	if err != nil {
 		return err
 	}
@@ -232,12 +239,13 @@ func run(ctx context.Context, args []string, output io.Writer) error {
 			return err
 		}
 		if opts.gateway.Enabled() {
-			if err := w.setupGateway(server); err != nil {
+			if err := w.setupGateway(server, engine); err != nil {
 				return err
 			}
 		}
 		demand, outcomes = poolDemand{server}, senderBurns{server.Outcomes(), w.opts.senders}
 		canaries.memory = outcomes
+		traffic.store = server.Broker().Store()
 		if err := w.setupBans(outcomes, triggers); err != nil {
 			return err
 		}

@@ -168,6 +168,8 @@ func TestParseFlags(t *testing.T) {
 		{"negative interval", []string{"--health-interval=-1s"}, "--health-interval"},
 		{"a shard lease under 2s", []string{"--health-shard-probes", "--health-shard-lease-duration=1s"}, "--health-shard-lease-duration"},
 		{"a shard lease of part seconds", []string{"--health-shard-probes", "--health-shard-lease-duration=2500ms"}, "--health-shard-lease-duration"},
+		{"idle interval not above the interval", []string{"--health-interval=30s", "--health-idle-interval=30s"}, "--health-idle-interval must be 0 (off) or longer than --health-interval"},
+		{"idle interval without discovery", []string{"--health-idle-interval=2m", "--discovery-bind-address=0"}, "--health-idle-interval needs the discovery API"},
 		{"no reconcile workers", []string{"--max-concurrent-reconciles=0"}, "--max-concurrent-reconciles"},
 		{"zero QPS", []string{"--kube-api-qps=0"}, "--kube-api-qps"},
 		{"zero burst", []string{"--kube-api-burst=0"}, "--kube-api-burst"},

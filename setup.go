@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -109,7 +110,7 @@ func newWiring(ctx context.Context, opts options, providersConfig providers.Conf
 
 // setupHealth adds the health engine, which tells triggers of every
 // verdict change, and the metrics that read it.
-func (w *wiring) setupHealth(roots *x509.CertPool, triggers chan<- event.GenericEvent, outcomes health.OutcomeSink) (*health.Engine, error) {
+func (w *wiring) setupHealth(roots *x509.CertPool, triggers chan<- event.GenericEvent, outcomes health.OutcomeSink, traffic *leaseTraffic) (*health.Engine, error) {
 	prober := health.NewHTTPProber(roots)
 	var member health.Shard
 	var engine *health.Engine
@@ -120,6 +121,10 @@ func (w *wiring) setupHealth(roots *x509.CertPool, triggers chan<- event.Generic
 			return nil, err
 		}
 		member = m
+	}
+	var trafficSource health.Traffic // nil without discovery: a nil *leaseTraffic is not
+	if traffic != nil {
+		trafficSource = traffic
 	}
 	engine = health.NewEngine(health.Options{
 		Cache:                w.mgr.GetCache(),
@@ -142,6 +147,8 @@ func (w *wiring) setupHealth(roots *x509.CertPool, triggers chan<- event.Generic
 		Shard:                member,
 		Elected:              w.mgr.Elected(),
 		TargetSuspect:        w.opts.controllers.Replacement.TargetSuspect,
+		IdleInterval:         w.opts.health.IdleInterval,
+		Traffic:              trafficSource,
 	})
 	if err := w.mgr.Add(engine); err != nil {
 		return nil, fmt.Errorf("adding the health engine: %w", err)
@@ -354,10 +361,16 @@ func (w *wiring) setupTokens(ctx context.Context) (discovery.TokenSource, func(c
 }
 
 // setupGateway adds the rotating gateway, whose tunnels go through the
-// discovery server's lease store.
-func (w *wiring) setupGateway(server *discovery.Server) error {
+// discovery server's lease store, and which has the health engine probe a
+// proxy its tunnels could not reach.
+func (w *wiring) setupGateway(server *discovery.Server, engine *health.Engine) error {
 	gwOpts := w.opts.gateway
 	gwOpts.Upstreams = server.Tunnels()
+	gwOpts.OnUnreachable = func(proxyID string) {
+		if namespace, name, ok := strings.Cut(proxyID, "/"); ok {
+			engine.ProbeSoon(types.NamespacedName{Namespace: namespace, Name: name})
+		}
+	}
 	gw := gateway.New(gwOpts)
 	server.Broker().OnSessionReport(gw.OnSessionReport)
 	if err := w.mgr.Add(gw); err != nil {
@@ -447,6 +460,16 @@ func (c *canaryOutcomes) EndCanaryHold(ctx context.Context, proxy types.Namespac
 	if err := c.memory.EndCooldown(ctx, proxy.String(), host, notAfter); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "ending a canary's hold; it ends by itself", "proxy", proxy, "host", host)
 	}
+}
+
+// leaseTraffic tells the health engine which proxies carry leases, from
+// the lease store discovery opens after the engine is built; store is set
+// before the manager starts.
+type leaseTraffic struct{ store lease.Store }
+
+// ActiveLeases counts each proxy's live leases.
+func (t *leaseTraffic) ActiveLeases(ctx context.Context, ids []string) ([]int, error) {
+	return t.store.ActiveLeases(ctx, ids)
 }
 
 // engineHealth lets discovery and the reconciler read the health engine's

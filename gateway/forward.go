@@ -192,7 +192,7 @@ func (g *Gateway) carryRequest(w http.ResponseWriter, r, out *http.Request, id I
 			}
 			return
 		}
-		upstreamFailures.WithLabelValues(f.reason).Inc()
+		g.upstreamFailed(f)
 		g.opts.Upstreams.ReleaseTunnel(context.WithoutCancel(ctx), up.LeaseID, id.Session, broker.Carried{})
 		if !retryable || attempt+1 >= g.opts.Attempts {
 			a := f.answer()

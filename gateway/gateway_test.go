@@ -359,7 +359,13 @@ func TestASessionSticksAndAnEmptyOneRotates(t *testing.T) {
 }
 
 func TestAKilledUpstreamMovesTheSessionWithinOneRequest(t *testing.T) {
-	f := newFixture(t, gateway.Options{})
+	var mu sync.Mutex
+	var unreachable []string // what the health engine was asked to probe at once
+	f := newFixture(t, gateway.Options{OnUnreachable: func(id string) {
+		mu.Lock()
+		defer mu.Unlock()
+		unreachable = append(unreachable, id)
+	}})
 	c, ups := f.client("mover")
 	status, _ := get(t, c, f.sites[0].srv.URL+"/1")
 	require.Equal(t, http.StatusOK, status)
@@ -375,6 +381,9 @@ func TestAKilledUpstreamMovesTheSessionWithinOneRequest(t *testing.T) {
 		require.Equal(t, http.StatusOK, status)
 	}
 	assert.Equal(t, moved, only(t, (*ups)[1:]), "and sticks to its new proxy")
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []string{own}, unreachable, "the dead proxy, and only it, is probed at once")
 }
 
 func TestARateLimitedHostIsAvoidedForThatHostOnly(t *testing.T) {

@@ -312,7 +312,7 @@ func (g *Gateway) connectAny(ctx context.Context, id Identity, host, hostport st
 		// site: a refusal says nothing of how the site sees the proxy, so
 		// it is no outcome (anyone could have the fleet's proxies refuse
 		// made-up destinations and get them banned).
-		upstreamFailures.WithLabelValues(f.reason).Inc()
+		g.upstreamFailed(f)
 		logf.FromContext(ctx).Info("upstream failed a tunnel; trying another", "proxy", up.ProxyID, "reason", f.reason, "error", f.err.Error(),
 			"session", id.Session, "host", host)
 		g.opts.Upstreams.ReleaseTunnel(context.WithoutCancel(ctx), up.LeaseID, id.Session, broker.Carried{})
@@ -323,6 +323,18 @@ func (g *Gateway) connectAny(ctx context.Context, id Identity, host, hostport st
 		restart = up.Fresh
 	}
 	return dialed{}, broker.Upstream{}, last, &lease.NoProxyAvailableError{}
+}
+
+// upstreamFailed counts f, and tells Options.OnUnreachable of a proxy that
+// could not be reached or spoke no proxy's answer.
+func (g *Gateway) upstreamFailed(f *failure) {
+	upstreamFailures.WithLabelValues(f.reason).Inc()
+	switch f.reason {
+	case failDial, failTimeout, failProtocol, failAuth:
+		if g.opts.OnUnreachable != nil {
+			g.opts.OnUnreachable(f.proxy)
+		}
+	}
 }
 
 // Upstream failure reasons, for the metrics.

@@ -103,6 +103,13 @@ type Options struct {
 	// 120 s after it closes: the bound holds those entries under
 	// 120 s × the bound (× 2 for proxies also checked for being open).
 	MaxProbesPerSecond float64
+	// IdleInterval, when longer than a proxy's interval, is how often a
+	// Healthy proxy without a live lease is probed (Envoy's
+	// no_traffic_interval): an idle fleet costs probes, and connection-
+	// tracking entries, at this rate instead. Traffic says which proxies
+	// carry traffic; without it every proxy is probed at its interval.
+	IdleInterval time.Duration
+	Traffic      Traffic
 	// TargetSuspect, if set, is the reconciler's rule for when unhealthy of
 	// probed Managed proxies sharing a probe URL point at the URL rather
 	// than at the proxies; the engine stamps when each URL last met it
@@ -201,6 +208,9 @@ func (e *Engine) Start(ctx context.Context) error {
 	if e.opts.Shard != nil {
 		go e.followShard(ctx)
 	}
+	if e.opts.Traffic != nil && e.opts.IdleInterval > 0 {
+		go e.followTraffic(ctx)
+	}
 	go func() {
 		if toolscache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
 			close(e.synced)
@@ -294,7 +304,7 @@ func (e *Engine) rebalance() (gained, lost int) {
 // verdict is followed from its status from now on. The caller holds the
 // engine's lock.
 func (t *target) handOver() {
-	t.owned = false
+	t.owned, t.idle = false, false
 	t.probedAt, t.lastProbe = time.Time{}, time.Time{}
 	if t.cancelProbe != nil {
 		t.cancelProbe()
@@ -394,6 +404,7 @@ func (e *Engine) work(ctx context.Context) bool {
 	}
 	recordChanged := t.learnEgress(result, pt.address)
 	verdict, written, managed := t.tracker.verdict, t.written, t.managed
+	idle := e.idleCadence(settings, verdict, t.tracker.lastSuccess, t.idle)
 	var due []crawlv1alpha1.CanaryTarget
 	if verdict == Healthy && e.opts.Canaries != nil {
 		due = t.dueCanaries(t.probedAt)
@@ -411,12 +422,16 @@ func (e *Engine) work(ctx context.Context) bool {
 	}
 	// Due from this probe's start: its length, its canaries and its status
 	// write do not stretch the interval a verdict's age is bounded by.
-	e.queue.AddAfter(probeItem{key: key}, max(0, start.Add(e.nextProbe(settings, verdict)).Sub(e.opts.Clock.Now())))
+	e.queue.AddAfter(probeItem{key: key}, max(0, start.Add(e.nextProbe(settings, verdict, idle)).Sub(e.opts.Clock.Now())))
 	return true
 }
 
-// nextProbe is how long after a probe starts the next is due.
-func (e *Engine) nextProbe(settings Settings, verdict Verdict) time.Duration {
+// nextProbe is how long after a probe starts the next is due: the idle
+// interval for a proxy at the idle cadence (idleCadence), else its own.
+func (e *Engine) nextProbe(settings Settings, verdict Verdict, idle bool) time.Duration {
+	if idle {
+		return e.opts.IdleInterval + e.spread(e.opts.IdleInterval)
+	}
 	next := settings.Interval + e.spread(settings.Interval)
 	if verdict == Unknown {
 		// No verdict yet (a new proxy whose first probe came before its

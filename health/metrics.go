@@ -32,6 +32,14 @@ var (
 		Namespace: operator.MetricsNamespace, Subsystem: "healthcheck", Name: "shard_proxies_moved_total",
 		Help: "Proxies this replica took up (gained) or handed over (lost) as the shard's members changed (--health-shard-probes).",
 	}, []string{"direction"})
+	idleProxies = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: operator.MetricsNamespace, Subsystem: "healthcheck", Name: "idle_proxies",
+		Help: "Proxies this replica probes at --health-idle-interval: Healthy, and without a live lease when traffic was last read.",
+	})
+	probesAsked = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: operator.MetricsNamespace, Subsystem: "healthcheck", Name: "asked_total",
+		Help: "Probes asked for out of turn by a gateway tunnel that could not reach its proxy (at most one per proxy per 10s).",
+	})
 	canaryChecks = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: operator.MetricsNamespace, Subsystem: "canary", Name: "checks_total",
 		Help: "Canary fetches through proxies (spec.healthCheck.targets), by canary name and verdict (Allowed, Blocked, Unknown).",
@@ -39,7 +47,7 @@ var (
 )
 
 func init() {
-	ctrlmetrics.Registry.MustRegister(probesTotal, probeDuration, statusWrites, shardChanges, canaryChecks)
+	ctrlmetrics.Registry.MustRegister(probesTotal, probeDuration, statusWrites, shardChanges, idleProxies, probesAsked, canaryChecks)
 }
 
 func observeProbe(r Result, took time.Duration) {

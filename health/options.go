@@ -26,8 +26,9 @@ type Config struct {
 	// ShardLeaseDuration is each replica's Lease's (shard.Options).
 	ShardProbes        bool
 	ShardLeaseDuration time.Duration
-	// MaxProbesPerSecond is Options'.
+	// MaxProbesPerSecond and IdleInterval are Options'.
 	MaxProbesPerSecond float64
+	IdleInterval       time.Duration
 }
 
 // AddFlags registers the engine's flags.
@@ -43,6 +44,8 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Workers, "health-workers", DefaultWorkers, "Probes running at once.")
 	fs.Float64Var(&c.MaxProbesPerSecond, "health-max-probes-per-second", 0,
 		"Probes this replica starts each second at most (0: no bound). Each opens a connection that stays in the node's connection-tracking table for about 120s after it closes: the bound holds this replica's entries under 120 × it (twice that for Managed proxies, which are also checked for being open). Probes beyond it wait, and the last-probe metric shows them late.")
+	fs.DurationVar(&c.IdleInterval, "health-idle-interval", 0,
+		"How often a Healthy proxy without a live lease is probed, instead of every --health-interval (0: off, every proxy at its interval). The probing replica reads which proxies carry leases from the lease store once per --health-interval, so a proxy's first leases wait at most that long for probes at the full rate, and a gateway tunnel that cannot reach its proxy has it probed at once (at most once per 10s per proxy). Needs the discovery API. An idle proxy's verdict is up to this old.")
 	fs.DurationVar(&c.CanaryInterval, "canary-interval", DefaultCanaryInterval,
 		"How often each canary (spec.healthCheck.targets) is fetched through each proxy that passes its probes.")
 	fs.DurationVar(&c.CanaryHostInterval, "canary-host-interval", DefaultCanaryHostInterval,
@@ -74,6 +77,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ShardProbes && (c.ShardLeaseDuration < 2*time.Second || c.ShardLeaseDuration%time.Second != 0) {
 		errs = append(errs, fmt.Errorf("--health-shard-lease-duration must be whole seconds and at least 2s, got %s", c.ShardLeaseDuration))
+	}
+	if c.IdleInterval != 0 && c.IdleInterval <= c.Defaults.Interval {
+		errs = append(errs, fmt.Errorf("--health-idle-interval must be 0 (off) or longer than --health-interval (%s), got %s", c.Defaults.Interval, c.IdleInterval))
 	}
 	if c.MaxProbesPerSecond < 0 {
 		errs = append(errs, fmt.Errorf("--health-max-probes-per-second must not be negative, got %g", c.MaxProbesPerSecond))

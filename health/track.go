@@ -63,6 +63,9 @@ type target struct {
 	// cancels the probe in flight, if any, when it is handed over.
 	owned       bool
 	cancelProbe context.CancelFunc
+	// idle: it had no live lease when this replica last read the
+	// traffic (Options.Traffic), so it is probed at the idle interval.
+	idle bool
 	// egressIP is the instance's exit IP when it differs from its address
 	// ("" otherwise, or unknown), as the echo URL last said at
 	// egressCheckedAt.

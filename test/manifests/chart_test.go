@@ -501,6 +501,7 @@ func TestChartSchemaRejectsBadValues(t *testing.T) {
 		{"wrong type", map[string]any{"image": map[string]any{"tag": 5}}, "/image/tag"},
 		{"not a duration", map[string]any{"operator": map[string]any{"gc": map[string]any{"interval": "ten minutes"}}}, "/operator/gc/interval"},
 		{"zero workers", map[string]any{"operator": map[string]any{"health": map[string]any{"workers": 0}}}, "/operator/health/workers"},
+		{"idle interval not a duration", map[string]any{"operator": map[string]any{"health": map[string]any{"idleInterval": "when idle"}}}, "/operator/health/idleInterval"},
 		{"plain-http probe URL", map[string]any{"operator": map[string]any{"health": map[string]any{"probeURL": "http://example.com"}}}, "/operator/health/probeURL"},
 		{"no reconcile workers", map[string]any{"operator": map[string]any{"reconcile": map[string]any{"workers": 0}}}, "/operator/reconcile/workers"},
 		{"zero API QPS", map[string]any{"operator": map[string]any{"kubeAPI": map[string]any{"qps": 0}}}, "/operator/kubeAPI/qps"},
@@ -663,11 +664,13 @@ func TestChartHighAvailability(t *testing.T) {
 	assert.Contains(t, r.notes, "shared by 3 replica(s)")
 	assert.True(t, hasArg(deploy, "--health-shard-probes"), "several replicas divide the probing")
 	assert.False(t, hasArg(deploy, "--health-max-probes-per-second"), "no bound unless asked")
-	ha["operator"] = map[string]any{"health": map[string]any{"shardProbes": false, "maxProbesPerSecond": 400}}
+	assert.False(t, hasArg(deploy, "--health-idle-interval"), "every proxy at the interval unless asked")
+	ha["operator"] = map[string]any{"health": map[string]any{"shardProbes": false, "maxProbesPerSecond": 400, "idleInterval": "2m"}}
 	leaderProbes := chartInstall{set: ha}.mustRender(t)
 	require.True(t, leaderProbes.objects.one(t, "Deployment", &deploy))
 	assert.False(t, hasArg(deploy, "--health-shard-probes"), "shardProbes: false keeps probing on the leader")
 	assert.Equal(t, "400", managerArg(t, deploy, "--health-max-probes-per-second"))
+	assert.Equal(t, "2m", managerArg(t, deploy, "--health-idle-interval"))
 
 	sentinel := chartInstall{set: map[string]any{"replicaCount": 2, "leaseStore": map[string]any{"type": "redis", "redis": map[string]any{
 		"sentinel": map[string]any{"addresses": []any{"redis-sentinel-0.data:26379", "redis-sentinel-1.data:26379"}, "master": "leases"}, "waitReplicas": 1,

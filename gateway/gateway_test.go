@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -77,6 +78,9 @@ type site struct {
 	// was taken (and the gateway had closed the tunnels it concerns); -1
 	// before.
 	reportedAt int
+	// handshakeDelay holds each TLS handshake this long (nanoseconds), as
+	// a site far away or slow to answer does.
+	handshakeDelay atomic.Int64
 }
 
 func (s *site) host() string { return s.srv.Listener.Addr().(*net.TCPAddr).IP.String() }
@@ -232,7 +236,11 @@ func (f *fixture) startSite(t testing.TB, ip string, https bool) *site {
 		// verifies (the inspecting gateway) checks.
 		cert, err := simweb.SelfSigned(net.ParseIP(ip), "gateway test site "+ip)
 		require.NoError(t, err)
-		s.srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		s.srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12,
+			GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+				time.Sleep(time.Duration(s.handshakeDelay.Load()))
+				return nil, nil
+			}}
 		s.srv.StartTLS()
 	} else {
 		s.srv.Start()

@@ -71,7 +71,7 @@ func (i Inspect) Enabled() bool { return i.Authority != nil }
 // inspectTransport is the transport of inspected requests: the plain-HTTP
 // forwarder's (through the picked upstream, upstreamOf), speaking HTTPS to
 // the sites over HTTP/1.1 kept alive, so that each request has a
-// connection of its own when it is held for its slot (atSlot); the
+// connection of its own when it is held for its slot (slotGate); the
 // client's side may multiplex over HTTP/2.
 func inspectTransport(forwarder *http.Transport, opts Options) *http.Transport {
 	t := forwarder.Clone()

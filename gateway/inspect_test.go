@@ -74,17 +74,26 @@ func inspectedClient(f *fixture, username string, roots *x509.CertPool, h2 bool)
 // kept-alive HTTP/1.1 connection, or all at once multiplexed over one
 // HTTP/2 connection as browsers do; the gateway sees each request, so the
 // site never gets more than the declared 2 in any second from any IP, and
-// every one is served, through a certificate of the team's CA.
+// every one is served, through a certificate of the team's CA. A site slow
+// to finish its TLS handshake makes a request on a new connection late for
+// its slot: it takes another rather than fall closer than the pace to the
+// next.
 func TestInspectedRequestsArePacedOneByOne(t *testing.T) {
 	const perSecond, requests = 2, 6
-	for _, h2 := range []bool{false, true} {
-		t.Run(fmt.Sprintf("h2=%v", h2), func(t *testing.T) {
+	for _, tc := range []struct {
+		h2            bool
+		slowHandshake time.Duration
+	}{{false, 0}, {true, 0}, {true, 200 * time.Millisecond}} {
+		h2 := tc.h2
+		t.Run(fmt.Sprintf("h2=%v/handshake=%s", h2, tc.slowHandshake), func(t *testing.T) {
 			var host string
 			f, roots := inspectFixture(t, func(o *discovery.Options) {
 				o.Politeness = broker.Politeness{Policies: lazyPolicy{host: &host, n: perSecond}}
 			})
 			s := f.sites[0]
 			host = s.host()
+			s.handshakeDelay.Store(int64(tc.slowHandshake))
+			late := testenv.Counter(t, "proxy_operator_gateway_late_slots_total", nil)
 			c := inspectedClient(f, "crawler-1.inspect", roots, h2)
 			var wg sync.WaitGroup
 			for i := range requests {
@@ -118,6 +127,9 @@ func TestInspectedRequestsArePacedOneByOne(t *testing.T) {
 				for i := 0; i+perSecond < len(at); i++ {
 					assert.GreaterOrEqual(t, at[i+perSecond].Sub(at[i]), time.Second, "%d requests from %s within one second: %v", perSecond+1, up, at)
 				}
+			}
+			if tc.slowHandshake > 0 {
+				assert.Positive(t, testenv.Counter(t, "proxy_operator_gateway_late_slots_total", nil)-late, "a request came late for its slot and took another")
 			}
 		})
 	}

@@ -30,11 +30,17 @@ import (
 // request through it; each request after the first is a turn the gateway
 // holds until its slot, so the site never sees more than the declared 2
 // requests in any second from the tunnel's IP, over TLS and plain HTTP
-// alike, and every request is served.
+// alike, and every request is served. A site slow to finish its TLS
+// handshake makes the first request late for its slot: it takes another
+// rather than fall closer than the pace to the second.
 func TestKeptAliveTunnelsArePacedPerRequest(t *testing.T) {
 	const perSecond, requests = 2, 6
-	for _, https := range []bool{true, false} {
-		t.Run(fmt.Sprintf("https=%v", https), func(t *testing.T) {
+	for _, tc := range []struct {
+		https         bool
+		slowHandshake time.Duration
+	}{{true, 0}, {false, 0}, {true, 200 * time.Millisecond}} {
+		https := tc.https
+		t.Run(fmt.Sprintf("https=%v/handshake=%s", https, tc.slowHandshake), func(t *testing.T) {
 			var site string
 			f := newFixtureWith(t, gateway.Options{PaceWait: 10 * time.Second}, clock.RealClock{}, squid.DefaultRules, func(o *discovery.Options) {
 				o.Politeness = broker.Politeness{Policies: lazyPolicy{host: &site, n: perSecond}}
@@ -43,6 +49,7 @@ func TestKeptAliveTunnelsArePacedPerRequest(t *testing.T) {
 			if !https {
 				s = f.plain
 			}
+			s.handshakeDelay.Store(int64(tc.slowHandshake))
 			u, err := url.Parse(s.srv.URL)
 			require.NoError(t, err)
 			site = u.Hostname()
@@ -59,6 +66,7 @@ func TestKeptAliveTunnelsArePacedPerRequest(t *testing.T) {
 			}
 			c := &http.Client{Transport: tr, Timeout: 30 * time.Second}
 			opened := testenv.Counter(t, "proxy_operator_gateway_paced_turns_total", map[string]string{"outcome": "sent"})
+			late := testenv.Counter(t, "proxy_operator_gateway_late_slots_total", nil)
 			for i := range requests {
 				resp, err := c.Get(s.srv.URL + fmt.Sprintf("/page-%d", i))
 				require.NoError(t, err)
@@ -75,6 +83,9 @@ func TestKeptAliveTunnelsArePacedPerRequest(t *testing.T) {
 			}
 			assert.GreaterOrEqual(t, testenv.Counter(t, "proxy_operator_gateway_paced_turns_total", map[string]string{"outcome": "sent"})-opened,
 				float64(requests-2), "the requests after the first went as turns of one kept-alive tunnel")
+			if tc.slowHandshake > 0 {
+				assert.Positive(t, testenv.Counter(t, "proxy_operator_gateway_late_slots_total", nil)-late, "the first request came late for its slot and took another")
+			}
 		})
 	}
 }

@@ -113,8 +113,16 @@ func (t *tunnel) clientCuts(p []byte) []cut {
 // IdleTimeout, and the tunnel ends.
 func (t *tunnel) await(c cut) bool {
 	if c.first {
-		if d := time.Until(t.firstSlot); d > 0 {
+		d := time.Until(t.firstSlot)
+		switch {
+		case d > 0:
 			time.Sleep(d)
+		case -d > lateSlot && t.pace != nil:
+			// The client's handshake outlasted the slot: sent now, the
+			// request would fall closer than the pace to the next one
+			// reserved after it. It takes a slot of its own instead.
+			lateSlots.Inc()
+			return t.pace()
 		}
 		return true
 	}
@@ -210,6 +218,14 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 	// goroutines of its own with small stacks.
 	go g.carry(bg, t, early, upstream.pending)
 }
+
+// lateSlot is how late after its slot a paced request may still go: a
+// request later than that (its connection or the client's handshake took
+// longer than the wait) takes a slot of its own, so that it never falls
+// closer than the pace to the request reserved after it. It is a fraction
+// of the jitter allowance a declared rate keeps (lease.WindowJitter: 50 ms
+// at 1 s), the rest being the network's.
+const lateSlot = 10 * time.Millisecond
 
 // paceTurn holds a request inside t until a slot of its host's pace
 // (Upstreams.Turn). A request inside a tunnel cannot be answered 429, and

@@ -74,7 +74,9 @@ func (r *replica) start(t *testing.T) {
 }
 
 // testSharedLeases: two operator processes share one real Redis and
-// divide the probing, each holding its shard Lease. A lease
+// divide the probing, each holding its shard Lease. A proxy without a lease
+// is probed at the idle interval, and at the interval again once a lease
+// through either replica holds it (the prober reads the shared store). A lease
 // made through one is renewed and released through the other; a cooldown
 // reported to one holds on the other; SIGKILL of either loses no lease or
 // cooldown while the other keeps answering; with Redis stopped both answer
@@ -94,12 +96,16 @@ func testSharedLeases(t *testing.T) {
 		require.NoError(t, err, "restarting the suite's operator")
 	})
 	pair := make([]*replica, 2)
+	metrics := make([]string, len(pair))
 	for i := range pair {
+		metricsAddr := cluster.FreeAddr()
+		metrics[i] = "http://" + metricsAddr + "/metrics"
 		pair[i] = &replica{name: fmt.Sprintf("replica-%d", i), opts: cluster.OperatorOptions{
 			DiscoveryAddr: cluster.FreeAddr(), ProbeAddr: cluster.FreeAddr(),
 			ExtraArgs: []string{"--leader-elect", "--lease-store=redis", "--redis-address=" + redis.Addr,
 				"--redis-password-file=" + passwordFile, "--lease-store-timeout=300ms", "--rate-limit-cooldown=1s",
-				"--health-shard-probes"},
+				"--health-shard-probes", "--health-idle-interval=5s",
+				"--metrics-bind-address=" + metricsAddr, "--metrics-secure=false"},
 		}}
 		pair[i].start(t)
 		r := pair[i]
@@ -124,6 +130,13 @@ func testSharedLeases(t *testing.T) {
 		return r.status == http.StatusOK && len(list) == 1
 	}, waitFor, poll, "the second replica's view serves the proxy")
 
+	// Idle (no lease), the proxy is probed every 5s, not every second:
+	// one or two probes in 6s, by whichever replica owns it.
+	require.Eventually(t, func() bool {
+		n := probesWithin(t, metrics, ns, proxy.Name, 6*time.Second)
+		return n >= 1 && n <= 2
+	}, 40*time.Second, poll, "an idle proxy is probed at --health-idle-interval")
+
 	// A lease through one replica is the other's to renew and release.
 	lease := a.do(t, "POST", "/v1/leases", selector)
 	require.Equal(t, http.StatusCreated, lease.status, "%v", lease.body)
@@ -132,6 +145,8 @@ func testSharedLeases(t *testing.T) {
 	require.Equal(t, http.StatusOK, got.status)
 	assert.Equal(t, leaseProxy(lease), leaseProxy(got))
 	assert.EqualValues(t, 1, got.body["proxy"].(map[string]any)["activeLeases"], "the count is shared too")
+	require.Eventually(t, func() bool { return probesWithin(t, metrics, ns, proxy.Name, 3*time.Second) >= 2 }, 20*time.Second, poll,
+		"leased, the proxy is probed every second again")
 	renewed := b.do(t, "POST", "/v1/leases/"+id+"/renew", `{"ttlSeconds":120}`)
 	require.Equal(t, http.StatusOK, renewed.status)
 	assert.NotEqual(t, lease.body["expiresAt"], renewed.body["expiresAt"])
@@ -338,4 +353,35 @@ func testLosingTheRedisPrimary(t *testing.T) {
 	master, err := sentinels.GetMasterAddrByName(ctx, "leases").Result()
 	require.NoError(t, err)
 	assert.Equal(t, standby.Addr, net.JoinHostPort(master[0], master[1]), "the Sentinel promoted the replica")
+}
+
+// probesWithin counts the probes of proxy ns/name that either replica's
+// proxy_operator_healthcheck_last_timestamp_seconds shows over window (each
+// replica exports its own share; a replica not up counts nothing): the
+// last probe times it reads that it did not read at the window's start.
+func probesWithin(t *testing.T, metricsURLs []string, ns, name string, window time.Duration) int {
+	t.Helper()
+	var before map[float64]bool
+	seen := map[float64]bool{}
+	for start := time.Now(); time.Since(start) < window; time.Sleep(100 * time.Millisecond) {
+		for _, url := range metricsURLs {
+			families, err := cluster.ScrapeMetrics(url)
+			if err != nil {
+				continue
+			}
+			for _, m := range families["proxy_operator_healthcheck_last_timestamp_seconds"].GetMetric() {
+				labels := map[string]string{}
+				for _, l := range m.GetLabel() {
+					labels[l.GetName()] = l.GetValue()
+				}
+				if labels["namespace"] == ns && labels["name"] == name && !before[m.GetGauge().GetValue()] {
+					seen[m.GetGauge().GetValue()] = true
+				}
+			}
+		}
+		if before == nil {
+			before, seen = seen, map[float64]bool{}
+		}
+	}
+	return len(seen)
 }

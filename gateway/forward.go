@@ -147,8 +147,8 @@ func (g *Gateway) carryRequest(w http.ResponseWriter, r, out *http.Request, id I
 		upCtx, upSpan := tracing.Tracer(tracerName).Start(ctx, "upstream request", trace.WithAttributes(tracing.KeyProxy.String(up.ProxyID)))
 		gate := &slotGate{slot: slot}
 		if up.Paced {
-			gate.late = func(ctx context.Context) (time.Duration, error) {
-				return g.opts.Upstreams.Turn(ctx, up.ProxyID, broker.NormalizeTarget(host), max(g.opts.PaceWait, 0))
+			gate.retake = func(ctx context.Context) time.Duration {
+				return g.retakeSlot(ctx, up.ProxyID, broker.NormalizeTarget(host))
 			}
 		}
 		resp, err := rt.RoundTrip(gate.request(out.WithContext(context.WithValue(upCtx, upstreamKey{}, up))))
@@ -163,15 +163,6 @@ func (g *Gateway) carryRequest(w http.ResponseWriter, r, out *http.Request, id I
 				_ = resp.Body.Close()
 			}
 			g.opts.Upstreams.ReleaseTunnel(context.WithoutCancel(ctx), up.LeaseID, id.Session, broker.Carried{})
-			return
-		}
-		if gate.refused != nil {
-			// Late for its slot, and the host's pace had no other soon
-			// enough: told as a lease beyond the wait is.
-			g.opts.Upstreams.ReleaseTunnel(context.WithoutCancel(ctx), up.LeaseID, id.Session, broker.Carried{})
-			a := pickAnswer(gate.refused, nil)
-			outcome = a.cause
-			a.write(w, r)
 			return
 		}
 		var f *failure
@@ -225,14 +216,13 @@ func (g *Gateway) carryRequest(w http.ResponseWriter, r, out *http.Request, id I
 // slotGate holds a request, once the transport has its connection, until
 // its slot. A request whose connection came more than lateSlot after the
 // slot (a new one takes a CONNECT and a TLS handshake) would fall closer
-// than the pace to the next request reserved after it: with late set (a
-// paced host) it takes a slot of its own and waits for that, and refused
-// says why it got none. A request whose client went away meanwhile, or
-// that got no slot, is never sent (its connection is closed instead).
+// than the pace to the next request reserved after it: with retake set (a
+// paced host) it takes a slot of its own and waits for that
+// (retakeSlot). A request whose client went away meanwhile is never sent
+// (its connection is closed instead).
 type slotGate struct {
-	slot    time.Time
-	late    func(context.Context) (time.Duration, error)
-	refused error
+	slot   time.Time
+	retake func(context.Context) time.Duration
 }
 
 // request is r held by the gate.
@@ -240,14 +230,8 @@ func (s *slotGate) request(r *http.Request) *http.Request {
 	ctx := r.Context()
 	return r.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
 		wait := time.Until(s.slot)
-		if -wait > lateSlot && s.late != nil {
-			lateSlots.Inc()
-			var err error
-			if wait, err = s.late(ctx); err != nil {
-				s.refused = err
-				_ = info.Conn.Close()
-				return
-			}
+		if -wait > lateSlot && s.retake != nil {
+			wait = s.retake(ctx)
 		}
 		if !sleep(ctx, wait) {
 			_ = info.Conn.Close()

@@ -93,7 +93,7 @@ func TestInspectedRequestsArePacedOneByOne(t *testing.T) {
 			s := f.sites[0]
 			host = s.host()
 			s.handshakeDelay.Store(int64(tc.slowHandshake))
-			late := testenv.Counter(t, "proxy_operator_gateway_late_slots_total", nil)
+			late := testenv.Counter(t, "proxy_operator_gateway_late_slots_total", map[string]string{"outcome": "retaken"})
 			c := inspectedClient(f, "crawler-1.inspect", roots, h2)
 			var wg sync.WaitGroup
 			for i := range requests {
@@ -129,7 +129,7 @@ func TestInspectedRequestsArePacedOneByOne(t *testing.T) {
 				}
 			}
 			if tc.slowHandshake > 0 {
-				assert.Positive(t, testenv.Counter(t, "proxy_operator_gateway_late_slots_total", nil)-late, "a request came late for its slot and took another")
+				assert.Positive(t, testenv.Counter(t, "proxy_operator_gateway_late_slots_total", map[string]string{"outcome": "retaken"})-late, "a request came late for its slot and took another")
 			}
 		})
 	}

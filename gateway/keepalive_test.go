@@ -66,7 +66,7 @@ func TestKeptAliveTunnelsArePacedPerRequest(t *testing.T) {
 			}
 			c := &http.Client{Transport: tr, Timeout: 30 * time.Second}
 			opened := testenv.Counter(t, "proxy_operator_gateway_paced_turns_total", map[string]string{"outcome": "sent"})
-			late := testenv.Counter(t, "proxy_operator_gateway_late_slots_total", nil)
+			late := testenv.Counter(t, "proxy_operator_gateway_late_slots_total", map[string]string{"outcome": "retaken"})
 			for i := range requests {
 				resp, err := c.Get(s.srv.URL + fmt.Sprintf("/page-%d", i))
 				require.NoError(t, err)
@@ -84,7 +84,7 @@ func TestKeptAliveTunnelsArePacedPerRequest(t *testing.T) {
 			assert.GreaterOrEqual(t, testenv.Counter(t, "proxy_operator_gateway_paced_turns_total", map[string]string{"outcome": "sent"})-opened,
 				float64(requests-2), "the requests after the first went as turns of one kept-alive tunnel")
 			if tc.slowHandshake > 0 {
-				assert.Positive(t, testenv.Counter(t, "proxy_operator_gateway_late_slots_total", nil)-late, "the first request came late for its slot and took another")
+				assert.Positive(t, testenv.Counter(t, "proxy_operator_gateway_late_slots_total", map[string]string{"outcome": "retaken"})-late, "the first request came late for its slot and took another")
 			}
 		})
 	}
@@ -136,4 +136,30 @@ func connectDialer(proxy *url.URL) func(ctx context.Context, network, addr strin
 		}
 		return conn, nil
 	}
+}
+
+// TestALateFirstRequestOfASlowPaceStillGoes: at one request in 30s, a
+// first request late for its slot (a site slow to finish its handshake)
+// finds the pace's next slot beyond --gateway-pace-wait; it goes now, as
+// late as it is, rather than have the client's tunnel cut.
+func TestALateFirstRequestOfASlowPaceStillGoes(t *testing.T) {
+	var site string
+	f := newFixtureWith(t, gateway.Options{PaceWait: 2 * time.Second}, clock.RealClock{}, squid.DefaultRules, func(o *discovery.Options) {
+		o.Politeness = broker.Politeness{Policies: lazyPolicy{host: &site, n: 1, per: 30 * time.Second}}
+	})
+	s := f.sites[0]
+	site = s.host()
+	s.handshakeDelay.Store(int64(200 * time.Millisecond))
+	sentLate := testenv.Counter(t, "proxy_operator_gateway_late_slots_total", map[string]string{"outcome": "sent_late"})
+	c := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+		Proxy:           http.ProxyURL(f.proxyURL("slow-pace")),
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // the local test site's certificate
+	}}
+	resp, err := c.Get(s.srv.URL + "/page")
+	require.NoError(t, err, "the tunnel is not cut")
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, 1.0, testenv.Counter(t, "proxy_operator_gateway_late_slots_total", map[string]string{"outcome": "sent_late"})-sentLate,
+		"late, and no slot of its own within the pace wait: sent as it was")
 }

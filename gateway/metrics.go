@@ -70,10 +70,10 @@ var (
 		Namespace: operator.MetricsNamespace, Subsystem: "gateway", Name: "upstream_failures_total",
 		Help: "Upstream proxies that failed a tunnel or request, by reason: dial, timeout, auth, refused, upstream, protocol.",
 	}, []string{"reason"})
-	lateSlots = prometheus.NewCounter(prometheus.CounterOpts{
+	lateSlots = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: operator.MetricsNamespace, Subsystem: "gateway", Name: "late_slots_total",
-		Help: "Requests to a paced host whose connection or handshake came more than 10ms after their slot, and which took a slot of their own rather than fall closer than the pace to the next request.",
-	})
+		Help: "Requests to a paced host whose connection or handshake came more than 10ms after their slot, by outcome: retaken (they waited for a slot of their own rather than fall closer than the pace to the next request) or sent_late (the pace had none within --gateway-pace-wait).",
+	}, []string{"outcome"})
 	turnsPaced = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: operator.MetricsNamespace, Subsystem: "gateway", Name: "paced_turns_total",
 		Help: "Requests inside tunnels to a paced host after their first (a TLS record that may hold one; a plain-HTTP turn), by outcome: sent (at once or after waiting for the slot) or refused (no slot within the tunnel's idle timeout: the tunnel closed).",

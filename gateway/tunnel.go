@@ -80,6 +80,9 @@ type tunnel struct {
 	seenAnswers int64
 	turns       turnCounter
 	pace        func() bool
+	// retake is how long the first request, late for its slot, waits for
+	// one of its own (nil: the host is not paced); see retakeSlot.
+	retake func(context.Context) time.Duration
 	// firstSlot is when the client's first request may reach the site:
 	// the slot its lease took.
 	firstSlot time.Time
@@ -117,12 +120,11 @@ func (t *tunnel) await(c cut) bool {
 		switch {
 		case d > 0:
 			time.Sleep(d)
-		case -d > lateSlot && t.pace != nil:
+		case -d > lateSlot && t.retake != nil:
 			// The client's handshake outlasted the slot: sent now, the
 			// request would fall closer than the pace to the next one
 			// reserved after it. It takes a slot of its own instead.
-			lateSlots.Inc()
-			return t.pace()
+			return sleep(t.closed, t.retake(t.closed))
 		}
 		return true
 	}
@@ -206,6 +208,7 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 	t.span = span
 	if up.Paced {
 		t.pace = func() bool { return g.paceTurn(t.closed, t) }
+		t.retake = func(ctx context.Context) time.Duration { return g.retakeSlot(ctx, up.ProxyID, t.host) }
 	}
 	if up.BannedClient != "" {
 		bannedClientTunnels.Inc()
@@ -221,11 +224,26 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 
 // lateSlot is how late after its slot a paced request may still go: a
 // request later than that (its connection or the client's handshake took
-// longer than the wait) takes a slot of its own, so that it never falls
-// closer than the pace to the request reserved after it. It is a fraction
-// of the jitter allowance a declared rate keeps (lease.WindowJitter: 50 ms
-// at 1 s), the rest being the network's.
+// longer than the wait) takes a slot of its own (retakeSlot), so that it
+// never falls closer than the pace to the request reserved after it. It is
+// a fraction of the jitter allowance a declared rate keeps
+// (lease.WindowJitter: 50 ms at 1 s), the rest being the network's.
 const lateSlot = 10 * time.Millisecond
+
+// retakeSlot takes a new slot of host's pace on proxy for a request late
+// for its own, and says how long to wait for it. When the pace has none
+// within --gateway-pace-wait (a slow pace, whose next slot is far off) the
+// request goes now, as late as it is: its lateness is then small against
+// the spacing, and a tunnel the client already holds is not cut for it.
+func (g *Gateway) retakeSlot(ctx context.Context, proxy, host string) time.Duration {
+	wait, err := g.opts.Upstreams.Turn(ctx, proxy, host, max(g.opts.PaceWait, 0))
+	if err != nil {
+		lateSlots.WithLabelValues("sent_late").Inc()
+		return 0
+	}
+	lateSlots.WithLabelValues("retaken").Inc()
+	return wait
+}
 
 // paceTurn holds a request inside t until a slot of its host's pace
 // (Upstreams.Turn). A request inside a tunnel cannot be answered 429, and

@@ -64,20 +64,13 @@ func BenchmarkFleet(b *testing.B) {
 		}
 		sizes = append(sizes, n)
 	}
-	target := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
-	b.Cleanup(target.Close)
-	roots := x509.NewCertPool()
-	roots.AddCert(target.Certificate())
-	proxies := make([]string, fleetListeners)
-	for i := range proxies {
-		proxies[i] = connectProxy(b, fmt.Sprintf("127.0.1.%d:0", i+1))
-	}
+	target, roots, proxies := simulatedFleet(b)
 	heapPerProxy := map[[2]int]float64{}
 	for _, replicas := range []int{1, 3} {
 		for _, n := range sizes {
 			b.Run(fmt.Sprintf("replicas=%d/proxies=%d", replicas, n), func(b *testing.B) {
 				for b.Loop() {
-					got := probeFleet(b, fleet{proxies: n, replicas: replicas, interval: *fleetInterval, listeners: proxies, target: target.URL, roots: roots})
+					got := probeFleet(b, fleet{proxies: n, replicas: replicas, interval: *fleetInterval, listeners: proxies, target: target, roots: roots})
 					heapPerProxy[[2]int{replicas, n}] = got.heapPerProxy
 					b.ReportMetric(got.ageP99.Seconds(), "age_p99_s")
 					b.ReportMetric(got.ageMax.Seconds(), "age_max_s")
@@ -102,6 +95,21 @@ func BenchmarkFleet(b *testing.B) {
 			b.Errorf("%d replica(s): %.0f B per proxy at 50,000 against %.0f at 10,000: memory per proxy is not flat", replicas, large, small)
 		}
 	}
+}
+
+// simulatedFleet starts what a simulated fleet is probed through: a probe
+// target (its URL, and roots that trust it) and fleetListeners in-process
+// CONNECT proxies, stopped when b ends.
+func simulatedFleet(b *testing.B) (target string, roots *x509.CertPool, listeners []string) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+	b.Cleanup(srv.Close)
+	roots = x509.NewCertPool()
+	roots.AddCert(srv.Certificate())
+	listeners = make([]string, fleetListeners)
+	for i := range listeners {
+		listeners[i] = connectProxy(b, fmt.Sprintf("127.0.1.%d:0", i+1))
+	}
+	return srv.URL, roots, listeners
 }
 
 // fleet is one point of BenchmarkFleet.

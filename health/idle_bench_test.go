@@ -3,9 +3,6 @@ package health
 import (
 	"context"
 	"crypto/x509"
-	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"slices"
 	"sync"
 	"testing"
@@ -31,16 +28,9 @@ func BenchmarkIdleFleet(b *testing.B) {
 	const proxies, busyEvery = 10_000, 10
 	interval := *fleetInterval / 3
 	idleInterval := 4 * interval
-	target := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
-	b.Cleanup(target.Close)
-	roots := x509.NewCertPool()
-	roots.AddCert(target.Certificate())
-	listeners := make([]string, fleetListeners)
-	for i := range listeners {
-		listeners[i] = connectProxy(b, fmt.Sprintf("127.0.1.%d:0", i+1))
-	}
+	target, roots, listeners := simulatedFleet(b)
 	for b.Loop() {
-		got := probeIdleFleet(b, proxies, busyEvery, interval, idleInterval, listeners, target.URL, roots)
+		got := probeIdleFleet(b, proxies, busyEvery, interval, idleInterval, listeners, target, roots)
 		full := float64(proxies) / interval.Seconds()
 		b.ReportMetric(got.probesPerSecond, "probes/s")
 		b.ReportMetric(got.probesPerSecond/full, "x_full_rate")

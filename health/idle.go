@@ -2,6 +2,7 @@ package health
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -65,6 +66,9 @@ func (e *Engine) readTraffic(ctx context.Context) {
 		ids[i] = key.String()
 	}
 	leases, err := e.opts.Traffic.ActiveLeases(ctx, ids)
+	if err == nil && len(leases) != len(ids) {
+		err = fmt.Errorf("the lease store counted %d proxies of %d", len(leases), len(ids))
+	}
 	if err != nil {
 		logf.FromContext(ctx).Error(err, "reading which proxies carry traffic; probing every proxy at the full interval until it answers")
 		leases = nil

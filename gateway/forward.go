@@ -214,12 +214,10 @@ func (g *Gateway) carryRequest(w http.ResponseWriter, r, out *http.Request, id I
 }
 
 // slotGate holds a request, once the transport has its connection, until
-// its slot. A request whose connection came more than lateSlot after the
-// slot (a new one takes a CONNECT and a TLS handshake) would fall closer
-// than the pace to the next request reserved after it: with retake set (a
-// paced host) it takes a slot of its own and waits for that
-// (retakeSlot). A request whose client went away meanwhile is never sent
-// (its connection is closed instead).
+// its slot (untilSlot: a new connection takes a CONNECT and a TLS
+// handshake, which may outlast it; with retake set, a paced host, a late
+// request takes a slot of its own). A request whose client went away
+// meanwhile is never sent (its connection is closed instead).
 type slotGate struct {
 	slot   time.Time
 	retake func(context.Context) time.Duration
@@ -229,11 +227,7 @@ type slotGate struct {
 func (s *slotGate) request(r *http.Request) *http.Request {
 	ctx := r.Context()
 	return r.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
-		wait := time.Until(s.slot)
-		if -wait > lateSlot && s.retake != nil {
-			wait = s.retake(ctx)
-		}
-		if !sleep(ctx, wait) {
+		if !sleep(ctx, untilSlot(ctx, s.slot, s.retake)) {
 			_ = info.Conn.Close()
 		}
 	}}))

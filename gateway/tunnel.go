@@ -113,20 +113,11 @@ func (t *tunnel) clientCuts(p []byte) []cut {
 // await holds a request of the client's until its slot: the first until
 // the lease's, each later one until a slot of the host's pace of its own
 // (paceTurn). False: the host's pace gives it none within the tunnel's
-// IdleTimeout, and the tunnel ends.
+// IdleTimeout, or the tunnel closed while it waited, and the tunnel ends.
 func (t *tunnel) await(c cut) bool {
 	if c.first {
-		d := time.Until(t.firstSlot)
-		switch {
-		case d > 0:
-			time.Sleep(d)
-		case -d > lateSlot && t.retake != nil:
-			// The client's handshake outlasted the slot: sent now, the
-			// request would fall closer than the pace to the next one
-			// reserved after it. It takes a slot of its own instead.
-			return sleep(t.closed, t.retake(t.closed))
-		}
-		return true
+		// The client's handshake may have outlasted the slot (untilSlot).
+		return sleep(t.closed, untilSlot(t.closed, t.firstSlot, t.retake))
 	}
 	if t.pace == nil {
 		return true
@@ -229,6 +220,18 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id Identity) {
 // a fraction of the jitter allowance a declared rate keeps
 // (lease.WindowJitter: 50 ms at 1 s), the rest being the network's.
 const lateSlot = 10 * time.Millisecond
+
+// untilSlot is how long a request due at slot waits before it goes: until
+// its slot, or, when it is more than lateSlot late and retake is set (a
+// paced host), for the slot retake takes. Sent at once, a late request
+// would fall closer than the pace to the next one reserved after it.
+func untilSlot(ctx context.Context, slot time.Time, retake func(context.Context) time.Duration) time.Duration {
+	wait := time.Until(slot)
+	if -wait > lateSlot && retake != nil {
+		return retake(ctx)
+	}
+	return wait
+}
 
 // retakeSlot takes a new slot of host's pace on proxy for a request late
 // for its own, and says how long to wait for it. When the pace has none

@@ -361,14 +361,14 @@ func (w *wiring) setupTokens(ctx context.Context) (discovery.TokenSource, func(c
 }
 
 // setupGateway adds the rotating gateway, whose tunnels go through the
-// discovery server's lease store, and which has the health engine probe a
-// proxy its tunnels could not reach.
+// discovery server's lease store, and which has the replica that probes a
+// proxy its tunnels could not reach probe it soon.
 func (w *wiring) setupGateway(server *discovery.Server, engine *health.Engine) error {
 	gwOpts := w.opts.gateway
 	gwOpts.Upstreams = server.Tunnels()
 	gwOpts.OnUnreachable = func(proxyID string) {
 		if namespace, name, ok := strings.Cut(proxyID, "/"); ok {
-			engine.ProbeSoon(types.NamespacedName{Namespace: namespace, Name: name})
+			engine.AskProbe(types.NamespacedName{Namespace: namespace, Name: name})
 		}
 	}
 	gw := gateway.New(gwOpts)
@@ -462,14 +462,25 @@ func (c *canaryOutcomes) EndCanaryHold(ctx context.Context, proxy types.Namespac
 	}
 }
 
-// leaseTraffic tells the health engine which proxies carry leases, from
-// the lease store discovery opens after the engine is built; store is set
-// before the manager starts.
+// leaseTraffic tells the health engine which proxies carry leases, and
+// carries tunnels' asks for probes between replicas, through the lease
+// store discovery opens after the engine is built; store is set before
+// the manager starts.
 type leaseTraffic struct{ store lease.Store }
 
 // ActiveLeases counts each proxy's live leases.
 func (t *leaseTraffic) ActiveLeases(ctx context.Context, ids []string) ([]int, error) {
 	return t.store.ActiveLeases(ctx, ids)
+}
+
+// AskProbe passes on a tunnel's ask for a probe of proxy.
+func (t *leaseTraffic) AskProbe(ctx context.Context, proxy string) error {
+	return t.store.AskProbe(ctx, proxy)
+}
+
+// ProbesAsked reads the asks passed on after the cursor.
+func (t *leaseTraffic) ProbesAsked(ctx context.Context, after int64) ([]string, int64, error) {
+	return t.store.ProbesAsked(ctx, after)
 }
 
 // engineHealth lets discovery and the reconciler read the health engine's

@@ -113,6 +113,15 @@ func (b boundedStore) LastRefused(ctx context.Context, pool string) (t time.Time
 	return t, err
 }
 
+func (b boundedStore) AskProbe(ctx context.Context, proxy string) error {
+	return b.do(ctx, "ask_probe", func(ctx context.Context) error { return b.store.AskProbe(ctx, proxy) })
+}
+
+func (b boundedStore) ProbesAsked(ctx context.Context, after int64) (proxies []string, next int64, err error) {
+	err = b.do(ctx, "probes_asked", func(ctx context.Context) error { proxies, next, err = b.store.ProbesAsked(ctx, after); return err })
+	return proxies, next, err
+}
+
 func (b boundedStore) Route(ctx context.Context, session, host string) (r lease.Route, err error) {
 	err = b.do(ctx, "route", func(ctx context.Context) error { r, err = b.store.Route(ctx, session, host); return err })
 	return r, err

@@ -122,9 +122,9 @@ type Options struct {
 	// OnUnreachable, if set, is told of each proxy a tunnel or request
 	// could not reach or that spoke no proxy's answer (a dial error, no
 	// CONNECT answer in time, an answer that is not HTTP, our credentials
-	// refused): the health engine probes it at once (health.ProbeSoon)
-	// rather than at its next turn, which for an idle proxy may be minutes
-	// away. A refusal or a site's failure is not the proxy's, and is not
+	// refused): the replica that probes it probes it at once
+	// (health.Engine.AskProbe) rather than at its next turn, which for an
+	// idle proxy may be minutes away. A refusal or a site's failure is not the proxy's, and is not
 	// told.
 	OnUnreachable func(proxyID string)
 	// BlockMarkers are strings whose presence in the first 64 KiB of a

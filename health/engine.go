@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/lru"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -156,6 +157,9 @@ type Engine struct {
 	probeRate *rate.Limiter
 	// synced is closed once the engine knows every Proxy (Synced).
 	synced chan struct{}
+	// passedOn: when each proxy's last ask for a probe was passed on to
+	// another replica (AskProbe).
+	passedOn *lru.Cache
 }
 
 // NewEngine builds an engine; Start runs it.
@@ -183,6 +187,7 @@ func NewEngine(opts Options) *Engine {
 		pacer:     hostPacer{interval: opts.CanaryHostInterval},
 		targets:   map[types.NamespacedName]*target{},
 		byURL:     map[string]*urlCount{},
+		passedOn:  lru.New(passedOnMemory),
 		queue: workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[probeItem]{
 			Name: "health", Clock: opts.Clock,
 		}),
@@ -210,6 +215,9 @@ func (e *Engine) Start(ctx context.Context) error {
 	}
 	if e.opts.Traffic != nil && e.opts.IdleInterval > 0 {
 		go e.followTraffic(ctx)
+	}
+	if e.opts.Traffic != nil {
+		go e.followAsks(ctx)
 	}
 	go func() {
 		if toolscache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {

@@ -4,14 +4,18 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unique"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/example/egress-proxies-operator/lease"
 )
 
 // fakeTraffic answers ActiveLeases from a map of live leases by proxy id.
@@ -34,6 +38,13 @@ func (f *fakeTraffic) ActiveLeases(_ context.Context, ids []string) ([]int, erro
 		out[i] = f.leases[id]
 	}
 	return out, nil
+}
+
+// AskProbe and ProbesAsked: no replica passes an ask on here.
+func (f *fakeTraffic) AskProbe(context.Context, string) error { return nil }
+
+func (f *fakeTraffic) ProbesAsked(_ context.Context, after int64) ([]string, int64, error) {
+	return nil, after, nil
 }
 
 func (f *fakeTraffic) set(id string, n int) {
@@ -131,4 +142,87 @@ func TestTrafficReadings(t *testing.T) {
 	assert.False(t, e.ProbeSoon(keys["busy"]), "probed within ProbeSoonGap: not again")
 	assert.False(t, e.ProbeSoon(keys["other"]), "another replica probes it")
 	assert.False(t, e.ProbeSoon(types.NamespacedName{Namespace: "ns", Name: "gone"}))
+}
+
+// countedAsks counts the asks passed on to a lease store.
+type countedAsks struct {
+	*lease.MemoryStore
+	asks atomic.Int64
+}
+
+func (c *countedAsks) AskProbe(ctx context.Context, proxy string) error {
+	c.asks.Add(1)
+	return c.MemoryStore.AskProbe(ctx, proxy)
+}
+
+// TestAsksReachTheReplicaThatProbes: a tunnel on a replica that does not
+// probe the proxy passes its ask on through the lease store, once per
+// ProbeSoonGap; the replica that probes it reads the ask within
+// ProbeAskPoll and probes it, and a replica that does not probe it does
+// nothing with it.
+func TestAsksReachTheReplicaThatProbes(t *testing.T) {
+	start := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	clk := clocktesting.NewFakeClock(start)
+	store := &countedAsks{MemoryStore: lease.NewMemoryStore(clk)}
+	key := types.NamespacedName{Namespace: "ns", Name: "px"}
+	settings := unique.Make(Settings{URL: "https://probe.test/", Interval: 30 * time.Second})
+	replica := func(owned bool) *Engine {
+		e := NewEngine(Options{Clock: clk, Traffic: store, Defaults: Settings{Interval: 30 * time.Second}})
+		t.Cleanup(e.queue.ShutDown)
+		tg := &target{owned: owned, probeTarget: probeTarget{settings: settings}, lastProbe: start.Add(-time.Minute)}
+		tg.tracker.verdict, tg.tracker.lastSuccess = Healthy, true
+		e.targets[key] = tg
+		return e
+	}
+	tunnels, prober, bystander := replica(false), replica(true), replica(false)
+	viaStore := probesAsked.WithLabelValues(viaLeaseStore)
+	before := testutil.ToFloat64(viaStore)
+
+	ctx := context.Background()
+	var proberAt, bystanderAt int64
+	readAsks := func() {
+		t.Helper()
+		var err error
+		proberAt, err = prober.readAsks(ctx, proberAt)
+		require.NoError(t, err)
+		bystanderAt, err = bystander.readAsks(ctx, bystanderAt)
+		require.NoError(t, err)
+	}
+	readAsks()
+
+	tunnels.AskProbe(key)
+	require.Eventually(t, func() bool { return store.asks.Load() == 1 }, 5*time.Second, time.Millisecond, "passed on to the store")
+	tunnels.AskProbe(key)
+	assert.Zero(t, tunnels.queue.Len(), "the tunnels' replica does not probe it")
+
+	clk.Step(ProbeAskPoll)
+	readAsks()
+	require.Equal(t, 1, prober.queue.Len(), "the replica that probes it reads the ask")
+	item, _ := prober.queue.Get()
+	assert.Equal(t, key, item.key)
+	prober.queue.Done(item)
+	assert.Equal(t, before+1, testutil.ToFloat64(viaStore))
+	assert.Zero(t, bystander.queue.Len(), "a replica that does not probe it leaves it alone")
+	assert.Equal(t, int64(1), store.asks.Load(), "a second failed tunnel within ProbeSoonGap passes nothing on")
+
+	// The probe starts; a new ask within ProbeSoonGap of it asks for none.
+	prober.targets[key].lastProbe = clk.Now()
+	clk.Step(ProbeSoonGap / 2)
+	tunnels.AskProbe(key)
+	assert.Equal(t, int64(1), store.asks.Load(), "within ProbeSoonGap of the last one")
+	clk.Step(ProbeSoonGap / 2)
+	tunnels.AskProbe(key)
+	require.Eventually(t, func() bool { return store.asks.Load() == 2 }, 5*time.Second, time.Millisecond, "a ProbeSoonGap later it is passed on again")
+	clk.Step(ProbeAskPoll)
+	readAsks()
+	require.Equal(t, 1, prober.queue.Len(), "and probed again")
+	assert.Equal(t, before+2, testutil.ToFloat64(viaStore))
+
+	// On the replica that probes it, an ask probes at once, through no store.
+	item, _ = prober.queue.Get()
+	prober.queue.Done(item)
+	clk.Step(ProbeSoonGap)
+	prober.AskProbe(key)
+	assert.Equal(t, 1, prober.queue.Len())
+	assert.Equal(t, int64(2), store.asks.Load())
 }

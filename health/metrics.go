@@ -36,10 +36,10 @@ var (
 		Namespace: operator.MetricsNamespace, Subsystem: "healthcheck", Name: "idle_proxies",
 		Help: "Proxies this replica probes at --health-idle-interval: Healthy, and without a live lease when traffic was last read.",
 	})
-	probesAsked = prometheus.NewCounter(prometheus.CounterOpts{
+	probesAsked = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: operator.MetricsNamespace, Subsystem: "healthcheck", Name: "asked_total",
-		Help: "Probes asked for out of turn by a gateway tunnel that could not reach its proxy (at most one per proxy per 10s).",
-	})
+		Help: "Probes asked for out of turn by a gateway tunnel that could not reach its proxy (at most one per proxy per 10s), by how the ask came: this_replica (the tunnel's own) or lease_store (passed on by another replica).",
+	}, []string{"via"})
 	canaryChecks = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: operator.MetricsNamespace, Subsystem: "canary", Name: "checks_total",
 		Help: "Canary fetches through proxies (spec.healthCheck.targets), by canary name and verdict (Allowed, Blocked, Unknown).",

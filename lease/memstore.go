@@ -40,6 +40,8 @@ type MemoryStore struct {
 	// sets: one index per candidate set, by Candidates.Key.
 	sets    map[string]*candidateSet
 	refused map[string]time.Time
+	// asked: when each proxy was last asked to be probed (AskProbe).
+	asked map[string]time.Time
 	// sessions: the gateway's routes by session, and ordered by the end of
 	// their idle time.
 	sessions    map[string]*memSession
@@ -125,6 +127,7 @@ func NewMemoryStore(clk clock.PassiveClock) *MemoryStore {
 		cooldowns:   map[string]map[string]time.Time{},
 		sets:        map[string]*candidateSet{},
 		refused:     map[string]time.Time{},
+		asked:       map[string]time.Time{},
 		sessions:    map[string]*memSession{},
 		sessionEnds: heapOf[*memSession]{less: func(a, b *memSession) bool { return a.until.Before(b.until) }},
 		hostLoads:   map[string]int{},
@@ -382,6 +385,37 @@ func (m *MemoryStore) LastRefused(_ context.Context, pool string) (time.Time, er
 		return at, nil
 	}
 	return time.Time{}, nil
+}
+
+// AskProbe implements Store.
+func (m *MemoryStore) AskProbe(_ context.Context, proxy string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.asked[proxy] = m.clock.Now()
+	return nil
+}
+
+// ProbesAsked implements Store, and forgets the asks older than
+// ProbeAskMemory. The cursor is the store's clock in ms, one ms back from
+// now, so an ask in the same ms as a read is read again rather than
+// missed.
+func (m *MemoryStore) ProbesAsked(_ context.Context, after int64) ([]string, int64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.clock.Now().UnixMilli()
+	forget := now - ProbeAskMemory.Milliseconds()
+	after = max(after, forget)
+	var out []string
+	for p, at := range m.asked {
+		switch ms := at.UnixMilli(); {
+		case ms <= forget:
+			delete(m.asked, p)
+		case ms > after:
+			out = append(out, p)
+		}
+	}
+	sort.Strings(out)
+	return out, now - 1, nil
 }
 
 // Ping implements Store: memory always answers.

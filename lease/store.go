@@ -376,6 +376,11 @@ const DefaultStoreTimeout = time.Second
 // that a pool deleted or never created leaves nothing behind.
 const RefusedMemory = 10 * time.Minute
 
+// ProbeAskMemory is how long a store keeps a proxy's ask for a probe
+// (AskProbe): far longer than the replicas poll for asks, short enough
+// that an ask is news when it is read.
+const ProbeAskMemory = time.Minute
+
 // Store keeps leases, cooldowns, refused lease requests and the outcome
 // memory: the discovery API's only mutable state. Every replica that serves discovery on a shared
 // backend sees the same state. Each method is safe for concurrent use,
@@ -413,6 +418,14 @@ type Store interface {
 	// themselves by it.
 	NoteRefused(ctx context.Context, pool string) error
 	LastRefused(ctx context.Context, pool string) (time.Time, error)
+	// AskProbe records that a tunnel could not reach proxy (its
+	// namespace/name), so that the replica which probes it, maybe another
+	// one, probes it soon; ProbesAsked reads the proxies asked for after
+	// the cursor after (0: within ProbeAskMemory) and the cursor for the
+	// next read. A proxy asked for again moves to its latest ask; a read
+	// may repeat an ask the one before returned, never miss one.
+	AskProbe(ctx context.Context, proxy string) error
+	ProbesAsked(ctx context.Context, after int64) (proxies []string, next int64, err error)
 	// Route reads a gateway session's route for host (the zero Route when
 	// the session is unknown).
 	Route(ctx context.Context, session, host string) (Route, error)

@@ -12,8 +12,8 @@ import (
 	"github.com/example/egress-proxies-operator/lease"
 )
 
-// What the Redis store keeps besides leases: the ledger's stream and the
-// pools' refused requests.
+// What the Redis store keeps besides leases: the ledger's stream, the
+// pools' refused requests and the asks for probes.
 
 // AppendLedger implements lease.Store.
 func (s *Store) AppendLedger(ctx context.Context, e lease.LedgerEntry, retention time.Duration) error {
@@ -82,4 +82,34 @@ func (s *Store) LastRefused(ctx context.Context, pool string) (time.Time, error)
 		return time.Time{}, nil
 	}
 	return time.UnixMilli(ms).UTC(), nil
+}
+
+// AskProbe implements lease.Store.
+func (s *Store) AskProbe(ctx context.Context, proxy string) error {
+	if err := s.run(ctx, askProbeScript, proxy).Err(); err != nil {
+		return fmt.Errorf("ask-probe script: %w", err)
+	}
+	return nil
+}
+
+// ProbesAsked implements lease.Store: the cursor is the store's time in
+// ms.
+func (s *Store) ProbesAsked(ctx context.Context, after int64) ([]string, int64, error) {
+	reply, err := s.run(ctx, probesAskedScript, after).Slice()
+	if err != nil {
+		return nil, 0, fmt.Errorf("reading the proxies asked to be probed: %w", err)
+	}
+	next, ok := reply[0].(int64)
+	if !ok {
+		return nil, 0, fmt.Errorf("reading the proxies asked to be probed: a cursor of %T", reply[0])
+	}
+	proxies := make([]string, 0, len(reply)-1)
+	for _, v := range reply[1:] {
+		p, ok := v.(string)
+		if !ok {
+			return nil, 0, fmt.Errorf("reading the proxies asked to be probed: a proxy of %T", v)
+		}
+		proxies = append(proxies, p)
+	}
+	return proxies, next, nil
 }

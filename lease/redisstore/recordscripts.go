@@ -112,6 +112,26 @@ if now - at >= %d then return 0 end
 return at
 `, lease.RefusedMemory.Milliseconds()))
 
+// askProbeScript: ARGV[3] the proxy (namespace/name). Adds it to the asks
+// by the store's time in ms, forgetting those past lease.ProbeAskMemory.
+var askProbeScript = redis.NewScript(preamble + fmt.Sprintf(`
+redis.call('ZADD', P .. 'asked', now, ARGV[3])
+redis.call('ZREMRANGEBYSCORE', P .. 'asked', '-inf', now - %[1]d)
+redis.call('PEXPIRE', P .. 'asked', %[1]d)
+return 1
+`, lease.ProbeAskMemory.Milliseconds()))
+
+// probesAskedScript: ARGV[3] the cursor (0: within lease.ProbeAskMemory).
+// Returns the cursor for the next read (one ms back from now, so an ask
+// in this ms is read again rather than missed), then the proxies asked
+// for after the cursor given.
+var probesAskedScript = redis.NewScript(preamble + fmt.Sprintf(`
+local after = math.max(tonumber(ARGV[3]), now - %d)
+local out = redis.call('ZRANGEBYSCORE', P .. 'asked', '(' .. after, '+inf')
+table.insert(out, 1, now - 1)
+return out
+`, lease.ProbeAskMemory.Milliseconds()))
+
 // appendLedgerScript: ARGV[3] the record (JSON), ARGV[4] retention ms.
 // Adds it to the ledger stream under the store's time in ms (never before
 // the last record's, so the stream stays ordered if TIME steps back), and

@@ -47,6 +47,9 @@ import (
 //	                      "since", "n" push-backs
 //	P refused:<ns>/<pool> when a lease request selecting the pool was last
 //	                      refused; expires after lease.RefusedMemory
+//	P asked               zset of the proxies a tunnel could not reach by
+//	                      when (AskProbe), trimmed to lease.ProbeAskMemory
+//	                      on each ask; expires with its last
 //	P out:<proxy>         hash of the proxy's outcome records: host ->
 //	                      "served|blocked|at|lastBlocked|by|voices" (weights
 //	                      as of at; voices "who@ms;..." the latest block of

@@ -50,6 +50,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"NoProxyAvailable", noProxyAvailable},
 		{"ActiveLeases", activeLeases},
 		{"Refusals", refusals},
+		{"ProbeAsks", probeAsks},
 		{"LargeCandidateSets", largeCandidateSets},
 		{"Sessions", sessions},
 		{"Pacing", pacing},
@@ -330,6 +331,37 @@ func activeLeases(t *testing.T, h Harness) {
 	got, err = h.Store.ActiveLeases(ctx, nil)
 	require.NoError(t, err)
 	assert.Empty(t, got)
+}
+
+// probeAsks: an ask one replica makes is read by the other, once per
+// cursor, and forgotten after lease.ProbeAskMemory.
+func probeAsks(t *testing.T, h Harness) {
+	ctx := context.Background()
+	asker, prober := h.replicas()[0], h.replicas()[1]
+	asked, cursor, err := prober.ProbesAsked(ctx, 0)
+	require.NoError(t, err)
+	assert.Empty(t, asked, "nothing asked yet")
+	require.NoError(t, asker.AskProbe(ctx, "crawl/a"))
+	require.NoError(t, asker.AskProbe(ctx, "crawl/b"))
+	h.Advance(time.Second)
+	asked, cursor, err = prober.ProbesAsked(ctx, cursor)
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{"crawl/a", "crawl/b"}, asked, "the other replica reads both asks")
+
+	h.Advance(time.Second)
+	require.NoError(t, asker.AskProbe(ctx, "crawl/b"))
+	h.Advance(time.Second)
+	asked, _, err = prober.ProbesAsked(ctx, cursor)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"crawl/b"}, asked, "a read after the cursor has only the newer ask")
+	asked, _, err = asker.ProbesAsked(ctx, 0)
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{"crawl/a", "crawl/b"}, asked, "a first read has every ask within ProbeAskMemory")
+
+	h.Advance(lease.ProbeAskMemory)
+	asked, _, err = prober.ProbesAsked(ctx, 0)
+	require.NoError(t, err)
+	assert.Empty(t, asked, "an ask is forgotten after ProbeAskMemory, so asks never outgrow the fleet")
 }
 
 func refusals(t *testing.T, h Harness) {

@@ -24,7 +24,7 @@ type Traffic interface {
 }
 
 // ProbeSoonGap is the least time between two probes of one proxy that
-// ProbeSoon asks for: a burst of failed tunnels asks for one probe, not one
+// AskProbe asks for: a burst of failed tunnels asks for one probe, not one
 // per tunnel.
 const ProbeSoonGap = 10 * time.Second
 
@@ -123,7 +123,7 @@ const askTimeout = time.Second
 const passedOnMemory = 4096
 
 // AskProbe has key probed soon by whichever replica probes it: this one at
-// once (ProbeSoon), another through Options.Traffic, which that replica
+// once (probeSoon), another through Options.Traffic, which that replica
 // reads within ProbeAskPoll. A tunnel that could not reach the proxy asks,
 // so a proxy that died is found by the tunnels that fail on it, not by
 // its next turn (minutes away at the idle interval). A proxy is passed on
@@ -147,16 +147,10 @@ func (e *Engine) AskProbe(key types.NamespacedName) {
 	}()
 }
 
-// ProbeSoon probes key now, when this replica probes it and its last probe
-// started at least ProbeSoonGap ago, and says whether it asked for a
-// probe; a burst of failed tunnels asks for one probe, not one per tunnel.
-func (e *Engine) ProbeSoon(key types.NamespacedName) bool {
-	_, asked := e.probeSoon(key, viaThisReplica)
-	return asked
-}
-
-// probeSoon is ProbeSoon for an ask that came via: here says whether this
-// replica probes key, asked whether it queued a probe.
+// probeSoon probes key now, when this replica probes it and its last probe
+// started at least ProbeSoonGap ago, for an ask that came via: a burst of
+// failed tunnels asks for one probe, not one per tunnel. here says whether
+// this replica probes key, asked whether it queued a probe.
 func (e *Engine) probeSoon(key types.NamespacedName, via string) (here, asked bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -85,7 +85,7 @@ func TestIdleCadence(t *testing.T) {
 // TestTrafficReadings: one batched reading marks this replica's proxies
 // idle or busy; a proxy that turns busy is due an interval after its last
 // probe (at once when that has passed); a store that does not answer makes
-// every proxy busy; a failed tunnel's ProbeSoon probes at once, once per
+// every proxy busy; a failed tunnel's ask probes at once, once per
 // ProbeSoonGap.
 func TestTrafficReadings(t *testing.T) {
 	start := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
@@ -136,12 +136,13 @@ func TestTrafficReadings(t *testing.T) {
 	}
 
 	// A tunnel that could not reach "busy", last probed 30s ago.
-	assert.True(t, e.ProbeSoon(keys["busy"]))
+	probeSoon := func(key types.NamespacedName) bool { _, asked := e.probeSoon(key, viaThisReplica); return asked }
+	assert.True(t, probeSoon(keys["busy"]))
 	assert.Equal(t, 1, e.queue.Len())
 	e.targets[keys["busy"]].lastProbe = clk.Now() // its probe starts
-	assert.False(t, e.ProbeSoon(keys["busy"]), "probed within ProbeSoonGap: not again")
-	assert.False(t, e.ProbeSoon(keys["other"]), "another replica probes it")
-	assert.False(t, e.ProbeSoon(types.NamespacedName{Namespace: "ns", Name: "gone"}))
+	assert.False(t, probeSoon(keys["busy"]), "probed within ProbeSoonGap: not again")
+	assert.False(t, probeSoon(keys["other"]), "another replica probes it")
+	assert.False(t, probeSoon(types.NamespacedName{Namespace: "ns", Name: "gone"}))
 }
 
 // countedAsks counts the asks passed on to a lease store.

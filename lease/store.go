@@ -381,8 +381,8 @@ const RefusedMemory = 10 * time.Minute
 // that an ask is news when it is read.
 const ProbeAskMemory = time.Minute
 
-// Store keeps leases, cooldowns, refused lease requests and the outcome
-// memory: the discovery API's only mutable state. Every replica that serves discovery on a shared
+// Store keeps leases, cooldowns, refused lease requests, asks for probes
+// and the outcome memory: the discovery API's only mutable state. Every replica that serves discovery on a shared
 // backend sees the same state. Each method is safe for concurrent use,
 // bounded by ctx, and reads time from the store's own clock (for Redis, the
 // server's TIME), so replicas with skewed clocks agree. Housekeeping

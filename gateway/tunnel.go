@@ -28,10 +28,10 @@ import (
 
 // Why a tunnel ended, for the metrics.
 const (
-	closedDone      = "done"       // both sides finished
+	closedDone      = "done"       // both sides finished, or one reset once the client was done
 	closedIdle      = "idle"       // nothing either way for IdleTimeout
 	closedLifetime  = "lifetime"   // MaxTunnelLifetime reached
-	closedError     = "error"      // a side reset or failed
+	closedError     = "error"      // a side failed, or the upstream reset while the client was not done
 	closedReported  = "reported"   // the session reported the host rate-limiting it
 	closedShutdown  = "shutdown"   // the gateway stopped
 	closedQuota     = "quota"      // its tenant's bytes for the day are spent
@@ -52,6 +52,9 @@ type tunnel struct {
 	metered          bool
 	meterMu          sync.Mutex
 	counted          int64
+	// clientEnded: the client has ended its side (the tunnel half-closed
+	// the upstream's): a reset after it is how the other side closes.
+	clientEnded atomic.Bool
 	// ledgerUntil is how far its ledger records say it holds its IP (only
 	// the renew loop reads and writes it).
 	ledgerUntil time.Time
@@ -567,10 +570,19 @@ func (t *tunnel) pipe(dst, src net.Conn, pending []byte, bytes counter, gated bo
 		case err == nil:
 			continue
 		case errors.Is(err, io.EOF):
+			if src == t.client {
+				t.clientEnded.Store(true)
+			}
 			if tcp, ok := dst.(interface{ CloseWrite() error }); ok {
 				_ = tcp.CloseWrite()
 				return
 			}
+			t.close(closedDone)
+			return
+		case errors.Is(err, syscall.ECONNRESET) && (src == t.client || t.clientEnded.Load()):
+			// How many HTTP clients close a connection with bytes unread
+			// (a TLS ticket or close_notify), and how a proxy may close its
+			// side once the client has ended its own: the client is done.
 			t.close(closedDone)
 			return
 		case errors.Is(err, os.ErrDeadlineExceeded):

@@ -246,17 +246,30 @@ func poolEvent(t *testing.T, cl client.Client, ns, reason, what string) bool {
 // metricValue is the value of the series of family whose label has value.
 func metricValue(t *testing.T, metricsURL, family, label, value string) float64 {
 	t.Helper()
+	v, ok := seriesValue(t, metricsURL, family, label, value)
+	if !ok {
+		t.Fatalf("%s has no series with %s=%q", family, label, value)
+	}
+	return v
+}
+
+// seriesValue is the value of the gauge or counter of family whose label
+// has value, and whether there is one.
+func seriesValue(t *testing.T, metricsURL, family, label, value string) (float64, bool) {
+	t.Helper()
 	families, err := cluster.ScrapeMetrics(metricsURL)
 	require.NoError(t, err)
 	for _, m := range families[family].GetMetric() {
 		for _, l := range m.GetLabel() {
 			if l.GetName() == label && l.GetValue() == value {
-				return m.GetGauge().GetValue()
+				if c := m.GetCounter(); c != nil {
+					return c.GetValue(), true
+				}
+				return m.GetGauge().GetValue(), true
 			}
 		}
 	}
-	t.Fatalf("%s has no series with %s=%q", family, label, value)
-	return 0
+	return 0, false
 }
 
 // discoveryClient is a crawler of the discovery API of an operator other

@@ -235,6 +235,7 @@ func TestE2E(t *testing.T) {
 	t.Run("hostile tenant", testHostileTenant)
 	t.Run("restart", testRestart)
 	t.Run("shared leases on redis", testSharedLeases)
+	t.Run("asked probes across replicas", testAskedProbesCrossReplicas)
 	t.Run("losing the redis primary", testLosingTheRedisPrimary)
 	t.Run("auth", testAuth)
 	t.Run("security", testSecurity)

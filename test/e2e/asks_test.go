@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"net/url"
 	"testing"
@@ -28,29 +27,11 @@ func testAskedProbesCrossReplicas(t *testing.T) {
 	ctx := context.Background()
 	c := world.cluster.Env.Client
 	redis := redisserver.Start(t, "")
-	world.operator.Stop()
-	t.Cleanup(func() {
-		var err error
-		world.operator, err = world.cluster.StartOperator(world.bin, world.opts)
-		require.NoError(t, err, "restarting the suite's operator")
+	gateways := []string{cluster.FreeAddr(), cluster.FreeAddr()}
+	_, metrics := startPair(t, func(i int) []string {
+		return []string{"--lease-store=redis", "--redis-address=" + redis.Addr,
+			"--health-shard-probes", "--health-interval=30s", "--gateway-bind-address=" + gateways[i]}
 	})
-	pair := make([]*replica, 2)
-	metrics := make([]string, len(pair))
-	gateways := make([]string, len(pair))
-	for i := range pair {
-		metricsAddr := cluster.FreeAddr()
-		metrics[i] = "http://" + metricsAddr + "/metrics"
-		gateways[i] = cluster.FreeAddr()
-		pair[i] = &replica{name: fmt.Sprintf("replica-%d", i), opts: cluster.OperatorOptions{
-			DiscoveryAddr: cluster.FreeAddr(), ProbeAddr: cluster.FreeAddr(),
-			ExtraArgs: []string{"--leader-elect", "--lease-store=redis", "--redis-address=" + redis.Addr,
-				"--health-shard-probes", "--health-interval=30s", "--gateway-bind-address=" + gateways[i],
-				"--metrics-bind-address=" + metricsAddr, "--metrics-secure=false"},
-		}}
-		pair[i].start(t)
-		r := pair[i]
-		t.Cleanup(func() { r.op.Stop() })
-	}
 
 	ns := namespace(t)
 	proxy := managed(ns, "asked")

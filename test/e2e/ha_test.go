@@ -73,6 +73,33 @@ func (r *replica) start(t *testing.T) {
 	r.op = op
 }
 
+// startPair has the suite's single operator give way (until t ends) to a
+// leader-elected pair, replica i with args(i) and a metrics address of its
+// own (plain HTTP); it returns the pair and their metrics URLs.
+func startPair(t *testing.T, args func(i int) []string) ([]*replica, []string) {
+	t.Helper()
+	world.operator.Stop()
+	t.Cleanup(func() {
+		var err error
+		world.operator, err = world.cluster.StartOperator(world.bin, world.opts)
+		require.NoError(t, err, "restarting the suite's operator")
+	})
+	pair := make([]*replica, 2)
+	metrics := make([]string, len(pair))
+	for i := range pair {
+		metricsAddr := cluster.FreeAddr()
+		metrics[i] = "http://" + metricsAddr + "/metrics"
+		pair[i] = &replica{name: fmt.Sprintf("replica-%d", i), opts: cluster.OperatorOptions{
+			DiscoveryAddr: cluster.FreeAddr(), ProbeAddr: cluster.FreeAddr(),
+			ExtraArgs: append([]string{"--leader-elect", "--metrics-bind-address=" + metricsAddr, "--metrics-secure=false"}, args(i)...),
+		}}
+		pair[i].start(t)
+		r := pair[i]
+		t.Cleanup(func() { r.op.Stop() })
+	}
+	return pair, metrics
+}
+
 // testSharedLeases: two operator processes share one real Redis and
 // divide the probing, each holding its shard Lease. A proxy without a lease
 // is probed at the idle interval, and at the interval again once a lease
@@ -88,29 +115,11 @@ func testSharedLeases(t *testing.T) {
 	passwordFile := t.TempDir() + "/password"
 	require.NoError(t, os.WriteFile(passwordFile, []byte(redis.Password+"\n"), 0o600))
 
-	// The suite's single operator gives way to a leader-elected pair.
-	world.operator.Stop()
-	t.Cleanup(func() {
-		var err error
-		world.operator, err = world.cluster.StartOperator(world.bin, world.opts)
-		require.NoError(t, err, "restarting the suite's operator")
+	pair, metrics := startPair(t, func(int) []string {
+		return []string{"--lease-store=redis", "--redis-address=" + redis.Addr,
+			"--redis-password-file=" + passwordFile, "--lease-store-timeout=300ms", "--rate-limit-cooldown=1s",
+			"--health-shard-probes", "--health-idle-interval=5s"}
 	})
-	pair := make([]*replica, 2)
-	metrics := make([]string, len(pair))
-	for i := range pair {
-		metricsAddr := cluster.FreeAddr()
-		metrics[i] = "http://" + metricsAddr + "/metrics"
-		pair[i] = &replica{name: fmt.Sprintf("replica-%d", i), opts: cluster.OperatorOptions{
-			DiscoveryAddr: cluster.FreeAddr(), ProbeAddr: cluster.FreeAddr(),
-			ExtraArgs: []string{"--leader-elect", "--lease-store=redis", "--redis-address=" + redis.Addr,
-				"--redis-password-file=" + passwordFile, "--lease-store-timeout=300ms", "--rate-limit-cooldown=1s",
-				"--health-shard-probes", "--health-idle-interval=5s",
-				"--metrics-bind-address=" + metricsAddr, "--metrics-secure=false"},
-		}}
-		pair[i].start(t)
-		r := pair[i]
-		t.Cleanup(func() { r.op.Stop() })
-	}
 	a, b := pair[0], pair[1]
 
 	ns := namespace(t)

@@ -11,9 +11,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/example/egress-proxies-operator/gateway"
+	"github.com/example/egress-proxies-operator/test/testenv"
 )
 
 // TestATunnelTheClientResetsEndsDone: a crawler that resets its tunnel
@@ -23,7 +23,10 @@ import (
 // looking for failing upstreams.
 func TestATunnelTheClientResetsEndsDone(t *testing.T) {
 	f := newFixture(t, gateway.Options{})
-	done, failed := tunnelsClosed(t, "done"), tunnelsClosed(t, "error")
+	closed := func(reason string) float64 {
+		return testenv.Counter(t, "proxy_operator_gateway_tunnels_closed_total", map[string]string{"reason": reason})
+	}
+	done, failed := closed("done"), closed("error")
 
 	target := f.sites[0].srv.Listener.Addr().String()
 	tun := f.openTunnel(t, "resetter", target)
@@ -41,27 +44,6 @@ func TestATunnelTheClientResetsEndsDone(t *testing.T) {
 	require.NoError(t, tun.conn.(*net.TCPConn).SetLinger(0))
 	require.NoError(t, tun.conn.Close(), "a reset, not a FIN")
 	require.Eventually(t, func() bool { return f.gw.Open() == 0 }, 10*time.Second, 10*time.Millisecond, "the tunnel closed")
-	assert.Equal(t, done+1, tunnelsClosed(t, "done"))
-	assert.Equal(t, failed, tunnelsClosed(t, "error"))
-}
-
-// tunnelsClosed reads proxy_operator_gateway_tunnels_closed_total for
-// reason (0 before the first).
-func tunnelsClosed(t *testing.T, reason string) float64 {
-	t.Helper()
-	families, err := ctrlmetrics.Registry.Gather()
-	require.NoError(t, err)
-	for _, fam := range families {
-		if fam.GetName() != "proxy_operator_gateway_tunnels_closed_total" {
-			continue
-		}
-		for _, m := range fam.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "reason" && l.GetValue() == reason {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	assert.Equal(t, done+1, closed("done"))
+	assert.Equal(t, failed, closed("error"))
 }

@@ -91,23 +91,3 @@ func testAskedProbesCrossReplicas(t *testing.T) {
 		"the replica that probes the proxy probes it on the other replica's tunnel's ask")
 	assert.Zero(t, asked(other), "the other replica was asked nothing through the store")
 }
-
-// lastProbe reads when the replica at metricsURL last probed proxy ns/name
-// (proxy_operator_healthcheck_last_timestamp_seconds); false when it does
-// not probe it.
-func lastProbe(metricsURL, ns, name string) (time.Time, bool) {
-	families, err := cluster.ScrapeMetrics(metricsURL)
-	if err != nil {
-		return time.Time{}, false
-	}
-	for _, m := range families["proxy_operator_healthcheck_last_timestamp_seconds"].GetMetric() {
-		labels := map[string]string{}
-		for _, l := range m.GetLabel() {
-			labels[l.GetName()] = l.GetValue()
-		}
-		if labels["namespace"] == ns && labels["name"] == name {
-			return time.Unix(0, int64(m.GetGauge().GetValue()*float64(time.Second))), true
-		}
-	}
-	return time.Time{}, false
-}

@@ -370,27 +370,37 @@ func testLosingTheRedisPrimary(t *testing.T) {
 // last probe times it reads that it did not read at the window's start.
 func probesWithin(t *testing.T, metricsURLs []string, ns, name string, window time.Duration) int {
 	t.Helper()
-	var before map[float64]bool
-	seen := map[float64]bool{}
+	var before map[time.Time]bool
+	seen := map[time.Time]bool{}
 	for start := time.Now(); time.Since(start) < window; time.Sleep(100 * time.Millisecond) {
 		for _, url := range metricsURLs {
-			families, err := cluster.ScrapeMetrics(url)
-			if err != nil {
-				continue
-			}
-			for _, m := range families["proxy_operator_healthcheck_last_timestamp_seconds"].GetMetric() {
-				labels := map[string]string{}
-				for _, l := range m.GetLabel() {
-					labels[l.GetName()] = l.GetValue()
-				}
-				if labels["namespace"] == ns && labels["name"] == name && !before[m.GetGauge().GetValue()] {
-					seen[m.GetGauge().GetValue()] = true
-				}
+			if at, ok := lastProbe(url, ns, name); ok && !before[at] {
+				seen[at] = true
 			}
 		}
 		if before == nil {
-			before, seen = seen, map[float64]bool{}
+			before, seen = seen, map[time.Time]bool{}
 		}
 	}
 	return len(seen)
+}
+
+// lastProbe reads when the replica at metricsURL last probed proxy ns/name
+// (proxy_operator_healthcheck_last_timestamp_seconds); false when it does
+// not probe it.
+func lastProbe(metricsURL, ns, name string) (time.Time, bool) {
+	families, err := cluster.ScrapeMetrics(metricsURL)
+	if err != nil {
+		return time.Time{}, false
+	}
+	for _, m := range families["proxy_operator_healthcheck_last_timestamp_seconds"].GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		if labels["namespace"] == ns && labels["name"] == name {
+			return time.Unix(0, int64(m.GetGauge().GetValue()*float64(time.Second))), true
+		}
+	}
+	return time.Time{}, false
 }

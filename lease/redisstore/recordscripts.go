@@ -126,8 +126,8 @@ return 1
 // in this ms is read again rather than missed), then the proxies asked
 // for after the cursor given.
 var probesAskedScript = redis.NewScript(preamble + fmt.Sprintf(`
-local after = math.max(tonumber(ARGV[3]), now - %d)
-local out = redis.call('ZRANGEBYSCORE', P .. 'asked', '(' .. after, '+inf')
+local cursor = math.max(tonumber(ARGV[3]), now - %d)
+local out = redis.call('ZRANGEBYSCORE', P .. 'asked', '(' .. cursor, '+inf')
 table.insert(out, 1, now - 1)
 return out
 `, lease.ProbeAskMemory.Milliseconds()))
@@ -267,5 +267,5 @@ return 1
 // clientBansScript: returns "<host>|<client>" and its end (ms) for each
 // mark not yet ended.
 var clientBansScript = redis.NewScript(preamble + `
-return redis.call('ZRANGEBYSCORE', P .. 'clientbans', '(' .. now, '+inf', 'WITHSCORES')
+return redis.call('ZRANGEBYSCORE', P .. 'clientbans', after, '+inf', 'WITHSCORES')
 `)

@@ -11,7 +11,13 @@ import (
 // Every operation is one Lua script: atomic on the server, and on the
 // server's clock. Each script opens with the same preamble: ARGV[1] is the
 // key prefix, ARGV[2] a test-only offset in milliseconds added to TIME (0 in
-// production), and `now` is the store's time in milliseconds.
+// production), and `now` is the store's time in milliseconds (`nows` as a
+// string, `after` the score range's open bound just past it).
+//
+// Most of a script's time inside Redis is its calls and the numbers they
+// carry, each formatted to a string on its way in: the scripts on the
+// lease path format a time once and pass strings (ttl ms as it came in
+// ARGV), and make no call whose answer they already know.
 //
 // Keys (P is the prefix):
 //
@@ -25,7 +31,8 @@ import (
 //	                      store's ms; trimmed to the retention on append
 //	P proxy:<proxy>       zset of the proxy's lease ids by expiry: its load is
 //	                      the members not yet expired; expires with its last lease
-//	P last:<proxy>        when the proxy was last leased (ties), for an hour
+//	P last:<proxy>        when the proxy was last leased (the ties of a set
+//	                      weighed whole; a sample's go to its first), for an hour
 //	P cool:<proxy>|<host> the end of the proxy's cooldown for host; expires by itself
 //	P coolt:<host>        zset of the proxies cooling for host by the end
 //	                      of their cooldown (an ended one may linger): an
@@ -81,8 +88,10 @@ const preamble = `
 local P = ARGV[1]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[2])
+local nows = string.format('%d', now)
+local after = '(' .. nows
 local function load(proxy)
-  return redis.call('ZCOUNT', P .. 'proxy:' .. proxy, '(' .. now, '+inf')
+  return redis.call('ZCOUNT', P .. 'proxy:' .. proxy, after, '+inf')
 end
 local function live(id)
   local l = redis.call('HMGET', P .. 'lease:' .. id, 'proxy', 'target', 'created', 'expires', 'holder', 'limit', 'excl', 'hl')
@@ -96,8 +105,17 @@ local function heldUntil(proxy, within)
   if x <= now then return 0 end
   return x
 end
-local function extend(key, ms)
-  if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
+local function extend(key, ms, fresh)
+  if fresh then
+    redis.call('PEXPIRE', key, ms)
+  elseif redis.call('PEXPIRE', key, ms, 'GT') == 0 and redis.call('PTTL', key) == -1 then
+    redis.call('PEXPIRE', key, ms)
+  end
+end
+local function add(key, id, ends, ms, fresh)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', nows)
+  redis.call('ZADD', key, ends, id)
+  extend(key, ms, fresh)
 end
 `
 
@@ -234,7 +252,9 @@ const minBlockedWeight = 0.01
 // wait ms for a paced slot, ARGV[8] k, the number of declared paces,
 // ARGV[9] who holds the lease (lease.Lease.Holder), ARGV[10] and
 // ARGV[11] its Limit's key ("" for none) and max, ARGV[12] 1 for an
-// exclusive lease, ARGV[13] the exclusive lease it is within ("" none), then
+// exclusive lease, ARGV[13] the exclusive lease it is within ("" none),
+// ARGV[14] 1 when the candidates are a random sample (their order breaks
+// ties, in place of when each was last leased), then
 // k paces of six values each (interval ms, burst, max concurrent, fleet
 // key, fleet interval ms, fleet burst), then the candidates as triples
 // (id, index of its pace, 0 for none, and its pace's bucket, "" for its
@@ -247,8 +267,8 @@ var acquireScript = redis.NewScript(preamble + pacing + outcomes + `
 local ttl, target, id = tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local maxWait, k, holder = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
 local lkey, lmax = ARGV[10], tonumber(ARGV[11])
-local exclusive, within = ARGV[12] == '1', ARGV[13]
-local anyHeld = redis.call('ZCOUNT', P .. 'holds', '(' .. now, '+inf') > 0
+local exclusive, within, sampled = ARGV[12] == '1', ARGV[13], ARGV[14] == '1'
+local anyHeld = redis.call('ZCOUNT', P .. 'holds', after, '+inf') > 0
 if lkey ~= '' then
   local z = P .. 'limit:' .. lkey
   redis.call('ZREMRANGEBYSCORE', z, '-inf', now)
@@ -259,7 +279,7 @@ if lkey ~= '' then
     return {0, wait, 'quota'}
   end
 end
-local paces, j = {}, 14
+local paces, j = {}, 15
 for i = 1, k do
   paces[i] = {interval = tonumber(ARGV[j]), burst = tonumber(ARGV[j + 1]), conc = tonumber(ARGV[j + 2]),
     fkey = ARGV[j + 3], finterval = tonumber(ARGV[j + 4]), fburst = tonumber(ARGV[j + 5])}
@@ -273,7 +293,7 @@ local causes = {paced = 0, concurrency = 0, cooling = 0, exclusive = 0}
 local best, bestWait, bestLoad, bestLast, bestPace, bestBucket, soonest, bestBlocked, plain, plainLoad, plainLast
 local records = target ~= '' and redis.call('EXISTS', P .. 'obh:' .. target) == 1
 -- Only a target some proxy cools for needs each candidate's cooldown read.
-local cooling = target ~= '' and redis.call('ZCOUNT', P .. 'coolt:' .. target, '(' .. now, '+inf') > 0
+local cooling = target ~= '' and redis.call('ZCOUNT', P .. 'coolt:' .. target, after, '+inf') > 0
 for i = j, #ARGV, 3 do
   local proxy, p, bucket = ARGV[i], paces[tonumber(ARGV[i + 1])] or none, ARGV[i + 2]
   if bucket == '' then bucket = proxy end
@@ -302,7 +322,7 @@ for i = j, #ARGV, 3 do
     if learned > p.interval then
       p = {interval = learned, burst = math.max(p.burst, 1), conc = p.conc, fkey = p.fkey, finterval = p.finterval, fburst = p.fburst}
     end
-    if p.conc > 0 and redis.call('ZCOUNT', P .. 'hl:' .. bucket .. '|' .. target, '(' .. now, '+inf') >= p.conc then
+    if p.conc > 0 and redis.call('ZCOUNT', P .. 'hl:' .. bucket .. '|' .. target, after, '+inf') >= p.conc then
       ok = false
       causes.concurrency = causes.concurrency + 1
     else
@@ -316,7 +336,8 @@ for i = j, #ARGV, 3 do
   end
   if ok then
     local l = load(proxy)
-    local last = tonumber(redis.call('GET', P .. 'last:' .. proxy) or '0')
+    local last = i
+    if not sampled then last = tonumber(redis.call('GET', P .. 'last:' .. proxy) or '0') end
     local b = 0
     if records then b = blockedWeight(proxy, target) end
     local better = best and b < bestBlocked - 1e-9
@@ -337,40 +358,34 @@ if not best then
   return {0, soonest or 0, cause}
 end
 local expires = now + ttl
+local ends = string.format('%d', expires)
 local key = P .. 'lease:' .. id
-redis.call('HSET', key, 'proxy', best, 'target', target, 'created', now, 'expires', expires, 'holder', holder, 'limit', lkey)
-redis.call('PEXPIRE', key, ttl)
+local hl = ''
+if target ~= '' then hl = bestBucket .. '|' .. target end
+local excl = '0'
+if exclusive then excl = '1' end
+redis.call('HSET', key, 'proxy', best, 'target', target, 'created', nows, 'expires', ends, 'holder', holder, 'limit', lkey, 'excl', excl, 'hl', hl)
+redis.call('PEXPIRE', key, ARGV[3])
 if exclusive then
-  redis.call('HSET', key, 'excl', '1')
-  redis.call('SET', P .. 'hold:' .. best, id, 'PX', ttl)
-  redis.call('ZREMRANGEBYSCORE', P .. 'holds', '-inf', now)
-  redis.call('ZADD', P .. 'holds', expires, id)
-  extend(P .. 'holds', ttl)
+  redis.call('SET', P .. 'hold:' .. best, id, 'PX', ARGV[3])
+  add(P .. 'holds', id, ends, ARGV[3])
 end
 if lkey ~= '' then
   local z = P .. 'limit:' .. lkey
-  redis.call('ZADD', z, expires, id)
-  extend(z, ttl)
+  redis.call('ZADD', z, ends, id)
+  extend(z, ARGV[3])
 end
-local zkey = P .. 'proxy:' .. best
-redis.call('ZREMRANGEBYSCORE', zkey, '-inf', now)
-redis.call('ZADD', zkey, expires, id)
-extend(zkey, ttl)
-if target ~= '' then
-  local hl = bestBucket .. '|' .. target
-  local hkey = P .. 'hl:' .. hl
-  redis.call('ZREMRANGEBYSCORE', hkey, '-inf', now)
-  redis.call('ZADD', hkey, expires, id)
-  extend(hkey, ttl)
-  redis.call('HSET', key, 'hl', hl)
+-- A proxy with no live lease, or a bucket that is the proxy, had every
+-- member dropped as ended: the key is new and has no TTL yet.
+add(P .. 'proxy:' .. best, id, ends, ARGV[3], bestLoad == 0)
+if hl ~= '' then
+  add(P .. 'hl:' .. hl, id, ends, ARGV[3], bestLoad == 0 and bestBucket == best)
 end
 if bestPace then
   slotReserve(bestBucket, target, bestPace)
 end
-redis.call('SET', P .. 'last:' .. best, now, 'PX', 3600000)
-redis.call('ZREMRANGEBYSCORE', P .. 'leases', '-inf', now)
-redis.call('ZADD', P .. 'leases', expires, id)
-extend(P .. 'leases', ttl)
+redis.call('SET', P .. 'last:' .. best, nows, 'PX', '3600000')
+add(P .. 'leases', id, ends, ARGV[3])
 local wasPaced = 0
 if bestPace and (bestPace.interval > 0 or bestPace.conc > 0 or bestPace.finterval > 0) then wasPaced = 1 end
 local why = 0
@@ -388,31 +403,30 @@ return {l[1], l[2], tonumber(l[3]), tonumber(l[4]), load(l[1]), l[5] or '', tonu
 
 // renewScript: ARGV[3] the lease id, ARGV[4] ttl ms. Returns what get does.
 var renewScript = redis.NewScript(preamble + `
-local id, ttl = ARGV[3], tonumber(ARGV[4])
+local id, ms = ARGV[3], ARGV[4]
 local l = live(id)
 if not l then return nil end
-local expires = now + ttl
+local expires = now + tonumber(ms)
+local ends = string.format('%d', expires)
 local key = P .. 'lease:' .. id
-redis.call('HSET', key, 'expires', expires)
-redis.call('PEXPIRE', key, ttl)
+redis.call('HSET', key, 'expires', ends)
+redis.call('PEXPIRE', key, ms)
 local zkey = P .. 'proxy:' .. l[1]
-redis.call('ZADD', zkey, expires, id)
-extend(zkey, ttl)
-redis.call('ZREMRANGEBYSCORE', P .. 'leases', '-inf', now)
-redis.call('ZADD', P .. 'leases', expires, id)
-extend(P .. 'leases', ttl)
+redis.call('ZADD', zkey, ends, id)
+extend(zkey, ms)
+add(P .. 'leases', id, ends, ms)
 if l[6] and l[6] ~= '' then
-  redis.call('ZADD', P .. 'limit:' .. l[6], expires, id)
-  extend(P .. 'limit:' .. l[6], ttl)
+  redis.call('ZADD', P .. 'limit:' .. l[6], ends, id)
+  extend(P .. 'limit:' .. l[6], ms)
 end
 if l[8] and l[8] ~= '' then
-  redis.call('ZADD', P .. 'hl:' .. l[8], expires, id)
-  extend(P .. 'hl:' .. l[8], ttl)
+  redis.call('ZADD', P .. 'hl:' .. l[8], ends, id)
+  extend(P .. 'hl:' .. l[8], ms)
 end
 if l[7] == '1' and redis.call('GET', P .. 'hold:' .. l[1]) == id then
-  redis.call('PEXPIRE', P .. 'hold:' .. l[1], ttl)
-  redis.call('ZADD', P .. 'holds', expires, id)
-  extend(P .. 'holds', ttl)
+  redis.call('PEXPIRE', P .. 'hold:' .. l[1], ms)
+  redis.call('ZADD', P .. 'holds', ends, id)
+  extend(P .. 'holds', ms)
 end
 return {l[1], l[2], tonumber(l[3]), expires, load(l[1]), l[5] or '', tonumber(l[7] or '0')}
 `)
@@ -488,5 +502,5 @@ return out
 // cooldowns}. It only reads (O(log n)): the writes that add to them drop
 // what ended, so a scrape, or none for weeks, changes nothing.
 var countsScript = redis.NewScript(preamble + `
-return {redis.call('ZCOUNT', P .. 'leases', '(' .. now, '+inf'), redis.call('ZCOUNT', P .. 'cooldowns', '(' .. now, '+inf')}
+return {redis.call('ZCOUNT', P .. 'leases', after, '+inf'), redis.call('ZCOUNT', P .. 'cooldowns', after, '+inf')}
 `)

@@ -140,17 +140,19 @@ func (s *Store) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Le
 		return lease.Lease{}, &lease.NoProxyAvailableError{}
 	}
 	if len(ids) > SampleSize {
-		l, err := s.acquire(ctx, req, sample(ids, SampleSize))
+		l, err := s.acquire(ctx, req, sample(ids, SampleSize), true)
 		if !errors.Is(err, lease.ErrNoProxyAvailable) {
 			return l, err
 		}
 		// The whole sample is cooling down: only every candidate can say
 		// whether any is not, and when the first cooldown ends.
 	}
-	return s.acquire(ctx, req, ids)
+	return s.acquire(ctx, req, ids, false)
 }
 
-func (s *Store) acquire(ctx context.Context, req lease.AcquireRequest, ids []string) (lease.Lease, error) {
+// acquire leases one of ids. A random sample (sampled) breaks ties by its
+// own order: as fair as when each was last leased, for no read.
+func (s *Store) acquire(ctx context.Context, req lease.AcquireRequest, ids []string, sampled bool) (lease.Lease, error) {
 	id := uuid.NewString()
 	adaptive := flag(req.Adaptive)
 	// Declared paces, each sent once (without its bucket, which is the
@@ -174,9 +176,9 @@ func (s *Store) acquire(ctx context.Context, req lease.AcquireRequest, ids []str
 		}
 	}
 	exclusive := flag(req.Exclusive)
-	args := make([]any, 0, 11+6*len(paces)+3*len(ids))
+	args := make([]any, 0, 12+6*len(paces)+3*len(ids))
 	args = append(args, req.TTL.Milliseconds(), req.Target, id, adaptive, req.MaxWait.Milliseconds(), len(paces), req.Holder, req.Limit.Key, req.Limit.Max,
-		exclusive, req.Within)
+		exclusive, req.Within, flag(sampled))
 	for _, p := range paces {
 		args = append(args, p.Interval.Milliseconds(), p.Burst, p.MaxConcurrent, p.FleetKey, p.FleetInterval.Milliseconds(), p.FleetBurst)
 	}

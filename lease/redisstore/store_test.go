@@ -75,6 +75,41 @@ func TestKeysExpireByThemselves(t *testing.T) {
 	assert.Equal(t, [2]int{0, 0}, [2]int{leases, cooldowns})
 }
 
+// TestASampleSpreadsItsTies: beyond SampleSize candidates, a lease goes to
+// the least loaded of a random sample, and among equally loaded ones to
+// the first the sample drew (no read of when each was last leased). Leases
+// released at once all tie at no load, so use spreads over the whole set:
+// no proxy leased more than a few times, and the set's two halves (by
+// name) used alike, where a tie broken by name would favour the first.
+func TestASampleSpreadsItsTies(t *testing.T) {
+	client := startClient(t)
+	ctx := context.Background()
+	store := redisstore.New(redisstore.Options{Client: client, KeyPrefix: "ties:"})
+	var ids []string
+	for i := range 1000 {
+		ids = append(ids, fmt.Sprintf("ns/px-%04d", i))
+	}
+	set := lease.Candidates{Key: "large", Version: 1, IDs: ids}
+	uses := map[string]int{}
+	firstHalf := 0
+	for range 2000 {
+		l, err := store.Acquire(ctx, lease.AcquireRequest{Candidates: set, Target: "x.com", TTL: time.Minute})
+		require.NoError(t, err)
+		require.NoError(t, store.Release(ctx, l.ID))
+		uses[l.ProxyID]++
+		if l.ProxyID < ids[500] {
+			firstHalf++
+		}
+	}
+	most := 0
+	for _, n := range uses {
+		most = max(most, n)
+	}
+	assert.LessOrEqual(t, most, 12, "no proxy leased far more often than the rest")
+	assert.Greater(t, len(uses), 700, "most of the set used")
+	assert.InDelta(t, 1000, firstHalf, 150, "both halves of the set used alike")
+}
+
 // TestUnavailable: with Redis gone every call fails within its context's
 // bound instead of hanging, with Redis paused (a hung server) too, and the
 // store works again once Redis is back, with no restart of the client.

@@ -20,6 +20,8 @@ import (
 	"fmt"
 	mathrand "math/rand/v2"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -64,6 +66,8 @@ type Store struct {
 	// DurableTimeout.
 	replicas int
 	waitFor  time.Duration
+	// versionChecked is set once a Ping found a Redis new enough.
+	versionChecked atomic.Bool
 }
 
 var _ lease.Store = (*Store)(nil)
@@ -520,7 +524,48 @@ func (s *Store) Ping(ctx context.Context) error {
 	if err := s.client.Ping(ctx).Err(); err != nil {
 		return fmt.Errorf("redis PING: %w", err)
 	}
+	if s.versionChecked.Load() {
+		return nil
+	}
+	info, err := s.client.Info(ctx, "server").Result()
+	if err != nil {
+		return fmt.Errorf("redis INFO server: %w", err)
+	}
+	if err := checkVersion(info); err != nil {
+		return err
+	}
+	s.versionChecked.Store(true)
 	return nil
+}
+
+// minMajor.minMinor is the oldest Redis the scripts run on (PEXPIRE's
+// GT came in 7.0).
+const minMajor, minMinor = 7, 0
+
+// checkVersion reads redis_version from INFO server's answer and says
+// whether the scripts run on it: on an older Redis every lease would fail
+// with a script error, so the store reports not ready, saying why.
+func checkVersion(info string) error {
+	for line := range strings.Lines(info) {
+		v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:")
+		if !ok {
+			continue
+		}
+		parts := strings.SplitN(v, ".", 3)
+		major, err := strconv.Atoi(parts[0])
+		minor := 0
+		if err == nil && len(parts) > 1 {
+			minor, err = strconv.Atoi(parts[1])
+		}
+		if err != nil {
+			return fmt.Errorf("redis_version %q: %w", v, err)
+		}
+		if major < minMajor || major == minMajor && minor < minMinor {
+			return fmt.Errorf("redis %s: the lease store needs Redis %d.%d or later", v, minMajor, minMinor)
+		}
+		return nil
+	}
+	return errors.New("redis INFO server names no redis_version")
 }
 
 // Counts are the live leases and cooldowns, for metrics.

@@ -29,7 +29,7 @@ COPY shard/ shard/
 COPY netid/ netid/
 COPY geoip/ geoip/
 COPY tracing/ tracing/
-RUN CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} go build -trimpath -ldflags "-s -w" -o manager .
+RUN CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} go build -trimpath -tags grpcnotrace -ldflags "-s -w" -o manager .
 
 FROM gcr.io/distroless/static:nonroot
 WORKDIR /

@@ -158,7 +158,9 @@ type Operator struct {
 }
 
 // ShippedBuild is how the Dockerfile builds the image's binary: static,
-// without paths or symbol tables. The tests and benchmarks build the binary
+// without paths or symbol tables, and without gRPC's request tracing
+// (grpcnotrace: its debug pages' templates would keep every exported method
+// of the binary, decision 106). The tests and benchmarks build the binary
 // the same way, so what they measure (its memory above all: the binary's
 // pages are a third of its RSS) is what ships; test/manifests keeps the two
 // equal.
@@ -167,8 +169,11 @@ var ShippedBuild = struct {
 	Flags []string
 }{
 	Env:   []string{"CGO_ENABLED=0"},
-	Flags: []string{"-trimpath", "-ldflags", "-s -w"},
+	Flags: []string{"-trimpath", "-tags", BuildTags, "-ldflags", "-s -w"},
 }
+
+// BuildTags are the operator binary's build tags, every build of it alike.
+const BuildTags = "grpcnotrace"
 
 // BuildOperator builds the operator binary into dir, as the image does,
 // and returns its path.
@@ -183,7 +188,7 @@ func BuildOperator(dir string) (string, error) {
 // the shipped binary instead, since the detector slows everything down.
 func BuildRaceOperator(dir string) (string, error) {
 	bin := filepath.Join(dir, "egress-proxies-operator-race")
-	cmd := exec.Command("go", "build", "-race", "-o", bin, ".")
+	cmd := exec.Command("go", "build", "-race", "-tags", BuildTags, "-o", bin, ".")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=1") // the detector needs cgo
 	cmd.Dir = testenv.RepoRoot()
 	if out, err := cmd.CombinedOutput(); err != nil {

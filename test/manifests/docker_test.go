@@ -149,3 +149,21 @@ func TestTestsBuildTheShippedBinary(t *testing.T) {
 	assert.Contains(t, build, " go build "+strings.Join(flags, " ")+" -o manager .",
 		"cluster.ShippedBuild and the Dockerfile's go build line build the same binary")
 }
+
+// TestTheBinaryKeepsOnlyTheMethodsItCalls: nothing the shipped build links
+// calls methods by name through a template, which would keep every
+// exported method of the binary alive (decision 106; the AWS SDK's EC2
+// client alone is 600 operations): with the operator's build tags gRPC
+// leaves out its request tracing, whose debug pages are templates; the
+// operator's own packages import no template package (depguard); and
+// make build uses the same tags.
+func TestTheBinaryKeepsOnlyTheMethodsItCalls(t *testing.T) {
+	cmd := exec.Command("go", "list", "-tags", cluster.BuildTags, "-deps", ".")
+	cmd.Dir = testenv.RepoRoot()
+	out, err := cmd.Output()
+	require.NoError(t, err, "go list: %s", out)
+	deps := strings.Fields(string(out))
+	assert.True(t, slices.Contains(deps, "google.golang.org/grpc"), "the GCP clients bring gRPC")
+	assert.False(t, slices.Contains(deps, "golang.org/x/net/trace"), "gRPC's request tracing (golang.org/x/net/trace) is left out with -tags %s", cluster.BuildTags)
+	assert.Contains(t, string(repoFile(t, "Makefile")), "GO_TAGS ?= "+cluster.BuildTags+"\n", "make build uses the operator's build tags")
+}

@@ -145,15 +145,17 @@ func TestTrafficReadings(t *testing.T) {
 	assert.False(t, probeSoon(types.NamespacedName{Namespace: "ns", Name: "gone"}))
 }
 
-// countedAsks counts the asks passed on to a lease store.
+// countedAsks counts the asks passed on to a lease store, once the store
+// has each: a test that waits for the count may read the ask at once.
 type countedAsks struct {
 	*lease.MemoryStore
 	asks atomic.Int64
 }
 
 func (c *countedAsks) AskProbe(ctx context.Context, proxy string) error {
+	err := c.MemoryStore.AskProbe(ctx, proxy)
 	c.asks.Add(1)
-	return c.MemoryStore.AskProbe(ctx, proxy)
+	return err
 }
 
 // TestAsksReachTheReplicaThatProbes: a tunnel on a replica that does not

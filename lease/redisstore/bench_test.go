@@ -97,21 +97,17 @@ func BenchmarkRedisLeaseRelease10k(b *testing.B) {
 // scriptTime is the time Redis has spent running scripts (EVALSHA) since
 // it started, from INFO commandstats.
 func scriptTime(b *testing.B, client *redis.Client) time.Duration {
-	info, err := client.Info(context.Background(), "commandstats").Result()
-	if err != nil {
+	info := client.InfoMap(context.Background(), "commandstats")
+	if err := info.Err(); err != nil {
 		b.Fatal(err)
 	}
-	for line := range strings.Lines(info) {
-		if stats, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:"); ok {
-			for field := range strings.SplitSeq(stats, ",") {
-				if usec, ok := strings.CutPrefix(field, "usec="); ok {
-					n, err := strconv.ParseInt(usec, 10, 64)
-					if err != nil {
-						b.Fatal(err)
-					}
-					return time.Duration(n) * time.Microsecond
-				}
+	for field := range strings.SplitSeq(info.Item("Commandstats", "cmdstat_evalsha"), ",") {
+		if usec, ok := strings.CutPrefix(field, "usec="); ok {
+			n, err := strconv.ParseInt(usec, 10, 64)
+			if err != nil {
+				b.Fatal(err)
 			}
+			return time.Duration(n) * time.Microsecond
 		}
 	}
 	return 0

@@ -527,11 +527,11 @@ func (s *Store) Ping(ctx context.Context) error {
 	if s.versionChecked.Load() {
 		return nil
 	}
-	info, err := s.client.Info(ctx, "server").Result()
-	if err != nil {
+	info := s.client.InfoMap(ctx, "server")
+	if err := info.Err(); err != nil {
 		return fmt.Errorf("redis INFO server: %w", err)
 	}
-	if err := checkVersion(info); err != nil {
+	if err := checkVersion(info.Item("Server", "redis_version")); err != nil {
 		return err
 	}
 	s.versionChecked.Store(true)
@@ -542,30 +542,26 @@ func (s *Store) Ping(ctx context.Context) error {
 // GT came in 7.0).
 const minMajor, minMinor = 7, 0
 
-// checkVersion reads redis_version from INFO server's answer and says
-// whether the scripts run on it: on an older Redis every lease would fail
-// with a script error, so the store reports not ready, saying why.
-func checkVersion(info string) error {
-	for line := range strings.Lines(info) {
-		v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:")
-		if !ok {
-			continue
-		}
-		parts := strings.SplitN(v, ".", 3)
-		major, err := strconv.Atoi(parts[0])
-		minor := 0
-		if err == nil && len(parts) > 1 {
-			minor, err = strconv.Atoi(parts[1])
-		}
-		if err != nil {
-			return fmt.Errorf("redis_version %q: %w", v, err)
-		}
-		if major < minMajor || major == minMajor && minor < minMinor {
-			return fmt.Errorf("redis %s: the lease store needs Redis %d.%d or later", v, minMajor, minMinor)
-		}
-		return nil
+// checkVersion says whether the scripts run on Redis version v (INFO
+// server's redis_version): on an older Redis every lease would fail with a
+// script error, so the store reports not ready, saying why.
+func checkVersion(v string) error {
+	if v == "" {
+		return errors.New("redis INFO server names no redis_version")
 	}
-	return errors.New("redis INFO server names no redis_version")
+	parts := strings.SplitN(v, ".", 3)
+	major, err := strconv.Atoi(parts[0])
+	minor := 0
+	if err == nil && len(parts) > 1 {
+		minor, err = strconv.Atoi(parts[1])
+	}
+	if err != nil {
+		return fmt.Errorf("redis_version %q: %w", v, err)
+	}
+	if major < minMajor || major == minMajor && minor < minMinor {
+		return fmt.Errorf("redis %s: the lease store needs Redis %d.%d or later", v, minMajor, minMinor)
+	}
+	return nil
 }
 
 // Counts are the live leases and cooldowns, for metrics.
